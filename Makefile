@@ -1,0 +1,43 @@
+# meshlet developer entry points. `make setup` is implied by every target that needs the venv.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PROTO_DIR := proto
+export PATH := $(abspath $(BIN)):$(PATH)
+
+.PHONY: setup test lint proto proto-check demo bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy proto/meshlet controlplane/meshlet proxy/meshlet init/meshlet cli/meshlet
+
+# Regenerates the committed protobuf and gRPC modules from the .proto contracts.
+proto: $(STAMP)
+	PYTHON=$(abspath $(BIN))/python $(PROTO_DIR)/generate.sh
+
+# Fails when the committed generated modules differ from what the .proto files produce.
+proto-check: $(STAMP)
+	PYTHON=$(abspath $(BIN))/python $(PROTO_DIR)/generate.sh --check
+
+demo: $(STAMP)
+	$(BIN)/python -m meshlet.cli.main demo
+
+bench: $(STAMP)
+	$(BIN)/python -m bench.certify
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

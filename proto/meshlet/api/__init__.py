@@ -1,0 +1,1 @@
+"""meshlet's wire contracts: generated protobuf modules, well-known values and codecs."""
