@@ -32,7 +32,7 @@ def test_update_add_bytes() -> None:
 
 def test_transport_header_bytes() -> None:
     encoded = transport_header.encode(Header(port=8080, protocol=SessionProtocol.HTTP2))
-    assert encoded == b"transport.l5d.io/v1\r\n\r\n" + bytes.fromhex("00000007" "08903f1a021200")
+    assert encoded == b"transport.l5d.io/v1\r\n\r\n" + bytes.fromhex("0000000708903f1a021200")
 
 
 def test_ipv4_is_big_endian_integer() -> None:

@@ -1,0 +1,1 @@
+"""meshlet control plane: destination, identity and proxy-injector."""

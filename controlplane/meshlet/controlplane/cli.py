@@ -1,0 +1,47 @@
+"""Shared pieces of the controllers' command line: env-backed options, addresses, exit 64."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, Final
+
+import click
+
+from meshlet.api import wellknown
+
+EX_CONFIG: Final = 64  # sysexits EX_USAGE: bad configuration
+
+
+def option(*decls: str, **attrs: Any) -> Callable[[Any], Any]:
+    """A click option also read from `MESHLET_<FLAG>` (e.g. `--admin-addr` → MESHLET_ADMIN_ADDR)."""
+    flag = next(d for d in decls if d.startswith("--"))
+    envvar = wellknown.CONTROLLER_ENV_PREFIX + flag[2:].upper().replace("-", "_")
+    return click.option(*decls, envvar=envvar, show_envvar=True, **attrs)
+
+
+def parse_addr(value: str) -> tuple[str, int]:
+    """`:8080`, `0.0.0.0:8080`, `[::]:8080` or `127.0.0.1:0` → (host, port)."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{value!r} is not an address of the form [host]:port")
+    host = host.strip("[]") or "0.0.0.0"
+    return host, int(port)
+
+
+class Addr(click.ParamType):  # type: ignore[type-arg]
+    name = "[host]:port"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> tuple[str, int]:
+        if isinstance(value, tuple):
+            return value
+        try:
+            return parse_addr(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )

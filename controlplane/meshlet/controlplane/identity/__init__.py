@@ -1,0 +1,1 @@
+"""The identity service: the mesh's certificate authority."""

@@ -1,0 +1,149 @@
+"""Runs the identity service: issuer reloads, the TLS gRPC server and the admin server."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+from prometheus_client import CollectorRegistry
+
+from meshlet.api import identity_pb2_grpc, wellknown
+from meshlet.controlplane.admin import AdminServer
+from meshlet.controlplane.identity.ca import Issuer
+from meshlet.controlplane.identity.service import IdentityMetrics, IdentityService, utcnow
+from meshlet.controlplane.identity.serving import ServingCertificate
+from meshlet.controlplane.identity.source import (
+    FileIssuerSource,
+    IssuerHolder,
+    IssuerSource,
+    KubernetesIssuerSource,
+)
+from meshlet.controlplane.identity.tokens import TokenReviewer, TokensFile, TokenValidator
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 64 * 1024  # a CertifyRequest is a few KiB; larger ones are refused by grpc
+
+
+@dataclass(frozen=True, slots=True)
+class IdentityConfig:
+    addr: tuple[str, int]
+    admin_addr: tuple[str, int]
+    trust_anchors: Path | None
+    issuer_dir: Path | None
+    tokens_file: Path | None
+    kube_api: Any | None  # a kubernetes ApiClient when Kubernetes is used
+    control_ns: str = wellknown.CONTROL_PLANE_NAMESPACE
+    trust_domain: str = wellknown.TRUST_DOMAIN
+    reload_interval: float = 5.0
+
+
+class IdentityServer:
+    """The running service; `start()` binds, `stop()` drains."""
+
+    def __init__(self, config: IdentityConfig, registry: CollectorRegistry | None = None) -> None:
+        self.config = config
+        self.registry = registry or CollectorRegistry()
+        self.metrics = IdentityMetrics(self.registry)
+        self.serving = ServingCertificate(
+            wellknown.identity_name(
+                "meshlet-identity", config.control_ns, config.control_ns, config.trust_domain
+            )
+        )
+        self.holder = IssuerHolder(_issuer_source(config), self._issuer_changed)
+        self.grpc_port = 0
+        self.admin_port = 0
+        self._grpc: grpc.aio.Server | None = None
+        self._admin = AdminServer(self.registry, ready=self.ready)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def ready(self) -> bool:
+        """Serving gRPC with a loaded issuer."""
+        return self.grpc_port != 0 and self.holder.issuer is not None
+
+    def _issuer_changed(self, issuer: Issuer) -> None:
+        self.metrics.issuer_loaded(issuer)
+        self.serving.issue(issuer, utcnow())
+
+    async def start(self) -> None:
+        """Serves admin at once; gRPC once an issuer is loaded (TLS needs it)."""
+        cfg = self.config
+        _, self.admin_port = await self._admin.start(*cfg.admin_addr)
+        while not await asyncio.to_thread(self.holder.reload):
+            log.warning("waiting for a usable issuer: %s", self.holder.last_error)
+            await asyncio.sleep(cfg.reload_interval)
+        service = IdentityService(
+            self.holder,
+            _token_validator(cfg),
+            self.metrics,
+            control_ns=cfg.control_ns,
+            trust_domain=cfg.trust_domain,
+        )
+        self._grpc = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_concurrent_streams", 100),
+            ],
+            maximum_concurrent_rpcs=1000,
+        )
+        identity_pb2_grpc.add_IdentityServicer_to_server(service, self._grpc)
+        self.grpc_port = self._grpc.add_secure_port(
+            f"{cfg.addr[0]}:{cfg.addr[1]}", self.serving.credentials()
+        )
+        await self._grpc.start()
+        self._tasks = [
+            asyncio.create_task(self.holder.watch(cfg.reload_interval)),
+            asyncio.create_task(self._renew_serving()),
+        ]
+        log.info("identity serving on :%d (admin :%d)", self.grpc_port, self.admin_port)
+
+    async def _renew_serving(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            issuer = self.holder.issuer
+            if issuer is not None and self.serving.due(utcnow()):
+                self.serving.issue(issuer, utcnow())
+
+    async def stop(self, grace: float = 5.0) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._grpc is not None:
+            await self._grpc.stop(grace)
+        await self._admin.close()
+
+
+def _issuer_source(cfg: IdentityConfig) -> IssuerSource:
+    if cfg.issuer_dir is not None:
+        if cfg.trust_anchors is None:
+            raise ValueError("--issuer-dir needs --trust-anchors")
+        return FileIssuerSource(cfg.issuer_dir, cfg.trust_anchors)
+    if cfg.kube_api is None:
+        raise ValueError("give --issuer-dir, or Kubernetes access to read the issuer Secret")
+    return KubernetesIssuerSource(cfg.kube_api, cfg.control_ns, cfg.trust_anchors)
+
+
+def _token_validator(cfg: IdentityConfig) -> TokenValidator:
+    if cfg.tokens_file is not None:
+        return TokensFile(cfg.tokens_file)
+    if cfg.kube_api is None:
+        raise ValueError("give --tokens-file, or Kubernetes access for TokenReview")
+    return TokenReviewer(cfg.kube_api)
+
+
+async def serve(config: IdentityConfig) -> None:
+    """Serves until SIGTERM or SIGINT."""
+    server = IdentityServer(config)
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("identity shutting down")
+    await server.stop()

@@ -1,0 +1,1 @@
+"""Kubernetes access: API clients, and the fake API server used by tests."""

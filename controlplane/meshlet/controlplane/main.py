@@ -1,0 +1,127 @@
+"""`meshlet-controller`: one entry point for the control-plane services."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import click
+
+from meshlet.api import wellknown
+from meshlet.controlplane.cli import EX_CONFIG, Addr, option, setup_logging
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def cli() -> None:
+    """meshlet control-plane services. Every flag can also be set as MESHLET_<FLAG>."""
+
+
+@cli.command()
+@option(
+    "--addr",
+    type=Addr(),
+    default=f":{wellknown.IDENTITY_PORT}",
+    show_default=True,
+    help="gRPC (TLS) listen address.",
+)
+@option(
+    "--admin-addr",
+    type=Addr(),
+    default=f":{wellknown.IDENTITY_ADMIN_PORT}",
+    show_default=True,
+    help="Admin (/metrics, /ready, /live) listen address.",
+)
+@option(
+    "--trust-anchors",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="PEM trust anchors (default with Kubernetes: ConfigMap meshlet-identity-trust-roots).",
+)
+@option(
+    "--issuer-dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Folder with the issuer's crt.pem and key.pem (default with Kubernetes: Secret"
+    " meshlet-identity-issuer).",
+)
+@option(
+    "--tokens-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="YAML map token → {namespace, serviceaccount} (the local mesh); default: TokenReview.",
+)
+@option(
+    "--kubeconfig",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Reach the Kubernetes API with this kubeconfig.",
+)
+@option("--in-cluster", is_flag=True, help="Reach the Kubernetes API as the pod's service account.")
+@option("--controller-namespace", default=wellknown.CONTROL_PLANE_NAMESPACE, show_default=True)
+@option("--trust-domain", default=wellknown.TRUST_DOMAIN, show_default=True)
+@option(
+    "--reload-interval",
+    type=click.FloatRange(min=0.1),
+    default=5.0,
+    show_default=True,
+    help="Seconds between checks for a rotated issuer.",
+)
+@option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    show_default=True,
+)
+def identity(
+    addr: tuple[str, int],
+    admin_addr: tuple[str, int],
+    trust_anchors: Path | None,
+    issuer_dir: Path | None,
+    tokens_file: Path | None,
+    kubeconfig: Path | None,
+    in_cluster: bool,
+    controller_namespace: str,
+    trust_domain: str,
+    reload_interval: float,
+    log_level: str,
+) -> None:
+    """Certificate authority: signs proxies' CSRs after checking their ServiceAccount token."""
+    from meshlet.controlplane.identity.server import IdentityConfig, serve
+    from meshlet.controlplane.k8s.client import api_client
+
+    problems = []
+    if kubeconfig is not None and in_cluster:
+        problems.append("--kubeconfig and --in-cluster exclude each other")
+    kube = kubeconfig is not None or in_cluster
+    if issuer_dir is None and not kube:
+        problems.append("--issuer-dir is required without Kubernetes access")
+    if issuer_dir is not None and trust_anchors is None:
+        problems.append("--issuer-dir needs --trust-anchors")
+    if tokens_file is None and not kube:
+        problems.append("--tokens-file is required without Kubernetes access (TokenReview)")
+    if problems:
+        raise click.UsageError("; ".join(problems))
+    setup_logging(log_level)
+    config = IdentityConfig(
+        addr=addr,
+        admin_addr=admin_addr,
+        trust_anchors=trust_anchors,
+        issuer_dir=issuer_dir,
+        tokens_file=tokens_file,
+        kube_api=api_client(kubeconfig, in_cluster),
+        control_ns=controller_namespace,
+        trust_domain=trust_domain,
+        reload_interval=reload_interval,
+    )
+    asyncio.run(serve(config))
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        cli.main(args=argv, prog_name="meshlet-controller", standalone_mode=False)
+    except click.UsageError as exc:
+        exc.show()
+        sys.exit(EX_CONFIG)
+    except click.Abort:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

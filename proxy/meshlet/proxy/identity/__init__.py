@@ -1,0 +1,1 @@
+"""The proxy's identity: its key and CSR, and certificates from the identity service."""

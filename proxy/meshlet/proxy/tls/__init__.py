@@ -1,0 +1,1 @@
+"""TLS for the proxy: contexts built from the issued certificate and the trust anchors."""
