@@ -1,0 +1,1 @@
+"""The `meshlet` command line."""

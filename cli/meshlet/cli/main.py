@@ -1,0 +1,39 @@
+"""`meshlet`: install, check and operate the mesh."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from meshlet.cli.demo import demo
+from meshlet.cli.identity import identity
+
+EX_CONFIG = 64
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="meshlet", prog_name="meshlet")
+def cli() -> None:
+    """meshlet: a small, fast, security-first service mesh for Kubernetes."""
+
+
+cli.add_command(identity)
+cli.add_command(demo)
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        cli.main(args=argv, prog_name="meshlet", standalone_mode=False)
+    except click.UsageError as exc:
+        exc.show()
+        sys.exit(EX_CONFIG)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""meshlet-init: the iptables rules that route a pod's TCP through its proxy."""
