@@ -37,7 +37,7 @@ demo: $(STAMP)
 	$(BIN)/python -m meshlet.cli.main demo
 
 bench: $(STAMP)
-	$(BIN)/python -m bench.certify
+	$(BIN)/python bench/certify.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
