@@ -1,0 +1,765 @@
+"""Owns the in-process fake Kubernetes API server, the only stand-in for a real one in tests.
+
+`FakeKubeAPI` speaks enough of the real HTTP protocol for the unmodified `kubernetes` client:
+JSON objects and `Status` errors, one global resourceVersion, list/get/create/replace/delete,
+chunked watch streams with replay, bookmarks, 410 Expired after compaction, bearer-token
+authentication and TokenReview. Tests drive changes through its thread-safe Python API.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import copy
+import json
+import logging
+import os
+import select
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal, Self, TypedDict, cast
+from urllib.parse import parse_qs, urlsplit
+
+import yaml
+from kubernetes import client as k8s_client
+
+logger = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+BEARER_TOKEN = "meshlet-fake-apiserver-token"
+API_SERVER_AUDIENCES = ("https://kubernetes.default.svc.cluster.local",)
+_POLL_SECONDS = 0.1  # how often a watch checks for a vanished client, a timeout or a stop
+_Change = Literal["ADDED", "MODIFIED", "DELETED"]
+_TRUE = frozenset({"1", "t", "T", "true", "TRUE", "True"})
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One row of the served resource table."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool
+    create_only: bool = False  # e.g. TokenReview: POST only, nothing is stored
+    delete_returns_object: bool = True  # else DELETE answers a Success Status, as the real server
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+
+RESOURCES: tuple[Resource, ...] = (
+    Resource("", "v1", "namespaces", "Namespace", namespaced=False),
+    Resource("", "v1", "pods", "Pod", namespaced=True),
+    Resource("", "v1", "services", "Service", namespaced=True),
+    Resource("", "v1", "secrets", "Secret", namespaced=True, delete_returns_object=False),
+    Resource("", "v1", "configmaps", "ConfigMap", namespaced=True, delete_returns_object=False),
+    Resource("", "v1", "serviceaccounts", "ServiceAccount", namespaced=True),
+    Resource(
+        "discovery.k8s.io",
+        "v1",
+        "endpointslices",
+        "EndpointSlice",
+        True,
+        delete_returns_object=False,
+    ),
+    Resource("meshlet.io", "v1alpha1", "serviceprofiles", "ServiceProfile", namespaced=True),
+    Resource("authentication.k8s.io", "v1", "tokenreviews", "TokenReview", False, create_only=True),
+)
+
+
+class WatchEvent(TypedDict):
+    type: Literal["ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"]
+    object: Obj
+
+
+class StatusError(Exception):
+    """A failure the server answers with a `Status` object; also raised by the Python API."""
+
+    def __init__(self, code: int, reason: str, message: str, details: Obj | None = None) -> None:
+        super().__init__(f"{code} {reason}: {message}")
+        self.code, self.reason, self.message, self.details = code, reason, message, details
+
+    def status(self) -> Obj:
+        status: Obj = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure"}
+        status.update(message=self.message, reason=self.reason, code=self.code)
+        if self.details is not None:
+            status["details"] = self.details
+        return status
+
+
+def _not_found(res: Resource, name: str) -> StatusError:
+    details = {"name": name, "group": res.group, "kind": res.plural}
+    return StatusError(404, "NotFound", f'{res.plural} "{name}" not found', details)
+
+
+def _bad_request(message: str) -> StatusError:
+    return StatusError(400, "BadRequest", message)
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class _Selector:
+    """Equality-based label and field selectors (`a=b,c!=d`), as lists and watches take them."""
+
+    labels: tuple[tuple[str, str, bool], ...] = ()  # (key, value, must_equal)
+    fields: tuple[tuple[str, str, bool], ...] = ()
+
+    @classmethod
+    def parse(cls, query: Mapping[str, str]) -> _Selector:
+        labels = cls._terms(query.get("labelSelector", ""))
+        fields = cls._terms(query.get("fieldSelector", ""))
+        for key, _, _ in fields:
+            if key not in ("metadata.name", "metadata.namespace"):
+                raise _bad_request(f'field label not supported: "{key}"')
+        return cls(labels, fields)
+
+    @staticmethod
+    def _terms(text: str) -> tuple[tuple[str, str, bool], ...]:
+        terms = []
+        for term in filter(None, (t.strip() for t in text.split(","))):
+            op = "!=" if "!=" in term else "==" if "==" in term else "="
+            key, sep, value = term.partition(op)
+            if not sep or not key.strip() or any(c in term for c in " ()"):
+                raise _bad_request(f"unable to parse requirement: {term!r} (only a=b, a!=b)")
+            terms.append((key.strip(), value.strip(), op != "!="))
+        return tuple(terms)
+
+    def matches(self, obj: Obj) -> bool:
+        meta = obj.get("metadata", {})
+        labels = meta.get("labels") or {}
+        fields = {"metadata.name": meta.get("name"), "metadata.namespace": meta.get("namespace")}
+        return all((labels.get(k) == v) == eq for k, v, eq in self.labels) and all(
+            (fields.get(k) == v) == eq for k, v, eq in self.fields
+        )
+
+
+@dataclass(frozen=True)
+class _Route:
+    resource: Resource
+    namespace: str | None  # None: cluster-scoped, or all namespaces
+    name: str | None  # None: the collection
+
+
+@dataclass(frozen=True)
+class _Event:
+    rv: int
+    type: _Change
+    resource: Resource
+    obj: Obj  # never mutated once recorded
+    old: Obj | None  # the previous state of a MODIFIED object, for selector transitions
+
+
+@dataclass
+class _Watch:
+    route: _Route
+    selector: _Selector
+    cursor: int  # every event up to this resourceVersion has been considered
+    break_epoch: int
+    bookmark_epoch: int
+    bookmarks: bool
+    next_bookmark: float
+    deadline: float | None
+
+    def sees(self, obj: Obj | None) -> bool:
+        if obj is None:
+            return False
+        ns = self.route.namespace
+        return (ns is None or obj["metadata"].get("namespace") == ns) and self.selector.matches(obj)
+
+    def translate(self, event: _Event) -> WatchEvent | None:
+        """What this watcher is told of `event`: selector changes turn into ADDED/DELETED."""
+        now, before = self.sees(event.obj), self.sees(event.old)
+        if event.resource != self.route.resource or not (now or before):
+            return None
+        kind = event.type
+        if kind == "MODIFIED" and now != before:
+            kind = "ADDED" if now else "DELETED"
+        return {"type": kind, "object": event.obj}
+
+
+@dataclass
+class _Token:
+    username: str
+    audiences: tuple[str, ...]
+    authenticated: bool
+    uid: str
+    groups: tuple[str, ...]
+
+
+@dataclass
+class _State:
+    """Everything guarded by `FakeKubeAPI._cond`."""
+
+    rv: int = 1
+    compacted: int = 0
+    objects: dict[tuple[Resource, str, str], Obj] = field(default_factory=dict)
+    history: list[_Event] = field(default_factory=list)
+    tokens: dict[str, _Token] = field(default_factory=dict)
+    requests: list[tuple[str, str]] = field(default_factory=list)
+    connections: set[socket.socket] = field(default_factory=set)
+    open_watches: int = 0
+    break_epoch: int = 0
+    break_graceful: bool = False
+    bookmark_epoch: int = 0
+    stopping: bool = False
+
+
+class FakeKubeAPI:
+    """A fake API server on 127.0.0.1; `with FakeKubeAPI() as api:` starts and stops it."""
+
+    def __init__(
+        self, *, bookmark_interval: float = 1.0, resources: Sequence[Resource] = RESOURCES
+    ) -> None:
+        self.token = BEARER_TOKEN
+        self.bookmark_interval = bookmark_interval
+        self.fail_token_reviews = False
+        self._resources = {(r.group, r.version, r.plural): r for r in resources}
+        self._kinds = {(r.api_version, r.kind): r for r in resources}
+        self._cond = threading.Condition()
+        self._state = _State()
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> Self:
+        server = _Server(("127.0.0.1", 0), _Handler)
+        server.api = self
+        self._server = server
+        self._thread = threading.Thread(
+            target=server.serve_forever, args=(0.05,), name="fakeapi", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        server, thread = self._server, self._thread
+        if server is None or thread is None:
+            return
+        with self._cond:
+            self._state.stopping = True
+            self._cond.notify_all()
+        server.shutdown()
+        with self._cond:
+            for conn in self._state.connections:
+                _shutdown(conn)
+        server.server_close()  # joins the handler threads
+        thread.join(timeout=5)
+        self._server = self._thread = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None, "FakeKubeAPI is not started"
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def client_configuration(self) -> k8s_client.Configuration:
+        config = k8s_client.Configuration(host=self.url, no_proxy="127.0.0.1,localhost")
+        config.api_key = {"authorization": f"Bearer {self.token}"}
+        return config
+
+    def write_kubeconfig(self, path: str | os.PathLike[str]) -> Path:
+        doc = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+            "users": [{"name": "fake", "user": {"token": self.token}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
+            "current-context": "fake",
+            "preferences": {},
+        }
+        out = Path(path)
+        out.write_text(yaml.safe_dump(doc, sort_keys=False))
+        return out
+
+    # -- test-side API ---------------------------------------------------------------------
+
+    def apply(self, obj: Mapping[str, Any]) -> Obj:
+        """Creates or replaces `obj` (ignoring its resourceVersion); emits ADDED or MODIFIED."""
+        res = self._kind(str(obj.get("apiVersion")), str(obj.get("kind")))
+        body = copy.deepcopy(dict(obj))
+        meta = body.get("metadata") or {}
+        meta.pop("resourceVersion", None)
+        ns, name = meta.get("namespace") or "default", meta.get("name")
+        with self._cond:
+            if isinstance(name, str) and _key(res, ns, name) in self._state.objects:
+                return self._replace(res, ns, name, body)
+            return self._create(res, ns, body)
+
+    def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> Obj:
+        """Deletes an object (StatusError 404 if missing); emits DELETED with a new version."""
+        with self._cond:
+            return self._delete(self._kind(api_version, kind), namespace or "default", name)
+
+    def get(
+        self, api_version: str, kind: str, name: str, namespace: str | None = None
+    ) -> Obj | None:
+        res = self._kind(api_version, kind)
+        with self._cond:
+            obj = self._state.objects.get(_key(res, namespace or "default", name))
+            return copy.deepcopy(obj) if obj is not None else None
+
+    def list_objects(self, api_version: str, kind: str, namespace: str | None = None) -> list[Obj]:
+        route = _Route(self._kind(api_version, kind), namespace, None)
+        return cast(list[Obj], self._list(route, _Selector())["items"])
+
+    @property
+    def resource_version(self) -> str:
+        with self._cond:
+            return str(self._state.rv)
+
+    def compact(self) -> int:
+        """Makes every resourceVersion before the current one too old to watch from (410)."""
+        with self._cond:
+            st = self._state
+            st.compacted = st.rv
+            st.history = [e for e in st.history if e.rv > st.compacted]
+            return st.compacted
+
+    def break_watches(self, *, graceful: bool = False) -> None:
+        """Ends every open watch: abruptly (no final chunk, as a crash) or cleanly."""
+        with self._cond:
+            self._state.break_epoch += 1
+            self._state.break_graceful = graceful
+            self._cond.notify_all()
+
+    def bookmark(self) -> None:
+        """Sends a BOOKMARK now on every open watch that allows bookmarks."""
+        with self._cond:
+            self._state.bookmark_epoch += 1
+            self._cond.notify_all()
+
+    def add_token(
+        self,
+        token: str,
+        username: str,
+        audiences: Sequence[str] = ("identity.meshlet.io",),
+        authenticated: bool = True,
+        *,
+        uid: str = "",
+        groups: Sequence[str] = (),
+    ) -> None:
+        entry = _Token(username, tuple(audiences), authenticated, uid, tuple(groups))
+        with self._cond:
+            self._state.tokens[token] = entry
+
+    @property
+    def requests(self) -> list[tuple[str, str]]:
+        """Every (method, path with query) received so far, oldest first."""
+        with self._cond:
+            return list(self._state.requests)
+
+    @property
+    def open_watches(self) -> int:
+        with self._cond:
+            return self._state.open_watches
+
+    def wait_for_watches(self, count: int, timeout: float = 5.0) -> bool:
+        """Waits until exactly `count` watch streams are open; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._state.open_watches == count, timeout)
+
+    # -- store (callers hold self._cond) -----------------------------------------------------
+
+    def _kind(self, api_version: str, kind: str) -> Resource:
+        res = self._kinds.get((api_version, kind))
+        if res is None or res.create_only:
+            raise StatusError(404, "NotFound", f"no resource for {api_version} {kind}")
+        return res
+
+    def _prepare(self, res: Resource, ns: str, body: Obj) -> Obj:
+        meta = body.get("metadata")
+        if not isinstance(meta, dict):
+            raise _bad_request("metadata must be an object")
+        if body.get("kind", res.kind) != res.kind:
+            raise _bad_request(f"kind {body.get('kind')!r} does not match {res.kind}")
+        if res.namespaced:
+            if meta.get("namespace", ns) != ns:
+                raise _bad_request("the namespace of the object does not match the request")
+            meta["namespace"] = ns
+        else:
+            meta.pop("namespace", None)
+        body.update(kind=res.kind, apiVersion=res.api_version)
+        return body
+
+    def _commit(self, event: _Change, res: Resource, obj: Obj) -> Obj:
+        st = self._state
+        st.rv += 1
+        obj["metadata"]["resourceVersion"] = str(st.rv)
+        key = _key(res, obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
+        old = st.objects.pop(key, None)
+        if event != "DELETED":
+            st.objects[key] = obj
+        st.history.append(_Event(st.rv, event, res, obj, old if event == "MODIFIED" else None))
+        self._cond.notify_all()
+        return copy.deepcopy(obj)
+
+    def _create(self, res: Resource, ns: str, body: Obj) -> Obj:
+        obj = self._prepare(res, ns, body)
+        meta = obj["metadata"]
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = f"{meta['generateName']}{uuid.uuid4().hex[:5]}"
+        name = meta.get("name")
+        if not isinstance(name, str) or not name:
+            raise StatusError(422, "Invalid", "metadata.name: Required value: name is required")
+        if _key(res, ns, name) in self._state.objects:
+            details = {"name": name, "group": res.group, "kind": res.plural}
+            msg = f'{res.plural} "{name}" already exists'
+            raise StatusError(409, "AlreadyExists", msg, details)
+        meta.pop("resourceVersion", None)
+        meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now())
+        return self._commit("ADDED", res, obj)
+
+    def _replace(self, res: Resource, ns: str, name: str, body: Obj) -> Obj:
+        current = self._state.objects.get(_key(res, ns, name))
+        if current is None:
+            raise _not_found(res, name)
+        obj = self._prepare(res, ns, body)
+        meta = obj["metadata"]
+        if meta.get("name", name) != name:
+            raise _bad_request("the name of the object does not match the name on the URL")
+        rv = meta.get("resourceVersion")
+        if rv and rv != current["metadata"]["resourceVersion"]:
+            msg = (
+                f'Operation cannot be fulfilled on {res.plural} "{name}": the object has been '
+                "modified; please apply your changes to the latest version and try again"
+            )
+            raise StatusError(409, "Conflict", msg, {"name": name, "kind": res.plural})
+        meta.update(
+            name=name,
+            uid=current["metadata"]["uid"],
+            creationTimestamp=current["metadata"]["creationTimestamp"],
+        )
+        return self._commit("MODIFIED", res, obj)
+
+    def _delete(self, res: Resource, ns: str, name: str) -> Obj:
+        current = self._state.objects.get(_key(res, ns, name))
+        if current is None:
+            raise _not_found(res, name)
+        return self._commit("DELETED", res, copy.deepcopy(current))
+
+    def _list(self, route: _Route, selector: _Selector) -> Obj:
+        view = _Watch(route, selector, 0, 0, 0, False, 0.0, None)
+        with self._cond:
+            items = [
+                copy.deepcopy(obj)
+                for (res, _, _), obj in sorted(
+                    self._state.objects.items(), key=lambda kv: kv[0][1:]
+                )
+                if res == route.resource and view.sees(obj)
+            ]
+            meta = {"resourceVersion": str(self._state.rv)}
+        kind = f"{route.resource.kind}List"
+        return {
+            "kind": kind,
+            "apiVersion": route.resource.api_version,
+            "metadata": meta,
+            "items": items,
+        }
+
+    # -- HTTP side ---------------------------------------------------------------------------
+
+    def _serve(
+        self, method: str, route: _Route, query: Mapping[str, str], body: Obj
+    ) -> tuple[int, Obj]:
+        res, ns, name = route.resource, route.namespace or "", route.name
+        if res.namespaced and route.namespace is None and method != "GET":
+            pass  # only listing and watching span all namespaces
+        elif res.create_only:
+            if method == "POST" and name is None:
+                return 201, self._token_review(body)
+        elif method == "GET" and name is None:
+            return 200, self._list(route, _Selector.parse(query))
+        elif method == "GET" and name is not None:
+            with self._cond:
+                obj = self._state.objects.get(_key(res, ns, name))
+                if obj is None:
+                    raise _not_found(res, name)
+                return 200, copy.deepcopy(obj)
+        elif method == "POST" and name is None:
+            with self._cond:
+                return 201, self._create(res, ns, body)
+        elif method == "PUT" and name is not None:
+            with self._cond:
+                return 200, self._replace(res, ns, name, body)
+        elif method == "DELETE" and name is not None:
+            with self._cond:
+                obj = self._delete(res, ns, name)
+            if res.delete_returns_object:
+                return 200, obj
+            details = {"name": name, "group": res.group, "kind": res.plural}
+            details["uid"] = obj["metadata"]["uid"]
+            ok = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}
+            return 200, {**ok, "details": details}
+        msg = "the server does not allow this method on the requested resource"
+        raise StatusError(405, "MethodNotAllowed", msg)
+
+    def _token_review(self, body: Obj) -> Obj:
+        if self.fail_token_reviews:
+            raise StatusError(500, "InternalError", "Internal error occurred: injected failure")
+        spec = body.get("spec")
+        token = spec.get("token") if isinstance(spec, dict) else None
+        if not isinstance(spec, dict) or not isinstance(token, str) or not token:
+            raise _bad_request("token is required for TokenReview in authentication")
+        wanted = [str(a) for a in spec.get("audiences") or ()] or list(API_SERVER_AUDIENCES)
+        with self._cond:
+            entry = self._state.tokens.get(token)
+        status: Obj = {"authenticated": False}
+        if entry is None or not entry.authenticated:
+            status["error"] = "[invalid bearer token, service account token has been invalidated]"
+        elif not (audiences := [a for a in wanted if a in entry.audiences]):
+            status["error"] = (
+                f"[invalid bearer token, token audiences {_goq(entry.audiences)} is invalid "
+                f"for the target audiences {_goq(wanted)}]"
+            )
+        else:
+            user = {"username": entry.username, "uid": entry.uid, "groups": list(entry.groups)}
+            status = {"authenticated": True, "user": user, "audiences": audiences}
+        meta = {"creationTimestamp": None}
+        kind, api_version = "TokenReview", "authentication.k8s.io/v1"
+        return {
+            "kind": kind,
+            "apiVersion": api_version,
+            "metadata": meta,
+            "spec": spec,
+            "status": status,
+        }
+
+    def _open_watch(
+        self, route: _Route, query: Mapping[str, str]
+    ) -> tuple[_Watch, list[WatchEvent], bool]:
+        """Registers a watch; returns it, its first events, and whether it already ended (410)."""
+        selector = _Selector.parse(query)
+        timeout = _int_param(query, "timeoutSeconds")
+        rv_text = query.get("resourceVersion", "")
+        with self._cond:
+            st = self._state
+            start = st.rv if rv_text in ("", "0") else _int_param(query, "resourceVersion")
+            deadline = time.monotonic() + timeout if timeout else None
+            bookmarks = query.get("allowWatchBookmarks", "") in _TRUE
+            nb = time.monotonic() + self.bookmark_interval
+            watch = _Watch(
+                route, selector, start, st.break_epoch, st.bookmark_epoch, bookmarks, nb, deadline
+            )
+            st.open_watches += 1
+            self._cond.notify_all()
+            if rv_text in ("", "0"):  # both start with synthetic ADDED events for current state
+                items = self._list(route, selector)["items"]
+                return watch, [{"type": "ADDED", "object": o} for o in items], False
+            if start < st.compacted:
+                return watch, [_expired(start, st.rv)], True
+            return watch, [], False
+
+    def _next_batch(self, w: _Watch) -> tuple[list[WatchEvent], Literal["more", "end", "abort"]]:
+        with self._cond:
+            st = self._state
+            epochs = (w.break_epoch, w.bookmark_epoch) == (st.break_epoch, st.bookmark_epoch)
+            if st.rv <= w.cursor and epochs and not st.stopping:
+                self._cond.wait(_POLL_SECONDS)
+            if st.stopping or w.break_epoch != st.break_epoch:
+                return [], "end" if st.break_graceful and not st.stopping else "abort"
+            if w.cursor < st.compacted:  # fell behind a compaction
+                return [_expired(w.cursor, st.rv)], "end"
+            start = bisect.bisect_right(st.history, w.cursor, key=lambda e: e.rv)
+            batch = [t for e in st.history[start:] if (t := w.translate(e)) is not None]
+            w.cursor = st.rv
+            now = time.monotonic()
+            asked, w.bookmark_epoch = w.bookmark_epoch != st.bookmark_epoch, st.bookmark_epoch
+            if w.bookmarks and (asked or now >= w.next_bookmark):
+                res = w.route.resource
+                meta = {"resourceVersion": str(st.rv)}
+                bm = {"kind": res.kind, "apiVersion": res.api_version, "metadata": meta}
+                batch.append({"type": "BOOKMARK", "object": bm})
+                w.next_bookmark = now + self.bookmark_interval
+            return batch, "end" if w.deadline is not None and now >= w.deadline else "more"
+
+    def _close_watch(self) -> None:
+        with self._cond:
+            self._state.open_watches -= 1
+            self._cond.notify_all()
+
+    def _track(self, method: str, path: str) -> None:
+        with self._cond:
+            self._state.requests.append((method, path))
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    api: FakeKubeAPI
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    @property
+    def api(self) -> FakeKubeAPI:
+        return cast(_Server, self.server).api
+
+    def setup(self) -> None:
+        super().setup()
+        with self.api._cond:
+            self.api._state.connections.add(self.connection)
+            if self.api._state.stopping:
+                _shutdown(self.connection)
+
+    def finish(self) -> None:
+        with self.api._cond:
+            self.api._state.connections.discard(self.connection)
+        super().finish()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        logger.debug("fakeapi: " + format, *args)
+
+    def _dispatch(self) -> None:
+        api, method = self.api, self.command
+        api._track(method, self.path)
+        try:
+            raw = self._read_body()
+            if self.headers.get("Authorization") != f"Bearer {api.token}":
+                raise StatusError(401, "Unauthorized", "Unauthorized")
+            url = urlsplit(self.path)
+            query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
+            route = _route(api, url.path)
+            if method == "GET" and route.name is None and query.get("watch", "") in _TRUE:
+                self._watch(route, query)
+                return
+            body: Obj = {}
+            if method in ("POST", "PUT"):
+                try:
+                    body = json.loads(raw)
+                except ValueError as exc:
+                    raise _bad_request(f"invalid JSON body: {exc}") from None
+                if not isinstance(body, dict):
+                    raise _bad_request("the request body must be a JSON object")
+            code, payload = api._serve(method, route, query, body)
+        except StatusError as exc:
+            code, payload = exc.code, exc.status()
+        except Exception:
+            logger.exception("fakeapi: %s %s failed", method, self.path)
+            code, payload = 500, StatusError(500, "InternalError", "internal error").status()
+        data = json.dumps(payload).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _dispatch
+
+    def _read_body(self) -> bytes:
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if length < 0 or "Transfer-Encoding" in self.headers:
+            self.close_connection = True
+            raise _bad_request("a body needs a valid Content-Length")
+        return self.rfile.read(length)
+
+    def _watch(self, route: _Route, query: Mapping[str, str]) -> None:
+        watch, batch, ending = self.api._open_watch(route, query)
+        outcome: Literal["more", "end", "abort"] = "end" if ending else "more"
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            while True:
+                for event in batch:
+                    line = json.dumps(event).encode() + b"\n"
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+                if outcome != "more":
+                    break
+                if _peer_closed(self.connection):
+                    outcome = "abort"
+                    break
+                batch, outcome = self.api._next_batch(watch)
+            if outcome == "end":
+                self.wfile.write(b"0\r\n\r\n")
+        except OSError:
+            outcome = "abort"
+        except Exception:
+            logger.exception("fakeapi: watch %s failed", self.path)
+            outcome = "abort"
+        finally:
+            self.api._close_watch()
+        if outcome == "abort":
+            self.close_connection = True
+            _shutdown(self.connection)
+
+
+def _route(api: FakeKubeAPI, path: str) -> _Route:
+    parts = [p for p in path.split("/") if p]
+    if parts[:2] == ["api", "v1"]:
+        group, version, rest = "", "v1", parts[2:]
+    elif len(parts) >= 3 and parts[0] == "apis":
+        group, version, rest = parts[1], parts[2], parts[3:]
+    else:
+        rest, group, version = [], "", ""
+    namespace = None
+    if len(rest) >= 3 and rest[0] == "namespaces":
+        namespace, rest = rest[1], rest[2:]
+    res = api._resources.get((group, version, rest[0])) if len(rest) in (1, 2) else None
+    name = rest[1] if len(rest) == 2 else None
+    if (
+        res is None
+        or (namespace is not None and not res.namespaced)
+        or (namespace is None and res.namespaced and name is not None)
+    ):
+        msg = "the server could not find the requested resource"
+        raise StatusError(404, "NotFound", msg, {})
+    return _Route(res, namespace, name)
+
+
+def _key(res: Resource, ns: str, name: str) -> tuple[Resource, str, str]:
+    return (res, ns if res.namespaced else "", name)
+
+
+def _expired(requested: int, current: int) -> WatchEvent:
+    msg = f"too old resource version: {requested} ({current})"
+    return {"type": "ERROR", "object": StatusError(410, "Expired", msg).status()}
+
+
+def _int_param(query: Mapping[str, str], name: str) -> int:
+    try:
+        return int(query.get(name) or 0)
+    except ValueError:
+        raise _bad_request(f"invalid {name}: {query.get(name)!r}") from None
+
+
+def _goq(values: Sequence[str]) -> str:
+    return "[" + " ".join(json.dumps(v) for v in values) + "]"
+
+
+def _peer_closed(sock: socket.socket) -> bool:
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable) and not sock.recv(1, socket.MSG_PEEK)
+    except OSError:
+        return True
+
+
+def _shutdown(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
