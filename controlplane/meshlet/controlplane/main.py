@@ -113,6 +113,104 @@ def identity(
     asyncio.run(serve(config))
 
 
+@cli.command()
+@option(
+    "--addr",
+    type=Addr(),
+    default=f":{wellknown.DESTINATION_PORT}",
+    show_default=True,
+    help="gRPC listen address.",
+)
+@option(
+    "--admin-addr",
+    type=Addr(),
+    default=f":{wellknown.DESTINATION_ADMIN_PORT}",
+    show_default=True,
+    help="Admin (/metrics, /ready, /live) listen address.",
+)
+@option(
+    "--kubeconfig",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Watch the Kubernetes API reached with this kubeconfig.",
+)
+@option("--in-cluster", is_flag=True, help="Watch the Kubernetes API as the pod's service account.")
+@option(
+    "--manifests",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Read Services, EndpointSlices, Pods and ServiceProfiles from YAML files here.",
+)
+@option(
+    "--tls-cert",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Serve TLS with this PEM certificate chain (the local mesh); default: plaintext.",
+)
+@option("--tls-key", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@option("--cluster-domain", default=wellknown.CLUSTER_DOMAIN, show_default=True)
+@option("--max-streams", type=click.IntRange(min=1), default=20_000, show_default=True)
+@option("--max-streams-per-peer", type=click.IntRange(min=1), default=4_096, show_default=True)
+@option(
+    "--stream-queue",
+    type=click.IntRange(min=1),
+    default=100,
+    show_default=True,
+    help="Updates queued per stream before a slow stream is closed.",
+)
+@option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    show_default=True,
+)
+def destination(
+    addr: tuple[str, int],
+    admin_addr: tuple[str, int],
+    kubeconfig: Path | None,
+    in_cluster: bool,
+    manifests: Path | None,
+    tls_cert: Path | None,
+    tls_key: Path | None,
+    cluster_domain: str,
+    max_streams: int,
+    max_streams_per_peer: int,
+    stream_queue: int,
+    log_level: str,
+) -> None:
+    """Service discovery: streams endpoint sets and profiles to proxies."""
+    from meshlet.controlplane.destination.server import DestinationConfig, serve
+    from meshlet.controlplane.k8s.client import api_client
+    from meshlet.controlplane.k8s.events import Source
+
+    problems = []
+    if sum((kubeconfig is not None, in_cluster, manifests is not None)) != 1:
+        problems.append("give exactly one of --kubeconfig, --in-cluster, --manifests")
+    if (tls_cert is None) != (tls_key is None):
+        problems.append("--tls-cert and --tls-key go together")
+    if problems:
+        raise click.UsageError("; ".join(problems))
+    setup_logging(log_level)
+    source: Source
+    if manifests is not None:
+        from meshlet.controlplane.k8s.manifests import ManifestsSource
+
+        source = ManifestsSource(manifests)
+    else:
+        from meshlet.controlplane.k8s.informer import KubernetesSource
+
+        source = KubernetesSource(api_client(kubeconfig, in_cluster))
+    config = DestinationConfig(
+        addr=addr,
+        admin_addr=admin_addr,
+        source=source,
+        derive_from_pods=manifests is not None,
+        tls=(tls_cert, tls_key) if tls_cert is not None and tls_key is not None else None,
+        cluster_domain=cluster_domain,
+        max_streams=max_streams,
+        max_streams_per_peer=max_streams_per_peer,
+        stream_queue=stream_queue,
+    )
+    asyncio.run(serve(config))
+
+
 def main(argv: list[str] | None = None) -> None:
     try:
         cli.main(args=argv, prog_name="meshlet-controller", standalone_mode=False)

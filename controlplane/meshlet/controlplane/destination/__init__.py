@@ -1,0 +1,1 @@
+"""The destination service: endpoint sets and profiles streamed to proxies."""

@@ -1,0 +1,134 @@
+"""Runs the destination service: a cluster-state source, publishers, gRPC and admin servers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from meshlet.api import destination_pb2_grpc, wellknown
+from meshlet.controlplane.admin import AdminServer
+from meshlet.controlplane.destination.publisher import Publishers
+from meshlet.controlplane.destination.service import (
+    DestinationMetrics,
+    DestinationService,
+    StreamLimits,
+)
+from meshlet.controlplane.destination.state import ClusterState
+from meshlet.controlplane.k8s.events import Event, Source
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class DestinationConfig:
+    addr: tuple[str, int]
+    admin_addr: tuple[str, int]
+    source: Source
+    # The manifests source has no endpoints controller: derive endpoints from selectors.
+    derive_from_pods: bool
+    tls: tuple[Path, Path] | None = None  # (certificate chain, key) PEM files
+    cluster_domain: str = wellknown.CLUSTER_DOMAIN
+    max_streams: int = 20_000
+    max_streams_per_peer: int = 4_096
+    stream_queue: int = 100
+
+
+class DestinationServer:
+    def __init__(
+        self, config: DestinationConfig, registry: CollectorRegistry | None = None
+    ) -> None:
+        self.config = config
+        self.registry = registry or CollectorRegistry()
+        self.metrics = DestinationMetrics(self.registry)
+        self.state = ClusterState(cluster_domain=config.cluster_domain)
+        self.publishers = Publishers(
+            self.state, derive_from_pods=config.derive_from_pods, capacity=config.stream_queue
+        )
+        self.limits = StreamLimits(config.max_streams, config.max_streams_per_peer)
+        self.grpc_port = 0
+        self.admin_port = 0
+        self._events = Counter(
+            "destination_source_events_total", "Cluster events applied, by kind.", ["kind"],
+            registry=self.registry,
+        )  # fmt: skip
+        self._last_event = Gauge(
+            "destination_source_last_event_timestamp_seconds",
+            "When the last event of each kind was applied (Unix time).",
+            ["kind"],
+            registry=self.registry,
+        )
+        self._processing = Histogram(
+            "destination_event_processing_seconds",
+            "From an event reaching the service to its updates queued on every stream.",
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
+            registry=self.registry,
+        )
+        self._grpc: grpc.aio.Server | None = None
+        self._admin = AdminServer(self.registry, ready=self.ready)
+        self._source_task: asyncio.Task[None] | None = None
+
+    def ready(self) -> bool:
+        return self.grpc_port != 0 and self.config.source.synced
+
+    def apply(self, event: Event) -> None:
+        """The source's sink: update state, then every publisher the event may change."""
+        started = time.perf_counter()
+        affected = self.state.apply(event)
+        self.publishers.refresh(affected)
+        self._processing.observe(time.perf_counter() - started)
+        self._events.labels(event.kind.kind).inc()
+        self._last_event.labels(event.kind.kind).set_to_current_time()
+
+    async def start(self) -> None:
+        cfg = self.config
+        self._source_task = asyncio.create_task(cfg.source.run(self.apply))
+        self._grpc = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", 16 * 1024),
+                ("grpc.max_concurrent_streams", 10_000),
+                ("grpc.keepalive_time_ms", 30_000),
+                ("grpc.http2.max_pings_without_data", 0),
+            ]
+        )
+        destination_pb2_grpc.add_DestinationServicer_to_server(
+            DestinationService(self.publishers, self.metrics, self.limits, cfg.cluster_domain),
+            self._grpc,
+        )
+        address = f"{cfg.addr[0]}:{cfg.addr[1]}"
+        if cfg.tls is not None:
+            chain, key = (path.read_bytes() for path in cfg.tls)
+            credentials = grpc.ssl_server_credentials([(key, chain)])
+            self.grpc_port = self._grpc.add_secure_port(address, credentials)
+        else:
+            self.grpc_port = self._grpc.add_insecure_port(address)
+        await self._grpc.start()
+        _, self.admin_port = await self._admin.start(*cfg.admin_addr)
+        log.info("destination serving on :%d (admin :%d)", self.grpc_port, self.admin_port)
+
+    async def stop(self, grace: float = 5.0) -> None:
+        if self._grpc is not None:
+            await self._grpc.stop(grace)
+        if self._source_task is not None:
+            self._source_task.cancel()
+            await asyncio.gather(self._source_task, return_exceptions=True)
+        await self._admin.close()
+
+
+async def serve(config: DestinationConfig) -> None:
+    """Serves until SIGTERM or SIGINT."""
+    server = DestinationServer(config)
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("destination shutting down")
+    await server.stop()

@@ -1,0 +1,146 @@
+"""The Destination gRPC service: Get and GetProfile streams over the publishers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter as Tally
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import grpc
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from meshlet.api import destination_pb2, destination_pb2_grpc, wellknown
+from meshlet.controlplane.destination import paths
+from meshlet.controlplane.destination.listener import Overflow
+from meshlet.controlplane.destination.publisher import Publishers, Subscription
+from meshlet.controlplane.grpcmetrics import HandledCounter
+
+log = logging.getLogger(__name__)
+
+M = TypeVar("M")
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+class DestinationMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.handled = HandledCounter(registry, "io.linkerd.proxy.destination.Destination")
+        self.streams = Gauge(
+            "destination_streams_active", "Open Get/GetProfile streams.", ["method"],
+            registry=registry,
+        )  # fmt: skip
+        self.overflows = Counter(
+            "destination_stream_overflow_total",
+            "Streams closed because their client fell behind and the queue filled up.",
+            ["method"],
+            registry=registry,
+        )
+
+
+class StreamLimits:
+    """Caps on concurrent streams, overall and per client address."""
+
+    def __init__(self, total: int, per_peer: int) -> None:
+        self.total, self.per_peer = total, per_peer
+        self._by_peer: Tally[str] = Tally()
+
+    def acquire(self, peer: str) -> str | None:
+        """None when admitted, else why not."""
+        if sum(self._by_peer.values()) >= self.total:
+            return f"the server holds its maximum of {self.total} streams"
+        if self._by_peer[peer] >= self.per_peer:
+            return f"{peer} holds its maximum of {self.per_peer} streams"
+        self._by_peer[peer] += 1
+        return None
+
+    def release(self, peer: str) -> None:
+        self._by_peer[peer] -= 1
+        if self._by_peer[peer] <= 0:
+            del self._by_peer[peer]
+
+    @property
+    def active(self) -> int:
+        return sum(self._by_peer.values())
+
+
+def peer_host(peer: str) -> str:
+    """`ipv4:127.0.0.1:5000` → `127.0.0.1`; `ipv6:[::1]:5000` → `::1`."""
+    address = peer.split(":", 1)[1] if ":" in peer else peer
+    return address.rsplit(":", 1)[0].strip("[]")
+
+
+class DestinationService(destination_pb2_grpc.DestinationServicer):
+    def __init__(
+        self,
+        publishers: Publishers,
+        metrics: DestinationMetrics,
+        limits: StreamLimits,
+        cluster_domain: str = wellknown.CLUSTER_DOMAIN,
+    ) -> None:
+        self._publishers = publishers
+        self._metrics = metrics
+        self._limits = limits
+        self._domain = cluster_domain
+
+    # Streams are written with context.write (not yielded) so that a stuck write can be
+    # cancelled when the stream's queue overflows.
+    async def Get(  # type: ignore[override]
+        self, request: destination_pb2.GetDestination, context: Context
+    ) -> None:
+        await self._serve("Get", request.path, context, False, self._publishers.endpoints)
+
+    async def GetProfile(  # type: ignore[override]
+        self, request: destination_pb2.GetDestination, context: Context
+    ) -> None:
+        await self._serve("GetProfile", request.path, context, True, self._publishers.profile)
+
+    async def _serve(
+        self,
+        method: str,
+        path: str,
+        context: Context,
+        allow_ip: bool,
+        subscribe: Callable[[Any, Callable[[], None]], Subscription[M]],
+    ) -> None:
+        try:
+            target = paths.parse(path, self._domain, allow_ip=allow_ip)
+        except paths.PathError as exc:
+            await self._abort(context, method, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        peer = peer_host(context.peer())
+        refusal = self._limits.acquire(peer)
+        if refusal is not None:
+            await self._abort(context, method, grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
+        task = asyncio.current_task()
+        assert task is not None
+
+        def on_overflow() -> None:
+            task.cancel()
+
+        subscription = subscribe(target, on_overflow)
+        self._metrics.streams.labels(method).inc()
+        try:
+            while True:
+                await context.write(await subscription.listener.get())
+        except (Overflow, asyncio.CancelledError):
+            if not subscription.listener.overflowed:
+                self._metrics.handled.observe("server_stream", method, grpc.StatusCode.CANCELLED)
+                raise  # the client went away
+            task.uncancel()
+            self._metrics.overflows.labels(method).inc()
+            log.warning("closing a %s stream of %s for %s: its client fell behind", method,
+                        path, peer)  # fmt: skip
+        finally:
+            subscription.close()
+            self._limits.release(peer)
+            self._metrics.streams.labels(method).dec()
+        await self._abort(
+            context, method, grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "stream closed: the client fell behind; reconnect",
+        )  # fmt: skip
+
+    async def _abort(
+        self, context: Context, method: str, code: grpc.StatusCode, message: str
+    ) -> None:
+        self._metrics.handled.observe("server_stream", method, code)
+        await context.abort(code, message)

@@ -1,0 +1,355 @@
+"""The destination service over real gRPC on 127.0.0.1, fed by the manifests source."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import h2.config
+import h2.connection
+import h2.events
+import h2.settings
+import pytest
+import yaml
+
+from meshlet.api import addr, destination_pb2, destination_pb2_grpc
+from meshlet.controlplane.destination.server import DestinationConfig, DestinationServer
+from meshlet.controlplane.k8s import objects
+from meshlet.controlplane.k8s.manifests import ManifestsSource
+
+WEB = "web.emojivoto.svc.cluster.local:80"
+
+
+class Cluster:
+    """The manifests folder: one file per object, rewritten to change the cluster."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def put(self, name: str, *objs: dict[str, Any]) -> None:
+        tmp = self.root / f".{name}.tmp"
+        tmp.write_text(yaml.safe_dump_all(objs))
+        tmp.rename(self.root / f"{name}.yaml")
+
+    def remove(self, name: str) -> None:
+        (self.root / f"{name}.yaml").unlink()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Cluster:
+    root = tmp_path / "manifests"
+    root.mkdir()
+    return Cluster(root)
+
+
+async def start(cluster: Cluster, **overrides: Any) -> DestinationServer:
+    config = DestinationConfig(
+        addr=("127.0.0.1", 0),
+        admin_addr=("127.0.0.1", 0),
+        source=ManifestsSource(cluster.root, poll_interval=0.02),
+        derive_from_pods=True,
+        **overrides,
+    )
+    server = DestinationServer(config)
+    await server.start()
+    for _ in range(100):
+        if server.ready():
+            break
+        await asyncio.sleep(0.02)
+    assert server.ready()
+    return server
+
+
+@pytest.fixture
+async def server(cluster: Cluster) -> AsyncIterator[DestinationServer]:
+    srv = await start(cluster)
+    yield srv
+    await srv.stop(grace=0)
+
+
+@pytest.fixture
+async def stub(server: DestinationServer) -> AsyncIterator[Any]:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+        yield destination_pb2_grpc.DestinationStub(channel)
+
+
+def describe(update: destination_pb2.Update) -> tuple[str, Any]:
+    kind = update.WhichOneof("update")
+    if kind == "no_endpoints":
+        return kind, update.no_endpoints.exists
+    entries = update.add.addrs if kind == "add" else update.remove.addrs
+    tcps = [e.addr for e in entries] if kind == "add" else list(entries)
+    return kind, sorted(f"{ip}:{port}" for ip, port in map(addr.tcp_from_proto, tcps))
+
+
+async def next_update(stream: Any) -> tuple[str, Any]:
+    async with asyncio.timeout(3.0):
+        return describe(await stream.read())
+
+
+def web_pod(name: str, ip: str, **kw: Any) -> dict[str, Any]:
+    return objects.pod(name, ip, **kw)
+
+
+async def test_get_follows_the_cluster(cluster: Cluster, stub: Any) -> None:
+    stream = stub.Get(destination_pb2.GetDestination(path=WEB))
+    assert await next_update(stream) == ("no_endpoints", False)  # unknown service
+
+    cluster.put("svc", objects.service("web"))
+    assert await next_update(stream) == ("no_endpoints", True)  # exists, no endpoints
+
+    cluster.put("web-1", web_pod("web-1", "10.0.0.1"))
+    assert await next_update(stream) == ("add", ["10.0.0.1:8080"])
+
+    cluster.put("web-2", web_pod("web-2", "10.0.0.2"))
+    assert await next_update(stream) == ("add", ["10.0.0.2:8080"])  # a delta, not the set
+
+    cluster.remove("web-1")  # pod deleted
+    assert await next_update(stream) == ("remove", ["10.0.0.1:8080"])
+
+    cluster.remove("web-2")
+    assert await next_update(stream) == ("remove", ["10.0.0.2:8080"])
+    assert await next_update(stream) == ("no_endpoints", True)
+
+    cluster.put("web-3", web_pod("web-3", "10.0.0.3"))
+    assert await next_update(stream) == ("add", ["10.0.0.3:8080"])
+    cluster.remove("svc")  # service deleted
+    assert await next_update(stream) == ("remove", ["10.0.0.3:8080"])
+    assert await next_update(stream) == ("no_endpoints", False)
+    cluster.put("svc", objects.service("web"))  # and re-created
+    assert await next_update(stream) == ("add", ["10.0.0.3:8080"])
+    stream.cancel()
+
+
+async def test_endpoint_slices_take_precedence_and_readiness_counts(
+    cluster: Cluster, stub: Any
+) -> None:
+    cluster.put("svc", objects.service("web"))
+    cluster.put("pods", web_pod("web-1", "10.0.0.1"), web_pod("web-2", "10.0.0.2"))
+    cluster.put("slice", objects.endpoint_slice("web-a", "web", [("10.0.0.1", True, "web-1")]))
+    await asyncio.sleep(0.1)
+    stream = stub.Get(destination_pb2.GetDestination(path=WEB))
+    assert await next_update(stream) == ("add", ["10.0.0.1:8080"])
+    cluster.put(
+        "slice",
+        objects.endpoint_slice(
+            "web-a", "web", [("10.0.0.1", False, "web-1"), ("10.0.0.2", True, "web-2")]
+        ),
+    )
+    assert await next_update(stream) == ("add", ["10.0.0.2:8080"])
+    assert await next_update(stream) == ("remove", ["10.0.0.1:8080"])
+    stream.cancel()
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "10.1.2.3:8080",
+        "",
+        "web.emojivoto.svc.cluster.local:0",
+        "web.emojivoto.svc.cluster.local:70000",
+        "x" * 300 + ".emojivoto.svc.cluster.local:80",
+        "wéb.emojivoto.svc.cluster.local:80",
+        "example.com:80",
+    ],
+)
+async def test_bad_paths_are_invalid_argument(stub: Any, path: str) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stub.Get(destination_pb2.GetDestination(path=path)).read()
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_unknown_namespace_does_not_exist(stub: Any) -> None:
+    stream = stub.Get(destination_pb2.GetDestination(path="web.nowhere.svc.cluster.local:80"))
+    assert await next_update(stream) == ("no_endpoints", False)
+    stream.cancel()
+
+
+async def test_streams_opened_and_dropped_leave_nothing(
+    server: DestinationServer, stub: Any
+) -> None:
+    for batch in range(20):
+        streams = [
+            stub.Get(destination_pb2.GetDestination(path=f"s{batch}-{i}.ns.svc.cluster.local:80"))
+            for i in range(100)
+        ]
+        for stream in streams:
+            await stream.read()
+        assert server.limits.active == 100
+        for stream in streams:
+            stream.cancel()
+    for _ in range(100):
+        if server.limits.active == 0 and server.publishers.counts == (0, 0):
+            break
+        await asyncio.sleep(0.02)
+    assert server.limits.active == 0
+    assert server.publishers.counts == (0, 0)
+
+
+async def test_streams_per_client_are_capped(cluster: Cluster) -> None:
+    srv = await start(cluster, max_streams_per_peer=5)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{srv.grpc_port}") as channel:
+            stub = destination_pb2_grpc.DestinationStub(channel)
+            held = [stub.Get(destination_pb2.GetDestination(path=WEB)) for _ in range(5)]
+            for stream in held:
+                await stream.read()
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stub.Get(destination_pb2.GetDestination(path=WEB)).read()
+            assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            held[0].cancel()
+            await asyncio.sleep(0.1)
+            again = stub.Get(destination_pb2.GetDestination(path=WEB))
+            assert (await again.read()).WhichOneof("update") == "no_endpoints"
+            for stream in [*held, again]:
+                stream.cancel()
+    finally:
+        await srv.stop(grace=0)
+
+
+def stuck_client(port: int, path: str) -> socket.socket:
+    """An HTTP/2 client that opens a Get stream with a zero flow-control window and then
+    never reads: the server cannot send it anything."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.local_settings = h2.settings.Settings(
+        client=True, initial_values={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0}
+    )
+    conn.initiate_connection()
+    body = destination_pb2.GetDestination(path=path).SerializeToString()
+    conn.send_headers(
+        1,
+        [
+            (":method", "POST"), (":scheme", "http"), (":authority", f"127.0.0.1:{port}"),
+            (":path", "/io.linkerd.proxy.destination.Destination/Get"),
+            ("content-type", "application/grpc"), ("te", "trailers"),
+        ],
+    )  # fmt: skip
+    conn.send_data(1, b"\x00" + len(body).to_bytes(4, "big") + body, end_stream=True)
+    sock.sendall(conn.data_to_send())
+    return sock
+
+
+async def test_a_stuck_client_never_delays_others(cluster: Cluster) -> None:
+    srv = await start(cluster, stream_queue=4)
+    stuck = await asyncio.to_thread(stuck_client, srv.grpc_port, WEB)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{srv.grpc_port}") as channel:
+            stub = destination_pb2_grpc.DestinationStub(channel)
+            healthy = stub.Get(destination_pb2.GetDestination(path=WEB))
+            assert await next_update(healthy) == ("no_endpoints", False)
+            for _ in range(50):
+                if srv.limits.active == 2:
+                    break
+                await asyncio.sleep(0.02)
+            assert srv.limits.active == 2
+            cluster.put("svc", objects.service("web"))
+            assert await next_update(healthy) == ("no_endpoints", True)
+            for i in range(1, 12):
+                loop = asyncio.get_running_loop()
+                started = loop.time()
+                cluster.put(f"pod-{i}", web_pod(f"web-{i}", f"10.0.0.{i}"))
+                assert await next_update(healthy) == ("add", [f"10.0.0.{i}:8080"])
+                assert loop.time() - started < 1.0
+            for _ in range(100):
+                if srv.limits.active == 1:
+                    break
+                await asyncio.sleep(0.02)
+            assert srv.limits.active == 1  # the stuck stream was closed
+            overflow = srv.registry.get_sample_value(
+                "destination_stream_overflow_total", {"method": "Get"}
+            )
+            assert overflow == 1.0
+            healthy.cancel()
+    finally:
+        stuck.close()
+        await srv.stop(grace=0)
+
+
+async def test_admin_reports_streams_and_handled(server: DestinationServer, stub: Any) -> None:
+    stream = stub.Get(destination_pb2.GetDestination(path=WEB))
+    await stream.read()
+    assert server.registry.get_sample_value("destination_streams_active", {"method": "Get"}) == 1
+    with pytest.raises(grpc.aio.AioRpcError):
+        await stub.Get(destination_pb2.GetDestination(path="1.2.3.4:80")).read()
+    assert server.registry.get_sample_value(
+        "grpc_server_handled_total",
+        {"grpc_type": "server_stream", "grpc_service": "io.linkerd.proxy.destination.Destination",
+         "grpc_method": "Get", "grpc_code": "INVALID_ARGUMENT"},
+    ) == 1.0  # fmt: skip
+    stream.cancel()
+
+
+async def next_profile(stream: Any) -> destination_pb2.DestinationProfile:
+    async with asyncio.timeout(3.0):
+        message: destination_pb2.DestinationProfile = await stream.read()
+        return message
+
+
+ROUTES = {
+    "routes": [
+        {
+            "name": "GET /api/list",
+            "condition": {"method": "GET", "pathRegex": "/api/list"},
+            "isRetryable": True,
+            "timeout": "300ms",
+        }
+    ]
+}
+
+
+async def test_get_profile_by_name_follows_its_service_profile(cluster: Cluster, stub: Any) -> None:
+    cluster.put("svc", objects.service("web"))
+    await asyncio.sleep(0.1)
+    stream = stub.GetProfile(destination_pb2.GetDestination(path=WEB))
+    first = await next_profile(stream)
+    assert first.fully_qualified_name == "web.emojivoto.svc.cluster.local"
+    assert list(first.routes) == []
+    assert first.retry_budget.retry_ratio == pytest.approx(0.2)
+    assert first.retry_budget.min_retries_per_second == 10
+    assert first.retry_budget.ttl.seconds == 10
+
+    cluster.put("profile", objects.profile("web", ROUTES))
+    second = await next_profile(stream)
+    [route] = second.routes
+    assert route.is_retryable
+    assert route.timeout.ToMilliseconds() == 300
+    assert dict(route.metrics_labels) == {"route": "GET /api/list"}
+
+    cluster.put("profile", objects.profile("web", {"routes": [{"name": "x"}]}))  # invalid
+    third = await next_profile(stream)
+    assert list(third.routes) == []  # the default, not a half-parsed profile
+    stream.cancel()
+
+
+async def test_get_profile_by_ip(cluster: Cluster, stub: Any) -> None:
+    cluster.put("svc", objects.service("web", cluster_ip="10.96.0.10"))
+    cluster.put("pod", web_pod("web-1", "10.0.0.1"))
+    cluster.put("db", objects.service("db", ports=[("mysql", 3306, 3306)], cluster_ip="10.96.0.20"))
+    await asyncio.sleep(0.1)
+
+    by_cluster_ip = stub.GetProfile(destination_pb2.GetDestination(path="10.96.0.10:80"))
+    profile = await next_profile(by_cluster_ip)
+    assert profile.fully_qualified_name == "web.emojivoto.svc.cluster.local"
+    assert not profile.HasField("endpoint")
+
+    by_pod_ip = stub.GetProfile(destination_pb2.GetDestination(path="10.0.0.1:8080"))
+    profile = await next_profile(by_pod_ip)
+    assert profile.fully_qualified_name == ""
+    ip, port = addr.tcp_from_proto(profile.endpoint.addr)
+    assert (str(ip), port) == ("10.0.0.1", 8080)
+    assert profile.endpoint.tls_identity.dns_like_identity.name.startswith("web.emojivoto.")
+
+    opaque = stub.GetProfile(destination_pb2.GetDestination(path="10.96.0.20:3306"))
+    assert (await next_profile(opaque)).opaque_protocol
+
+    unknown = stub.GetProfile(destination_pb2.GetDestination(path="192.0.2.1:80"))
+    profile = await next_profile(unknown)
+    assert profile.fully_qualified_name == ""
+    assert not profile.opaque_protocol
+    for stream in (by_cluster_ip, by_pod_ip, opaque, unknown):
+        stream.cancel()
