@@ -37,7 +37,8 @@ demo: $(STAMP)
 	$(BIN)/python -m meshlet.cli.main demo
 
 bench: $(STAMP)
-	$(BIN)/python bench/certify.py
+	$(BIN)/python -m bench.certify
+	$(BIN)/python -m bench.destination
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -176,7 +176,9 @@ def destination(
     log_level: str,
 ) -> None:
     """Service discovery: streams endpoint sets and profiles to proxies."""
-    from meshlet.controlplane.destination.server import DestinationConfig, serve
+    from prometheus_client import CollectorRegistry
+
+    from meshlet.controlplane.destination.server import DestinationConfig, informer_lag, serve
     from meshlet.controlplane.k8s.client import api_client
     from meshlet.controlplane.k8s.events import Source
 
@@ -188,6 +190,7 @@ def destination(
     if problems:
         raise click.UsageError("; ".join(problems))
     setup_logging(log_level)
+    registry = CollectorRegistry()
     source: Source
     if manifests is not None:
         from meshlet.controlplane.k8s.manifests import ManifestsSource
@@ -196,7 +199,11 @@ def destination(
     else:
         from meshlet.controlplane.k8s.informer import KubernetesSource
 
-        source = KubernetesSource(api_client(kubeconfig, in_cluster))
+        lag = informer_lag(registry)
+        source = KubernetesSource(
+            api_client(kubeconfig, in_cluster),
+            on_event=lambda kind, seconds: lag.labels(kind.kind).observe(seconds),
+        )
     config = DestinationConfig(
         addr=addr,
         admin_addr=admin_addr,
@@ -208,7 +215,7 @@ def destination(
         max_streams_per_peer=max_streams_per_peer,
         stream_queue=stream_queue,
     )
-    asyncio.run(serve(config))
+    asyncio.run(serve(config, registry))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -114,8 +114,8 @@ def test_deltas_add_then_remove_then_no_endpoints() -> None:
     seen: list[destination_pb2.Update] = []
 
     class Sink:
-        def offer(self, messages: list[destination_pb2.Update]) -> None:
-            seen.extend(messages)
+        def offer(self, messages: list[bytes]) -> None:
+            seen.extend(destination_pb2.Update.FromString(m) for m in messages)
 
     publisher.listeners.add(Sink())  # type: ignore[arg-type]
 

@@ -124,3 +124,31 @@ async def test_broken_watch_and_410_relist(kube: FakeKubeAPI, stub: Any) -> None
     ]
     assert len(lists) >= 2, "the informer never relisted after the 410"
     stream.cancel()
+
+
+async def test_informer_counters_are_exported(kube: FakeKubeAPI) -> None:
+    with client.ApiClient(kube.client_configuration()) as api_client:
+        source = KubernetesSource(api_client, watch_timeout=2.0, backoff=(0.05, 0.2))
+        server = DestinationServer(
+            DestinationConfig(
+                addr=("127.0.0.1", 0), admin_addr=("127.0.0.1", 0), source=source,
+                derive_from_pods=False,
+            )
+        )  # fmt: skip
+        await server.start()
+        try:
+            for _ in range(200):
+                if server.ready():
+                    break
+                await asyncio.sleep(0.02)
+            kube.break_watches()
+            for _ in range(200):
+                count = server.registry.get_sample_value(
+                    "destination_informer_reconnects_total", {"kind": "Pod"}
+                )
+                if count:
+                    break
+                await asyncio.sleep(0.02)
+            assert count == 1.0
+        finally:
+            await server.stop(grace=0)

@@ -31,7 +31,7 @@ class _Publisher(Generic[T]):
             listener.offer(messages)
 
 
-class EndpointPublisher(_Publisher[Update]):
+class EndpointPublisher(_Publisher[bytes]):
     """The endpoints of one service port."""
 
     def __init__(self, target: ServiceName, state: ClusterState, derive_from_pods: bool) -> None:
@@ -57,18 +57,19 @@ class EndpointPublisher(_Publisher[Update]):
             derive_from_pods=self._derive,
         )
 
-    def subscribe(self, listener: Listener[Update]) -> None:
-        listener.offer(updates(None, self.current, self._labels))
+    def subscribe(self, listener: Listener[bytes]) -> None:
+        listener.offer([m.SerializeToString() for m in updates(None, self.current, self._labels)])
         self.listeners.add(listener)
 
     def refresh(self) -> None:
         new = self._resolve()
         messages = updates(self.current, new, self._labels)
         self.current = new
-        self._broadcast(messages)
+        # Serialized once here, not once per stream: a hot service may have thousands.
+        self._broadcast([m.SerializeToString() for m in messages])
 
 
-class ProfilePublisher(_Publisher[Profile]):
+class ProfilePublisher(_Publisher[bytes]):
     """The profile of a service port (by name or ClusterIP) or of a pod IP."""
 
     def __init__(self, target: ServiceName | IPPort, state: ClusterState) -> None:
@@ -107,8 +108,8 @@ class ProfilePublisher(_Publisher[Profile]):
             log.warning("ServiceProfile of %s is invalid, serving the default: %s", fqn, error)
         return profile
 
-    def subscribe(self, listener: Listener[Profile]) -> None:
-        listener.offer([self.current])
+    def subscribe(self, listener: Listener[bytes]) -> None:
+        listener.offer([self._wire])
         self.listeners.add(listener)
 
     def refresh(self) -> None:
@@ -116,7 +117,7 @@ class ProfilePublisher(_Publisher[Profile]):
         wire = new.SerializeToString(deterministic=True)
         if wire != self._wire:
             self.current, self._wire = new, wire
-            self._broadcast([new])
+            self._broadcast([wire])
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,13 +148,13 @@ class Publishers:
 
     def endpoints(
         self, target: ServiceName, on_overflow: Callable[[], None] | None = None
-    ) -> Subscription[Update]:
+    ) -> Subscription[bytes]:
         publisher = self._endpoints.get(target)
         if publisher is None:
             publisher = self._endpoints[target] = EndpointPublisher(
                 target, self.state, self._derive
             )
-        listener: Listener[Update] = Listener(self._capacity, on_overflow)
+        listener: Listener[bytes] = Listener(self._capacity, on_overflow)
         publisher.subscribe(listener)
 
         def close() -> None:
@@ -165,11 +166,11 @@ class Publishers:
 
     def profile(
         self, target: ServiceName | IPPort, on_overflow: Callable[[], None] | None = None
-    ) -> Subscription[Profile]:
+    ) -> Subscription[bytes]:
         publisher = self._profiles.get(target)
         if publisher is None:
             publisher = self._profiles[target] = ProfilePublisher(target, self.state)
-        listener: Listener[Profile] = Listener(self._capacity, on_overflow)
+        listener: Listener[bytes] = Listener(self._capacity, on_overflow)
         publisher.subscribe(listener)
 
         def close() -> None:

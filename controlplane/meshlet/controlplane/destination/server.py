@@ -11,14 +11,17 @@ from pathlib import Path
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
-from meshlet.api import destination_pb2_grpc, wellknown
+from meshlet.api import wellknown
 from meshlet.controlplane.admin import AdminServer
 from meshlet.controlplane.destination.publisher import Publishers
 from meshlet.controlplane.destination.service import (
     DestinationMetrics,
     DestinationService,
     StreamLimits,
+    rpc_handler,
 )
 from meshlet.controlplane.destination.state import ClusterState
 from meshlet.controlplane.k8s.events import Event, Source
@@ -38,6 +41,37 @@ class DestinationConfig:
     max_streams: int = 20_000
     max_streams_per_peer: int = 4_096
     stream_queue: int = 100
+
+
+def informer_lag(registry: CollectorRegistry) -> Histogram:
+    """`destination_informer_lag_seconds{kind}`: how long a watch event waited between the
+    informer's thread and the event loop (the informer's `on_event` hook feeds it)."""
+    return Histogram(
+        "destination_informer_lag_seconds",
+        "Time a watch event waited between the informer thread and the event loop.",
+        ["kind"],
+        buckets=(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0),
+        registry=registry,
+    )
+
+
+class _SourceCounters(Collector):
+    """Exports a KubernetesSource's `relists` and `reconnects` counts, per kind."""
+
+    def __init__(self, source: Source) -> None:
+        self._source = source
+
+    def collect(self) -> list[Metric]:
+        families: list[Metric] = []
+        for name, help_text in (
+            ("relists", "Full relists after a 410, a resync or a failed list."),
+            ("reconnects", "Watches or lists that failed and were retried."),
+        ):
+            family = CounterMetricFamily(f"destination_informer_{name}", help_text, labels=["kind"])
+            for kind, count in (getattr(self._source, name, None) or {}).items():
+                family.add_metric([kind.kind], count)
+            families.append(family)
+        return families
 
 
 class DestinationServer:
@@ -70,6 +104,7 @@ class DestinationServer:
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
             registry=self.registry,
         )
+        self.registry.register(_SourceCounters(config.source))
         self._grpc: grpc.aio.Server | None = None
         self._admin = AdminServer(self.registry, ready=self.ready)
         self._source_task: asyncio.Task[None] | None = None
@@ -97,10 +132,8 @@ class DestinationServer:
                 ("grpc.http2.max_pings_without_data", 0),
             ]
         )
-        destination_pb2_grpc.add_DestinationServicer_to_server(
-            DestinationService(self.publishers, self.metrics, self.limits, cfg.cluster_domain),
-            self._grpc,
-        )
+        service = DestinationService(self.publishers, self.metrics, self.limits, cfg.cluster_domain)
+        self._grpc.add_generic_rpc_handlers((rpc_handler(service),))
         address = f"{cfg.addr[0]}:{cfg.addr[1]}"
         if cfg.tls is not None:
             chain, key = (path.read_bytes() for path in cfg.tls)
@@ -121,9 +154,9 @@ class DestinationServer:
         await self._admin.close()
 
 
-async def serve(config: DestinationConfig) -> None:
+async def serve(config: DestinationConfig, registry: CollectorRegistry | None = None) -> None:
     """Serves until SIGTERM or SIGINT."""
-    server = DestinationServer(config)
+    server = DestinationServer(config, registry)
     await server.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -6,7 +6,7 @@ import asyncio
 import logging
 from collections import Counter as Tally
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -19,7 +19,6 @@ from meshlet.controlplane.grpcmetrics import HandledCounter
 
 log = logging.getLogger(__name__)
 
-M = TypeVar("M")
 Context = grpc.aio.ServicerContext[Any, Any]
 
 
@@ -70,6 +69,26 @@ def peer_host(peer: str) -> str:
     return address.rsplit(":", 1)[0].strip("[]")
 
 
+def rpc_handler(service: DestinationService) -> grpc.GenericRpcHandler:
+    """The service's method handlers. Publishers hand over already-serialized messages, so the
+    response serializer passes bytes through."""
+
+    def passthrough(message: bytes) -> bytes:
+        return message
+
+    return grpc.method_handlers_generic_handler(
+        "io.linkerd.proxy.destination.Destination",
+        {
+            name: grpc.unary_stream_rpc_method_handler(
+                method,
+                request_deserializer=destination_pb2.GetDestination.FromString,
+                response_serializer=passthrough,
+            )
+            for name, method in (("Get", service.Get), ("GetProfile", service.GetProfile))
+        },
+    )
+
+
 class DestinationService(destination_pb2_grpc.DestinationServicer):
     def __init__(
         self,
@@ -101,7 +120,7 @@ class DestinationService(destination_pb2_grpc.DestinationServicer):
         path: str,
         context: Context,
         allow_ip: bool,
-        subscribe: Callable[[Any, Callable[[], None]], Subscription[M]],
+        subscribe: Callable[[Any, Callable[[], None]], Subscription[bytes]],
     ) -> None:
         try:
             target = paths.parse(path, self._domain, allow_ip=allow_ip)
