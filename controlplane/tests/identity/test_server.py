@@ -270,6 +270,34 @@ async def test_expired_issuer_is_unavailable(test_ca: Any, tmp_path: Path) -> No
     await srv.stop(grace=0)
 
 
+async def test_issuer_expiring_while_serving_is_unavailable(test_ca: Any, tmp_path: Path) -> None:
+    """The issuer loaded at start expires later: Certify answers UNAVAILABLE, never an
+    expired leaf. The service's clock is moved past the issuer's expiry; TLS still uses the
+    real clock, so the request reaches the service."""
+    tokens = tmp_path / "tokens.yaml"
+    tokens.write_text(TOKENS)
+    late = test_ca.issuer.not_valid_after_utc + dt.timedelta(seconds=1)
+    srv = IdentityServer(
+        IdentityConfig(
+            addr=("127.0.0.1", 0),
+            admin_addr=("127.0.0.1", 0),
+            trust_anchors=test_ca.anchors_path,
+            issuer_dir=test_ca.issuer_dir,
+            tokens_file=tokens,
+            kube_api=None,
+        ),
+        clock=lambda: late,
+    )
+    await srv.start()
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await certify(srv, test_ca.anchors_path.read_bytes())
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "issuer expired" in (caught.value.details() or "")
+    finally:
+        await srv.stop(grace=0)
+
+
 async def test_waits_for_issuer_then_serves(test_ca: Any, tmp_path: Path) -> None:
     empty = tmp_path / "empty-issuer"
     empty.mkdir()

@@ -15,7 +15,12 @@ from prometheus_client import CollectorRegistry
 from meshlet.api import identity_pb2_grpc, wellknown
 from meshlet.controlplane.admin import AdminServer
 from meshlet.controlplane.identity.ca import Issuer
-from meshlet.controlplane.identity.service import IdentityMetrics, IdentityService, utcnow
+from meshlet.controlplane.identity.service import (
+    Clock,
+    IdentityMetrics,
+    IdentityService,
+    utcnow,
+)
 from meshlet.controlplane.identity.serving import ServingCertificate
 from meshlet.controlplane.identity.source import (
     FileIssuerSource,
@@ -46,8 +51,14 @@ class IdentityConfig:
 class IdentityServer:
     """The running service; `start()` binds, `stop()` drains."""
 
-    def __init__(self, config: IdentityConfig, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        config: IdentityConfig,
+        registry: CollectorRegistry | None = None,
+        clock: Clock = utcnow,
+    ) -> None:
         self.config = config
+        self._clock = clock
         self.registry = registry or CollectorRegistry()
         self.metrics = IdentityMetrics(self.registry)
         self.serving = ServingCertificate(
@@ -83,6 +94,7 @@ class IdentityServer:
             self.metrics,
             control_ns=cfg.control_ns,
             trust_domain=cfg.trust_domain,
+            clock=self._clock,
         )
         self._grpc = grpc.aio.server(
             options=[
