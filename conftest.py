@@ -96,10 +96,10 @@ def golden(request: pytest.FixtureRequest) -> Callable[[Path, str], None]:
     return check
 
 
-@pytest.fixture
-def netns() -> Iterator[Callable[..., subprocess.CompletedProcess[str]]]:
-    """A fresh network namespace; yields `run(*argv)` executing inside it. Needs root and
-    iproute2: skipped otherwise, failed instead when MESHLET_REQUIRE_NETNS=1 (CI)."""
+@pytest.fixture(scope="session")
+def netns_available() -> None:
+    """Skips (or, with MESHLET_REQUIRE_NETNS=1 as in CI, fails) without root, iproute2 and
+    iptables, which the network-namespace tests need."""
     problem = None
     if os.geteuid() != 0:
         problem = "network namespace tests need root"
@@ -109,6 +109,11 @@ def netns() -> Iterator[Callable[..., subprocess.CompletedProcess[str]]]:
         if os.environ.get("MESHLET_REQUIRE_NETNS") == "1":
             pytest.fail(f"{problem} (MESHLET_REQUIRE_NETNS=1)")
         pytest.skip(problem)
+
+
+@pytest.fixture
+def netns(netns_available: None) -> Iterator[Callable[..., subprocess.CompletedProcess[str]]]:
+    """A fresh network namespace; yields `run(*argv)` executing inside it."""
     name = f"meshlet-test-{os.getpid()}-{next(_netns_ids)}"
     subprocess.run(["ip", "netns", "add", name], check=True)
     try:

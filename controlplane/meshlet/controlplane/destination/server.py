@@ -15,7 +15,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from meshlet.api import wellknown
-from meshlet.controlplane.admin import AdminServer
+from meshlet.api.admin import AdminServer
 from meshlet.controlplane.destination.publisher import Publishers
 from meshlet.controlplane.destination.service import (
     DestinationMetrics,

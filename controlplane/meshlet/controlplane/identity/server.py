@@ -13,7 +13,7 @@ import grpc
 from prometheus_client import CollectorRegistry
 
 from meshlet.api import identity_pb2_grpc, wellknown
-from meshlet.controlplane.admin import AdminServer
+from meshlet.api.admin import AdminServer
 from meshlet.controlplane.identity.ca import Issuer
 from meshlet.controlplane.identity.service import (
     Clock,

@@ -1,0 +1,99 @@
+"""The admin HTTP endpoints every meshlet process serves: /metrics, /ready, /live (what
+kubelet probes and Prometheus scrape), and, where enabled, POST /shutdown from loopback only."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+from collections.abc import Callable
+from typing import Final
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+log = logging.getLogger(__name__)
+
+MAX_REQUEST_HEAD: Final = 8192
+READ_TIMEOUT: Final = 5.0
+
+
+class AdminServer:
+    """A deliberately small HTTP/1.1 server: one request per connection, bounded head."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        ready: Callable[[], bool],
+        shutdown: Callable[[], None] | None = None,
+    ) -> None:
+        self._registry = registry
+        self._ready = ready
+        self._shutdown = shutdown  # None: /shutdown is disabled
+        self._server: asyncio.Server | None = None
+
+    async def start(self, host: str, port: int) -> tuple[str, int]:
+        self._server = await asyncio.start_server(self._serve, host, port, limit=MAX_REQUEST_HEAD)
+        sockname = self._server.sockets[0].getsockname()
+        return sockname[0], int(sockname[1])
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        try:
+            async with asyncio.timeout(READ_TIMEOUT):
+                head = await reader.readuntil(b"\r\n\r\n")
+            status, body = self._route(head, peer[0] if peer else "")
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
+            status, body = "400 Bad Request", b"bad request\n"
+        except ConnectionError:
+            writer.close()
+            return
+        content_type = CONTENT_TYPE_LATEST if body.startswith(b"#") else "text/plain"
+        writer.write(
+            f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}"
+            "\r\nConnection: close\r\n\r\n".encode()
+            + body
+        )
+        try:
+            await writer.drain()
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    def _route(self, head: bytes, peer: str) -> tuple[str, bytes]:
+        parts = head.split(b"\r\n", 1)[0].split(b" ")
+        if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
+            return "400 Bad Request", b"bad request\n"
+        method, target = parts[0], parts[1].split(b"?", 1)[0]
+        if target == b"/shutdown":
+            return self._shutdown_route(method, peer)
+        if method != b"GET":
+            return "405 Method Not Allowed", b"only GET\n"
+        if target == b"/metrics":
+            return "200 OK", generate_latest(self._registry)
+        if target == b"/live":
+            return "200 OK", b"live\n"
+        if target == b"/ready":
+            return ("200 OK", b"ready\n") if self._ready() else ("503 Service Unavailable",
+                                                                 b"not ready\n")  # fmt: skip
+        return "404 Not Found", b"not found\n"
+
+    def _shutdown_route(self, method: bytes, peer: str) -> tuple[str, bytes]:
+        if self._shutdown is None:
+            return "404 Not Found", b"shutdown is not enabled\n"
+        try:
+            loopback = ipaddress.ip_address(peer).is_loopback
+        except ValueError:
+            loopback = False
+        if not loopback:
+            log.warning("refused /shutdown from %r: only loopback may shut the proxy down", peer)
+            return "403 Forbidden", b"shutdown only from loopback\n"
+        if method != b"POST":
+            return "405 Method Not Allowed", b"POST /shutdown\n"
+        self._shutdown()
+        return "202 Accepted", b"shutting down\n"

@@ -1,0 +1,1 @@
+"""Pure decisions of the proxy: detection, balancing, classification (no I/O)."""

@@ -1,0 +1,82 @@
+"""What the HTTP engines (h1, h2) need from the rest of the proxy, and what they report.
+
+An engine serves one accepted connection. For each request it asks `route(authority)` where the
+request goes, takes a connection to that endpoint from its pool (whose `connect` the caller
+supplies: plain TCP today, mTLS with a transport header between meshed proxies), relays the
+request and the response as streams, and records metrics. It never decides where traffic goes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from meshlet.api import wellknown
+from meshlet.proxy.metrics import ConnLabels, ProxyMetrics
+
+Addr = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """Where one request goes."""
+
+    addr: Addr
+    authority_label: str  # bounded; used as the `authority` metric label
+
+
+@dataclass(frozen=True, slots=True)
+class RouteError:
+    """A request that cannot be routed: answered locally with `status` and the
+    `meshlet-proxy-error` header carrying `reason`."""
+
+    status: int  # 400 (no authority), 403 (loop), 502, 503 (no endpoints)
+    reason: str
+
+
+Route = Callable[[str | None], Awaitable[Endpoint | RouteError]]
+# Opens a transport to an endpoint with the given protocol factory (plain TCP by default).
+Connect = Callable[
+    [Addr, Callable[[], asyncio.Protocol]], Awaitable[tuple[asyncio.Transport, asyncio.Protocol]]
+]
+
+PROXY_ERROR_HEADER: Final = wellknown.PROXY_ERROR_HEADER.encode()
+CLIENT_ID_HEADER: Final = wellknown.CLIENT_ID_HEADER.encode()
+# Headers a client may never set: the proxy alone speaks them.
+INTERNAL_HEADERS: Final = frozenset({CLIENT_ID_HEADER, PROXY_ERROR_HEADER, b"l5d-dst-canonical"})
+
+
+@dataclass(frozen=True, slots=True)
+class HttpLimits:
+    max_header_bytes: int = 64 * 1024
+    max_headers: int = 100
+    header_read_timeout: float = 10.0  # a request head must arrive within this
+    idle_timeout: float = 60.0  # no bytes either way for this long: close
+    connect_timeout: float = 1.0
+    pool_idle_timeout: float = 3.0  # idle upstream HTTP/1 connections kept this long
+    max_concurrent_streams: int = 100  # HTTP/2
+    max_body_buffer: int = 256 * 1024  # bytes buffered per stream before reading pauses
+
+
+@dataclass(frozen=True, slots=True)
+class HttpConn:
+    """Everything an engine needs for one accepted connection."""
+
+    sock: object  # the accepted socket.socket
+    route: Route
+    connect: Connect
+    metrics: ProxyMetrics
+    labels: ConnLabels
+    limits: HttpLimits
+    closing: asyncio.Event  # set at shutdown: finish in-flight requests, then close
+    ssl: ssl.SSLContext | None = None  # terminate TLS on accept (inbound mTLS)
+    # Headers added to every request forwarded (e.g. meshlet-client-id for inbound mTLS).
+    add_headers: Sequence[tuple[bytes, bytes]] = field(default_factory=tuple)
+
+
+def error_reason(text: str) -> bytes:
+    """A header-safe `meshlet-proxy-error` value."""
+    return text.encode("ascii", "replace")[:200].translate(None, b"\r\n\x00")

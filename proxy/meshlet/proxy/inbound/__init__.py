@@ -1,0 +1,1 @@
+"""The inbound side: connections arriving for the pod's application."""

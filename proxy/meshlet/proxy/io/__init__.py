@@ -1,0 +1,1 @@
+"""The proxy's socket shells: listeners, detection peeks, relays."""

@@ -1,0 +1,164 @@
+"""A listener: accepts raw sockets, peeks to detect the protocol, hands each off.
+
+The socket is accepted raw so that the proxy can look at the first bytes without consuming
+them (`MSG_PEEK`); the chosen handler then attaches a Protocol (with TLS when it terminates it)
+through `loop.connect_accepted_socket`, and nothing sent by the client is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Final
+
+from meshlet.proxy.core.detect import NEED_MORE, PEEK_BYTES, Protocol, detect
+from meshlet.proxy.io.sockets import Addr, original_dst
+
+log = logging.getLogger(__name__)
+
+# After the first bytes arrive, an ambiguous prefix is re-peeked on this schedule.
+_REPEEK_FIRST: Final = 0.001
+_REPEEK_MAX: Final = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """An accepted connection, before any byte is read."""
+
+    sock: socket.socket
+    client: Addr
+    local: Addr
+    original_dst: Addr | None  # set when iptables redirected the connection
+
+    @property
+    def target(self) -> Addr:
+        """Where the client meant to connect."""
+        return self.original_dst or self.local
+
+
+@dataclass(frozen=True, slots=True)
+class Detected:
+    accepted: Accepted
+    protocol: Protocol
+    timed_out: bool  # detection gave up waiting: treated as opaque
+    first_bytes: bytes
+
+
+Handler = Callable[[Accepted], Awaitable[None]]
+
+
+def bind(addr: Addr, backlog: int = 1024) -> socket.socket:
+    family = socket.AF_INET6 if ":" in addr[0] else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(addr)
+    sock.listen(backlog)
+    sock.setblocking(False)
+    return sock
+
+
+async def _readable(sock: socket.socket) -> None:
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(sock.fileno(), wake)
+    try:
+        await ready
+    finally:
+        loop.remove_reader(sock.fileno())
+
+
+async def peek_protocol(accepted: Accepted, give_up_after: float) -> Detected | None:
+    """Peeks until the bytes name a protocol, PEEK_BYTES were seen, or `give_up_after` seconds
+    passed (then OPAQUE, timed_out). None when the client closed before sending anything."""
+    sock = accepted.sock
+    deadline = time.monotonic() + give_up_after
+    delay = _REPEEK_FIRST
+    data = b""
+    try:
+        async with asyncio.timeout(give_up_after):
+            await _readable(sock)
+            while True:
+                data = sock.recv(PEEK_BYTES, socket.MSG_PEEK)
+                if not data:
+                    return None
+                verdict = detect(data)
+                if verdict is not NEED_MORE:
+                    return Detected(accepted, verdict, False, data)
+                if len(data) >= PEEK_BYTES:
+                    return Detected(accepted, Protocol.OPAQUE, False, data)
+                await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+                delay = min(delay * 2, _REPEEK_MAX)
+    except TimeoutError:
+        return Detected(accepted, Protocol.OPAQUE, True, data)
+    except BlockingIOError:
+        return Detected(accepted, Protocol.OPAQUE, True, data)
+
+
+class Listener:
+    """Accepts connections forever, running `handler` for each in a task it owns."""
+
+    def __init__(self, sock: socket.socket, handler: Handler, name: str) -> None:
+        self.sock = sock
+        self.name = name
+        self._handler = handler
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._accepting = True
+
+    @property
+    def address(self) -> Addr:
+        host, port = self.sock.getsockname()[:2]
+        return host, port
+
+    @property
+    def stopped(self) -> bool:
+        return not self._accepting
+
+    @property
+    def active(self) -> int:
+        return len(self._tasks)
+
+    async def serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._accepting:
+            try:
+                conn, client = await loop.sock_accept(self.sock)
+            except OSError as exc:
+                if self.stopped:
+                    return
+                log.warning("%s: accept failed: %s", self.name, exc)
+                await asyncio.sleep(0.05)  # e.g. EMFILE: let connections drain
+                continue
+            conn.setblocking(False)
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            accepted = Accepted(conn, client[:2], conn.getsockname()[:2], original_dst(conn))
+            task = asyncio.create_task(self._run(accepted))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, accepted: Accepted) -> None:
+        try:
+            await self._handler(accepted)
+        except Exception:
+            log.exception("%s: connection from %s failed", self.name, accepted.client)
+            accepted.sock.close()
+
+    def stop_accepting(self) -> None:
+        self._accepting = False
+        self.sock.close()
+
+    async def drain(self, grace: float) -> None:
+        """Waits up to `grace` seconds for connections to finish, then cancels the rest."""
+        if self._tasks:
+            _, pending = await asyncio.wait(set(self._tasks), timeout=grace)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)

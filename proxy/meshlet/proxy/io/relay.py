@@ -1,0 +1,97 @@
+"""Opaque TCP relay between two transports: bytes both ways, half-close, back-pressure.
+
+Each side is a Protocol whose peer is the other side's transport. When a peer's write buffer
+passes its high-water mark, this side stops reading until it drains (`pause_writing` /
+`resume_writing`), so memory per connection stays bounded by the buffer limits. A FIN from one
+side is passed on as a FIN (`write_eof`) while the other direction keeps flowing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Final, cast
+
+HIGH_WATER: Final = 256 * 1024
+LOW_WATER: Final = 64 * 1024
+
+
+class RelaySide(asyncio.Protocol):
+    def __init__(self, done: asyncio.Future[None], count: Callable[[int], None]) -> None:
+        self._done = done
+        self._count = count  # bytes read from this side
+        self.transport: asyncio.Transport | None = None
+        self.peer: RelaySide | None = None
+        self._pending = bytearray()  # bytes read before the peer was attached
+        self._eof = False
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self.transport = cast(asyncio.Transport, transport)
+        self.transport.set_write_buffer_limits(HIGH_WATER, LOW_WATER)
+
+    def flush(self) -> None:
+        """Passes on what arrived before the peer's transport existed (a server that speaks
+        first can send, and even close, before the client side is attached)."""
+        if self._pending:
+            self.data_received(bytes(self._pending))
+            self._pending.clear()
+        if self._eof:
+            self.eof_received()
+
+    def data_received(self, data: bytes) -> None:
+        peer = self.peer
+        if peer is None or peer.transport is None:
+            self._pending += data
+            return
+        self._count(len(data))
+        peer.transport.write(data)
+
+    def eof_received(self) -> bool:
+        self._eof = True
+        peer = self.peer
+        if peer is None or peer.transport is None:
+            return True
+        if peer.transport.can_write_eof() and not peer.transport.is_closing():
+            peer.transport.write_eof()
+        if peer._eof:
+            self._close_both()
+        return True  # keep our write side open for the other direction
+
+    # The peer's transport calls these on *its* protocol; we pause the side feeding it.
+    def pause_writing(self) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        peer = self.peer
+        if peer is not None and peer.transport is not None and not peer.transport.is_closing():
+            if exc is None:
+                peer.transport.close()  # flushes what is buffered first
+            else:
+                peer.transport.abort()  # a reset is passed on as a reset
+        if not self._done.done() and (peer is None or peer.closed):
+            self._done.set_result(None)
+
+    def _close_both(self) -> None:
+        for side in (self, self.peer):
+            if side is not None and side.transport is not None:
+                side.transport.close()
+
+
+def pair(
+    loop: asyncio.AbstractEventLoop, read_client: Callable[[int], None],
+    read_upstream: Callable[[int], None],
+) -> tuple[RelaySide, RelaySide, asyncio.Future[None]]:  # fmt: skip
+    """Two linked sides and a future resolved once both connections are closed. Once both
+    transports are connected, call `flush()` on both."""
+    done: asyncio.Future[None] = loop.create_future()
+    client, upstream = RelaySide(done, read_client), RelaySide(done, read_upstream)
+    client.peer, upstream.peer = upstream, client
+    return client, upstream, done

@@ -1,0 +1,31 @@
+"""Socket facts the kernel knows: the original destination of a redirected connection."""
+
+from __future__ import annotations
+
+import socket
+import struct
+from typing import Final
+
+SO_ORIGINAL_DST: Final = 80  # linux/netfilter_ipv4.h; IP6T_SO_ORIGINAL_DST has the same value
+
+Addr = tuple[str, int]
+
+
+def original_dst(sock: socket.socket) -> Addr | None:
+    """Where the client meant to connect before an iptables REDIRECT; None when the connection
+    was not redirected (or conntrack knows nothing of it)."""
+    local = sock.getsockname()
+    try:
+        if sock.family == socket.AF_INET6:
+            raw = sock.getsockopt(socket.IPPROTO_IPV6, SO_ORIGINAL_DST, 28)
+            port = struct.unpack_from("!H", raw, 2)[0]
+            address = socket.inet_ntop(socket.AF_INET6, raw[8:24])
+        else:
+            raw = sock.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)
+            port = struct.unpack_from("!H", raw, 2)[0]
+            address = socket.inet_ntop(socket.AF_INET, raw[4:8])
+    except OSError:
+        return None
+    if (address, port) == (local[0], local[1]):
+        return None
+    return address, port

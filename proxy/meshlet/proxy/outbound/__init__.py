@@ -1,0 +1,1 @@
+"""The outbound side: where the pod's own connections go."""

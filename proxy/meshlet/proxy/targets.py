@@ -1,0 +1,85 @@
+"""Where a connection or request goes, and which targets would loop back into the proxy (pure
+apart from name resolution)."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+from collections.abc import Iterable
+
+from meshlet.proxy.http.contract import Addr, Endpoint, RouteError
+
+
+class SelfTargets:
+    """The proxy's own listening ports: never a destination (a routing loop)."""
+
+    def __init__(self, listen: Iterable[Addr]) -> None:
+        self._ports = {port for _, port in listen}
+
+    def loops(self, target: Addr, local_ip: str) -> bool:
+        ip, port = target
+        if port not in self._ports:
+            return False
+        try:
+            address = ipaddress.ip_address(ip)
+        except ValueError:
+            return False
+        return address.is_loopback or address.is_unspecified or ip == local_ip
+
+
+def split_authority(authority: str, default_port: int = 80) -> Addr | None:
+    """`host:port`, `[v6]:port` or `host` → (host, port); None when malformed."""
+    authority = authority.strip()
+    if not authority or any(c in authority for c in " /\\@\r\n\t"):
+        return None
+    if authority.startswith("["):
+        host, sep, rest = authority[1:].partition("]")
+        if not sep:
+            return None
+        port_text = rest[1:] if rest.startswith(":") else ("" if not rest else None)
+    else:
+        host, sep, port_text = authority.rpartition(":")
+        if not sep:
+            host, port_text = authority, ""
+    if port_text is None or (port_text and not port_text.isdigit()) or not host:
+        return None
+    port = int(port_text) if port_text else default_port
+    if not 1 <= port <= 65535:
+        return None
+    return host, port
+
+
+async def resolve(host: str, port: int) -> Addr | None:
+    """An IP literal as is; a name through the resolver (first address)."""
+    try:
+        ipaddress.ip_address(host)
+        return host, port
+    except ValueError:
+        pass
+    loop = asyncio.get_running_loop()
+    try:
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError:
+        return None
+    for family, _, _, _, sockaddr in infos:
+        if family in (socket.AF_INET, socket.AF_INET6):
+            return str(sockaddr[0]), int(sockaddr[1])
+    return None
+
+
+async def by_authority(
+    authority: str | None, self_targets: SelfTargets, local_ip: str
+) -> Endpoint | RouteError:
+    """The endpoint named by a request's authority (un-redirected outbound connections)."""
+    if not authority:
+        return RouteError(400, "the request names no authority (Host or absolute URI)")
+    parts = split_authority(authority)
+    if parts is None:
+        return RouteError(400, "the request's authority is malformed")
+    addr = await resolve(*parts)
+    if addr is None:
+        return RouteError(502, "the request's authority does not resolve")
+    if self_targets.loops(addr, local_ip):
+        return RouteError(403, "the request targets the proxy itself (a routing loop)")
+    return Endpoint(addr, f"{parts[0]}:{parts[1]}")
