@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Callable
-from typing import cast
 
 from meshlet.proxy.http.contract import Addr, Connect
 
@@ -20,7 +19,6 @@ def tcp_connector(timeout: float) -> Connect:
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        # uvloop's transports implement asyncio.Transport without subclassing it.
-        return cast(asyncio.Transport, transport), protocol
+        return transport, protocol
 
     return connect
