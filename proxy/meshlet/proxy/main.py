@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
 
 from meshlet.proxy.identity import prestart
 
-USAGE = """usage: meshlet-proxy identity-init --dir DIR --name NAME
-
-  identity-init   make the proxy's ECDSA P-256 key and CSR in DIR (the pre-start step)
-
-The proxy's listeners and data path are not part of this build yet.
+USAGE = """usage: meshlet-proxy
+           run the proxy, configured from MESHLET_PROXY_* variables
+       meshlet-proxy identity-init --dir DIR --name NAME
+           make the proxy's key and CSR (the pre-start step)
 """
+EX_CONFIG = 64
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -19,8 +21,32 @@ def main(argv: list[str] | None = None) -> None:
     if args[:1] == ["identity-init"]:
         prestart.main(args[1:])
         return
-    sys.stderr.write(USAGE)
-    sys.exit(0 if args[:1] in (["-h"], ["--help"]) else 64)
+    if args[:1] in (["-h"], ["--help"]):
+        from meshlet.proxy.config import defaults_table
+
+        sys.stdout.write(USAGE + "\nsettings (environment, default):\n")
+        for name, default in defaults_table():
+            sys.stdout.write(f"  {name} [{default}]\n")
+        return
+    if args:
+        sys.stderr.write(USAGE)
+        sys.exit(EX_CONFIG)
+    from meshlet.proxy.config import ConfigError, load
+
+    try:
+        config = load(os.environ)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            sys.stderr.write(f"meshlet-proxy: {problem}\n")
+        sys.exit(EX_CONFIG)
+    logging.basicConfig(
+        level=config.log.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    import uvloop
+
+    from meshlet.proxy.app import run
+
+    uvloop.run(run(config))
 
 
 if __name__ == "__main__":

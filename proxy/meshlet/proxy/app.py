@@ -1,0 +1,270 @@
+"""The running proxy: listeners → detection → HTTP engines or the opaque relay, plus admin.
+
+A connection reads top-down as its stages: accepted (listener) → detected (peek) → routed
+(original destination, or the request's authority when nothing redirected it) → relayed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from meshlet.api.admin import AdminServer
+from meshlet.proxy.config import ProxyConfig
+from meshlet.proxy.core.detect import Protocol
+from meshlet.proxy.http.contract import Addr, Endpoint, HttpConn, HttpLimits, Route, RouteError
+from meshlet.proxy.io import relay
+from meshlet.proxy.io.connect import tcp_connector
+from meshlet.proxy.io.listener import Accepted, Detected, Listener, bind, peek_protocol
+from meshlet.proxy.metrics import ConnLabels, ProxyMetrics
+from meshlet.proxy.targets import SelfTargets, by_authority
+
+if TYPE_CHECKING:
+    from meshlet.proxy.http.h1pool import H1Pool
+    from meshlet.proxy.http.h2pool import H2Pool
+
+log = logging.getLogger(__name__)
+
+HttpEngine = Callable[[HttpConn], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Side:
+    """What differs between the inbound and the outbound listener."""
+
+    direction: str
+    detect_timeout: float
+    opaque_ports: frozenset[int]
+
+
+class Proxy:
+    def __init__(self, config: ProxyConfig, metrics: ProxyMetrics | None = None) -> None:
+        self.config = config
+        self.metrics = metrics or ProxyMetrics()
+        self.limits = HttpLimits(
+            max_header_bytes=config.http1_max_header_bytes,
+            max_headers=config.http1_max_headers,
+            header_read_timeout=config.http1_header_read_timeout,
+            idle_timeout=config.http_idle_timeout,
+            connect_timeout=config.outbound_connect_timeout,
+            pool_idle_timeout=config.http1_pool_idle_timeout,
+            max_concurrent_streams=config.http2_max_concurrent_streams,
+        )
+        self.closing = asyncio.Event()
+        self.stopped = asyncio.Event()
+        self._connect = tcp_connector(config.outbound_connect_timeout)
+        self._self = SelfTargets(
+            [config.inbound_listen_addr, config.outbound_listen_addr,
+             config.admin_listen_addr, config.control_listen_addr]
+        )  # fmt: skip
+        self._outbound = Side(
+            "outbound", config.outbound_detect_timeout,
+            config.outbound_ports_disable_protocol_detection,
+        )  # fmt: skip
+        self._inbound = Side(
+            "inbound", config.inbound_detect_timeout,
+            config.inbound_ports_disable_protocol_detection,
+        )  # fmt: skip
+        # Upstream pools shared by every connection; made when the protocol is first seen, so an
+        # idle proxy never imports the engines it does not use.
+        self._h1_pool: H1Pool | None = None
+        self._h2_pool: H2Pool | None = None
+        self.listeners: list[Listener] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._admin = AdminServer(
+            self.metrics.registry,
+            ready=self.ready,
+            shutdown=self.request_shutdown if config.admin_shutdown_enabled else None,
+        )
+        self.admin_port = 0
+
+    # Lifecycle
+
+    def ready(self) -> bool:
+        return bool(self.listeners) and not self.closing.is_set()
+
+    async def start(self) -> None:
+        cfg = self.config
+        for addr, handler, name in (
+            (cfg.outbound_listen_addr, self.handle_outbound, "outbound"),
+            (cfg.inbound_listen_addr, self.handle_inbound, "inbound"),
+        ):
+            listener = Listener(bind(addr), handler, name)
+            self.listeners.append(listener)
+            self._tasks.append(asyncio.create_task(listener.serve()))
+        _, self.admin_port = await self._admin.start(*cfg.admin_listen_addr)
+        # Ports as bound (a configured port 0 is ephemeral): none of them is ever a target.
+        self._self = SelfTargets(
+            [*(listener.address for listener in self.listeners),
+             (cfg.admin_listen_addr[0], self.admin_port), cfg.control_listen_addr]
+        )  # fmt: skip
+        log.info(
+            "proxy listening: outbound %s, inbound %s, admin :%d",
+            self.listeners[0].address, self.listeners[1].address, self.admin_port,
+        )  # fmt: skip
+
+    def request_shutdown(self) -> None:
+        self.closing.set()
+
+    async def shutdown(self) -> None:
+        """Stop accepting, let in-flight work finish within the grace period, then close."""
+        self.closing.set()
+        for listener in self.listeners:
+            listener.stop_accepting()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(
+            *(listener.drain(self.config.shutdown_grace_period) for listener in self.listeners)
+        )
+        if self._h1_pool is not None:
+            self._h1_pool.close()
+        if self._h2_pool is not None:
+            await self._h2_pool.aclose()
+        await self._admin.close()
+        self.stopped.set()
+
+    # Connections
+
+    async def handle_outbound(self, accepted: Accepted) -> None:
+        target = accepted.original_dst  # None: not redirected, route HTTP by authority
+        await self._handle(accepted, self._outbound, target)
+
+    async def handle_inbound(self, accepted: Accepted) -> None:
+        await self._handle(accepted, self._inbound, accepted.target)
+
+    async def _handle(self, accepted: Accepted, side: Side, target: Addr | None) -> None:
+        target_label = f"{target[0]}:{target[1]}" if target else "authority"
+        labels = self.metrics.conn(side.direction, target_label)
+        if target is not None and self._self.loops(target, accepted.local[0]):
+            self._refuse(accepted, side, "loop", f"{target_label} is the proxy's own port")
+            return
+        self.metrics.tcp_open_total.labels(*labels.values()).inc()
+        gauge = self.metrics.tcp_open_connections.labels(*labels.values())
+        gauge.inc()
+        try:
+            await self._dispatch(accepted, side, target, labels)
+        finally:
+            gauge.dec()
+            self.metrics.tcp_close_total.labels(*labels.values(), "").inc()
+
+    async def _dispatch(
+        self, accepted: Accepted, side: Side, target: Addr | None, labels: ConnLabels
+    ) -> None:
+        if target is not None and target[1] in side.opaque_ports:
+            await self._relay(accepted, target, labels)
+            return
+        detected = await peek_protocol(accepted, side.detect_timeout)
+        if detected is None:
+            accepted.sock.close()
+            return
+        if detected.timed_out:
+            self._detect_timed_out(detected, side, target)
+        if detected.protocol is Protocol.HTTP1:
+            await self._http(accepted, self._http1(), target, labels)
+        elif detected.protocol is Protocol.HTTP2:
+            await self._http(accepted, self._http2(), target, labels)
+        elif target is not None:
+            await self._relay(accepted, target, labels)
+        else:
+            self._refuse(
+                accepted, side, "no_original_dst",
+                "opaque TCP (or TLS) reached the outbound listener without an original "
+                "destination; only iptables-redirected connections can be relayed",
+            )  # fmt: skip
+
+    def _detect_timed_out(self, detected: Detected, side: Side, target: Addr | None) -> None:
+        port = str(target[1]) if target else "unknown"
+        self.metrics.detect_timeout_total.labels(side.direction, port).inc()
+        log.warning(
+            "protocol detection timed out after %gs on port %s (%s); handling it as opaque TCP."
+            " If the server speaks first, mark the port opaque with "
+            "config.meshlet.io/opaque-ports", side.detect_timeout, port, side.direction,
+        )  # fmt: skip
+
+    def _refuse(self, accepted: Accepted, side: Side, reason: str, why: str) -> None:
+        self.metrics.fail_fast_total.labels(side.direction, reason).inc()
+        log.warning("%s connection from %s refused: %s", side.direction, accepted.client, why)
+        accepted.sock.close()
+
+    def _route(self, target: Addr | None, local_ip: str) -> Route:
+        metrics = self.metrics
+        if target is not None:
+            fixed = Endpoint(target, metrics.authority_label(f"{target[0]}:{target[1]}"))
+
+            async def to_target(authority: str | None) -> Endpoint | RouteError:
+                return fixed
+
+            return to_target
+
+        async def to_authority(authority: str | None) -> Endpoint | RouteError:
+            routed = await by_authority(authority, self._self, local_ip)
+            if isinstance(routed, RouteError):
+                return routed
+            return Endpoint(routed.addr, metrics.authority_label(routed.authority_label))
+
+        return to_authority
+
+    async def _http(
+        self, accepted: Accepted, engine: HttpEngine, target: Addr | None, labels: ConnLabels
+    ) -> None:
+        await engine(
+            HttpConn(
+                sock=accepted.sock,
+                route=self._route(target, accepted.local[0]),
+                connect=self._connect,
+                metrics=self.metrics,
+                labels=labels,
+                limits=self.limits,
+                closing=self.closing,
+            )
+        )
+
+    def _http1(self) -> HttpEngine:
+        from meshlet.proxy.http.h1 import serve_h1
+        from meshlet.proxy.http.h1pool import H1Pool
+
+        if self._h1_pool is None:
+            self._h1_pool = H1Pool(self.limits.pool_idle_timeout)
+        return functools.partial(serve_h1, pool=self._h1_pool)
+
+    def _http2(self) -> HttpEngine:
+        from meshlet.proxy.http.h2pool import H2Pool
+        from meshlet.proxy.http.h2server import serve_h2
+
+        if self._h2_pool is None:
+            self._h2_pool = H2Pool(self._connect, self.limits)
+        return functools.partial(serve_h2, pool=self._h2_pool)
+
+    async def _relay(self, accepted: Accepted, target: Addr, labels: ConnLabels) -> None:
+        loop = asyncio.get_running_loop()
+        read = self.metrics.tcp_read_bytes_total.labels(*labels.values())
+        written = self.metrics.tcp_write_bytes_total.labels(*labels.values())
+        client, upstream, done = relay.pair(loop, read.inc, written.inc)
+        try:
+            await self._connect(target, lambda: upstream)
+        except (OSError, TimeoutError) as exc:
+            log.info("%s: connect to %s:%d failed: %s", labels.direction, *target, exc)
+            accepted.sock.close()  # the client sees the connection closed (a reset)
+            return
+        await loop.connect_accepted_socket(lambda: client, sock=accepted.sock)
+        upstream.flush()
+        client.flush()
+        await done
+
+
+async def run(config: ProxyConfig) -> None:
+    """Runs until SIGTERM/SIGINT (or POST /shutdown), then drains and returns."""
+    proxy = Proxy(config)
+    await proxy.start()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, proxy.request_shutdown)
+    await proxy.closing.wait()
+    log.info("shutting down: draining for up to %gs", config.shutdown_grace_period)
+    await proxy.shutdown()

@@ -1,0 +1,216 @@
+"""The proxy as a whole on 127.0.0.1: listeners, detection, routing, refusals, admin, drain."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import AsyncIterator
+
+import pytest
+
+from meshlet.proxy.app import Proxy
+from meshlet.proxy.config import load
+
+
+async def http_upstream() -> tuple[asyncio.Server, int]:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except (asyncio.IncompleteReadError, ConnectionError):
+                break
+            path = head.split(b" ")[1]
+            body = b"hello from " + path
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+@pytest.fixture
+async def proxy() -> AsyncIterator[Proxy]:
+    config = load(
+        {
+            "MESHLET_PROXY_OUTBOUND_LISTEN_ADDR": "127.0.0.1:0",
+            "MESHLET_PROXY_INBOUND_LISTEN_ADDR": "127.0.0.1:0",
+            "MESHLET_PROXY_ADMIN_LISTEN_ADDR": "127.0.0.1:0",
+            "MESHLET_PROXY_OUTBOUND_DETECT_TIMEOUT": "300ms",
+            "MESHLET_PROXY_SHUTDOWN_GRACE_PERIOD": "2s",
+        }
+    )
+    p = Proxy(config)
+    await p.start()
+    yield p
+    if not p.stopped.is_set():
+        await p.shutdown()
+
+
+async def refused(reader: asyncio.StreamReader) -> bool:
+    """The proxy closed the connection: a FIN, or a reset when our bytes were left unread."""
+    try:
+        return await asyncio.wait_for(reader.read(100), 5) == b""
+    except ConnectionResetError:
+        return True
+
+
+def outbound_port(p: Proxy) -> int:
+    return p.listeners[0].address[1]
+
+
+async def test_unredirected_http_is_routed_by_authority(proxy: Proxy) -> None:
+    server, port = await http_upstream()
+    reader, writer = await asyncio.open_connection("127.0.0.1", outbound_port(proxy))
+    for path in (b"/a", b"/b"):  # keep-alive: two requests on one connection
+        writer.write(b"GET %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % (path, port))
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert head.startswith(b"HTTP/1.1 200")
+        assert await reader.readexactly(len(b"hello from ") + 2) == b"hello from " + path
+    writer.close()
+    server.close()
+    assert proxy.metrics.registry.get_sample_value(
+        "tcp_open_total",
+        {"direction": "outbound", "target_addr": "authority", "tls": "no_identity",
+         "no_tls_reason": "not_provided_by_remote", "peer_id": ""},
+    ) == 1.0  # fmt: skip
+
+
+async def test_request_to_the_proxy_itself_is_refused(proxy: Proxy) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", outbound_port(proxy))
+    writer.write(b"GET / HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % outbound_port(proxy))
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    assert head.startswith(b"HTTP/1.1 403")
+    assert b"meshlet-proxy-error: the request targets the proxy itself" in head
+    writer.close()
+
+
+async def test_opaque_tcp_without_original_destination_is_refused(proxy: Proxy) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", outbound_port(proxy))
+    writer.write(b"\x00\x01binary protocol")
+    assert await refused(reader)
+    writer.close()
+    assert (
+        proxy.metrics.registry.get_sample_value(
+            "fail_fast_total", {"direction": "outbound", "reason": "no_original_dst"}
+        )
+        == 1.0
+    )
+
+
+async def test_inbound_without_redirect_would_loop_and_is_refused(proxy: Proxy) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", proxy.listeners[1].address[1])
+    writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert await refused(reader)
+    writer.close()
+    assert (
+        proxy.metrics.registry.get_sample_value(
+            "fail_fast_total", {"direction": "inbound", "reason": "loop"}
+        )
+        == 1.0
+    )
+
+
+async def test_silent_client_times_out_detection_and_is_refused(proxy: Proxy) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", outbound_port(proxy))
+    assert await refused(reader)  # after the 300ms detection
+    writer.close()
+    assert (
+        proxy.metrics.registry.get_sample_value(
+            "protocol_detect_timeout_total", {"direction": "outbound", "port": "unknown"}
+        )
+        == 1.0
+    )
+
+
+def _get(port: int, path: str) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+async def test_admin_and_drain(proxy: Proxy) -> None:
+    assert await asyncio.to_thread(_get, proxy.admin_port, "/ready") == 200
+    assert await asyncio.to_thread(_get, proxy.admin_port, "/live") == 200
+    assert await asyncio.to_thread(_get, proxy.admin_port, "/shutdown") == 404  # not enabled
+    await proxy.shutdown()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", outbound_port(proxy)), timeout=1)
+
+
+def test_bad_environment_exits_64_naming_every_problem() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "meshlet.proxy.main"],
+        env={"MESHLET_PROXY_OUTBOUND_LISTEN_ADDR": "nowhere", "MESHLET_PROXY_BOGUS": "1",
+             "PATH": "/usr/bin:/bin"},
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert result.returncode == 64
+    assert "MESHLET_PROXY_OUTBOUND_LISTEN_ADDR" in result.stderr
+    assert "MESHLET_PROXY_BOGUS: unknown setting" in result.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_sigterm_finishes_in_flight_requests_then_exits_0() -> None:
+    release = asyncio.Event()
+
+    async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        await release.wait()
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nslow")
+        await writer.drain()
+        writer.close()
+
+    upstream = await asyncio.start_server(slow, "127.0.0.1", 0)
+    upstream_port = upstream.sockets[0].getsockname()[1]
+    outbound, admin = _free_port(), _free_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "meshlet.proxy.main",
+        env={"PATH": "/usr/bin:/bin",
+             "MESHLET_PROXY_OUTBOUND_LISTEN_ADDR": f"127.0.0.1:{outbound}",
+             "MESHLET_PROXY_INBOUND_LISTEN_ADDR": "127.0.0.1:0",
+             "MESHLET_PROXY_ADMIN_LISTEN_ADDR": f"127.0.0.1:{admin}",
+             "MESHLET_PROXY_SHUTDOWN_GRACE_PERIOD": "10s"},
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        for _ in range(100):
+            if await asyncio.to_thread(_get_or_zero, admin, "/ready") == 200:
+                break
+            await asyncio.sleep(0.1)
+        reader, writer = await asyncio.open_connection("127.0.0.1", outbound)
+        writer.write(b"GET / HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % upstream_port)
+        await asyncio.sleep(0.3)  # the request is in flight upstream
+        proc.terminate()
+        await asyncio.sleep(0.3)
+        with pytest.raises(OSError):  # no longer accepting
+            socket.create_connection(("127.0.0.1", outbound), timeout=1).close()
+        release.set()
+        response = await asyncio.wait_for(reader.read(-1), 5)
+        assert response.startswith(b"HTTP/1.1 200") and response.endswith(b"slow")
+        writer.close()
+        assert await asyncio.wait_for(proc.wait(), 10) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        assert proc.stderr is not None
+        await proc.stderr.read()
+        upstream.close()
+
+
+def _get_or_zero(port: int, path: str) -> int:
+    try:
+        return _get(port, path)
+    except OSError:
+        return 0
