@@ -39,6 +39,7 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m bench.certify
 	$(BIN)/python -m bench.destination
+	$(BIN)/python -m bench.proxy
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
