@@ -1,0 +1,309 @@
+"""The proxy's HTTP/2 connection to one endpoint (prior knowledge), multiplexing the streams of
+every downstream connection that goes there.
+
+An upstream is trusted no more than a client: a connection-level protocol error, a flood or a
+peer that stops reading tears down this connection only (its streams get 502, or a reset when
+their response had started); a malformed response head on one stream is a 502 for that stream.
+A GOAWAY retires the connection from the pool: streams above its last stream id are retried once
+elsewhere (or refused), the others finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Final
+
+from h2.errors import ErrorCodes
+from h2.events import (
+    AlternativeServiceAvailable,
+    ConnectionTerminated,
+    DataReceived,
+    Event,
+    InformationalResponseReceived,
+    PingAckReceived,
+    PingReceived,
+    PriorityUpdated,
+    RemoteSettingsChanged,
+    ResponseReceived,
+    StreamReset,
+    TrailersReceived,
+    UnknownFrameReceived,
+    WindowUpdated,
+)
+from h2.exceptions import NoAvailableStreamIDError, ProtocolError, TooManyStreamsError
+
+from meshlet.proxy.http.contract import Addr, HttpLimits
+from meshlet.proxy.http.h2conn import MAX_WINDOW, Peer, error_name, new_connection
+from meshlet.proxy.http.h2guard import Guard, GuardLimits
+from meshlet.proxy.http.h2headers import Malformed, read_response, read_trailers
+from meshlet.proxy.http.h2stream import ProxyStream
+
+log = logging.getLogger(__name__)
+
+_CONTROL_EVENTS: Final = (
+    PingReceived,
+    PingAckReceived,
+    PriorityUpdated,
+    UnknownFrameReceived,
+    AlternativeServiceAvailable,
+)
+
+
+class H2Client(Peer):
+    """One upstream HTTP/2 connection. `retire` is called once when it must take no new streams
+    (GOAWAY, failure, idle close)."""
+
+    def __init__(
+        self,
+        addr: Addr,
+        limits: HttpLimits,
+        guard: GuardLimits,
+        retire: Callable[[H2Client], None],
+    ) -> None:
+        h2 = new_connection(True, limits.max_body_buffer, limits.max_header_bytes)
+        loop = asyncio.get_running_loop()
+        # The connection window is the largest allowed: a downstream client that stops reading
+        # holds back at most its streams' windows, never the whole shared connection.
+        super().__init__(h2, Guard(guard, loop.time()), MAX_WINDOW)
+        self.addr = addr
+        self.streams: dict[int, ProxyStream] = {}
+        self.usable = False  # takes new streams
+        # Set at the upstream's first SETTINGS (or failure): streams wait for it, so that the
+        # upstream's concurrency limit is known before the first one is opened.
+        self.settled: asyncio.Future[None] = loop.create_future()
+        self._retire = retire
+        self._idle_timeout = limits.idle_timeout
+        self._idle_seen = -1
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._slots: deque[asyncio.Future[None]] = deque()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.usable = True
+        self._idle_timer = self.loop.call_later(self._idle_timeout, self._idle_tick)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(f"upstream connection lost: {exc}" if exc else "upstream closed the connection")
+
+    # -- streams --
+
+    def open(self, stream: ProxyStream) -> bool:
+        """Sends the request head of `stream` on a new stream; False when the upstream's
+        concurrency limit is reached (wait for `slot`) or the connection is retiring."""
+        h2 = self.h2
+        if not self.usable:
+            return False
+        if len(self.streams) >= h2.remote_settings.max_concurrent_streams:
+            return False
+        req = stream.req
+        end = req.ended and not req.chunks and req.trailers is None
+        try:
+            up_id = h2.get_next_available_stream_id()
+            h2.send_headers(up_id, stream.request.headers, end_stream=end)
+        except TooManyStreamsError:
+            return False
+        except NoAvailableStreamIDError:
+            self._retire_now()
+            return False
+        self.streams[up_id] = stream
+        self.guard.stream_opened()
+        stream.attach(self, up_id, end)
+        self.flush_soon()
+        return True
+
+    async def slot(self) -> None:
+        """Waits until a stream closes (or the connection retires)."""
+        slot = self.loop.create_future()
+        self._slots.append(slot)
+        await slot
+
+    def _free_slot(self) -> None:
+        """Wakes every waiter: each tries again (one whose client went away passes its turn)."""
+        while self._slots:
+            slot = self._slots.popleft()
+            if not slot.done():
+                slot.set_result(None)
+
+    def forget(self, stream: ProxyStream) -> None:
+        if self.streams.pop(stream.up_id, None) is not None:
+            self.waiting.pop(stream.up_id, None)
+            self._free_slot()
+            if not self.streams and not self.usable:
+                self.close_transport()
+
+    def pump(self, stream: ProxyStream) -> None:
+        stream.pump_request()
+
+    # -- input --
+
+    def data_received(self, data: bytes) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return  # closed by the proxy: nothing more is read
+        self.activity += 1
+        try:
+            events = self.h2.receive_data(data)
+        except ProtocolError as exc:
+            self.flush()  # h2's GOAWAY
+            self._fail(f"upstream broke HTTP/2: {exc}")
+            return
+        for event in events:
+            handler = _HANDLERS.get(type(event))
+            if handler is not None:
+                handler(self, event)
+            elif isinstance(event, _CONTROL_EVENTS):
+                self._control()
+            if self.closed:
+                return
+        self.flush()
+        if self.transport is not None:
+            self._calm(self.guard.write_buffer(self.transport.get_write_buffer_size()))
+
+    def _on_response(self, event: ResponseReceived) -> None:
+        stream = self.streams.get(event.stream_id)
+        if stream is None:
+            return
+        response = read_response(event.headers)
+        if isinstance(response, Malformed):
+            self.reset(event.stream_id, ErrorCodes.PROTOCOL_ERROR)
+            stream.on_up_reset(
+                ErrorCodes.PROTOCOL_ERROR, f"bad upstream response: {response.reason}"
+            )
+            return
+        stream.on_response(response, event.stream_ended is not None)
+
+    def _on_informational(self, event: InformationalResponseReceived) -> None:
+        stream = self.streams.get(event.stream_id)
+        response = read_response(event.headers)
+        if stream is not None and not isinstance(response, Malformed):
+            stream.on_informational(response)
+
+    def _on_data(self, event: DataReceived) -> None:
+        ended = event.stream_ended is not None
+        if not event.data and not ended:
+            self._calm(self.guard.data_frame(empty=True) or self.guard.control_frame(self._now()))
+        stream = self.streams.get(event.stream_id)
+        if stream is None:
+            self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            return
+        stream.on_response_data(event.data, event.flow_controlled_length, ended)
+
+    def _on_trailers(self, event: TrailersReceived) -> None:
+        stream = self.streams.get(event.stream_id)
+        if stream is None:
+            return
+        trailers = read_trailers(event.headers)
+        if isinstance(trailers, Malformed):
+            self.reset(event.stream_id, ErrorCodes.PROTOCOL_ERROR)
+            stream.on_up_reset(
+                ErrorCodes.PROTOCOL_ERROR, f"bad upstream trailers: {trailers.reason}"
+            )
+            return
+        stream.on_response_trailers(trailers)
+
+    def _on_reset(self, event: StreamReset) -> None:
+        stream = self.streams.get(event.stream_id)
+        if stream is not None:
+            stream.on_up_reset(event.error_code)
+
+    def _on_window(self, event: WindowUpdated) -> None:
+        self._control()
+        if event.stream_id:
+            stream = self.waiting.get(event.stream_id)
+            if stream is not None:
+                stream.pump_request()
+        else:
+            self.pump_waiting()
+
+    def _on_settings(self, event: RemoteSettingsChanged) -> None:
+        if not self.settled.done():
+            self.settled.set_result(None)
+        self._control()
+        self.pump_waiting()  # the initial window may have grown
+        self._free_slot()  # ...and the stream limit
+
+    def _on_goaway(self, event: ConnectionTerminated) -> None:
+        last = event.last_stream_id or 0
+        code = event.error_code or 0
+        log.info("upstream %s:%d sent GOAWAY %s", *self.addr, error_name(code))
+        self._retire_now()
+        for up_id, stream in list(self.streams.items()):
+            if up_id > last:
+                stream.up_gone("upstream went away", unprocessed=True)
+        if code != ErrorCodes.NO_ERROR:
+            self._fail(f"upstream sent GOAWAY {error_name(code)}")
+        elif not self.streams:
+            self.close_transport()
+
+    # -- abuse and failure --
+
+    def _now(self) -> float:
+        return self.loop.time()
+
+    def _control(self) -> None:
+        self._calm(self.guard.control_frame(self._now()))
+
+    def _calm(self, reason: str | None) -> None:
+        if reason is None or self.closed:
+            return
+        log.warning("upstream %s:%d: %s; closing it", *self.addr, reason)
+        with contextlib.suppress(ProtocolError):
+            self.h2.close_connection(ErrorCodes.ENHANCE_YOUR_CALM)
+        self.flush()
+        self._fail(f"upstream misbehaved: {reason}")
+
+    def _retire_now(self) -> None:
+        if self.usable:
+            self.usable = False
+            self._retire(self)
+        self._free_slot()  # waiters go back to the pool for another connection
+
+    def _fail(self, reason: str) -> None:
+        if self.closed:
+            return
+        self._retire_now()
+        self.closed = True
+        if not self.settled.done():
+            self.settled.set_result(None)
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+        for stream in list(self.streams.values()):
+            stream.up_gone(reason, unprocessed=False)
+        self.streams.clear()
+        self.waiting.clear()
+        if self.transport is not None:
+            self.close_transport()
+
+    def close(self) -> None:
+        """Closes now (the pool is closing); streams in flight fail."""
+        if not self.closed:
+            with contextlib.suppress(ProtocolError):
+                self.h2.close_connection()
+            self.flush()
+            self._fail("proxy shutting down")
+
+    def _idle_tick(self) -> None:
+        if self.closed:
+            return
+        if not self.streams and self.activity == self._idle_seen:
+            self._retire_now()
+            self.close()
+            return
+        self._idle_seen = self.activity
+        self._idle_timer = self.loop.call_later(self._idle_timeout, self._idle_tick)
+
+
+# Handlers take their own event type: Any at this one edge.
+_HANDLERS: Final[dict[type[Event], Callable[[H2Client, Any], None]]] = {
+    ResponseReceived: H2Client._on_response,
+    InformationalResponseReceived: H2Client._on_informational,
+    DataReceived: H2Client._on_data,
+    TrailersReceived: H2Client._on_trailers,
+    StreamReset: H2Client._on_reset,
+    WindowUpdated: H2Client._on_window,
+    RemoteSettingsChanged: H2Client._on_settings,
+    ConnectionTerminated: H2Client._on_goaway,
+}

@@ -1,0 +1,191 @@
+"""HTTP/2 header blocks as the proxy relays them: validation (done here, not by h2) and rewriting.
+
+h2 validates header blocks with a chain of generators and per-byte Python loops; the proxy turns
+that off (`validate_inbound_headers=False`) and runs the same RFC 9113 §8.2-8.3 checks in one
+pass that also does the work it needs anyway: stripping headers only the proxy may set, adding
+its own, finding the authority and whether the request is gRPC. Pure functions over header lists.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from hpack import NeverIndexedHeaderTuple
+
+from meshlet.proxy.http.contract import INTERNAL_HEADERS, PROXY_ERROR_HEADER, error_reason
+
+Header = tuple[bytes, bytes]
+
+# RFC 9113 §8.2.2: hop-by-hop headers have no meaning in HTTP/2; a message carrying one is
+# malformed.
+CONNECTION_HEADERS: Final = frozenset(
+    {b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade"}
+)
+# Credentials are kept out of the HPACK dynamic table of the (shared) upstream connection.
+SENSITIVE_HEADERS: Final = frozenset({b"authorization", b"proxy-authorization"})
+GRPC_UNAVAILABLE: Final = "14"
+
+# RFC 9113 §8.2.1: a name is 0x21-0x7e without uppercase and, past a pseudo-header's leading
+# colon, without ':'. Deleting the allowed bytes leaves something only when the name is bad.
+_NAME_BYTES: Final = bytes(c for c in range(0x21, 0x7F) if not 0x41 <= c <= 0x5A and c != 0x3A)
+# A value has no NUL, CR or LF and no leading or trailing space or tab.
+_BAD_VALUE: Final = re.compile(rb"[\x00\r\n]|\A[ \t]|[ \t]\Z")
+_REQUEST_PSEUDO: Final = frozenset({b":method", b":scheme", b":path", b":authority"})
+_STATUS: Final = re.compile(rb"[1-9][0-9][0-9]\Z")
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """A valid request head, rewritten to be sent upstream."""
+
+    headers: list[Header]
+    authority: str | None  # `:authority`, else `host`
+    grpc: bool  # content-type application/grpc*
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    """A valid response head (final or 1xx) as received."""
+
+    headers: Sequence[Header]
+    status: int
+    grpc_status: str | None  # set on a trailers-only gRPC response
+
+
+@dataclass(frozen=True, slots=True)
+class Trailers:
+    headers: Sequence[Header]
+    grpc_status: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Malformed:
+    """A header block that must not be relayed; the stream is reset (or answered `status`)."""
+
+    reason: str
+    status: int = 400
+
+
+def _field_error(name: bytes, value: bytes) -> str | None:
+    if not name or name.translate(None, _NAME_BYTES):
+        return f"invalid header name {name[:64]!r}"
+    if _BAD_VALUE.search(value) is not None:
+        return f"invalid value for header {name[:64]!r}"
+    if name in CONNECTION_HEADERS:
+        return f"connection-specific header {name.decode()!r}"
+    if name == b"te" and value.lower() != b"trailers":
+        return "te other than trailers"
+    return None
+
+
+def read_request(
+    block: Sequence[Header], add: Sequence[Header], max_headers: int
+) -> Request | Malformed:
+    """Checks a request head and rewrites it for the upstream: internal headers stripped, `add`
+    appended, credentials marked never-indexed."""
+    if len(block) > max_headers:
+        return Malformed(f"more than {max_headers} headers", 431)
+    out: list[Header] = []
+    pseudo: dict[bytes, bytes] = {}
+    host: bytes | None = None
+    grpc = False
+    regular = False
+    for header in block:
+        name, value = header
+        if name[:1] == b":":
+            if regular:
+                return Malformed(f"pseudo-header {name.decode(errors='replace')} after headers")
+            if name not in _REQUEST_PSEUDO:
+                return Malformed(f"pseudo-header {name[:64]!r} not allowed in a request")
+            if name in pseudo:
+                return Malformed(f"duplicate {name.decode()}")
+            if _BAD_VALUE.search(value) is not None:
+                return Malformed(f"invalid value for {name.decode()}")
+            pseudo[name] = value
+            out.append(header)
+            continue
+        regular = True
+        error = _field_error(name, value)
+        if error is not None:
+            return Malformed(error)
+        if name in INTERNAL_HEADERS:
+            continue
+        if name == b"host":
+            if host is not None:
+                return Malformed("more than one host header")
+            host = value
+        elif name == b"content-type":
+            grpc = value.startswith(b"application/grpc")
+        elif name in SENSITIVE_HEADERS:
+            header = NeverIndexedHeaderTuple(name, value)
+        out.append(header)
+    method = pseudo.get(b":method")
+    if method is None:
+        return Malformed("no :method")
+    authority = pseudo.get(b":authority")
+    if method == b"CONNECT":
+        if b":scheme" in pseudo or b":path" in pseudo or authority is None:
+            return Malformed("CONNECT needs :authority and no :scheme or :path")
+    elif b":scheme" not in pseudo or not pseudo.get(b":path"):
+        return Malformed("no :scheme or :path")
+    if authority is not None and host is not None and authority != host:
+        return Malformed("host differs from :authority")
+    out.extend(add)
+    named = authority if authority is not None else host
+    return Request(out, named.decode("latin-1") if named is not None else None, grpc)
+
+
+def read_response(block: Sequence[Header]) -> Response | Malformed:
+    """Checks a response head from an upstream: `:status` first and alone, valid fields."""
+    if not block or block[0][0] != b":status" or _STATUS.match(block[0][1]) is None:
+        return Malformed("response without a valid :status first", 502)
+    grpc_status = None
+    for name, value in block[1:]:
+        if name[:1] == b":":
+            return Malformed(f"pseudo-header {name[:64]!r} in a response", 502)
+        error = _field_error(name, value)
+        if error is not None:
+            return Malformed(error, 502)
+        if name == b"grpc-status":
+            grpc_status = value.decode("latin-1")
+    return Response(block, int(block[0][1]), grpc_status)
+
+
+def read_trailers(block: Sequence[Header]) -> Trailers | Malformed:
+    """Checks trailers (either direction): no pseudo-headers, valid fields."""
+    grpc_status = None
+    for name, value in block:
+        if name[:1] == b":":
+            return Malformed(f"pseudo-header {name[:64]!r} in trailers", 502)
+        error = _field_error(name, value)
+        if error is not None:
+            return Malformed(error, 502)
+        if name == b"grpc-status":
+            grpc_status = value.decode("latin-1")
+    return Trailers(block, grpc_status)
+
+
+def _grpc_message(text: str) -> bytes:
+    """Percent-encodes as gRPC's `grpc-message` requires (printable ASCII except '%' kept)."""
+    return b"".join(
+        bytes((c,)) if 0x20 <= c <= 0x7E and c != 0x25 else b"%%%02X" % c
+        for c in text.encode("utf-8")
+    )
+
+
+def local_response(status: int, reason: str, grpc: bool) -> list[Header]:
+    """The head of a response the proxy answers itself (ends the stream). gRPC clients get a
+    trailers-only response (HTTP 200, `grpc-status: 14` UNAVAILABLE) that they understand."""
+    proxy_error = (PROXY_ERROR_HEADER, error_reason(reason).strip() or b"error")
+    if grpc:
+        return [
+            (b":status", b"200"),
+            (b"content-type", b"application/grpc"),
+            (b"grpc-status", GRPC_UNAVAILABLE.encode()),
+            (b"grpc-message", _grpc_message(reason.strip())[:512]),
+            proxy_error,
+        ]
+    return [(b":status", str(status).encode()), proxy_error, (b"content-length", b"0")]

@@ -1,0 +1,128 @@
+"""Upstream HTTP/2 connections: one multiplexed connection per endpoint address, shared by every
+downstream connection of the process.
+
+The application makes one pool and passes it to every `serve_h2` call; the pool owns the tasks
+that connect and closes its connections when its `async with` block ends. Concurrent requests to
+an endpoint without a connection share one connect attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Final
+
+from meshlet.proxy.http.contract import Addr, Connect, HttpLimits
+from meshlet.proxy.http.h2client import H2Client
+from meshlet.proxy.http.h2guard import GuardLimits
+from meshlet.proxy.http.h2stream import ProxyStream
+
+log = logging.getLogger(__name__)
+
+_MAX_DIALS: Final = 3  # connections opened for one stream before giving up
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectFailed:
+    reason: str
+
+
+class H2Pool:
+    """Upstream connections by address. Owns its connect tasks; `aclose` (or leaving
+    `async with H2Pool(...) as pool:`) cancels them and closes every connection."""
+
+    def __init__(
+        self, connect: Connect, limits: HttpLimits, guard: GuardLimits | None = None
+    ) -> None:
+        self._connect = connect
+        self._limits = limits
+        self._guard = guard or GuardLimits()
+        self._clients: dict[Addr, H2Client] = {}
+        self._connecting: dict[Addr, asyncio.Task[H2Client | ConnectFailed]] = {}
+
+    async def __aenter__(self) -> H2Pool:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    @property
+    def connections(self) -> int:
+        return len(self._clients)
+
+    async def aclose(self) -> None:
+        connecting = list(self._connecting.values())
+        for task in connecting:
+            task.cancel()
+        await asyncio.gather(*connecting, return_exceptions=True)
+        for client in list(self._clients.values()):
+            client.close()
+        self._clients.clear()
+
+    async def open(self, addr: Addr, stream: ProxyStream) -> ConnectFailed | None:
+        """Opens `stream` upstream on the connection to `addr`, connecting when there is none
+        and waiting while the upstream's concurrency limit is reached."""
+        dials = 0
+        while not stream.closed:
+            client = self._clients.get(addr)
+            if client is None or not client.usable:
+                if dials == _MAX_DIALS:
+                    return ConnectFailed(f"connections to {addr[0]}:{addr[1]} keep closing")
+                dials += 1
+                got = await self._client(addr)
+                if isinstance(got, ConnectFailed):
+                    return got
+                continue
+            if client.open(stream):
+                break
+            if client.usable:
+                await client.slot()
+        return None
+
+    async def _client(self, addr: Addr) -> H2Client | ConnectFailed:
+        task = self._connecting.get(addr)
+        if task is None:
+            task = asyncio.create_task(self._dial(addr))  # owned: `aclose` ends it
+            self._connecting[addr] = task
+        # One waiter's cancellation (its client went away) must not cancel the shared attempt.
+        return await asyncio.shield(task)
+
+    async def _dial(self, addr: Addr) -> H2Client | ConnectFailed:
+        try:
+            return await self._handshake(addr)
+        finally:
+            self._connecting.pop(addr, None)
+
+    async def _handshake(self, addr: Addr) -> H2Client | ConnectFailed:
+        """Connects, then waits for the upstream's SETTINGS (its stream limit, its windows)."""
+        limits, guard = self._limits, self._guard
+        where = f"{addr[0]}:{addr[1]}"
+        try:
+            _, protocol = await self._connect(
+                addr, lambda: H2Client(addr, limits, guard, self._retire)
+            )
+        except Exception as exc:  # refused, timed out, TLS failed: all mean "unreachable"
+            log.info("connect to %s failed: %r", where, exc)
+            return ConnectFailed(f"connect to {where} failed: {str(exc) or repr(exc)}")
+        assert isinstance(protocol, H2Client)  # our factory's
+        try:
+            async with asyncio.timeout(limits.connect_timeout):
+                await protocol.settled
+        except TimeoutError:
+            protocol.close()
+            return ConnectFailed(f"{where} sent no HTTP/2 SETTINGS in {limits.connect_timeout}s")
+        if not protocol.usable:
+            return ConnectFailed(f"connection to {where} failed at once")
+        self._clients[addr] = protocol
+        return protocol
+
+    def _retire(self, client: H2Client) -> None:
+        if self._clients.get(client.addr) is client:
+            del self._clients[client.addr]

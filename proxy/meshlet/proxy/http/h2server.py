@@ -1,0 +1,409 @@
+"""The proxy's HTTP/2 server side: serves one accepted connection (`serve_h2`), relaying each
+stream to the endpoint its authority routes to over the pooled upstream connection.
+
+Hostile clients are bounded here: streams past `max_concurrent_streams` are refused
+(REFUSED_STREAM, the connection lives), malformed requests reset their stream (PROTOCOL_ERROR),
+and rapid resets, control-frame floods, empty-frame floods or a client that stops reading while
+its output piles up close the connection with GOAWAY ENHANCE_YOUR_CALM (`h2guard`). h2 itself caps
+CONTINUATION frames and HPACK header lists (GOAWAY). At shutdown (`conn.closing`) the server sends
+GOAWAY with the last stream it took, finishes those, then closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Callable
+from typing import Any, Final
+
+from h2.errors import ErrorCodes
+from h2.events import (
+    AlternativeServiceAvailable,
+    ConnectionTerminated,
+    DataReceived,
+    Event,
+    PingAckReceived,
+    PingReceived,
+    PriorityUpdated,
+    RemoteSettingsChanged,
+    RequestReceived,
+    StreamReset,
+    TrailersReceived,
+    UnknownFrameReceived,
+    WindowUpdated,
+)
+from h2.exceptions import ProtocolError
+from prometheus_client import Counter, Histogram
+
+from meshlet.proxy.core.classify import FAILURE, classify
+from meshlet.proxy.http.contract import HttpConn, RouteError
+from meshlet.proxy.http.h2conn import Peer, error_name, new_connection
+from meshlet.proxy.http.h2guard import Guard, GuardLimits
+from meshlet.proxy.http.h2headers import Malformed, local_response, read_request, read_trailers
+from meshlet.proxy.http.h2pool import H2Pool
+from meshlet.proxy.http.h2stream import MAX_ATTEMPTS, ProxyStream
+
+log = logging.getLogger(__name__)
+
+# The downstream connection window, in stream windows: what one client can have in flight.
+CONN_WINDOW_STREAMS: Final = 4
+
+_CONTROL_EVENTS: Final = (
+    PingReceived,
+    PingAckReceived,
+    PriorityUpdated,
+    UnknownFrameReceived,
+    AlternativeServiceAvailable,
+)
+
+
+async def serve_h2(
+    conn: HttpConn, pool: H2Pool | None = None, guard: GuardLimits | None = None
+) -> None:
+    """Serves one accepted HTTP/2 connection until it closes.
+
+    `pool` is the process's shared upstream pool (one connection per endpoint); the application
+    makes one and passes it (e.g. `functools.partial(serve_h2, pool=pool)`). Without it the
+    connection gets a pool of its own, closed with it."""
+    if pool is None:
+        async with H2Pool(conn.connect, conn.limits, guard) as own:
+            await _serve(conn, own, guard or GuardLimits())
+    else:
+        await _serve(conn, pool, guard or GuardLimits())
+
+
+async def _serve(conn: HttpConn, pool: H2Pool, guard: GuardLimits) -> None:
+    loop = asyncio.get_running_loop()
+    sock = conn.sock
+    assert isinstance(sock, socket.socket)
+    async with asyncio.TaskGroup() as tasks:
+        server = H2Server(conn, pool, tasks, guard)
+        try:
+            await loop.connect_accepted_socket(
+                lambda: server,
+                sock=sock,
+                ssl=conn.ssl,
+                ssl_handshake_timeout=conn.limits.header_read_timeout if conn.ssl else None,
+            )
+        except (OSError, TimeoutError) as exc:
+            log.debug("HTTP/2 connection not established: %r", exc)
+            sock.close()
+            return
+        closing = tasks.create_task(conn.closing.wait())
+        closing.add_done_callback(server.on_closing)
+        try:
+            await server.done
+        finally:
+            closing.cancel()
+            server.abort()
+
+
+class H2Server(Peer):
+    def __init__(
+        self, conn: HttpConn, pool: H2Pool, tasks: asyncio.TaskGroup, guard: GuardLimits
+    ) -> None:
+        limits = conn.limits
+        h2 = new_connection(
+            False, limits.max_body_buffer, limits.max_header_bytes, limits.max_concurrent_streams
+        )
+        loop = asyncio.get_running_loop()
+        super().__init__(
+            h2, Guard(guard, loop.time()), CONN_WINDOW_STREAMS * limits.max_body_buffer
+        )
+        self.conn = conn
+        self.pool = pool
+        self.done: asyncio.Future[None] = loop.create_future()
+        self.streams: dict[int, ProxyStream] = {}
+        self._tasks = tasks
+        self._forwarding: set[asyncio.Task[None]] = set()
+        self._labels = conn.labels.values()
+        self._direction = conn.labels.direction
+        self._max_streams = limits.max_concurrent_streams
+        self._last_taken = 0  # the highest stream id taken: the GOAWAY's last stream id
+        self._draining = False
+        self._idle_seen = -1
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._responses: dict[tuple[str, int, str, str], tuple[Counter, Histogram]] = {}
+        self._requests: dict[str, Counter] = {}
+
+    # -- connection --
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._idle_timer = self.loop.call_later(self.conn.limits.idle_timeout, self._idle_tick)
+        if self.conn.closing.is_set():
+            self.shutdown()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+        for stream in list(self.streams.values()):
+            stream.down_gone()
+        for task in self._forwarding:
+            task.cancel()
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def on_closing(self, task: asyncio.Task[Any]) -> None:
+        if not task.cancelled():
+            self.shutdown()
+
+    def shutdown(self) -> None:
+        """Graceful: GOAWAY naming the last stream taken; those finish, then the connection
+        closes. (h2 would stop in-flight streams too, so the frame is written around it.)"""
+        if self._draining or self.closed:
+            return
+        self._draining = True
+        self.write_goaway(self._last_taken, ErrorCodes.NO_ERROR)
+        if not self.streams:
+            self.close_transport()
+
+    def abort(self) -> None:
+        """Closes at once (the grace period is over or the serving task was cancelled)."""
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.abort()
+
+    def pump(self, stream: ProxyStream) -> None:
+        stream.pump_response()
+
+    # -- input --
+
+    def data_received(self, data: bytes) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return  # closed by the proxy: nothing more is read
+        self.activity += 1
+        try:
+            events = self.h2.receive_data(data)
+        except ProtocolError as exc:
+            log.info("HTTP/2 client broke the protocol: %s", exc)
+            self.count_error(ErrorCodes(exc.error_code))
+            self.flush()  # h2's GOAWAY
+            self.closed = True  # h2 takes no more input
+            for stream in list(self.streams.values()):
+                stream.down_gone()
+            self.close_transport()
+            return
+        for event in events:
+            handler = _HANDLERS.get(type(event))
+            if handler is not None:
+                handler(self, event)
+            elif isinstance(event, _CONTROL_EVENTS):
+                self._calm(self.guard.control_frame(self.loop.time()))
+            if self.closed:
+                return
+        self.flush()
+        if self.transport is not None:
+            self._calm(self.guard.write_buffer(self.transport.get_write_buffer_size()))
+
+    def _on_request(self, event: RequestReceived) -> None:
+        stream_id = event.stream_id
+        if self._draining or len(self.streams) >= self._max_streams:
+            self.count_error(ErrorCodes.REFUSED_STREAM)
+            self._refuse(stream_id, ErrorCodes.REFUSED_STREAM)
+            return
+        self.guard.stream_opened()
+        self._last_taken = stream_id
+        request = read_request(event.headers, self.conn.add_headers, self.conn.limits.max_headers)
+        if isinstance(request, Malformed):
+            log.debug("malformed request on stream %d: %s", stream_id, request.reason)
+            self.count_error(request.status)
+            if request.status == 431:  # well-formed, only too big: say so
+                self.h2.send_headers(
+                    stream_id, local_response(431, request.reason, False), end_stream=True
+                )
+                if event.stream_ended is None:
+                    self.reset(stream_id, ErrorCodes.NO_ERROR)
+            else:
+                self._refuse(stream_id, ErrorCodes.PROTOCOL_ERROR)
+            return
+        stream = ProxyStream(self, stream_id, request, self.loop.time())
+        stream.req.ended = event.stream_ended is not None
+        self.streams[stream_id] = stream
+        self.forward(stream)
+
+    def _on_data(self, event: DataReceived) -> None:
+        ended = event.stream_ended is not None
+        if not event.data and not ended:
+            self._calm(self.guard.data_frame(empty=True) or self.guard.control_frame(self._now()))
+        else:
+            self.guard.data_frame(empty=False)
+        stream = self.streams.get(event.stream_id)
+        if stream is None:  # answered or reset already: credit the bytes and drop them
+            self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            return
+        stream.on_request_data(event.data, event.flow_controlled_length, ended)
+
+    def _on_trailers(self, event: TrailersReceived) -> None:
+        stream = self.streams.get(event.stream_id)
+        if stream is None:
+            return
+        trailers = read_trailers(event.headers)
+        if isinstance(trailers, Malformed):
+            self.count_error(400)
+            self.reset(stream.down_id, ErrorCodes.PROTOCOL_ERROR)
+            stream.on_down_reset(ErrorCodes.PROTOCOL_ERROR)
+            self._calm(self.guard.stream_reset(self._now()))
+            return
+        stream.on_request_trailers(list(trailers.headers))
+
+    def _on_reset(self, event: StreamReset) -> None:
+        stream = self.streams.get(event.stream_id)
+        if stream is not None:  # an early reset: the stream had not finished
+            stream.on_down_reset(event.error_code or 0)
+            self._calm(self.guard.stream_reset(self._now()))
+
+    def _on_window(self, event: WindowUpdated) -> None:
+        self._calm(self.guard.control_frame(self._now()))
+        if event.stream_id:
+            stream = self.waiting.get(event.stream_id)
+            if stream is not None:
+                stream.pump_response()
+        else:
+            self.pump_waiting()
+
+    def _on_settings(self, event: RemoteSettingsChanged) -> None:
+        self._calm(self.guard.control_frame(self._now()))
+        self.pump_waiting()  # the initial window may have grown
+
+    def _on_goaway(self, event: ConnectionTerminated) -> None:
+        if event.error_code:
+            log.info("HTTP/2 client closed with %s", error_name(event.error_code))
+            self.close_transport()
+            return
+        self._draining = True  # the client opens no more streams; finish what is in flight
+        if not self.streams:
+            self.close_transport()
+
+    # -- streams --
+
+    def forward(self, stream: ProxyStream) -> None:
+        """Routes `stream` and opens it upstream, in a task this connection owns."""
+        if self.closed:
+            return
+        stream.task = task = self._tasks.create_task(self._forward(stream))
+        self._forwarding.add(task)
+        task.add_done_callback(self._forwarding.discard)
+
+    async def _forward(self, stream: ProxyStream) -> None:
+        conn = self.conn
+        try:
+            while True:
+                target = await conn.route(stream.request.authority)
+                if stream.closed:
+                    return
+                if isinstance(target, RouteError):
+                    self._count_request(
+                        conn.metrics.authority_label(stream.request.authority or "")
+                    )
+                    stream.answer(target.status, target.reason)
+                    return
+                if stream.endpoint is None:
+                    self._count_request(target.authority_label)
+                stream.endpoint = target
+                failed = await self.pool.open(target.addr, stream)
+                if failed is None or stream.closed:
+                    return
+                if stream.attempts >= MAX_ATTEMPTS:
+                    stream.answer(502, failed.reason)
+                    return
+                stream.attempts += 1  # not sent anywhere: once more, maybe to another endpoint
+        except Exception:
+            log.exception("forwarding stream %d failed", stream.down_id)
+            stream.answer(502, "proxy error")
+
+    def forget(self, stream: ProxyStream) -> None:
+        self.streams.pop(stream.down_id, None)
+        self.waiting.pop(stream.down_id, None)
+        if self._draining and not self.streams:
+            self.flush()
+            self.close_transport()
+
+    def _refuse(self, stream_id: int, code: ErrorCodes) -> None:
+        self.reset(stream_id, code)
+        self._calm(self.guard.stream_reset(self._now()))
+
+    # -- abuse --
+
+    def _now(self) -> float:
+        return self.loop.time()
+
+    def _calm(self, reason: str | None) -> None:
+        if reason is None or self.closed:
+            return
+        log.warning("HTTP/2 client %s: %s; closing the connection", self._peer(), reason)
+        self.count_error(ErrorCodes.ENHANCE_YOUR_CALM)
+        for stream in list(self.streams.values()):
+            stream.down_gone()
+        with contextlib.suppress(ProtocolError):
+            self.h2.close_connection(ErrorCodes.ENHANCE_YOUR_CALM, last_stream_id=self._last_taken)
+        self.flush()
+        self.closed = True  # nothing more is read or written
+        self.close_transport()
+
+    def _peer(self) -> str:
+        peer = self.transport.get_extra_info("peername") if self.transport else None
+        return f"{peer[0]}:{peer[1]}" if peer else "?"
+
+    def _idle_tick(self) -> None:
+        if self.closed:
+            return
+        if not self.streams and self.activity == self._idle_seen:
+            log.debug("HTTP/2 connection idle for %ss: closing", self.conn.limits.idle_timeout)
+            self.shutdown()
+            self.close_transport()
+            return
+        self._idle_seen = self.activity
+        self._idle_timer = self.loop.call_later(self.conn.limits.idle_timeout, self._idle_tick)
+
+    # -- metrics --
+
+    def _count_request(self, authority: str) -> None:
+        counter = self._requests.get(authority)
+        if counter is None:
+            counter = self.conn.metrics.request_total.labels(*self._labels, authority)
+            self._requests[authority] = counter
+        counter.inc()
+
+    def count_error(self, status: int | ErrorCodes) -> None:
+        """Requests or connections refused for their input, by status sent (or h2 error
+        code name for resets and GOAWAYs)."""
+        label = error_name(status).lower() if isinstance(status, ErrorCodes) else str(status)
+        self.conn.metrics.http_errors_total.labels(self._direction, label).inc()
+
+    def record(self, stream: ProxyStream, failed: bool) -> None:
+        endpoint = stream.endpoint
+        authority = (
+            endpoint.authority_label
+            if endpoint is not None
+            else self.conn.metrics.authority_label(stream.request.authority or "")
+        )
+        grpc_status = stream.grpc_status or ""
+        classification = FAILURE if failed else classify(stream.status, grpc_status)
+        key = (authority, stream.status, grpc_status, classification)
+        children = self._responses.get(key)
+        if children is None:
+            metrics = self.conn.metrics
+            values = (*self._labels, authority, str(stream.status), grpc_status, classification)
+            children = (
+                metrics.response_total.labels(*values),
+                metrics.response_latency_ms.labels(*values),
+            )
+            self._responses[key] = children
+        children[0].inc()
+        if stream.latency_ms is not None:
+            children[1].observe(stream.latency_ms)
+
+
+# Handlers take their own event type: Any at this one edge.
+_HANDLERS: Final[dict[type[Event], Callable[[H2Server, Any], None]]] = {
+    RequestReceived: H2Server._on_request,
+    DataReceived: H2Server._on_data,
+    TrailersReceived: H2Server._on_trailers,
+    StreamReset: H2Server._on_reset,
+    WindowUpdated: H2Server._on_window,
+    RemoteSettingsChanged: H2Server._on_settings,
+    ConnectionTerminated: H2Server._on_goaway,
+}

@@ -1,0 +1,1223 @@
+"""The HTTP/2 engine end to end: a raw h2 client, the engine behind a real listener, and a small
+h2 upstream, all on 127.0.0.1 sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import hashlib
+import socket
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from h2.config import H2Configuration
+from h2.connection import H2Connection
+from h2.errors import ErrorCodes
+from h2.events import (
+    ConnectionTerminated,
+    DataReceived,
+    RequestReceived,
+    ResponseReceived,
+    StreamEnded,
+    StreamReset,
+    TrailersReceived,
+    WindowUpdated,
+)
+from h2.settings import SettingCodes, Settings
+from hpack import Encoder
+from hyperframe.frame import (
+    ContinuationFrame,
+    DataFrame,
+    GoAwayFrame,
+    HeadersFrame,
+    PingFrame,
+    PriorityFrame,
+    RstStreamFrame,
+    SettingsFrame,
+    WindowUpdateFrame,
+)
+
+from meshlet.proxy.http.contract import HttpLimits
+from meshlet.proxy.http.h2conn import Connection
+from meshlet.proxy.http.h2guard import GuardLimits
+from meshlet.proxy.http.h2pool import H2Pool
+from meshlet.proxy.http.h2server import serve_h2
+
+Headers = Sequence[tuple[bytes, bytes]]
+TIMEOUT = 5.0
+
+
+async def eventually(condition: Callable[[], bool], within: float = TIMEOUT) -> None:
+    """Polls a condition on objects that signal nothing (the upstream's records)."""
+    async with asyncio.timeout(within):
+        while not condition():  # noqa: ASYNC110
+            await asyncio.sleep(0.005)
+
+
+def request_headers(
+    port: int, path: bytes = b"/", method: bytes = b"GET"
+) -> list[tuple[bytes, bytes]]:
+    return [
+        (b":method", method),
+        (b":scheme", b"http"),
+        (b":path", path),
+        (b":authority", f"127.0.0.1:{port}".encode()),
+    ]
+
+
+# -- a raw client --
+
+
+@dataclass
+class Received:
+    """What one stream received."""
+
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    informational: list[list[tuple[bytes, bytes]]] = field(default_factory=list)
+    body: bytearray = field(default_factory=bytearray)
+    trailers: list[tuple[bytes, bytes]] | None = None
+    ended: bool = False
+    reset: int | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.ended or self.reset is not None
+
+    def header(self, name: bytes) -> bytes | None:
+        for key, value in [*self.headers, *(self.trailers or [])]:
+            if key == name:
+                return value
+        return None
+
+    @property
+    def status(self) -> int:
+        value = self.header(b":status")
+        return int(value) if value else 0
+
+
+class Client:
+    """A prior-knowledge HTTP/2 client driven by the test over a real socket. Reads in the
+    background and records per stream; `read=False` stops reading (a client that does not
+    read), `ack=False` keeps the bytes received unacknowledged (windows stay closed)."""
+
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, h2: H2Connection
+    ) -> None:
+        self.reader, self.writer, self.h2 = reader, writer, h2
+        self.streams: dict[int, Received] = {}
+        self.goaway: ConnectionTerminated | None = None
+        self.eof = False
+        self.ack = True
+        self._changed = asyncio.Event()
+        self._reading = asyncio.Event()
+        self._reading.set()
+        self._task = asyncio.create_task(self._read())
+
+    @classmethod
+    async def connect(
+        cls,
+        port: int,
+        settings: dict[SettingCodes | int, int] | None = None,
+        tls: ssl.SSLContext | None = None,
+        **config: Any,
+    ) -> Client:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=tls)
+        # The proxy's h2 subclass: unlike h2, it keeps reading streams after a graceful GOAWAY.
+        h2 = Connection(H2Configuration(client_side=True, header_encoding=None, **config))
+        h2.initiate_connection()
+        if settings:
+            h2.update_settings(settings)
+        client = cls(reader, writer, h2)
+        client.flush()
+        return client
+
+    def flush(self) -> None:
+        data = self.h2.data_to_send()
+        if data and not self.writer.is_closing():
+            self.writer.write(data)
+
+    def write(self, raw: bytes) -> None:
+        self.writer.write(raw)
+
+    def pause_reading(self) -> None:
+        self._reading.clear()
+
+    def resume_reading(self) -> None:
+        self._reading.set()
+
+    def request(
+        self, headers: Headers, body: bytes = b"", end: bool = True, stream_id: int | None = None
+    ) -> int:
+        sid = stream_id or self.h2.get_next_available_stream_id()
+        self.h2.send_headers(sid, headers, end_stream=end and not body)
+        self.streams[sid] = Received()
+        if body:
+            self.h2.send_data(sid, body, end_stream=end)
+        self.flush()
+        return sid
+
+    def ack_all(self, sid: int) -> None:
+        received = self.streams[sid]
+        self.h2.acknowledge_received_data(len(received.body), sid)
+        self.flush()
+
+    async def _read(self) -> None:
+        while True:
+            await self._reading.wait()
+            try:
+                data = await self.reader.read(65536)
+            except ConnectionError:
+                data = b""
+            if not data:
+                self.eof = True
+                self._changed.set()
+                return
+            for event in self.h2.receive_data(data):
+                self._on(event)
+            self.flush()
+            self._changed.set()
+
+    def _on(self, event: Any) -> None:
+        received = self.streams.get(getattr(event, "stream_id", 0) or 0)
+        if isinstance(event, ResponseReceived) and received is not None:
+            received.headers = list(event.headers)
+        elif isinstance(event, DataReceived) and received is not None:
+            received.body += event.data
+            if self.ack:
+                self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+        elif isinstance(event, TrailersReceived) and received is not None:
+            received.trailers = list(event.headers)
+        elif isinstance(event, StreamEnded) and received is not None:
+            received.ended = True
+        elif isinstance(event, StreamReset) and received is not None:
+            received.reset = event.error_code
+        elif isinstance(event, ConnectionTerminated):
+            self.goaway = event
+        elif type(event).__name__ == "InformationalResponseReceived" and received is not None:
+            received.informational.append(list(event.headers))
+
+    async def until(self, condition: Callable[[], bool], within: float = TIMEOUT) -> None:
+        async with asyncio.timeout(within):
+            while not condition():
+                self._changed.clear()
+                await self._changed.wait()
+
+    async def response(self, sid: int) -> Received:
+        await self.until(lambda: self.streams[sid].done or self.eof)
+        return self.streams[sid]
+
+    async def get(self, port: int, path: bytes = b"/", body: bytes = b"") -> Received:
+        method = b"POST" if body else b"GET"
+        return await self.response(self.request(request_headers(port, path, method), body))
+
+    async def close(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        self.writer.close()
+        with contextlib.suppress(ConnectionError):
+            await self.writer.wait_closed()
+
+
+# -- a small upstream --
+
+
+class UpstreamRequest:
+    """A request as the upstream sees it, with what its handler can answer."""
+
+    def __init__(self, conn: UpstreamConn, sid: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self.conn, self.sid, self.headers = conn, sid, headers
+        self.body = bytearray()
+        self.ended = asyncio.Event()
+        self.reset: int | None = None
+        self.sent = 0
+
+    def header(self, name: bytes) -> bytes | None:
+        return next((v for k, v in self.headers if k == name), None)
+
+    async def read_body(self) -> bytes:
+        await asyncio.wait_for(self.ended.wait(), TIMEOUT)
+        return bytes(self.body)
+
+    def respond(self, status: int = 200, headers: Headers = (), end: bool = False) -> None:
+        self.conn.h2.send_headers(
+            self.sid, [(b":status", str(status).encode()), *headers], end_stream=end
+        )
+        self.conn.flush()
+
+    async def send(self, data: bytes, end: bool = False) -> None:
+        """Sends under flow control, waiting for window as a real server does."""
+        h2 = self.conn.h2
+        view = memoryview(data)
+        while view:
+            window = h2.local_flow_control_window(self.sid)
+            if window <= 0:
+                await self.conn.window_opened()
+                continue
+            size = min(window, h2.max_outbound_frame_size, len(view))
+            chunk, view = view[:size], view[size:]
+            h2.send_data(self.sid, bytes(chunk), end_stream=end and not view)
+            self.sent += size
+            self.conn.flush()
+        if end and not data:
+            h2.end_stream(self.sid)
+            self.conn.flush()
+
+    def trailers(self, headers: Headers) -> None:
+        self.conn.h2.send_headers(self.sid, headers, end_stream=True)
+        self.conn.flush()
+
+    def reset_stream(self, code: ErrorCodes) -> None:
+        self.conn.h2.reset_stream(self.sid, code)
+        self.conn.flush()
+
+
+Handler = Callable[[UpstreamRequest], Awaitable[None]]
+
+
+class UpstreamConn(asyncio.Protocol):
+    def __init__(self, upstream: Upstream) -> None:
+        self.upstream = upstream
+        self.h2 = H2Connection(H2Configuration(client_side=False, header_encoding=None))
+        self.requests: dict[int, UpstreamRequest] = {}
+        self.transport: asyncio.Transport | None = None
+        self._window = asyncio.Event()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.upstream.conns.append(self)
+        if self.upstream.settings:  # in effect at once and sent in the preface
+            self.h2.local_settings = Settings(client=False, initial_values=self.upstream.settings)
+        loop = asyncio.get_running_loop()
+        loop.call_later(self.upstream.preface_delay, self._preface)
+
+    def _preface(self) -> None:
+        self.h2.initiate_connection()
+        self.flush()
+
+    def flush(self) -> None:
+        data = self.h2.data_to_send()
+        if data and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    async def window_opened(self) -> None:
+        self._window.clear()
+        await asyncio.wait_for(self._window.wait(), TIMEOUT)
+
+    def data_received(self, data: bytes) -> None:
+        for event in self.h2.receive_data(data):
+            if isinstance(event, RequestReceived):
+                request = UpstreamRequest(self, event.stream_id, list(event.headers))
+                self.requests[event.stream_id] = request
+                self.upstream.requests.append(request)
+                if event.stream_ended:
+                    request.ended.set()
+                self.upstream.spawn(request)
+            elif isinstance(event, DataReceived):
+                request = self.requests[event.stream_id]
+                request.body += event.data
+                if self.upstream.ack:
+                    self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            elif isinstance(event, StreamEnded | TrailersReceived):
+                self.requests[event.stream_id].ended.set()
+            elif isinstance(event, StreamReset):
+                request = self.requests[event.stream_id]
+                request.reset = event.error_code
+                request.ended.set()
+            elif isinstance(event, WindowUpdated):
+                self._window.set()
+        self.flush()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.upstream.lost += 1
+
+
+class Upstream:
+    """An HTTP/2 server on 127.0.0.1 whose requests are answered by `handler`."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.conns: list[UpstreamConn] = []
+        self.requests: list[UpstreamRequest] = []
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.settings: dict[SettingCodes | int, int] = {}
+        self.ack = True
+        self.lost = 0
+        self.preface_delay = 0.0  # seconds before the server's SETTINGS
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> tuple[str, int]:
+        loop = asyncio.get_running_loop()
+        self.server = await loop.create_server(lambda: UpstreamConn(self), "127.0.0.1", 0)
+        return "127.0.0.1", self.server.sockets[0].getsockname()[1]
+
+    def spawn(self, request: UpstreamRequest) -> None:
+        task = asyncio.create_task(self.handler(request))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        for conn in self.conns:
+            if conn.transport is not None:
+                conn.transport.abort()
+        if self.server is not None:
+            self.server.close()
+
+
+async def echo(request: UpstreamRequest) -> None:
+    """Answers with the request body, the path in a header, and trailers."""
+    body = await request.read_body()
+    request.respond(200, [(b"x-path", request.header(b":path") or b"")])
+    await request.send(body)
+    request.trailers([(b"x-body-sha256", hashlib.sha256(body).hexdigest().encode())])
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[
+    Callable[[Handler], Awaitable[tuple[Upstream, tuple[str, int]]]]
+]:
+    started: list[Upstream] = []
+
+    async def start(handler: Handler) -> tuple[Upstream, tuple[str, int]]:
+        server = Upstream(handler)
+        started.append(server)
+        return server, await server.start()
+
+    yield start
+    for server in started:
+        await server.stop()
+
+
+async def tcp_connect(
+    addr: tuple[str, int], factory: Callable[[], asyncio.Protocol]
+) -> tuple[asyncio.Transport, asyncio.Protocol]:
+    loop = asyncio.get_running_loop()
+    transport, protocol = await loop.create_connection(factory, addr[0], addr[1])
+    return transport, protocol  # type: ignore[return-value]
+
+
+@dataclass
+class H2Proxy:
+    """The engine behind a listener, with the upstream pool the application would share."""
+
+    engine: Any  # conftest's EngineProxy
+    pool: H2Pool
+
+    @property
+    def port(self) -> int:
+        return int(self.engine.port)
+
+    @property
+    def metrics(self) -> Any:
+        return self.engine.metrics
+
+    def sample(self, name: str, **labels: str) -> float:
+        total = 0.0
+        for metric in self.metrics.registry.collect():
+            for sample in metric.samples:
+                if sample.name == name and all(
+                    sample.labels.get(k) == v for k, v in labels.items()
+                ):
+                    total += sample.value
+        return total
+
+
+@pytest.fixture
+async def h2proxy(engine_proxy: Any) -> AsyncIterator[Callable[..., Awaitable[H2Proxy]]]:
+    """`await h2proxy(upstream_addr, limits=..., guard=..., **conn)`: serve_h2 with a pool."""
+    pools: list[H2Pool] = []
+
+    async def start(
+        addr: tuple[str, int] | None,
+        limits: HttpLimits | None = None,
+        guard: GuardLimits | None = None,
+        **conn: Any,
+    ) -> H2Proxy:
+        limits = limits or HttpLimits()
+        pool = H2Pool(tcp_connect, limits, guard)
+        pools.append(pool)
+        engine = partial(serve_h2, pool=pool, guard=guard)
+        return H2Proxy(await engine_proxy(engine, addr, limits, **conn), pool)
+
+    yield start
+    for pool in pools:
+        await pool.aclose()
+
+
+@pytest.fixture
+async def clients() -> AsyncIterator[Callable[..., Awaitable[Client]]]:
+    opened: list[Client] = []
+
+    async def connect(port: int, **kwargs: Any) -> Client:
+        client = await Client.connect(port, **kwargs)
+        opened.append(client)
+        return client
+
+    yield connect
+    for client in opened:
+        await client.close()
+
+
+# -- relaying --
+
+
+async def test_a_request_and_its_response_are_relayed(h2proxy, upstream, clients) -> None:
+    up, addr = await upstream(echo)
+    proxy = await h2proxy(addr)
+    client = await clients(proxy.port)
+    got = await client.get(proxy.port, b"/hello", b"ping")
+    assert got.status == 200
+    assert bytes(got.body) == b"ping"
+    assert got.header(b"x-path") == b"/hello"
+    assert got.header(b"x-body-sha256") == hashlib.sha256(b"ping").hexdigest().encode()
+    assert up.requests[0].header(b":authority") == f"127.0.0.1:{proxy.port}".encode()
+    assert proxy.engine.routes == [f"127.0.0.1:{proxy.port}"]
+
+
+async def test_internal_headers_are_stripped_and_the_proxys_added(
+    h2proxy, upstream, clients
+) -> None:
+    up, addr = await upstream(echo)
+    proxy = await h2proxy(addr, add_headers=[(b"meshlet-client-id", b"web.default")])
+    client = await clients(proxy.port)
+    headers = [
+        *request_headers(proxy.port),
+        (b"meshlet-client-id", b"forged"),
+        (b"meshlet-proxy-error", b"forged"),
+        (b"authorization", b"Bearer secret"),
+        (b"x-kept", b"yes"),
+    ]
+    got = await client.response(client.request(headers))
+    assert got.status == 200
+    seen = up.requests[0].headers
+    assert (b"meshlet-client-id", b"web.default") in seen
+    assert (b"meshlet-client-id", b"forged") not in seen
+    assert all(name != b"meshlet-proxy-error" for name, _ in seen)
+    assert (b"x-kept", b"yes") in seen and (b"authorization", b"Bearer secret") in seen
+
+
+async def test_large_bodies_stream_both_ways(h2proxy, upstream, clients) -> None:
+    _, addr = await upstream(echo)
+    proxy = await h2proxy(addr)
+    client = await clients(proxy.port)
+    body = bytes(range(256)) * 8192  # 2 MiB, far beyond every window
+    sid = client.request(request_headers(proxy.port, method=b"POST"), end=False)
+    view = memoryview(body)
+    while view:  # send under the proxy's flow control, as a real client does
+        window = client.h2.local_flow_control_window(sid)
+        if window == 0:
+            await client.until(lambda: client.h2.local_flow_control_window(sid) > 0)
+            continue
+        size = min(window, client.h2.max_outbound_frame_size, len(view))
+        client.h2.send_data(sid, bytes(view[:size]), end_stream=size == len(view))
+        client.flush()
+        view = view[size:]
+    got = await client.response(sid)
+    assert got.ended and got.reset is None
+    assert hashlib.sha256(got.body).digest() == hashlib.sha256(body).digest()
+    assert got.trailers == [(b"x-body-sha256", hashlib.sha256(body).hexdigest().encode())]
+
+
+async def test_a_client_that_does_not_read_holds_back_the_upstream(
+    h2proxy, upstream, clients
+) -> None:
+    """Response direction: the proxy credits the upstream only for bytes the client took, so
+    what it buffers stays within the window it granted (max_body_buffer) plus a constant."""
+    body = bytes(range(256)) * 16384  # 4 MiB
+    done = asyncio.Event()
+
+    async def big(request: UpstreamRequest) -> None:
+        request.respond(200)
+        await request.send(body, end=True)
+        done.set()
+
+    up, addr = await upstream(big)
+    limits = HttpLimits(max_body_buffer=64 * 1024)
+    proxy = await h2proxy(addr, limits=limits)
+    client = await clients(proxy.port, settings={SettingCodes.INITIAL_WINDOW_SIZE: 1024})
+    client.ack = False  # the client's windows stay shut
+    sid = client.request(request_headers(proxy.port))
+    await client.until(lambda: len(client.streams[sid].body) == 1024)
+    await asyncio.sleep(0.3)  # let the upstream push all it can
+    sent = up.requests[0].sent
+    assert sent <= limits.max_body_buffer + 1024, sent  # our window + what the client took
+    assert not done.is_set()
+    client.ack = True  # now read: everything arrives, intact
+    client.h2.update_settings({SettingCodes.INITIAL_WINDOW_SIZE: 1 << 20})
+    client.h2.increment_flow_control_window(1 << 24)
+    client.ack_all(sid)
+    got = await client.response(sid)
+    assert got.ended and bytes(got.body) == body
+
+
+async def test_an_upstream_that_does_not_read_holds_back_the_client(
+    h2proxy, upstream, clients
+) -> None:
+    """Request direction: the client gets window only as the upstream takes the bytes."""
+    release = asyncio.Event()
+
+    async def slow(request: UpstreamRequest) -> None:
+        await release.wait()
+        body = await request.read_body()
+        request.respond(200, end=False)
+        await request.send(hashlib.sha256(body).hexdigest().encode(), end=True)
+
+    up, addr = await upstream(slow)
+    up.ack = False  # the upstream's windows (64 KiB by default) stay shut
+    limits = HttpLimits(max_body_buffer=64 * 1024)
+    proxy = await h2proxy(addr, limits=limits)
+    client = await clients(proxy.port)
+    sid = client.request(request_headers(proxy.port, method=b"POST"), end=False)
+    sent = 0
+    while True:  # send until the proxy's window closes
+        window = min(client.h2.local_flow_control_window(sid), 16384)
+        if window == 0:
+            try:
+                await client.until(lambda: client.h2.local_flow_control_window(sid) > 0, within=0.3)
+            except TimeoutError:
+                break
+            continue
+        client.h2.send_data(sid, b"x" * window)
+        client.flush()
+        sent += window
+    assert sent <= limits.max_body_buffer + 65535, sent  # our window + the upstream's
+    assert sent >= 65535  # the upstream's window was filled
+    up.ack = True
+    upstream_request = up.requests[0]
+    upstream_conn = upstream_request.conn
+    upstream_conn.h2.acknowledge_received_data(len(upstream_request.body), upstream_request.sid)
+    upstream_conn.flush()
+    release.set()
+    client.h2.send_data(sid, b"", end_stream=True)
+    client.flush()
+    got = await client.response(sid)
+    assert bytes(got.body) == hashlib.sha256(b"x" * sent).hexdigest().encode()
+
+
+async def test_concurrent_streams_share_one_upstream_connection(h2proxy, upstream, clients) -> None:
+    up, addr = await upstream(echo)
+    proxy = await h2proxy(addr)
+    first, second = await clients(proxy.port), await clients(proxy.port)
+    calls = [
+        c.get(proxy.port, f"/{i}".encode(), b"n%d" % i) for i in range(20) for c in (first, second)
+    ]
+    results = await asyncio.gather(*calls)
+    assert [bytes(r.body) for r in results] == [b"n%d" % i for i in range(20) for _ in (1, 2)]
+    assert len(up.conns) == 1
+    assert proxy.pool.connections == 1
+
+
+async def test_a_client_reset_resets_the_upstream_stream(h2proxy, upstream, clients) -> None:
+    async def hold(request: UpstreamRequest) -> None:
+        request.respond(200)
+        await request.ended.wait()  # the client's end of the request, or its reset
+        if request.reset is None:
+            await request.send(b"", end=True)
+
+    up, addr = await upstream(hold)
+    proxy = await h2proxy(addr)
+    client = await clients(proxy.port)
+    sid = client.request(request_headers(proxy.port), end=False)
+    await client.until(lambda: client.streams[sid].status == 200)
+    client.h2.reset_stream(sid, ErrorCodes.CANCEL)
+    client.flush()
+    request = up.requests[0]
+    await asyncio.wait_for(request.ended.wait(), TIMEOUT)
+    assert request.reset == ErrorCodes.CANCEL
+    assert (await client.get(proxy.port)).status == 200  # the connection lives
+
+
+async def test_an_upstream_reset_mid_response_resets_the_client_stream_with_its_code(
+    h2proxy, upstream, clients
+) -> None:
+    async def half(request: UpstreamRequest) -> None:
+        request.respond(200)
+        await request.send(b"partial")
+        await asyncio.sleep(0.05)
+        request.reset_stream(ErrorCodes.ENHANCE_YOUR_CALM)
+
+    _, addr = await upstream(half)
+    proxy = await h2proxy(addr)
+    client = await clients(proxy.port)
+    got = await client.get(proxy.port)
+    assert got.status == 200 and bytes(got.body) == b"partial"
+    assert got.reset == ErrorCodes.ENHANCE_YOUR_CALM and not got.ended
+
+
+async def test_an_upstream_reset_before_the_response_is_a_502(h2proxy, upstream, clients) -> None:
+    async def refuse(request: UpstreamRequest) -> None:
+        request.reset_stream(ErrorCodes.INTERNAL_ERROR)
+
+    _, addr = await upstream(refuse)
+    proxy = await h2proxy(addr)
+    client = await clients(proxy.port)
+    got = await client.get(proxy.port)
+    assert got.status == 502
+    assert b"INTERNAL_ERROR" in (got.header(b"meshlet-proxy-error") or b"")
+
+
+async def test_an_upstream_dying_mid_response_resets_the_client_stream(
+    h2proxy, upstream, clients
+) -> None:
+    async def die(request: UpstreamRequest) -> None:
+        request.respond(200, [(b"content-length", b"100")])
+        await request.send(b"only part of it")
+        await asyncio.sleep(0.05)
+        assert request.conn.transport is not None
+        request.conn.transport.abort()
+
+    _, addr = await upstream(die)
+    proxy = await h2proxy(addr)
+    client = await clients(proxy.port)
+    got = await client.get(proxy.port)
+    assert bytes(got.body) == b"only part of it"
+    assert got.reset is not None and not got.ended  # never passed off as complete
+
+
+async def test_upstream_goaway_retries_unprocessed_streams_and_finishes_the_rest(
+    h2proxy, upstream, clients
+) -> None:
+    first_seen = asyncio.Event()
+
+    async def handler(request: UpstreamRequest) -> None:
+        conn = request.conn
+        if len(up.conns) == 1 and request.sid == 1:
+            first_seen.set()
+            await asyncio.sleep(0.2)  # stream 3 arrives meanwhile, then GOAWAY names 1
+            request.respond(200, [(b"x-conn", b"1")])
+            await request.send(b"first", end=True)
+            return
+        if len(up.conns) == 1:
+            # A graceful GOAWAY naming stream 1 (written around h2, which would stop stream 1).
+            goaway = GoAwayFrame(0, last_stream_id=1, error_code=ErrorCodes.NO_ERROR)
+            assert conn.transport is not None
+            conn.transport.write(goaway.serialize())
+            return  # stream 3 is never answered here
+        request.respond(200, [(b"x-conn", b"2")])
+        await request.send(b"retried", end=True)
+
+    up, addr = await upstream(handler)
+    proxy = await h2proxy(addr)
+    client = await clients(proxy.port)
+    one = client.request(request_headers(proxy.port, b"/one"))
+    await asyncio.wait_for(first_seen.wait(), TIMEOUT)
+    two = client.request(request_headers(proxy.port, b"/two"))
+    got_one, got_two = await client.response(one), await client.response(two)
+    assert (got_one.status, bytes(got_one.body), got_one.header(b"x-conn")) == (200, b"first", b"1")
+    assert (got_two.status, bytes(got_two.body), got_two.header(b"x-conn")) == (
+        200,
+        b"retried",
+        b"2",
+    )
+    assert len(up.conns) == 2
+
+
+async def test_an_unreachable_upstream_is_a_502(h2proxy, clients) -> None:
+    proxy = await h2proxy(("127.0.0.1", 1))
+    client = await clients(proxy.port)
+    got = await client.get(proxy.port)
+    assert got.status == 502
+    assert (got.header(b"meshlet-proxy-error") or b"").startswith(b"connect to 127.0.0.1:1 failed")
+    assert proxy.sample("http_client_errors_total", status_code="502") == 1
+
+
+async def test_grpc_requests_get_unavailable_in_a_trailers_only_response(h2proxy, clients) -> None:
+    proxy = await h2proxy(("127.0.0.1", 1))
+    client = await clients(proxy.port)
+    headers = [*request_headers(proxy.port, b"/pkg.Svc/Call", b"POST"),
+               (b"content-type", b"application/grpc"), (b"te", b"trailers")]  # fmt: skip
+    got = await client.response(client.request(headers, body=b"\0\0\0\0\0"))
+    assert got.status == 200 and got.ended and got.trailers is None and not got.body
+    assert got.header(b"grpc-status") == b"14"
+    assert (got.header(b"grpc-message") or b"").startswith(b"connect to 127.0.0.1:1 failed")
+    assert (
+        proxy.sample(
+            "response_total", status_code="200", grpc_status="14", classification="failure"
+        )
+        == 1
+    )
+
+
+async def test_a_request_without_a_route_is_answered_by_the_proxy(h2proxy, clients) -> None:
+    proxy = await h2proxy(None)  # routed by authority; none given
+    client = await clients(proxy.port, validate_outbound_headers=False)
+    headers = [(b":method", b"GET"), (b":scheme", b"http"), (b":path", b"/")]
+    got = await client.response(client.request(headers))
+    assert got.status == 400
+    assert got.header(b"meshlet-proxy-error") == b"no authority"
+
+
+async def test_request_and_response_metrics(h2proxy, upstream, clients) -> None:
+    async def teapot(request: UpstreamRequest) -> None:
+        status = 503 if request.header(b":path") == b"/fail" else 200
+        request.respond(status, end=True)
+
+    _, addr = await upstream(teapot)
+    proxy = await h2proxy(addr)
+    client = await clients(proxy.port)
+    assert (await client.get(proxy.port, b"/ok")).status == 200
+    assert (await client.get(proxy.port, b"/fail")).status == 503
+    authority = f"{addr[0]}:{addr[1]}"
+    assert proxy.sample("request_total", authority=authority) == 2
+    ok = {"authority": authority, "status_code": "200", "grpc_status": ""}
+    assert proxy.sample("response_total", classification="success", **ok) == 1
+    failed = {"authority": authority, "status_code": "503", "classification": "failure"}
+    assert proxy.sample("response_total", **failed) == 1
+    assert proxy.sample("response_latency_ms_count", **failed) == 1
+
+
+async def test_streams_beyond_the_limit_are_refused_and_the_connection_lives(
+    h2proxy, upstream, clients
+) -> None:
+    release = asyncio.Event()
+
+    async def held(request: UpstreamRequest) -> None:
+        await release.wait()
+        request.respond(200, end=True)
+
+    up, addr = await upstream(held)
+    proxy = await h2proxy(addr)
+    client = await clients(proxy.port)
+    await client.until(lambda: client.h2.remote_settings.max_concurrent_streams == 100)
+    # Ignore the advertised limit, as a hostile client does.
+    client.h2.remote_settings[SettingCodes.MAX_CONCURRENT_STREAMS] = 1000
+    client.h2.remote_settings.acknowledge()
+    sids = [client.request(request_headers(proxy.port)) for _ in range(105)]
+    await client.until(lambda: sum(client.streams[s].reset is not None for s in sids) == 5)
+    assert all(client.streams[s].reset == ErrorCodes.REFUSED_STREAM for s in sids[100:])
+    await eventually(lambda: len(up.requests) == 100)
+    release.set()
+    results = [await client.response(s) for s in sids[:100]]
+    assert all(r.status == 200 for r in results)
+    assert (await client.get(proxy.port)).status == 200  # the connection lives
+
+
+@pytest.mark.parametrize(
+    ("name", "headers"),
+    [
+        ("uppercase name", [(b"X-Upper", b"1")]),
+        ("pseudo-header after a header", [(b"x-a", b"1"), (b":foo", b"1")]),
+        ("connection header", [(b"connection", b"keep-alive")]),
+        ("CR in a value", [(b"x-a", b"1\r\nx-b: 2")]),
+        ("te other than trailers", [(b"te", b"gzip")]),
+    ],
+)
+async def test_a_malformed_request_resets_its_stream_and_the_connection_lives(
+    h2proxy, upstream, clients, name, headers
+) -> None:
+    up, addr = await upstream(echo)
+    proxy = await h2proxy(addr)
+    client = await clients(
+        proxy.port, validate_outbound_headers=False, normalize_outbound_headers=False
+    )
+    sid = client.request([*request_headers(proxy.port), *headers], end=False)
+    got = await client.response(sid)
+    assert got.reset == ErrorCodes.PROTOCOL_ERROR, name
+    client.write(DataFrame(sid, b"late body").serialize())  # on the reset stream: ignored
+    assert (await client.get(proxy.port)).status == 200
+    assert not any(r.header(b":path") != b"/" or r.body for r in up.requests)  # nothing relayed
+    assert len(up.requests) == 1
+    assert proxy.sample("http_client_errors_total", status_code="400") == 1
+
+
+async def test_shutdown_sends_goaway_finishes_in_flight_streams_then_closes(
+    h2proxy, upstream, clients
+) -> None:
+    release = asyncio.Event()
+
+    async def held(request: UpstreamRequest) -> None:
+        await release.wait()
+        request.respond(200)
+        await request.send(b"finished", end=True)
+
+    up, addr = await upstream(held)
+    proxy = await h2proxy(addr)
+    client = await clients(proxy.port)
+    sid = client.request(request_headers(proxy.port))
+    await eventually(lambda: len(up.requests) == 1)
+    proxy.engine.closing.set()
+    await client.until(lambda: client.goaway is not None)
+    assert client.goaway.error_code == ErrorCodes.NO_ERROR
+    assert client.goaway.last_stream_id == sid
+    release.set()
+    got = await client.response(sid)
+    assert got.ended and bytes(got.body) == b"finished"
+    await client.until(lambda: client.eof)
+
+
+# -- hostile clients --
+
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + SettingsFrame(0).serialize()
+
+
+async def raw_connection(port: int, rcvbuf: int | None = None) -> socket.socket:
+    """A socket speaking HTTP/2 by hand, optionally with a tiny receive buffer."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if rcvbuf is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    return sock
+
+
+async def send_all(sock: socket.socket, data: bytes) -> bool:
+    """Sends; False when the proxy closed the connection first."""
+    try:
+        async with asyncio.timeout(TIMEOUT):
+            await asyncio.get_running_loop().sock_sendall(sock, data)
+    except (ConnectionError, TimeoutError):
+        return False
+    return True
+
+
+async def read_until_closed(sock: socket.socket) -> bytes:
+    """Everything the proxy sends until it closes (a reset counts as closed)."""
+    loop = asyncio.get_running_loop()
+    received = bytearray()
+    async with asyncio.timeout(TIMEOUT):
+        while True:
+            try:
+                data = await loop.sock_recv(sock, 1 << 20)
+            except ConnectionError:
+                break
+            if not data:
+                break
+            received += data
+    sock.close()
+    return bytes(received)
+
+
+def goaway_code(received: bytes) -> int | None:
+    """The error code of the last GOAWAY in a byte stream from the proxy."""
+    h2 = Connection(H2Configuration(client_side=True, header_encoding=None))
+    h2.initiate_connection()
+    code = None
+    with contextlib.suppress(Exception):
+        for event in h2.receive_data(received):
+            if isinstance(event, ConnectionTerminated):
+                code = event.error_code
+    return code
+
+
+def encode_request(port: int, stream_id: int, end: bool = True) -> bytes:
+    block = Encoder().encode(request_headers(port))
+    frame = HeadersFrame(stream_id, block, flags=["END_HEADERS", *(["END_STREAM"] if end else [])])
+    return frame.serialize()
+
+
+async def assert_proxy_serves(proxy: H2Proxy, clients: Any) -> None:
+    client = await clients(proxy.port)
+    assert (await client.get(proxy.port)).status == 200
+
+
+async def test_rapid_reset_is_answered_with_enhance_your_calm(h2proxy, upstream, clients) -> None:
+    _, addr = await upstream(echo)
+    proxy = await h2proxy(addr)
+    sock = await raw_connection(proxy.port)
+    frames = bytearray(PREFACE)
+    encoder = Encoder()
+    for i in range(1000):  # HEADERS then RST_STREAM, over and over (CVE-2023-44487)
+        sid = 2 * i + 1
+        block = encoder.encode(request_headers(proxy.port))
+        frames += HeadersFrame(sid, block, flags=["END_HEADERS", "END_STREAM"]).serialize()
+        frames += RstStreamFrame(sid, error_code=ErrorCodes.CANCEL).serialize()
+    await send_all(sock, bytes(frames))
+    assert goaway_code(await read_until_closed(sock)) == ErrorCodes.ENHANCE_YOUR_CALM
+    assert proxy.sample("http_client_errors_total", status_code="enhance_your_calm") == 1
+    await assert_proxy_serves(proxy, clients)
+
+
+async def test_occasional_resets_are_not_rapid_reset(h2proxy, upstream, clients) -> None:
+    _, addr = await upstream(echo)
+    proxy = await h2proxy(addr)
+    client = await clients(proxy.port)
+    for i in range(300):  # a client cancelling one request in ten
+        sid = client.request(request_headers(proxy.port), end=i % 10 != 0)
+        if i % 10 == 0:
+            client.h2.reset_stream(sid, ErrorCodes.CANCEL)
+            client.flush()
+        else:
+            assert (await client.response(sid)).status == 200
+    assert client.goaway is None and not client.eof
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        pytest.param(PingFrame(0, opaque_data=b"12345678").serialize(), id="PING"),
+        pytest.param(SettingsFrame(0).serialize(), id="SETTINGS"),
+        pytest.param(PriorityFrame(1, depends_on=0, stream_weight=16).serialize(), id="PRIORITY"),
+        pytest.param(WindowUpdateFrame(0, window_increment=1).serialize(), id="WINDOW_UPDATE"),
+    ],
+)
+async def test_control_frame_floods_are_answered_with_enhance_your_calm(
+    h2proxy, upstream, clients, frame
+) -> None:
+    _, addr = await upstream(echo)
+    proxy = await h2proxy(addr)
+    sock = await raw_connection(proxy.port)
+    reader = asyncio.create_task(read_until_closed(sock))  # this client reads
+    await send_all(sock, PREFACE + frame * 5000)
+    assert goaway_code(await reader) == ErrorCodes.ENHANCE_YOUR_CALM
+    await assert_proxy_serves(proxy, clients)
+
+
+async def test_empty_data_frames_are_answered_with_enhance_your_calm(
+    h2proxy, upstream, clients
+) -> None:
+    _, addr = await upstream(echo)
+    proxy = await h2proxy(addr)
+    sock = await raw_connection(proxy.port)
+    reader = asyncio.create_task(read_until_closed(sock))
+    empty = DataFrame(1, b"").serialize()
+    await send_all(sock, PREFACE + encode_request(proxy.port, 1, end=False) + empty * 100)
+    assert goaway_code(await reader) == ErrorCodes.ENHANCE_YOUR_CALM
+    await assert_proxy_serves(proxy, clients)
+
+
+async def test_a_ping_flood_from_a_client_that_does_not_read_is_closed(
+    h2proxy, upstream, clients
+) -> None:
+    _, addr = await upstream(echo)
+    proxy = await h2proxy(addr)
+    sock = await raw_connection(proxy.port, rcvbuf=4096)
+    ping = PingFrame(0, opaque_data=b"12345678").serialize()
+    await send_all(sock, PREFACE + ping * 20000)  # never reading the ACKs
+    await read_until_closed(sock)
+    assert proxy.sample("http_client_errors_total", status_code="enhance_your_calm") == 1
+    await assert_proxy_serves(proxy, clients)
+
+
+async def test_output_piling_up_for_a_client_that_does_not_read_is_bounded(
+    h2proxy, upstream, clients
+) -> None:
+    """With the frame budget out of the way, the write-buffer bound alone closes it."""
+    _, addr = await upstream(echo)
+    guard = GuardLimits(control_base=10**9, max_write_buffer=64 * 1024)
+    proxy = await h2proxy(addr, guard=guard)
+    # Accepted sockets inherit a fixed send buffer: the kernel cannot absorb the ACKs.
+    proxy.engine.listener.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)
+    sock = await raw_connection(proxy.port, rcvbuf=4096)
+    ping = PingFrame(0, opaque_data=b"12345678").serialize()
+    await send_all(sock, PREFACE + ping * 20000)  # 340 KB of ACKs, never read
+    await eventually(
+        lambda: proxy.sample("http_client_errors_total", status_code="enhance_your_calm") == 1
+    )
+    await read_until_closed(sock)
+    await assert_proxy_serves(proxy, clients)
+
+
+async def test_a_continuation_flood_is_closed(h2proxy, upstream, clients) -> None:
+    _, addr = await upstream(echo)
+    proxy = await h2proxy(addr)
+    sock = await raw_connection(proxy.port)
+    reader = asyncio.create_task(read_until_closed(sock))
+    block = Encoder().encode(request_headers(proxy.port))
+    frames = HeadersFrame(1, block).serialize()  # no END_HEADERS: CONTINUATION follows
+    frames += ContinuationFrame(1, b"").serialize() * 1000
+    await send_all(sock, PREFACE + frames)
+    assert goaway_code(await reader) == ErrorCodes.PROTOCOL_ERROR
+    await assert_proxy_serves(proxy, clients)
+
+
+async def test_an_hpack_bomb_is_closed(h2proxy, upstream, clients) -> None:
+    _, addr = await upstream(echo)
+    proxy = await h2proxy(addr)
+    sock = await raw_connection(proxy.port)
+    reader = asyncio.create_task(read_until_closed(sock))
+    # One 4 KB header into the dynamic table, then referenced 1,000 times: a 4 MB header list
+    # from a 5 KB block.
+    block = Encoder().encode([*request_headers(proxy.port), (b"x-bomb", b"b" * 4000)])
+    block += bytes([0x80 | 62]) * 1000
+    await send_all(sock, PREFACE + HeadersFrame(1, block, flags=["END_HEADERS"]).serialize())
+    assert goaway_code(await reader) == ErrorCodes.ENHANCE_YOUR_CALM
+    await assert_proxy_serves(proxy, clients)
+
+
+async def test_too_many_headers_get_431_and_the_connection_lives(
+    h2proxy, upstream, clients
+) -> None:
+    up, addr = await upstream(echo)
+    proxy = await h2proxy(addr, limits=HttpLimits(max_headers=20))
+    client = await clients(proxy.port)
+    extra = [(f"x-h{i}".encode(), b"v") for i in range(30)]
+    got = await client.response(client.request([*request_headers(proxy.port), *extra]))
+    assert got.status == 431 and not up.requests
+    assert (await client.get(proxy.port)).status == 200
+
+
+# -- hostile upstreams --
+
+
+async def test_a_flooding_upstream_is_a_502_and_only_its_connection_goes(
+    h2proxy, upstream, clients
+) -> None:
+    release = asyncio.Event()
+
+    async def good(request: UpstreamRequest) -> None:
+        await release.wait()
+        request.respond(200)
+        await request.send(b"good", end=True)
+
+    async def flood(request: UpstreamRequest) -> None:
+        assert request.conn.transport is not None
+        request.conn.transport.write(PingFrame(0, opaque_data=b"12345678").serialize() * 5000)
+
+    good_up, good_addr = await upstream(good)
+    _, bad_addr = await upstream(flood)
+    proxy = await h2proxy(None)  # routed by authority
+    client = await clients(proxy.port)
+
+    def to(addr: tuple[str, int]) -> list[tuple[bytes, bytes]]:
+        headers = request_headers(0)
+        headers[3] = (b":authority", f"{addr[0]}:{addr[1]}".encode())
+        return headers
+
+    in_flight = client.request(to(good_addr))
+    await eventually(lambda: len(good_up.requests) == 1)
+    bad = await client.response(client.request(to(bad_addr)))
+    assert bad.status == 502
+    assert b"misbehaved" in (bad.header(b"meshlet-proxy-error") or b"")
+    release.set()
+    got = await client.response(in_flight)
+    assert got.status == 200 and bytes(got.body) == b"good"
+    assert proxy.pool.connections == 1  # the good one
+    assert len(good_up.conns) == 1 and good_up.lost == 0
+
+
+async def test_a_malformed_upstream_response_is_a_502_and_the_connection_stays(
+    h2proxy, upstream, clients
+) -> None:
+    async def bad_head(request: UpstreamRequest) -> None:
+        if request.header(b":path") == b"/bad":
+            conn = request.conn
+            conn.h2.config.validate_outbound_headers = False
+            conn.h2.config.normalize_outbound_headers = False
+            conn.h2.send_headers(request.sid, [(b":status", b"200"), (b"Bad Name", b"1")])
+            conn.flush()
+            return
+        request.respond(200, end=True)
+
+    up, addr = await upstream(bad_head)
+    proxy = await h2proxy(addr)
+    client = await clients(proxy.port)
+    bad = await client.get(proxy.port, b"/bad")
+    assert bad.status == 502
+    assert (await client.get(proxy.port, b"/good")).status == 200
+    assert len(up.conns) == 1 and up.lost == 0
+
+
+# -- more of the lifecycle --
+
+
+async def test_without_a_shared_pool_the_connection_gets_its_own(
+    engine_proxy, upstream, clients
+) -> None:
+    up, addr = await upstream(echo)
+    proxy = await engine_proxy(serve_h2, addr)  # conn.connect, a pool per connection
+    client = await clients(proxy.port)
+    assert bytes((await client.get(proxy.port, body=b"own")).body) == b"own"
+    await client.close()
+    await eventually(lambda: up.lost == 1)  # closed with the downstream connection
+
+
+async def test_upstream_concurrency_limit_is_waited_for(h2proxy, upstream, clients) -> None:
+    active, peak = 0, 0
+
+    async def counted(request: UpstreamRequest) -> None:
+        nonlocal active, peak
+        active += 1
+        peak = max(peak, active)
+        await asyncio.sleep(0.02)
+        active -= 1
+        request.respond(200, end=True)
+
+    up, addr = await upstream(counted)
+    up.settings = {SettingCodes.MAX_CONCURRENT_STREAMS: 2}
+    up.preface_delay = 0.05  # requests are waiting before the limit is known
+    proxy = await h2proxy(addr)
+    client = await clients(proxy.port)
+    results = await asyncio.gather(*(client.get(proxy.port) for _ in range(10)))
+    assert [r.status for r in results] == [200] * 10
+    assert peak == 2 and len(up.conns) == 1
+
+
+async def test_informational_responses_are_relayed(h2proxy, upstream, clients) -> None:
+    async def continue_first(request: UpstreamRequest) -> None:
+        request.respond(100)
+        request.respond(200)
+        await request.send(await request.read_body(), end=True)
+
+    _, addr = await upstream(continue_first)
+    proxy = await h2proxy(addr)
+    client = await clients(proxy.port)
+    headers = [*request_headers(proxy.port, method=b"POST"), (b"expect", b"100-continue")]
+    got = await client.response(client.request(headers, body=b"after 100"))
+    assert got.informational == [[(b":status", b"100")]]
+    assert got.status == 200 and bytes(got.body) == b"after 100"
+
+
+async def test_an_idle_connection_is_closed_with_goaway(h2proxy, upstream, clients) -> None:
+    _, addr = await upstream(echo)
+    proxy = await h2proxy(addr, limits=HttpLimits(idle_timeout=0.1))
+    client = await clients(proxy.port)
+    assert (await client.get(proxy.port)).status == 200
+    await client.until(lambda: client.eof, within=1.0)
+    assert client.goaway is not None and client.goaway.error_code == ErrorCodes.NO_ERROR
+
+
+def self_signed(directory: Path) -> tuple[Path, Path]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "proxy.test")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
+
+async def test_tls_is_terminated_when_the_connection_carries_a_context(
+    h2proxy, upstream, clients, tmp_path
+) -> None:
+    _, addr = await upstream(echo)
+    server_tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_tls.load_cert_chain(*self_signed(tmp_path))
+    server_tls.set_alpn_protocols(["h2"])
+    proxy = await h2proxy(addr, ssl=server_tls)
+    client_tls = ssl.create_default_context()
+    client_tls.check_hostname = False
+    client_tls.verify_mode = ssl.CERT_NONE
+    client_tls.set_alpn_protocols(["h2"])
+    client = await clients(proxy.port, tls=client_tls)
+    got = await client.get(proxy.port, body=b"over tls")
+    assert got.status == 200 and bytes(got.body) == b"over tls"
+    assert client.writer.get_extra_info("ssl_object").selected_alpn_protocol() == "h2"

@@ -1,0 +1,147 @@
+"""HTTP/2 header blocks: the checks the proxy runs instead of h2's, and the rewriting."""
+
+from __future__ import annotations
+
+import pytest
+from hpack import NeverIndexedHeaderTuple
+from hypothesis import given
+from hypothesis import strategies as st
+
+from meshlet.proxy.http.h2headers import (
+    CONNECTION_HEADERS,
+    Malformed,
+    Request,
+    Response,
+    local_response,
+    read_request,
+    read_response,
+    read_trailers,
+)
+
+GET = [(b":method", b"GET"), (b":scheme", b"https"), (b":path", b"/x"), (b":authority", b"web:80")]
+
+
+def test_a_valid_request_is_rewritten_for_the_upstream() -> None:
+    block = [
+        *GET,
+        (b"content-type", b"application/grpc+proto"),
+        (b"meshlet-client-id", b"forged"),
+        (b"l5d-dst-canonical", b"forged"),
+        (b"authorization", b"Bearer t"),
+        (b"te", b"Trailers"),
+    ]
+    request = read_request(block, [(b"meshlet-client-id", b"web.ns")], max_headers=100)
+    assert isinstance(request, Request)
+    assert request.authority == "web:80" and request.grpc
+    assert request.headers == [
+        *GET,
+        (b"content-type", b"application/grpc+proto"),
+        (b"authorization", b"Bearer t"),
+        (b"te", b"Trailers"),
+        (b"meshlet-client-id", b"web.ns"),
+    ]
+    authorization = request.headers[5]
+    assert isinstance(authorization, NeverIndexedHeaderTuple)  # kept out of HPACK tables
+
+
+def test_the_authority_falls_back_to_host() -> None:
+    block = [(b":method", b"GET"), (b":scheme", b"http"), (b":path", b"/"), (b"host", b"h:1")]
+    request = read_request(block, [], 100)
+    assert isinstance(request, Request) and request.authority == "h:1" and not request.grpc
+
+
+def test_a_connect_request_needs_only_an_authority() -> None:
+    request = read_request([(b":method", b"CONNECT"), (b":authority", b"db:5432")], [], 100)
+    assert isinstance(request, Request) and request.authority == "db:5432"
+
+
+@pytest.mark.parametrize(
+    ("block", "reason"),
+    [
+        ([*GET, (b"X-Upper", b"1")], "invalid header name"),
+        ([*GET, (b"", b"1")], "invalid header name"),
+        ([*GET, (b"a b", b"1")], "invalid header name"),
+        ([*GET, (b"a:b", b"1")], "invalid header name"),
+        ([*GET, (b"\xff", b"1")], "invalid header name"),
+        ([*GET, (b"x", b"a\nb")], "invalid value"),
+        ([*GET, (b"x", b"a\x00")], "invalid value"),
+        ([*GET, (b"x", b" lead")], "invalid value"),
+        ([*GET, (b"x", b"trail\t")], "invalid value"),
+        ([(b"x", b"1"), *GET], "after headers"),
+        ([*GET, (b"x", b"1"), (b":method", b"GET")], "after headers"),
+        ([*GET[:3], (b":method", b"GET")], "duplicate"),
+        ([*GET, (b":status", b"200")], "not allowed"),
+        ([*GET, (b":path", b"/y")], "duplicate"),
+        ([(b":status", b"200"), *GET], "not allowed"),
+        ([(b":protocol", b"websocket"), *GET], "not allowed"),
+        (GET[1:], "no :method"),
+        ([GET[0], GET[1], GET[3]], "no :scheme or :path"),
+        ([GET[0], GET[1], (b":path", b""), GET[3]], "no :scheme or :path"),
+        ([(b":method", b"CONNECT"), GET[1], (b":authority", b"a:1")], "CONNECT"),
+        ([*GET, (b"host", b"other:80")], "differs"),
+        ([*GET, (b"host", b"web:80"), (b"host", b"web:80")], "more than one host"),
+        ([*GET, (b"te", b"gzip")], "te other than trailers"),
+        ([(b":authority", b"a\r\n"), *GET[:3]], "invalid value"),
+        *[([*GET, (name, b"x")], "connection-specific") for name in sorted(CONNECTION_HEADERS)],
+    ],
+)
+def test_malformed_requests_are_refused(block: list[tuple[bytes, bytes]], reason: str) -> None:
+    result = read_request(block, [], 100)
+    assert isinstance(result, Malformed) and result.status == 400
+    assert reason in result.reason
+
+
+def test_too_many_headers_are_431() -> None:
+    result = read_request([*GET, *[(b"x", b"1")] * 97], [], 100)
+    assert isinstance(result, Malformed) and result.status == 431
+    assert isinstance(read_request([*GET, *[(b"x", b"1")] * 96], [], 100), Request)
+
+
+# Header names and values an attacker might try: anything in bytes.
+_fields = st.lists(st.tuples(st.binary(max_size=12), st.binary(max_size=12)), max_size=8)
+
+
+@given(_fields)
+def test_whatever_is_accepted_carries_nothing_forbidden(extra: list[tuple[bytes, bytes]]) -> None:
+    result = read_request([*GET, *extra], [], 100)
+    if isinstance(result, Malformed):
+        return
+    for name, value in result.headers[4:]:
+        assert name and name == name.lower() and b":" not in name and b" " not in name
+        assert not {b"\r", b"\n", b"\x00"} & {value[i : i + 1] for i in range(len(value))}
+        assert name not in CONNECTION_HEADERS
+        assert name not in (b"meshlet-client-id", b"meshlet-proxy-error", b"l5d-dst-canonical")
+
+
+def test_responses_need_a_status_first_and_alone() -> None:
+    ok = read_response([(b":status", b"200"), (b"grpc-status", b"0"), (b"x", b"1")])
+    assert isinstance(ok, Response) and ok.status == 200 and ok.grpc_status == "0"
+    for block in (
+        [],
+        [(b"x", b"1"), (b":status", b"200")],
+        [(b":status", b"20")],
+        [(b":status", b"abc")],
+        [(b":status", b"200"), (b":path", b"/")],
+        [(b":status", b"200"), (b"Bad", b"1")],
+        [(b":status", b"200"), (b"transfer-encoding", b"chunked")],
+    ):
+        result = read_response(block)
+        assert isinstance(result, Malformed) and result.status == 502, block
+
+
+def test_trailers_carry_no_pseudo_headers() -> None:
+    trailers = read_trailers([(b"grpc-status", b"5"), (b"grpc-message", b"nope")])
+    assert not isinstance(trailers, Malformed) and trailers.grpc_status == "5"
+    assert isinstance(read_trailers([(b":status", b"200")]), Malformed)
+
+
+def test_local_responses() -> None:
+    assert local_response(503, "no endpoints", grpc=False) == [
+        (b":status", b"503"),
+        (b"meshlet-proxy-error", b"no endpoints"),
+        (b"content-length", b"0"),
+    ]
+    grpc = dict(local_response(502, "connect to 10.0.0.1:80 failed: 100% down\n", grpc=True))
+    assert grpc[b":status"] == b"200" and grpc[b"grpc-status"] == b"14"
+    assert grpc[b"grpc-message"] == b"connect to 10.0.0.1:80 failed: 100%25 down"
+    assert grpc[b"meshlet-proxy-error"] == b"connect to 10.0.0.1:80 failed: 100% down"
