@@ -214,3 +214,36 @@ def _get_or_zero(port: int, path: str) -> int:
         return _get(port, path)
     except OSError:
         return 0
+
+
+async def test_client_chosen_authorities_do_not_grow_metric_labels(proxy: Proxy) -> None:
+    """750 distinct Host values (all reaching one upstream bound on every loopback address)
+    leave at most 500 authority label values plus `overflow`."""
+
+    async def ok(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                await reader.readuntil(b"\r\n\r\n")
+            except (asyncio.IncompleteReadError, ConnectionError):
+                break
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+        writer.close()
+
+    server = await asyncio.start_server(ok, "0.0.0.0", 0)
+    port = server.sockets[0].getsockname()[1]
+    reader, writer = await asyncio.open_connection("127.0.0.1", outbound_port(proxy))
+    for i in range(750):
+        host = f"127.0.{i // 250}.{i % 250 + 1}:{port}"
+        writer.write(f"GET / HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert head.startswith(b"HTTP/1.1 200")
+    writer.close()
+    server.close()
+    authorities = {
+        sample.labels["authority"]
+        for metric in proxy.metrics.registry.collect()
+        if metric.name == "request"
+        for sample in metric.samples
+    }
+    assert len(authorities) == 501
+    assert "overflow" in authorities
