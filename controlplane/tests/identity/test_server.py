@@ -30,21 +30,27 @@ tok-db: {namespace: emojivoto, serviceaccount: db}
 """
 
 
-@pytest.fixture
-async def server(test_ca: Any, tmp_path: Path) -> AsyncIterator[IdentityServer]:
+def identity_server(
+    test_ca: Any, tmp_path: Path, issuer_dir: Path | None = None, **kw: Any
+) -> IdentityServer:
+    """An identity service on 127.0.0.1 (ephemeral ports) with the test CA and tokens file."""
     tokens = tmp_path / "tokens.yaml"
     tokens.write_text(TOKENS)
-    srv = IdentityServer(
-        IdentityConfig(
-            addr=("127.0.0.1", 0),
-            admin_addr=("127.0.0.1", 0),
-            trust_anchors=test_ca.anchors_path,
-            issuer_dir=test_ca.issuer_dir,
-            tokens_file=tokens,
-            kube_api=None,
-            reload_interval=0.1,
-        )
+    config = IdentityConfig(
+        addr=("127.0.0.1", 0),
+        admin_addr=("127.0.0.1", 0),
+        trust_anchors=test_ca.anchors_path,
+        issuer_dir=issuer_dir or test_ca.issuer_dir,
+        tokens_file=tokens,
+        kube_api=None,
+        reload_interval=kw.pop("reload_interval", 0.1),
     )
+    return IdentityServer(config, **kw)
+
+
+@pytest.fixture
+async def server(test_ca: Any, tmp_path: Path) -> AsyncIterator[IdentityServer]:
+    srv = identity_server(test_ca, tmp_path)
     await srv.start()
     yield srv
     await srv.stop(grace=0)
@@ -246,18 +252,7 @@ async def test_bad_rotation_keeps_the_old_issuer(
 async def test_expired_issuer_is_unavailable(test_ca: Any, tmp_path: Path) -> None:
     long_ago = dt.datetime.now(dt.UTC) - dt.timedelta(days=3)
     test_ca.rotate_issuer(now=long_ago, lifetime=dt.timedelta(days=2, hours=23, minutes=59))
-    tokens = tmp_path / "tokens.yaml"
-    tokens.write_text(TOKENS)
-    srv = IdentityServer(
-        IdentityConfig(
-            addr=("127.0.0.1", 0),
-            admin_addr=("127.0.0.1", 0),
-            trust_anchors=test_ca.anchors_path,
-            issuer_dir=test_ca.issuer_dir,
-            tokens_file=tokens,
-            kube_api=None,
-        )
-    )
+    srv = identity_server(test_ca, tmp_path)
     # An expired issuer is never loaded: the service waits, not ready, saying why.
     task = asyncio.create_task(srv.start())
     await asyncio.sleep(0.3)
@@ -274,20 +269,8 @@ async def test_issuer_expiring_while_serving_is_unavailable(test_ca: Any, tmp_pa
     """The issuer loaded at start expires later: Certify answers UNAVAILABLE, never an
     expired leaf. The service's clock is moved past the issuer's expiry; TLS still uses the
     real clock, so the request reaches the service."""
-    tokens = tmp_path / "tokens.yaml"
-    tokens.write_text(TOKENS)
     late = test_ca.issuer.not_valid_after_utc + dt.timedelta(seconds=1)
-    srv = IdentityServer(
-        IdentityConfig(
-            addr=("127.0.0.1", 0),
-            admin_addr=("127.0.0.1", 0),
-            trust_anchors=test_ca.anchors_path,
-            issuer_dir=test_ca.issuer_dir,
-            tokens_file=tokens,
-            kube_api=None,
-        ),
-        clock=lambda: late,
-    )
+    srv = identity_server(test_ca, tmp_path, clock=lambda: late)
     await srv.start()
     try:
         with pytest.raises(grpc.aio.AioRpcError) as caught:
@@ -301,19 +284,7 @@ async def test_issuer_expiring_while_serving_is_unavailable(test_ca: Any, tmp_pa
 async def test_waits_for_issuer_then_serves(test_ca: Any, tmp_path: Path) -> None:
     empty = tmp_path / "empty-issuer"
     empty.mkdir()
-    tokens = tmp_path / "tokens.yaml"
-    tokens.write_text(TOKENS)
-    srv = IdentityServer(
-        IdentityConfig(
-            addr=("127.0.0.1", 0),
-            admin_addr=("127.0.0.1", 0),
-            trust_anchors=test_ca.anchors_path,
-            issuer_dir=empty,
-            tokens_file=tokens,
-            kube_api=None,
-            reload_interval=0.05,
-        )
-    )
+    srv = identity_server(test_ca, tmp_path, issuer_dir=empty, reload_interval=0.05)
     task = asyncio.create_task(srv.start())
     try:
         for _ in range(40):
