@@ -95,6 +95,20 @@ class ProxyMetrics:
             ["direction", "status_code"],
             registry=r,
         )
+        self.identity_cert_expiration_timestamp_seconds = Gauge(
+            "identity_cert_expiration_timestamp_seconds",
+            "When the proxy's current certificate expires (Unix time).",
+            registry=r,
+        )
+        self.identity_cert_refresh_timestamp_seconds = Gauge(
+            "identity_cert_refresh_timestamp_seconds",
+            "When the proxy last obtained a certificate (Unix time).",
+            registry=r,
+        )
+        self.identity_cert_refresh_total = Counter(
+            "identity_cert_refresh", "Certificate requests to the identity service, by result.",
+            ["result"], registry=r,
+        )  # fmt: skip
 
     def conn(self, direction: str, target_addr: str, **tls: str) -> ConnLabels:
         return ConnLabels(direction, self.target(target_addr), **tls)

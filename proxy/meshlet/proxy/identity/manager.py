@@ -1,0 +1,391 @@
+"""The proxy's identity manager: obtains, checks, renews and serves its mTLS certificate.
+
+Use from the app::
+
+    settings = settings_from(config)          # None: identity not configured (no mTLS)
+    identity = IdentityManager(settings, metrics)
+    identity.on_change(pool.drop_idle)        # after each new certificate
+    async with asyncio.TaskGroup() as tasks:
+        tasks.create_task(identity.run())     # cancel to stop
+        ...
+        if identity.ready:                    # /ready waits for this
+            ctx = identity.server_context()   # the same object until the certificate changes
+
+API:
+
+- `IdentityManager(settings, metrics, *, clock=time.time, rng=None, sleep=asyncio.sleep)`;
+  `clock`, `rng` and `sleep` are injected so tests can step through renewals.
+- `local_name`: our identity; `ready`: a verified certificate has been installed (it stays true
+  while renewals fail: the last certificate keeps serving); `expires_at`: its expiry or None.
+- `run()`: makes the key and CSR in a child process (`identity.prestart`: this process never
+  imports `cryptography`), then certifies and renews forever. It raises `PrestartFailed` only
+  when no key can be made; every identity-service failure is logged, counted and retried.
+- `server_context()` / `client_context()`: TLS 1.3, our chain and key, the trust anchors, ALPN
+  `transport.l5d.io/v1`; the server verifies a client certificate when one is sent
+  (CERT_OPTIONAL); the client verifies the server by name (pass `server_hostname`). Built once
+  per certificate; `NoCertificate` before the first one.
+- `on_change(callback)`: `callback()` runs after each new certificate is installed, so holders
+  of contexts (connection pools) can drop the old ones.
+
+Each round: read the token file (Kubernetes rotates it), `Certify` with the same CSR, write the
+chain into a staging folder, check it (`identity.verify`: chain to the anchors, our name, our
+key, valid now), and only then move it over `chain.pem` (atomic rename) and build new contexts.
+A failed round keeps the current certificate. Timing (`core.refresh`): renew at 70 % of the
+remaining lifetime (10 s to 24 h); after a failure retry with jittered backoff from 0.5 s up to
+10 s, measured from the start of the failed attempt. Metrics: `identity_cert_expiration_timestamp_
+seconds`, `identity_cert_refresh_timestamp_seconds`, `identity_cert_refresh_total{result}`.
+
+Files: key (mode 0600), CSR and chain live in `settings.directory`, which should be
+memory-backed; without one, a private folder under /dev/shm is made and removed by `run()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import os
+import random
+import ssl
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from meshlet.api import wellknown
+from meshlet.proxy.config import ConfigError, ProxyConfig, env_name
+from meshlet.proxy.core import refresh
+from meshlet.proxy.identity import prestart
+from meshlet.proxy.identity.certify import Certificate, CertifyClient, CertifyFailed
+from meshlet.proxy.identity.verify import Rejected, verify
+from meshlet.proxy.metrics import ProxyMetrics
+from meshlet.proxy.tls import contexts
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+Sleep = Callable[[float], Awaitable[None]]
+
+CERTIFY_TIMEOUT: Final = 10.0
+PRESTART_TIMEOUT: Final = 30.0
+STAGING_DIR: Final = "staging"  # candidate chains, inside the identity directory
+_SHM: Final = Path("/dev/shm")
+# gRPC statuses that say the service could not answer (vs. refused our request).
+_TRANSIENT: Final = frozenset(
+    {"UNAVAILABLE", "DEADLINE_EXCEEDED", "UNKNOWN", "INTERNAL", "RESOURCE_EXHAUSTED"}
+)
+
+
+class NoCertificate(RuntimeError):
+    """Contexts were asked for before the first certificate was obtained."""
+
+
+class PrestartFailed(RuntimeError):
+    """The child process that makes the key and CSR failed; the proxy cannot have an identity."""
+
+
+class RefreshResult(enum.Enum):
+    """The `result` label of `identity_cert_refresh_total` (a closed set)."""
+
+    OK = "ok"
+    UNAVAILABLE = "unavailable"  # the identity service could not be reached or could not answer
+    REFUSED = "refused"  # it answered with an error status
+    REJECTED = "rejected"  # it returned a certificate that failed our checks
+    LOCAL_ERROR = "local_error"  # the token file or identity directory could not be used
+
+
+@dataclass(frozen=True, slots=True)
+class IdentitySettings:
+    local_name: str
+    svc_addr: tuple[str, int]  # host (a name or an IP) and port
+    svc_name: str  # the identity service's TLS identity
+    token_file: Path
+    trust_anchors_pem: str
+    directory: Path | None = None  # None: a private temporary folder under /dev/shm
+
+
+def parse_svc_addr(text: str) -> tuple[str, int]:
+    """`host:port` or `[v6]:port`, where host may be a DNS name."""
+    host, sep, port = text.strip().rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError("expected host:port, e.g. meshlet-identity.meshlet.svc.cluster.local:8080")
+    return host, int(port)
+
+
+def settings_from(config: ProxyConfig) -> IdentitySettings | None:
+    """Identity settings from the proxy configuration; None when identity is not configured.
+    Raises `ConfigError` listing every missing or bad identity setting."""
+    if not config.identity_svc_addr and not config.identity_local_name:
+        return None
+    problems: list[str] = []
+    svc_addr = ("", 0)
+    try:
+        svc_addr = parse_svc_addr(config.identity_svc_addr)
+    except ValueError as exc:
+        problems.append(f"{env_name('identity_svc_addr')}={config.identity_svc_addr!r}: {exc}")
+    if not config.identity_local_name:
+        problems.append(f"{env_name('identity_local_name')} is required with identity")
+    if config.identity_token_file is None:
+        problems.append(
+            f"{env_name('identity_token_file')} is required with identity: the path of the"
+            " pod's service-account token"
+        )
+    anchors_problem = _anchors_problem(config.identity_trust_anchors)
+    if anchors_problem:
+        problems.append(f"{env_name('identity_trust_anchors')}: {anchors_problem}")
+    if problems or config.identity_token_file is None:
+        raise ConfigError(problems)
+    return IdentitySettings(
+        local_name=config.identity_local_name,
+        svc_addr=svc_addr,
+        svc_name=config.identity_svc_name or wellknown.IDENTITY_SERVICE_NAME,
+        token_file=config.identity_token_file,
+        trust_anchors_pem=config.identity_trust_anchors,
+        directory=config.identity_dir,
+    )
+
+
+def _anchors_problem(pem: str) -> str | None:
+    if not pem.strip():
+        return "the trust anchors (PEM) are required with identity"
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=pem)
+    except (ssl.SSLError, ValueError) as exc:
+        return f"not PEM certificates ({exc})"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Installed:
+    """A verified certificate and the contexts built from it."""
+
+    server: ssl.SSLContext
+    client: ssl.SSLContext
+    expires_at: float
+
+
+class IdentityManager:
+    def __init__(
+        self,
+        settings: IdentitySettings,
+        metrics: ProxyMetrics,
+        *,
+        clock: Clock = time.time,
+        rng: random.Random | None = None,
+        sleep: Sleep = asyncio.sleep,
+    ) -> None:
+        self.local_name = settings.local_name
+        self._settings = settings
+        self._metrics = metrics
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._sleep = sleep
+        self._installed: _Installed | None = None
+        self._callbacks: list[Callable[[], None]] = []
+
+    @property
+    def ready(self) -> bool:
+        """A verified certificate is installed."""
+        return self._installed is not None
+
+    @property
+    def expires_at(self) -> float | None:
+        return None if self._installed is None else self._installed.expires_at
+
+    def server_context(self) -> ssl.SSLContext:
+        return self._current().server
+
+    def client_context(self) -> ssl.SSLContext:
+        return self._current().client
+
+    def on_change(self, callback: Callable[[], None]) -> None:
+        self._callbacks.append(callback)
+
+    def _current(self) -> _Installed:
+        if self._installed is None:
+            raise NoCertificate(
+                f"no certificate for {self.local_name} yet: the identity service has not"
+                " certified this proxy (see the identity_cert_refresh_total metric and the log)"
+            )
+        return self._installed
+
+    # The loop
+
+    async def run(self) -> None:
+        """Pre-start in a child, then certify and renew until cancelled."""
+        with self._workdir() as directory:
+            files = await _prestart(directory, self.local_name)
+            csr = _read_bytes(files.csr)
+            failures = 0
+            while True:
+                started = self._clock()
+                result = await self._refresh(directory, files, csr)
+                self._metrics.identity_cert_refresh_total.labels(result.value).inc()
+                if result is RefreshResult.OK:
+                    failures = 0
+                    delay = refresh.renew_in(self._current().expires_at, self._clock())
+                    log.info("identity: next renewal in %.0fs", delay)
+                else:
+                    failures += 1
+                    elapsed = self._clock() - started
+                    delay = max(0.0, refresh.retry_in(failures, self._rng) - elapsed)
+                await self._sleep(delay)
+
+    @contextlib.contextmanager
+    def _workdir(self) -> Iterator[Path]:
+        if self._settings.directory is not None:
+            yield self._settings.directory
+            return
+        parent = _SHM if _SHM.is_dir() else None  # memory-backed where it exists
+        with tempfile.TemporaryDirectory(prefix="meshlet-identity-", dir=parent) as name:
+            yield Path(name)
+
+    async def _refresh(
+        self, directory: Path, files: prestart.IdentityFiles, csr: bytes
+    ) -> RefreshResult:
+        settings = self._settings
+        try:
+            token = _read_token(settings.token_file)
+        except (OSError, ValueError) as exc:
+            log.warning(
+                "identity: cannot use the token file %s (%s); check the service-account token"
+                " volume and %s",
+                settings.token_file, exc, env_name("identity_token_file"),
+            )  # fmt: skip
+            return RefreshResult.LOCAL_ERROR
+        try:
+            certificate = await self._certify(token, csr)
+        except CertifyFailed as exc:
+            return self._certify_failed(exc)
+        try:
+            installed = self._install(directory, files, certificate)
+        except Rejected as exc:
+            log.error(
+                "identity: rejected the certificate from the identity service: %s; %s",
+                exc.reason, self._keeping(),
+            )  # fmt: skip
+            return RefreshResult.REJECTED
+        except (OSError, ssl.SSLError) as exc:
+            log.error("identity: cannot install the certificate in %s: %s", directory, exc)
+            return RefreshResult.LOCAL_ERROR
+        self._installed = installed
+        now = self._clock()
+        self._metrics.identity_cert_expiration_timestamp_seconds.set(installed.expires_at)
+        self._metrics.identity_cert_refresh_timestamp_seconds.set(now)
+        log.info(
+            "identity: certified as %s, valid for %.0fs",
+            self.local_name,
+            installed.expires_at - now,
+        )
+        for callback in list(self._callbacks):
+            try:
+                callback()
+            except Exception:
+                log.exception("identity: a certificate-change callback failed")
+        return RefreshResult.OK
+
+    async def _certify(self, token: bytes, csr: bytes) -> Certificate:
+        settings = self._settings
+        host, port = settings.svc_addr
+        try:
+            client = CertifyClient(
+                host, port, settings.svc_name, settings.trust_anchors_pem, timeout=CERTIFY_TIMEOUT
+            )
+        except ssl.SSLError as exc:
+            raise CertifyFailed("UNAVAILABLE", f"bad trust anchors: {exc}") from exc
+        try:
+            return await client.certify(self.local_name, token, csr)
+        except CertifyFailed:
+            raise
+        except Exception as exc:  # e.g. an HTTP/2 protocol error: retried like an outage
+            raise CertifyFailed("UNKNOWN", f"unexpected error from the client: {exc!r}") from exc
+        finally:
+            client.close()
+
+    def _certify_failed(self, exc: CertifyFailed) -> RefreshResult:
+        host, port = self._settings.svc_addr
+        if exc.status in _TRANSIENT:
+            log.warning(
+                "identity: the identity service at %s:%d is unavailable (%s); %s",
+                host, port, exc, self._keeping(),
+            )  # fmt: skip
+            return RefreshResult.UNAVAILABLE
+        log.warning(
+            "identity: the identity service refused to certify %s (%s); check that the token in"
+            " %s belongs to the service account named by %s; %s",
+            self.local_name, exc, self._settings.token_file, env_name("identity_local_name"),
+            self._keeping(),
+        )  # fmt: skip
+        return RefreshResult.REFUSED
+
+    def _keeping(self) -> str:
+        if self._installed is None:
+            return "no certificate yet, retrying"
+        return "keeping the current certificate, retrying"
+
+    def _install(
+        self, directory: Path, files: prestart.IdentityFiles, certificate: Certificate
+    ) -> _Installed:
+        """Stages, verifies, then atomically publishes the chain; contexts from it."""
+        anchors = self._settings.trust_anchors_pem
+        staging = directory / STAGING_DIR
+        staging.mkdir(mode=0o700, exist_ok=True)
+        candidate = contexts.write_chain(
+            staging, certificate.leaf_der, certificate.intermediates_der
+        )
+        try:
+            validity = verify(candidate, files.key, anchors, self.local_name, self._clock())
+        except Rejected:
+            candidate.unlink(missing_ok=True)
+            raise
+        chain = directory / contexts.CHAIN_FILE
+        os.replace(candidate, chain)
+        return _Installed(
+            server=contexts.server_context(chain, files.key, anchors, require_client_cert=False),
+            client=contexts.client_context(chain, files.key, anchors),
+            expires_at=min(validity.not_after, certificate.valid_until),
+        )
+
+
+def _read_bytes(path: Path) -> bytes:
+    return path.read_bytes()
+
+
+def _read_token(path: Path) -> bytes:
+    """The token as it is now (read at each request: Kubernetes rotates it)."""
+    token = path.read_bytes().strip()
+    if not token:
+        raise ValueError("the file is empty")
+    return token
+
+
+async def _prestart(directory: Path, name: str) -> prestart.IdentityFiles:
+    """`prestart` in a child process (as `prestart.prepare_in_child`, but awaitable and killed
+    when cancelled), so that `cryptography` is never imported here."""
+    argv = ["-m", prestart.__name__, "--dir", str(directory), "--name", name]
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, *argv, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
+    )
+    try:
+        async with asyncio.timeout(PRESTART_TIMEOUT):
+            _, stderr = await process.communicate()
+    except TimeoutError as exc:
+        raise PrestartFailed(
+            f"making the identity key and CSR took more than {PRESTART_TIMEOUT:.0f}s"
+        ) from exc
+    finally:
+        if process.returncode is None:  # timed out or cancelled
+            process.kill()
+            await process.wait()
+    if process.returncode != 0:
+        detail = stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        raise PrestartFailed(
+            f"making the identity key and CSR in {directory} failed (exit {process.returncode}:"
+            f" {detail[0]}); check that the directory is writable by the proxy"
+        )
+    return prestart.files_in(directory)

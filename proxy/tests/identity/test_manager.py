@@ -1,0 +1,540 @@
+"""The identity manager against the real identity service (TLS gRPC on 127.0.0.1, a real CA).
+
+Renewals are stepped through with an injected sleep (`Stepper`) that moves an injected clock by
+the delay the manager asked for, so a day of certificate lifetime passes in milliseconds while
+every Certify, handshake and file write is real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import random
+import socket
+import ssl
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from meshlet.api import wellknown
+from meshlet.controlplane.identity.server import IdentityConfig, IdentityServer
+from meshlet.proxy.config import ConfigError, load
+from meshlet.proxy.core import refresh
+from meshlet.proxy.identity.manager import (
+    IdentityManager,
+    IdentitySettings,
+    NoCertificate,
+    PrestartFailed,
+    settings_from,
+)
+from meshlet.proxy.metrics import ProxyMetrics
+from meshlet.proxy.tls import contexts
+
+WEB = wellknown.identity_name("web", "emojivoto")
+EMOJI = wellknown.identity_name("emoji", "emojivoto")
+TOKENS = """
+tok-web: {namespace: emojivoto, serviceaccount: web}
+tok-emoji: {namespace: emojivoto, serviceaccount: emoji}
+"""
+DAY = dt.timedelta(days=1)
+LIFETIME = wellknown.LEAF_LIFETIME_SECONDS + wellknown.CLOCK_SKEW_SECONDS
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class IdentityService:
+    """The control plane's identity service on a fixed 127.0.0.1 port, started and stopped by
+    the test; `skew` shifts the clock it signs with (to make it return bad certificates)."""
+
+    test_ca: Any
+    tokens: Path
+    port: int = field(default_factory=free_port)
+    skew: dt.timedelta = dt.timedelta()
+    server: IdentityServer | None = None
+
+    def _clock(self) -> dt.datetime:
+        return dt.datetime.now(dt.UTC) + self.skew
+
+    async def start(self) -> None:
+        config = IdentityConfig(
+            addr=("127.0.0.1", self.port),
+            admin_addr=("127.0.0.1", 0),
+            trust_anchors=self.test_ca.anchors_path,
+            issuer_dir=self.test_ca.issuer_dir,
+            tokens_file=self.tokens,
+            kube_api=None,
+            reload_interval=0.1,
+        )
+        self.server = IdentityServer(config, clock=self._clock)
+        await self.server.start()
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            await self.server.stop(grace=0)
+            self.server = None
+
+
+@pytest.fixture
+async def identity(test_ca: Any, tmp_path: Path) -> AsyncIterator[IdentityService]:
+    """Not started: tests call `await identity.start()`."""
+    tokens = tmp_path / "tokens.yaml"
+    tokens.write_text(TOKENS)
+    service = IdentityService(test_ca, tokens)
+    yield service
+    await service.stop()
+
+
+def settings(service: IdentityService, tmp_path: Path, sa: str, token: str) -> IdentitySettings:
+    token_file = tmp_path / f"{sa}.token"
+    token_file.write_text(token)
+    return IdentitySettings(
+        local_name=wellknown.identity_name(sa, "emojivoto"),
+        svc_addr=("127.0.0.1", service.port),
+        svc_name=wellknown.IDENTITY_SERVICE_NAME,
+        token_file=token_file,
+        trust_anchors_pem=service.test_ca.anchors_pem,
+        directory=tmp_path / f"{sa}-identity",
+    )
+
+
+@asynccontextmanager
+async def running(*managers: IdentityManager) -> AsyncIterator[None]:
+    """Runs the managers for the duration of the block, then cancels them."""
+    async with asyncio.TaskGroup() as tasks:
+        runs = [tasks.create_task(m.run()) for m in managers]
+        yield
+        for run in runs:
+            run.cancel()
+
+
+async def eventually(condition: Callable[[], bool], within: float = 10.0) -> None:
+    """Polls `condition` every 10 ms; fails after `within` seconds."""
+    for _ in range(int(within / 0.01)):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    pytest.fail(f"still false after {within}s")
+
+
+def refreshes(metrics: ProxyMetrics, result: str) -> float:
+    value = metrics.registry.get_sample_value("identity_cert_refresh_total", {"result": result})
+    return value or 0.0
+
+
+def gauge(metrics: ProxyMetrics, name: str) -> float:
+    return metrics.registry.get_sample_value(name) or 0.0
+
+
+class FakeClock:
+    """Real time plus an offset the test moves."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.offset
+
+
+class Stepper:
+    """An injected sleep that hands control to the test: `await next()` returns the delay the
+    manager asked for; `wake()` moves the clock by that delay and lets the manager go on."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self._asked: asyncio.Queue[tuple[float, asyncio.Future[None]]] = asyncio.Queue()
+        self._current: tuple[float, asyncio.Future[None]] | None = None
+
+    async def __call__(self, delay: float) -> None:
+        done = asyncio.get_running_loop().create_future()
+        await self._asked.put((delay, done))
+        await done
+
+    async def next(self) -> float:
+        async with asyncio.timeout(10):
+            self._current = await self._asked.get()
+        return self._current[0]
+
+    def wake(self) -> None:
+        assert self._current is not None
+        delay, done = self._current
+        self.clock.offset += delay
+        done.set_result(None)
+
+
+# First certificate
+
+
+async def test_first_certificate_makes_both_proxies_ready_for_mutual_tls13(
+    identity: IdentityService, tmp_path: Path
+) -> None:
+    await identity.start()
+    web_metrics, emoji_metrics = ProxyMetrics(), ProxyMetrics()
+    web = IdentityManager(settings(identity, tmp_path, "web", "tok-web"), web_metrics)
+    emoji = IdentityManager(settings(identity, tmp_path, "emoji", "tok-emoji\n"), emoji_metrics)
+    assert not web.ready
+    with pytest.raises(NoCertificate, match="no certificate for web"):
+        web.server_context()
+    changes: list[str] = []
+    web.on_change(lambda: changes.append("web"))
+
+    async with running(web, emoji):
+        await eventually(lambda: web.ready and emoji.ready)
+        now = time.time()
+        assert changes == ["web"]
+        assert refreshes(web_metrics, "ok") == 1
+        expiry = gauge(web_metrics, "identity_cert_expiration_timestamp_seconds")
+        assert expiry == pytest.approx(now + LIFETIME, abs=5)
+        assert web.expires_at == expiry
+        refreshed = gauge(web_metrics, "identity_cert_refresh_timestamp_seconds")
+        assert refreshed == pytest.approx(now, abs=5)
+        for name in ("key.pem", "chain.pem"):
+            assert (tmp_path / "web-identity" / name).stat().st_mode & 0o777 == 0o600
+        assert not list((tmp_path / "web-identity" / "staging").iterdir())
+        # Built once per certificate, not per connection.
+        assert web.client_context() is web.client_context()
+        assert emoji.server_context() is emoji.server_context()
+
+        seen: dict[str, Any] = {}
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            seen["client"] = contexts.peer_identity(writer.get_extra_info("ssl_object"))
+            writer.write(await reader.readexactly(4))
+            await writer.drain()
+            writer.close()
+
+        listener = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=emoji.server_context())
+        async with listener:
+            port = listener.sockets[0].getsockname()[1]
+            reader, writer = await asyncio.open_connection(
+                "127.0.0.1", port, ssl=web.client_context(), server_hostname=EMOJI
+            )
+            tls = writer.get_extra_info("ssl_object")
+            assert tls.version() == "TLSv1.3"
+            assert tls.selected_alpn_protocol() == wellknown.TRANSPORT_ALPN
+            assert contexts.peer_identity(tls) == EMOJI
+            writer.write(b"ping")
+            assert await reader.readexactly(4) == b"ping"
+            writer.close()
+            await writer.wait_closed()
+        assert seen["client"] == WEB
+
+        # The client context verifies the server by name: web is not emoji.
+        listener = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=web.server_context())
+        async with listener:
+            port = listener.sockets[0].getsockname()[1]
+            with pytest.raises(ssl.SSLCertVerificationError, match="Hostname mismatch"):
+                await asyncio.open_connection(
+                    "127.0.0.1", port, ssl=emoji.client_context(), server_hostname=EMOJI
+                )
+
+
+SHM = Path("/dev/shm")
+
+
+def shm_folders() -> set[Path]:
+    return set(SHM.glob("meshlet-identity-*"))
+
+
+@pytest.mark.skipif(not SHM.is_dir(), reason="no /dev/shm here")
+async def test_without_a_directory_the_key_lives_in_a_private_memory_folder_removed_at_exit(
+    identity: IdentityService, tmp_path: Path
+) -> None:
+    await identity.start()
+    before = shm_folders()
+    configured = replace(settings(identity, tmp_path, "web", "tok-web"), directory=None)
+    manager = IdentityManager(configured, ProxyMetrics())
+    async with running(manager):
+        await eventually(lambda: manager.ready)
+        (folder,) = shm_folders() - before
+        assert folder.stat().st_mode & 0o777 == 0o700
+        assert (folder / "key.pem").stat().st_mode & 0o777 == 0o600
+        assert (folder / "chain.pem").exists()
+    assert not folder.exists()
+    assert manager.ready  # the loaded contexts outlive the files
+
+
+# Identity down, bad answers, rotated tokens
+
+
+async def test_identity_down_at_start_retries_with_backoff_then_recovers(
+    identity: IdentityService, tmp_path: Path
+) -> None:
+    """Not ready while the service is down; retries at growing, jittered delays of at most
+    10 s (slept 20 times faster here); ready as soon as the service is up."""
+    asked: list[float] = []
+
+    async def fast_sleep(delay: float) -> None:
+        asked.append(delay)
+        await asyncio.sleep(delay / 20)
+
+    metrics = ProxyMetrics()
+    manager = IdentityManager(
+        settings(identity, tmp_path, "web", "tok-web"),
+        metrics,
+        rng=random.Random(7),
+        sleep=fast_sleep,
+    )
+    async with running(manager):
+        await eventually(lambda: refreshes(metrics, "unavailable") >= 7)
+        assert not manager.ready
+        with pytest.raises(NoCertificate):
+            manager.client_context()
+        assert gauge(metrics, "identity_cert_expiration_timestamp_seconds") == 0
+        for failures, delay in enumerate(asked, start=1):
+            ceiling = refresh.retry_ceiling(failures)
+            assert ceiling / 2 <= delay <= ceiling <= 10
+        assert refresh.retry_ceiling(len(asked)) == 10  # the backoff reached its cap
+
+        await identity.start()
+        await eventually(lambda: manager.ready)
+    assert refreshes(metrics, "ok") == 1
+    assert refreshes(metrics, "unavailable") >= 7
+
+
+async def test_identity_down_during_renewal_keeps_the_certificate_and_retries_within_10s(
+    identity: IdentityService, tmp_path: Path
+) -> None:
+    await identity.start()
+    clock = FakeClock()
+    stepper = Stepper(clock)
+    metrics = ProxyMetrics()
+    manager = IdentityManager(
+        settings(identity, tmp_path, "web", "tok-web"), metrics, clock=clock, sleep=stepper
+    )
+    changes: list[float | None] = []
+    manager.on_change(lambda: changes.append(manager.expires_at))
+
+    async with running(manager):
+        first = await stepper.next()
+        assert manager.ready
+        expiry = manager.expires_at
+        assert expiry is not None
+        assert first == pytest.approx(0.7 * (expiry - clock()), abs=1)
+        assert first == pytest.approx(0.7 * LIFETIME, abs=5)  # ~16.8 h
+        server_ctx, client_ctx = manager.server_context(), manager.client_context()
+
+        await identity.stop()
+        retries = []
+        for _ in range(7):
+            stepper.wake()
+            retries.append(await stepper.next())
+            assert manager.ready
+            assert manager.server_context() is server_ctx
+            assert manager.client_context() is client_ctx
+        assert all(0 < delay <= 10 for delay in retries)
+        assert retries[-1] > 5  # backed off towards the cap
+        assert refreshes(metrics, "unavailable") == 7
+        assert gauge(metrics, "identity_cert_expiration_timestamp_seconds") == expiry
+
+        await identity.start()  # same port
+        stepper.wake()
+        renewal = await stepper.next()
+        assert manager.server_context() is not server_ctx
+        assert manager.client_context() is not client_ctx
+        renewed = manager.expires_at
+        assert renewed is not None and renewed >= expiry
+        # The new leaf was issued at real time; our clock is ~16.8 h ahead: 70 % of what is left.
+        assert renewal == pytest.approx(0.7 * (renewed - clock()), abs=1)
+        assert renewal < 0.7 * 8 * 3600
+
+        await identity.stop()  # a new failure after a success starts the backoff afresh
+        stepper.wake()
+        assert await stepper.next() <= refresh.FIRST_RETRY
+    assert changes == [expiry, renewed]
+    assert refreshes(metrics, "ok") == 2
+    assert refreshes(metrics, "unavailable") == 8
+    assert gauge(metrics, "identity_cert_expiration_timestamp_seconds") == renewed
+
+
+async def test_an_expired_or_not_yet_valid_certificate_is_rejected_and_the_old_one_kept(
+    identity: IdentityService, test_ca: Any, tmp_path: Path
+) -> None:
+    # An issuer valid since three days ago lets the service sign with a clock in the past.
+    test_ca.rotate_issuer(now=dt.datetime.now(dt.UTC) - 3 * DAY)
+    await identity.start()
+    clock = FakeClock()
+    stepper = Stepper(clock)
+    metrics = ProxyMetrics()
+    manager = IdentityManager(
+        settings(identity, tmp_path, "web", "tok-web"), metrics, clock=clock, sleep=stepper
+    )
+    chain = tmp_path / "web-identity" / "chain.pem"
+
+    async with running(manager):
+        await stepper.next()
+        good_chain, server_ctx = chain.read_bytes(), manager.server_context()
+        expiry = manager.expires_at
+
+        for skew in (-2 * DAY, +DAY):  # expired; not yet valid
+            identity.skew = skew
+            stepper.wake()
+            assert 0 < await stepper.next() <= 10
+            assert manager.server_context() is server_ctx
+            assert manager.expires_at == expiry
+            assert chain.read_bytes() == good_chain  # only a verified chain is published
+            assert not list((tmp_path / "web-identity" / "staging").iterdir())
+        assert refreshes(metrics, "rejected") == 2
+
+        identity.skew = dt.timedelta()
+        stepper.wake()
+        await stepper.next()
+        assert manager.server_context() is not server_ctx
+        assert chain.read_bytes() != good_chain
+    assert refreshes(metrics, "ok") == 2
+
+
+async def test_the_token_file_is_read_at_each_request(
+    identity: IdentityService, tmp_path: Path
+) -> None:
+    """Kubernetes rotates projected tokens: a missing, then stale, then valid token."""
+    await identity.start()
+    clock = FakeClock()
+    stepper = Stepper(clock)
+    metrics = ProxyMetrics()
+    configured = settings(identity, tmp_path, "web", "")
+    configured.token_file.unlink()
+    manager = IdentityManager(configured, metrics, clock=clock, sleep=stepper)
+
+    async with running(manager):
+        assert await stepper.next() <= 10
+        assert refreshes(metrics, "local_error") == 1
+
+        configured.token_file.write_text("tok-stale")
+        stepper.wake()
+        assert await stepper.next() <= 10
+        assert refreshes(metrics, "refused") == 1  # FAILED_PRECONDITION: unknown token
+        assert not manager.ready
+
+        configured.token_file.write_text("tok-web")
+        stepper.wake()
+        assert await stepper.next() > 10 * 3600
+        assert manager.ready
+    assert refreshes(metrics, "ok") == 1
+
+
+async def test_a_key_that_cannot_be_made_stops_the_manager_with_a_clear_error(
+    identity: IdentityService, tmp_path: Path
+) -> None:
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    configured = replace(settings(identity, tmp_path, "web", "tok-web"), directory=blocker / "id")
+    manager = IdentityManager(configured, ProxyMetrics())
+    with pytest.raises(PrestartFailed, match="check that the directory is writable"):
+        await manager.run()
+    assert not manager.ready
+
+
+# The proxy process stays free of cryptography
+
+CHILD = """
+import asyncio, json, sys
+from pathlib import Path
+import uvloop
+from meshlet.proxy.identity.manager import IdentityManager, IdentitySettings
+from meshlet.proxy.metrics import ProxyMetrics
+
+async def main() -> None:
+    args = json.loads(sys.argv[1])
+    settings = IdentitySettings(
+        local_name=args["name"], svc_addr=("127.0.0.1", args["port"]), svc_name=args["svc"],
+        token_file=Path(args["token"]), trust_anchors_pem=args["anchors"], directory=None,
+    )
+    manager = IdentityManager(settings, ProxyMetrics())
+    async with asyncio.TaskGroup() as tasks:
+        run = tasks.create_task(manager.run())
+        while not manager.ready:
+            await asyncio.sleep(0.01)
+        run.cancel()
+    modules = sorted(m for m in sys.modules if m.split(".")[0] in ("cryptography", "grpc"))
+    print(json.dumps({"ready": manager.ready, "modules": modules}))
+
+uvloop.run(main())
+"""
+
+
+async def test_the_proxy_process_never_imports_cryptography(
+    identity: IdentityService, tmp_path: Path
+) -> None:
+    """DESIGN §5 memory budget: the key and CSR are made in a child; the proxy needs only ssl
+    (and grpclib, not grpcio)."""
+    await identity.start()
+    configured = settings(identity, tmp_path, "web", "tok-web")
+    args = {
+        "name": configured.local_name,
+        "port": identity.port,
+        "svc": configured.svc_name,
+        "token": str(configured.token_file),
+        "anchors": configured.trust_anchors_pem,
+    }
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", CHILD, json.dumps(args),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        async with asyncio.timeout(15):
+            out, err = await child.communicate()
+    finally:
+        if child.returncode is None:
+            child.kill()
+            await child.wait()
+    assert child.returncode == 0, err.decode()
+    report = json.loads(out)
+    assert report == {"ready": True, "modules": []}
+
+
+# Settings
+
+
+def test_no_identity_settings_means_no_identity() -> None:
+    assert settings_from(load({})) is None
+
+
+def test_settings_from_the_proxy_environment(tmp_path: Path, test_ca: Any) -> None:
+    p = wellknown.PROXY_ENV_PREFIX
+    config = load(
+        {
+            p + "IDENTITY_SVC_ADDR": "meshlet-identity.meshlet.svc.cluster.local:8080",
+            p + "IDENTITY_LOCAL_NAME": WEB,
+            p + "IDENTITY_TOKEN_FILE": "/var/run/secrets/tokens/meshlet-identity-token",
+            p + "IDENTITY_TRUST_ANCHORS": test_ca.anchors_pem,
+            p + "IDENTITY_DIR": "/var/run/meshlet/identity",
+        }
+    )
+    assert settings_from(config) == IdentitySettings(
+        local_name=WEB,
+        svc_addr=("meshlet-identity.meshlet.svc.cluster.local", 8080),
+        svc_name=wellknown.IDENTITY_SERVICE_NAME,  # the default
+        token_file=Path("/var/run/secrets/tokens/meshlet-identity-token"),
+        trust_anchors_pem=test_ca.anchors_pem,
+        directory=Path("/var/run/meshlet/identity"),
+    )
+
+
+def test_incomplete_identity_settings_are_reported_together() -> None:
+    p = wellknown.PROXY_ENV_PREFIX
+    config = load(
+        {
+            p + "IDENTITY_SVC_ADDR": "identity:http",
+            p + "IDENTITY_LOCAL_NAME": WEB,
+            p + "IDENTITY_TRUST_ANCHORS": "-----BEGIN CERTIFICATE-----\nnot base64\n",
+        }
+    )
+    with pytest.raises(ConfigError) as caught:
+        settings_from(config)
+    problems = " | ".join(caught.value.problems)
+    assert len(caught.value.problems) == 3, problems
+    assert p + "IDENTITY_SVC_ADDR='identity:http': expected host:port" in problems
+    assert p + "IDENTITY_TOKEN_FILE is required" in problems
+    assert p + "IDENTITY_TRUST_ANCHORS: not PEM certificates" in problems
