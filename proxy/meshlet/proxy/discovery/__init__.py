@@ -1,0 +1,20 @@
+"""Service discovery: the destination service's streams, shared per outbound target."""
+
+from meshlet.proxy.discovery.client import Backoff, DestinationClient, Received, StreamRefused
+from meshlet.proxy.discovery.profile import DstOverride, Profile, RetryBudget, Route
+from meshlet.proxy.discovery.resolver import Destination, DestinationClosed, Kind, Resolver
+
+__all__ = [
+    "Backoff",
+    "Destination",
+    "DestinationClient",
+    "DestinationClosed",
+    "DstOverride",
+    "Kind",
+    "Profile",
+    "Received",
+    "Resolver",
+    "RetryBudget",
+    "Route",
+    "StreamRefused",
+]
