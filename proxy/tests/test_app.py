@@ -101,14 +101,16 @@ async def test_opaque_tcp_without_original_destination_is_refused(proxy: Proxy) 
     )
 
 
-async def test_inbound_without_redirect_would_loop_and_is_refused(proxy: Proxy) -> None:
+async def test_plaintext_to_the_inbound_port_is_refused_without_identity(proxy: Proxy) -> None:
+    """A connection to the inbound port itself is a mesh connection: this proxy has no
+    certificate (identity is not configured), so it is refused, never forwarded to itself."""
     reader, writer = await asyncio.open_connection("127.0.0.1", proxy.listeners[1].address[1])
     writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
     assert await refused(reader)
     writer.close()
     assert (
         proxy.metrics.registry.get_sample_value(
-            "fail_fast_total", {"direction": "inbound", "reason": "loop"}
+            "fail_fast_total", {"direction": "inbound", "reason": "no_identity"}
         )
         == 1.0
     )

@@ -7,17 +7,28 @@ A connection reads top-down as its stages: accepted (listener) → detected (pee
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import signal
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from meshlet.api.admin import AdminServer
+from meshlet.api.transport_header import SessionProtocol
 from meshlet.proxy.config import ProxyConfig
 from meshlet.proxy.core.detect import Protocol
-from meshlet.proxy.http.contract import Addr, Endpoint, HttpConn, HttpLimits, Route, RouteError
+from meshlet.proxy.http.contract import (
+    CLIENT_ID_HEADER,
+    Addr,
+    Endpoint,
+    HttpConn,
+    HttpLimits,
+    Route,
+    RouteError,
+)
 from meshlet.proxy.io import relay
 from meshlet.proxy.io.connect import tcp_connector
 from meshlet.proxy.io.listener import Accepted, Detected, Listener, bind, peek_protocol
@@ -25,8 +36,11 @@ from meshlet.proxy.metrics import ConnLabels, ProxyMetrics
 from meshlet.proxy.targets import SelfTargets, by_authority
 
 if TYPE_CHECKING:
+    from meshlet.proxy.discovery.resolver import Destination
     from meshlet.proxy.http.h1pool import H1Pool
     from meshlet.proxy.http.h2pool import H2Pool
+    from meshlet.proxy.identity.manager import IdentityManager
+    from meshlet.proxy.outbound.router import MeshRouter
 
 log = logging.getLogger(__name__)
 
@@ -82,14 +96,20 @@ class Proxy:
             shutdown=self.request_shutdown if config.admin_shutdown_enabled else None,
         )
         self.admin_port = 0
+        self.identity = _identity(config, self.metrics)
+        self.router = _router(config, self.identity, self.metrics)
 
     # Lifecycle
 
     def ready(self) -> bool:
-        return bool(self.listeners) and not self.closing.is_set()
+        """Serving, and holding a certificate when identity is configured."""
+        identity_ready = self.identity is None or self.identity.ready
+        return bool(self.listeners) and not self.closing.is_set() and identity_ready
 
     async def start(self) -> None:
         cfg = self.config
+        if self.identity is not None:
+            self._tasks.append(asyncio.create_task(self.identity.run()))
         for addr, handler, name in (
             (cfg.outbound_listen_addr, self.handle_outbound, "outbound"),
             (cfg.inbound_listen_addr, self.handle_inbound, "inbound"),
@@ -122,6 +142,8 @@ class Proxy:
         await asyncio.gather(
             *(listener.drain(self.config.shutdown_grace_period) for listener in self.listeners)
         )
+        if self.router is not None:
+            await self.router.resolver.aclose()
         if self._h1_pool is not None:
             self._h1_pool.close()
         if self._h2_pool is not None:
@@ -133,31 +155,63 @@ class Proxy:
 
     async def handle_outbound(self, accepted: Accepted) -> None:
         target = accepted.original_dst  # None: not redirected, route HTTP by authority
-        await self._handle(accepted, self._outbound, target)
+        if target is None or self.router is None or self._self.loops(target, accepted.local[0]):
+            await self._handle(accepted, self._outbound, target)
+            return
+        destination = await self.router.destination(target)
+        async with destination.use():
+            await self._handle(accepted, self._outbound, target, destination)
 
     async def handle_inbound(self, accepted: Accepted) -> None:
-        await self._handle(accepted, self._inbound, accepted.target)
+        target = accepted.target
+        if target[1] == self.listeners[1].address[1]:  # to the inbound port itself: the mesh
+            await self._mesh_inbound(accepted)
+            return
+        if target[1] in self.config.inbound_ports_require_identity:
+            self._refuse(accepted, self._inbound, "identity_required",
+                         f"port {target[1]} accepts only meshed (mTLS) clients")  # fmt: skip
+            return
+        await self._handle(accepted, self._inbound, target)
 
-    async def _handle(self, accepted: Accepted, side: Side, target: Addr | None) -> None:
+    async def _handle(
+        self,
+        accepted: Accepted,
+        side: Side,
+        target: Addr | None,
+        destination: Destination | None = None,
+    ) -> None:
         target_label = f"{target[0]}:{target[1]}" if target else "authority"
         labels = self.metrics.conn(side.direction, target_label)
         if target is not None and self._self.loops(target, accepted.local[0]):
             self._refuse(accepted, side, "loop", f"{target_label} is the proxy's own port")
             return
+        async with self._counted(labels):
+            await self._dispatch(accepted, side, target, labels, destination)
+
+    @contextlib.asynccontextmanager
+    async def _counted(self, labels: ConnLabels) -> AsyncIterator[None]:
         self.metrics.tcp_open_total.labels(*labels.values()).inc()
         gauge = self.metrics.tcp_open_connections.labels(*labels.values())
         gauge.inc()
         try:
-            await self._dispatch(accepted, side, target, labels)
+            yield
         finally:
             gauge.dec()
             self.metrics.tcp_close_total.labels(*labels.values(), "").inc()
 
     async def _dispatch(
-        self, accepted: Accepted, side: Side, target: Addr | None, labels: ConnLabels
+        self,
+        accepted: Accepted,
+        side: Side,
+        target: Addr | None,
+        labels: ConnLabels,
+        destination: Destination | None,
     ) -> None:
-        if target is not None and target[1] in side.opaque_ports:
-            await self._relay(accepted, target, labels)
+        opaque_profile = destination is not None and bool(
+            destination.profile and destination.profile.opaque
+        )
+        if target is not None and (target[1] in side.opaque_ports or opaque_profile):
+            await self._relay(accepted, target, labels, destination)
             return
         detected = await peek_protocol(accepted, side.detect_timeout)
         if detected is None:
@@ -166,11 +220,13 @@ class Proxy:
         if detected.timed_out:
             self._detect_timed_out(detected, side, target)
         if detected.protocol is Protocol.HTTP1:
-            await self._http(accepted, self._http1(), target, labels)
+            await self._http(accepted, self._http1(), target, labels, destination,
+                             SessionProtocol.HTTP1)  # fmt: skip
         elif detected.protocol is Protocol.HTTP2:
-            await self._http(accepted, self._http2(), target, labels)
+            await self._http(accepted, self._http2(), target, labels, destination,
+                             SessionProtocol.HTTP2)  # fmt: skip
         elif target is not None:
-            await self._relay(accepted, target, labels)
+            await self._relay(accepted, target, labels, destination)
         else:
             self._refuse(
                 accepted, side, "no_original_dst",
@@ -192,8 +248,25 @@ class Proxy:
         log.warning("%s connection from %s refused: %s", side.direction, accepted.client, why)
         accepted.sock.close()
 
-    def _route(self, target: Addr | None, local_ip: str) -> Route:
+    def _route(
+        self,
+        target: Addr | None,
+        local_ip: str,
+        destination: Destination | None = None,
+        session: SessionProtocol = SessionProtocol.HTTP1,
+    ) -> Route:
         metrics = self.metrics
+        router = self.router
+        if target is not None and destination is not None and router is not None:
+            to = target
+
+            async def discovered(authority: str | None) -> Endpoint | RouteError:
+                pick = await router.pick(destination, to, session)
+                if isinstance(pick, RouteError):
+                    return pick
+                return Endpoint(pick.addr, pick.label, connect=pick.connect, lease=pick.lease)
+
+            return discovered
         if target is not None:
             fixed = Endpoint(target, metrics.authority_label(f"{target[0]}:{target[1]}"))
 
@@ -211,12 +284,18 @@ class Proxy:
         return to_authority
 
     async def _http(
-        self, accepted: Accepted, engine: HttpEngine, target: Addr | None, labels: ConnLabels
+        self,
+        accepted: Accepted,
+        engine: HttpEngine,
+        target: Addr | None,
+        labels: ConnLabels,
+        destination: Destination | None = None,
+        session: SessionProtocol = SessionProtocol.HTTP1,
     ) -> None:
         await engine(
             HttpConn(
                 sock=accepted.sock,
-                route=self._route(target, accepted.local[0]),
+                route=self._route(target, accepted.local[0], destination, session),
                 connect=self._connect,
                 metrics=self.metrics,
                 labels=labels,
@@ -241,21 +320,125 @@ class Proxy:
             self._h2_pool = H2Pool(self._connect, self.limits)
         return functools.partial(serve_h2, pool=self._h2_pool)
 
-    async def _relay(self, accepted: Accepted, target: Addr, labels: ConnLabels) -> None:
+    async def _relay(
+        self,
+        accepted: Accepted,
+        target: Addr,
+        labels: ConnLabels,
+        destination: Destination | None = None,
+    ) -> None:
+        """Opaque TCP to `target`, or, with discovery, to the endpoint picked for this
+        connection (over the mesh transport when it is meshed)."""
+        addr, connect, lease = target, self._connect, None
+        if destination is not None and self.router is not None:
+            pick = await self.router.pick(destination, target, SessionProtocol.OPAQUE)
+            if isinstance(pick, RouteError):
+                self._refuse(accepted, self._outbound, "no_endpoints", pick.reason)
+                return
+            addr, connect, lease = pick.addr, pick.connect or self._connect, pick.lease
         loop = asyncio.get_running_loop()
         read = self.metrics.tcp_read_bytes_total.labels(*labels.values())
         written = self.metrics.tcp_write_bytes_total.labels(*labels.values())
         client, upstream, done = relay.pair(loop, read.inc, written.inc)
         try:
-            await self._connect(target, lambda: upstream)
+            await connect(addr, lambda: upstream)
         except (OSError, TimeoutError) as exc:
-            log.info("%s: connect to %s:%d failed: %s", labels.direction, *target, exc)
+            log.info("%s: connect to %s:%d failed: %s", labels.direction, *addr, exc)
             accepted.sock.close()  # the client sees the connection closed (a reset)
+            if lease is not None:
+                lease.release()
             return
-        await loop.connect_accepted_socket(lambda: client, sock=accepted.sock)
-        upstream.flush()
-        client.flush()
-        await done
+        if lease is not None:
+            lease.responded()  # per connection: the connect time is the sample
+        try:
+            await loop.connect_accepted_socket(lambda: client, sock=accepted.sock)
+            upstream.flush()
+            client.flush()
+            await done
+        finally:
+            if lease is not None:
+                lease.release()
+
+    async def _mesh_inbound(self, accepted: Accepted) -> None:
+        """A connection to the inbound port itself: mutual TLS from another proxy."""
+        from meshlet.proxy.mesh.inbound import MeshInbound, PassThrough, Refused
+        from meshlet.proxy.mesh.inbound import relay as mesh_relay
+
+        side = self._inbound
+        identity = self.identity
+        if identity is None or not identity.ready:
+            why = "a mesh connection arrived before this proxy has a certificate"
+            self._refuse(accepted, side, "no_identity", why)
+            return
+        mesh = MeshInbound(identity.server_context(), identity.local_name, self._self,
+                           side.detect_timeout)  # fmt: skip
+        outcome = await mesh.accept(accepted)
+        if isinstance(outcome, Refused):
+            self.metrics.fail_fast_total.labels("inbound", outcome.reason.value).inc()
+            return
+        if isinstance(outcome, PassThrough):
+            self._refuse(accepted, side, "not_our_identity",
+                         f"TLS for {outcome.sni!r} reached the inbound port")  # fmt: skip
+            return
+        target = outcome.target
+        labels = self.metrics.conn(
+            "inbound", f"{target[0]}:{target[1]}", tls="true", no_tls_reason="",
+            peer_id=outcome.client_id,
+        )  # fmt: skip
+        async with self._counted(labels):
+            protocol = outcome.header.protocol
+            if protocol is SessionProtocol.OPAQUE:
+                read = self.metrics.tcp_read_bytes_total.labels(*labels.values())
+                written = self.metrics.tcp_write_bytes_total.labels(*labels.values())
+                try:
+                    await mesh_relay(outcome, self._connect, read.inc, written.inc)
+                except (OSError, TimeoutError) as exc:
+                    log.info("inbound: connect to %s:%d failed: %s", *target, exc)
+                return
+            engine = self._http1() if protocol is SessionProtocol.HTTP1 else self._http2()
+            await engine(
+                HttpConn(
+                    sock=None,
+                    route=self._route(target, target[0]),
+                    connect=self._connect,
+                    metrics=self.metrics,
+                    labels=labels,
+                    limits=self.limits,
+                    closing=self.closing,
+                    add_headers=((CLIENT_ID_HEADER, outcome.client_id.encode()),),
+                    handoff=outcome,
+                )
+            )
+
+
+def _identity(config: ProxyConfig, metrics: ProxyMetrics) -> IdentityManager | None:
+    from meshlet.proxy.identity.manager import IdentityManager, settings_from
+
+    settings = settings_from(config)
+    return None if settings is None else IdentityManager(settings, metrics)
+
+
+def _router(
+    config: ProxyConfig, identity: IdentityManager | None, metrics: ProxyMetrics
+) -> MeshRouter | None:
+    """Discovery and balancing, when a destination service is configured."""
+    if not config.destination_svc_addr:
+        return None
+    from meshlet.proxy.config import parse_svc_addr
+    from meshlet.proxy.discovery.client import DestinationClient
+    from meshlet.proxy.discovery.resolver import Resolver
+    from meshlet.proxy.outbound.router import MeshRouter
+
+    client = DestinationClient(
+        parse_svc_addr(config.destination_svc_addr),
+        config.destination_svc_name or None,
+        config.identity_trust_anchors or None,
+        config.destination_context,
+    )
+    return MeshRouter(
+        Resolver(client), identity, metrics,
+        connect_timeout=config.outbound_connect_timeout, clock=time.monotonic,
+    )  # fmt: skip
 
 
 async def run(config: ProxyConfig) -> None:

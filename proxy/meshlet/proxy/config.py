@@ -33,6 +33,17 @@ def parse_addr(text: str) -> Addr:
     return host, int(port)
 
 
+def parse_svc_addr(text: str) -> tuple[str, int]:
+    """`host:port` or `[v6]:port`, where host may be a DNS name."""
+    host, sep, port = text.strip().rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(
+            "expected host:port, e.g. meshlet-destination.meshlet.svc.cluster.local:8086"
+        )
+    return host, int(port)
+
+
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
 _UNITS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 

@@ -89,7 +89,7 @@ async def test_a_slow_reader_bounds_the_relay_buffers(
             stalled_for += 0.05
     sock.close()
     assert stalled_for >= 1.0, f"sent {sent} bytes without stalling: the relay never pushed back"
-    assert sent < 32 * 1024 * 1024
+    assert sent < 64 * 1024 * 1024  # kernel buffers on both hops, plus the relay's bound
     assert counts["client"] <= sent
 
 

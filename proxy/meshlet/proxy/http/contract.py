@@ -1,6 +1,8 @@
 """What the HTTP engines (h1, h2) need from the rest of the proxy, and what they report.
 
-An engine serves one accepted connection. For each request it asks `route(authority)` where the
+An engine serves one accepted connection: a raw socket it attaches to (with TLS when `ssl` is
+set), or a connection that already exists (`handoff`: e.g. mTLS the mesh inbound terminated and
+whose transport header it read). For each request it asks `route(authority)` where the
 request goes, takes a connection to that endpoint from its pool (whose `connect` the caller
 supplies: plain TCP today, mTLS with a transport header between meshed proxies), relays the
 request and the response as streams, and records metrics. It never decides where traffic goes.
@@ -12,12 +14,22 @@ import asyncio
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Protocol
 
 from meshlet.api import wellknown
 from meshlet.proxy.metrics import ConnLabels, ProxyMetrics
 
 Addr = tuple[str, int]
+
+
+class Lease(Protocol):
+    """A balancer's claim on the endpoint of one request (outbound/balance.py)."""
+
+    def responded(self) -> None:
+        """The first response byte arrived."""
+
+    def release(self) -> None:
+        """The request is over, whatever its outcome (idempotent)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +38,9 @@ class Endpoint:
 
     addr: Addr
     authority_label: str  # bounded; used as the `authority` metric label
+    # How to reach it when not over plain TCP (the mesh transport); pools key on it.
+    connect: Connect | None = None
+    lease: Lease | None = None  # told of the first response byte and of the request's end
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +57,16 @@ Route = Callable[[str | None], Awaitable[Endpoint | RouteError]]
 Connect = Callable[
     [Addr, Callable[[], asyncio.Protocol]], Awaitable[tuple[asyncio.Transport, asyncio.Protocol]]
 ]
+
+
+class Handoff(Protocol):
+    """An established connection waiting, its reading paused, for the protocol that serves it."""
+
+    def adopt(self, protocol: asyncio.Protocol) -> None:
+        """Makes `protocol` the connection's protocol: `connection_made`, reading resumed, then
+        `data_received` with the bytes read past what the previous owner consumed (so a protocol
+        that pauses on them stays paused); a close that happened meanwhile is passed on."""
+
 
 PROXY_ERROR_HEADER: Final = wellknown.PROXY_ERROR_HEADER.encode()
 CLIENT_ID_HEADER: Final = wellknown.CLIENT_ID_HEADER.encode()
@@ -65,7 +90,7 @@ class HttpLimits:
 class HttpConn:
     """Everything an engine needs for one accepted connection."""
 
-    sock: object  # the accepted socket.socket
+    sock: object  # the accepted socket.socket (unused with `handoff`)
     route: Route
     connect: Connect
     metrics: ProxyMetrics
@@ -75,6 +100,8 @@ class HttpConn:
     ssl: ssl.SSLContext | None = None  # terminate TLS on accept (inbound mTLS)
     # Headers added to every request forwarded (e.g. meshlet-client-id for inbound mTLS).
     add_headers: Sequence[tuple[bytes, bytes]] = field(default_factory=tuple)
+    # Serve this established connection instead of attaching to `sock` (`ssl` is then unused).
+    handoff: Handoff | None = None
 
 
 def error_reason(text: str) -> bytes:

@@ -75,7 +75,7 @@ _perf = time.perf_counter
 
 
 async def serve_h1(conn: HttpConn, pool: H1Pool | None = None) -> None:
-    """Serves HTTP/1.1 on `conn.sock` until the connection closes.
+    """Serves HTTP/1.1 on `conn.sock` (or `conn.handoff`) until the connection closes.
 
     Upstream connections come from `pool` (share one per listener to reuse them across client
     connections); without one, a pool private to this connection is used and closed with it."""
@@ -86,7 +86,9 @@ async def serve_h1(conn: HttpConn, pool: H1Pool | None = None) -> None:
     server = H1Server(conn, pool)
     sock = cast(socket.socket, conn.sock)
     try:
-        if conn.ssl is None:
+        if conn.handoff is not None:
+            conn.handoff.adopt(server)
+        elif conn.ssl is None:
             await loop.connect_accepted_socket(lambda: server, sock=sock)
         else:
             await loop.connect_accepted_socket(
@@ -160,6 +162,12 @@ class _Request:
         self.upstream: H1Upstream | None = None
         self.label = ""
         self.t0 = 0.0
+
+
+def _release(req: _Request) -> None:
+    """Tells the balancer the request is over (a no-op without a lease, or when repeated)."""
+    if req.endpoint is not None and req.endpoint.lease is not None:
+        req.endpoint.lease.release()
 
 
 def _ignore(_: int) -> None:
@@ -268,7 +276,7 @@ class H1Server(asyncio.Protocol):
             endpoint = req.endpoint = target
             req.label = target.authority_label
             self._count_request(req.label)
-        key: PoolKey = (conn.connect, endpoint.addr)
+        key: PoolKey = (endpoint.connect or conn.connect, endpoint.addr)
         upstream = None if req.retried else self._pool.take(key)
         if upstream is None:
             limits = self._limits
@@ -339,6 +347,8 @@ class H1Server(asyncio.Protocol):
             self._timer.cancel()
             self._timer = None
         cur = self._cur
+        if cur is not None:
+            _release(cur)
         if cur is not None and cur.upstream is not None:
             cur.upstream.abort()  # mid-exchange: that upstream connection cannot be reused
             cur.upstream = None
@@ -565,6 +575,8 @@ class H1Server(asyncio.Protocol):
             return None
         self._resp = head
         req.replay = None  # answered: never retried
+        if req.endpoint is not None and req.endpoint.lease is not None:
+            req.endpoint.lease.responded()
         if head.close:
             self._close_after = True
         self._out.append(head.head)
@@ -585,6 +597,7 @@ class H1Server(asyncio.Protocol):
         if head is not None and head.body_out is Body.CHUNKED:
             self._out.append(last_chunk(trailers))
         upstream, req.upstream = req.upstream, None
+        _release(req)
         if self._paused:
             self._resume(_UPSTREAM_FULL)
         if upstream is not None:
@@ -632,6 +645,7 @@ class H1Server(asyncio.Protocol):
         upstream, req.upstream = req.upstream, None
         self._resume(_UPSTREAM_FULL)
         if self._resp is not None:  # mid-response: the client must see it cut, not complete
+            _release(req)
             log.debug("upstream %s failed mid-response: %s", req.endpoint, exc)
             self._resp = None
             self._abort()
@@ -677,6 +691,7 @@ class H1Server(asyncio.Protocol):
         self._out.append(local_response(status, reason, close=close, http10=head.http10))
         self._count_response(req, status)
         self._count_error(status)
+        _release(req)
         req.responded = True
         req.backlog, req.backlog_size = [], 0
         self._resume(_BACKLOG)

@@ -19,6 +19,8 @@ from meshlet.proxy.http.h2client import H2Client
 from meshlet.proxy.http.h2guard import GuardLimits
 from meshlet.proxy.http.h2stream import ProxyStream
 
+PoolKey = tuple[Connect, Addr]  # how (the connector) and where
+
 log = logging.getLogger(__name__)
 
 _MAX_DIALS: Final = 3  # connections opened for one stream before giving up
@@ -39,8 +41,10 @@ class H2Pool:
         self._connect = connect
         self._limits = limits
         self._guard = guard or GuardLimits()
-        self._clients: dict[Addr, H2Client] = {}
-        self._connecting: dict[Addr, asyncio.Task[H2Client | ConnectFailed]] = {}
+        # Keyed by how and where: an endpoint reached over the mesh has its own connector.
+        self._clients: dict[PoolKey, H2Client] = {}
+        self._connecting: dict[PoolKey, asyncio.Task[H2Client | ConnectFailed]] = {}
+        self._keys: dict[H2Client, PoolKey] = {}
 
     async def __aenter__(self) -> H2Pool:
         return self
@@ -65,18 +69,23 @@ class H2Pool:
         for client in list(self._clients.values()):
             client.close()
         self._clients.clear()
+        self._keys.clear()
 
-    async def open(self, addr: Addr, stream: ProxyStream) -> ConnectFailed | None:
-        """Opens `stream` upstream on the connection to `addr`, connecting when there is none
-        and waiting while the upstream's concurrency limit is reached."""
+    async def open(
+        self, addr: Addr, stream: ProxyStream, connect: Connect | None = None
+    ) -> ConnectFailed | None:
+        """Opens `stream` upstream on the connection to `addr` (made with `connect`, by default
+        the pool's), connecting when there is none and waiting while the upstream's
+        concurrency limit is reached."""
+        key = (connect or self._connect, addr)
         dials = 0
         while not stream.closed:
-            client = self._clients.get(addr)
+            client = self._clients.get(key)
             if client is None or not client.usable:
                 if dials == _MAX_DIALS:
                     return ConnectFailed(f"connections to {addr[0]}:{addr[1]} keep closing")
                 dials += 1
-                got = await self._client(addr)
+                got = await self._client(key)
                 if isinstance(got, ConnectFailed):
                     return got
                 continue
@@ -86,28 +95,27 @@ class H2Pool:
                 await client.slot()
         return None
 
-    async def _client(self, addr: Addr) -> H2Client | ConnectFailed:
-        task = self._connecting.get(addr)
+    async def _client(self, key: PoolKey) -> H2Client | ConnectFailed:
+        task = self._connecting.get(key)
         if task is None:
-            task = asyncio.create_task(self._dial(addr))  # owned: `aclose` ends it
-            self._connecting[addr] = task
+            task = asyncio.create_task(self._dial(key))  # owned: `aclose` ends it
+            self._connecting[key] = task
         # One waiter's cancellation (its client went away) must not cancel the shared attempt.
         return await asyncio.shield(task)
 
-    async def _dial(self, addr: Addr) -> H2Client | ConnectFailed:
+    async def _dial(self, key: PoolKey) -> H2Client | ConnectFailed:
         try:
-            return await self._handshake(addr)
+            return await self._handshake(key)
         finally:
-            self._connecting.pop(addr, None)
+            self._connecting.pop(key, None)
 
-    async def _handshake(self, addr: Addr) -> H2Client | ConnectFailed:
+    async def _handshake(self, key: PoolKey) -> H2Client | ConnectFailed:
         """Connects, then waits for the upstream's SETTINGS (its stream limit, its windows)."""
+        connect, addr = key
         limits, guard = self._limits, self._guard
         where = f"{addr[0]}:{addr[1]}"
         try:
-            _, protocol = await self._connect(
-                addr, lambda: H2Client(addr, limits, guard, self._retire)
-            )
+            _, protocol = await connect(addr, lambda: H2Client(addr, limits, guard, self._retire))
         except Exception as exc:  # refused, timed out, TLS failed: all mean "unreachable"
             log.info("connect to %s failed: %r", where, exc)
             return ConnectFailed(f"connect to {where} failed: {str(exc) or repr(exc)}")
@@ -120,9 +128,11 @@ class H2Pool:
             return ConnectFailed(f"{where} sent no HTTP/2 SETTINGS in {limits.connect_timeout}s")
         if not protocol.usable:
             return ConnectFailed(f"connection to {where} failed at once")
-        self._clients[addr] = protocol
+        self._clients[key] = protocol
+        self._keys[protocol] = key
         return protocol
 
     def _retire(self, client: H2Client) -> None:
-        if self._clients.get(client.addr) is client:
-            del self._clients[client.addr]
+        key = self._keys.pop(client, None)
+        if key is not None and self._clients.get(key) is client:
+            del self._clients[key]

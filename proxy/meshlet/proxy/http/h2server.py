@@ -62,7 +62,7 @@ _CONTROL_EVENTS: Final = (
 async def serve_h2(
     conn: HttpConn, pool: H2Pool | None = None, guard: GuardLimits | None = None
 ) -> None:
-    """Serves one accepted HTTP/2 connection until it closes.
+    """Serves one accepted HTTP/2 connection (`conn.sock`, or `conn.handoff`) until it closes.
 
     `pool` is the process's shared upstream pool (one connection per endpoint); the application
     makes one and passes it (e.g. `functools.partial(serve_h2, pool=pool)`). Without it the
@@ -76,21 +76,24 @@ async def serve_h2(
 
 async def _serve(conn: HttpConn, pool: H2Pool, guard: GuardLimits) -> None:
     loop = asyncio.get_running_loop()
-    sock = conn.sock
-    assert isinstance(sock, socket.socket)
     async with asyncio.TaskGroup() as tasks:
         server = H2Server(conn, pool, tasks, guard)
-        try:
-            await loop.connect_accepted_socket(
-                lambda: server,
-                sock=sock,
-                ssl=conn.ssl,
-                ssl_handshake_timeout=conn.limits.header_read_timeout if conn.ssl else None,
-            )
-        except (OSError, TimeoutError) as exc:
-            log.debug("HTTP/2 connection not established: %r", exc)
-            sock.close()
-            return
+        if conn.handoff is not None:
+            conn.handoff.adopt(server)
+        else:
+            sock = conn.sock
+            assert isinstance(sock, socket.socket)
+            try:
+                await loop.connect_accepted_socket(
+                    lambda: server,
+                    sock=sock,
+                    ssl=conn.ssl,
+                    ssl_handshake_timeout=conn.limits.header_read_timeout if conn.ssl else None,
+                )
+            except (OSError, TimeoutError) as exc:
+                log.debug("HTTP/2 connection not established: %r", exc)
+                sock.close()
+                return
         closing = tasks.create_task(conn.closing.wait())
         closing.add_done_callback(server.on_closing)
         try:
@@ -303,7 +306,7 @@ class H2Server(Peer):
                 if stream.endpoint is None:
                     self._count_request(target.authority_label)
                 stream.endpoint = target
-                failed = await self.pool.open(target.addr, stream)
+                failed = await self.pool.open(target.addr, stream, target.connect)
                 if failed is None or stream.closed:
                     return
                 if stream.attempts >= MAX_ATTEMPTS:

@@ -183,6 +183,8 @@ class ProxyStream:
 
     def on_response(self, response: Response, end: bool) -> None:
         self.responded = True
+        if self.endpoint is not None and self.endpoint.lease is not None:
+            self.endpoint.lease.responded()
         self.status = response.status
         self.grpc_status = response.grpc_status
         self.latency_ms = (self.server.loop.time() - self.started) * 1000.0
@@ -357,6 +359,8 @@ class ProxyStream:
         if self.closed:
             return
         self.closed = True
+        if self.endpoint is not None and self.endpoint.lease is not None:
+            self.endpoint.lease.release()
         self._drop_request_body()
         self._detach()
         self.server.forget(self)

@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Final
 
 from meshlet.api import wellknown
-from meshlet.proxy.config import ConfigError, ProxyConfig, env_name
+from meshlet.proxy.config import ConfigError, ProxyConfig, env_name, parse_svc_addr
 from meshlet.proxy.core import refresh
 from meshlet.proxy.identity import prestart
 from meshlet.proxy.identity.certify import Certificate, CertifyClient, CertifyFailed
@@ -106,15 +106,6 @@ class IdentitySettings:
     token_file: Path
     trust_anchors_pem: str
     directory: Path | None = None  # None: a private temporary folder under /dev/shm
-
-
-def parse_svc_addr(text: str) -> tuple[str, int]:
-    """`host:port` or `[v6]:port`, where host may be a DNS name."""
-    host, sep, port = text.strip().rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise ValueError("expected host:port, e.g. meshlet-identity.meshlet.svc.cluster.local:8080")
-    return host, int(port)
 
 
 def settings_from(config: ProxyConfig) -> IdentitySettings | None:

@@ -53,8 +53,11 @@ class RelaySide(asyncio.Protocol):
         peer = self.peer
         if peer is None or peer.transport is None:
             return True
-        if peer.transport.can_write_eof() and not peer.transport.is_closing():
-            peer.transport.write_eof()
+        if not peer.transport.is_closing():
+            if peer.transport.can_write_eof():
+                peer.transport.write_eof()
+            else:  # TLS cannot half-close: close after what is buffered, never hang
+                peer.transport.close()
         if peer._eof:
             self._close_both()
         return True  # keep our write side open for the other direction

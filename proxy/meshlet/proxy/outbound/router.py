@@ -1,0 +1,160 @@
+"""Where outbound traffic goes once discovery knows the destination: the endpoint (balanced per
+request or per connection), and how to reach it (plain TCP, or mTLS to its proxy).
+
+- an unknown destination: the original destination as is, unmeshed;
+- a pod (`kind == "endpoint"`): that endpoint;
+- a service: `dst_overrides` split traffic by weight between services first; then P2C over
+  peak-EWMA among its endpoints. No endpoints fails fast (503 / a closed connection).
+
+A meshed endpoint (it has a TLS identity and an inbound port) is reached over the mesh transport
+(mesh/outbound.py) with our current client certificate; without a certificate the request
+fails closed, never plaintext.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+from meshlet.api.transport_header import SessionProtocol
+from meshlet.proxy.core.endpoints import Endpoint as DiscoveredEndpoint
+from meshlet.proxy.core.endpoints import Status
+from meshlet.proxy.discovery.profile import DstOverride
+from meshlet.proxy.discovery.resolver import Destination, Resolver
+from meshlet.proxy.http.contract import Addr, Connect, RouteError
+from meshlet.proxy.identity.manager import IdentityManager
+from meshlet.proxy.mesh.outbound import mesh_connect
+from meshlet.proxy.metrics import ProxyMetrics
+from meshlet.proxy.outbound.balance import Balancer, Lease, NoEndpoints
+
+log = logging.getLogger(__name__)
+
+ENDPOINTS_WAIT: Final = 3.0  # seconds a new service may take to report its endpoints
+
+
+@dataclass(frozen=True, slots=True)
+class Pick:
+    """Where one request or connection goes."""
+
+    addr: Addr  # where to connect: the endpoint, or its proxy's inbound port when meshed
+    connect: Connect | None  # None: plain TCP
+    label: str  # the bounded authority label
+    lease: Lease[Addr] | None = None
+    server_id: str = ""  # the peer's identity when meshed
+
+
+class MeshRouter:
+    def __init__(
+        self,
+        resolver: Resolver,
+        identity: IdentityManager | None,
+        metrics: ProxyMetrics,
+        *,
+        connect_timeout: float,
+        clock: Callable[[], float],
+        rng: random.Random | None = None,
+    ) -> None:
+        self.resolver = resolver
+        self._identity = identity
+        self._metrics = metrics
+        self._timeout = connect_timeout
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._balancers: dict[str, tuple[int, Balancer[Addr]]] = {}
+        self._connectors: dict[tuple[Addr, str, int, SessionProtocol, str], Connect] = {}
+        if identity is not None:
+            identity.on_change(self._connectors.clear)  # new certificate: new connections
+
+    async def destination(self, target: Addr) -> Destination:
+        return await self.resolver.resolve(f"{target[0]}:{target[1]}")
+
+    async def pick(
+        self, destination: Destination, target: Addr, session: SessionProtocol
+    ) -> Pick | RouteError:
+        if destination.kind == "unknown":
+            return Pick(target, None, self._label(f"{target[0]}:{target[1]}"))
+        if destination.kind == "endpoint":
+            endpoint = destination.endpoint
+            if endpoint is None:
+                return Pick(target, None, self._label(f"{target[0]}:{target[1]}"))
+            return self._reach(endpoint, session, f"{target[0]}:{target[1]}", None)
+        profile = destination.profile
+        if profile is not None and profile.dst_overrides:
+            chosen = self._split(profile.dst_overrides)
+            if chosen != f"{profile.fqn}:{target[1]}":
+                destination = await self.resolver.resolve(chosen)
+        return await self._balanced(destination, target, session)
+
+    def _split(self, overrides: tuple[DstOverride, ...]) -> str:
+        """An override's authority, drawn by weight (the first when all weigh nothing)."""
+        weights = [max(0, o.weight) for o in overrides]
+        if sum(weights) == 0:
+            return overrides[0].authority
+        return self._rng.choices(overrides, weights=weights)[0].authority
+
+    async def _balanced(
+        self, destination: Destination, target: Addr, session: SessionProtocol
+    ) -> Pick | RouteError:
+        if destination.endpoints.status is Status.PENDING:
+            try:
+                async with asyncio.timeout(ENDPOINTS_WAIT):
+                    await destination.wait_endpoints()
+            except TimeoutError:
+                return self._fail_fast("the destination service has not reported endpoints")
+        endpoints = destination.endpoints
+        name = destination.profile.fqn if destination.profile else None
+        authority = f"{name}:{target[1]}" if name else f"{target[0]}:{target[1]}"
+        if endpoints.status is Status.UNKNOWN:
+            return Pick(target, None, self._label(authority))
+        version, balancer = self._balancers.get(authority) or (-1, self._new_balancer())
+        if version != endpoints.version:
+            balancer.update(endpoints.endpoints)
+            self._balancers[authority] = (endpoints.version, balancer)
+        try:
+            lease = balancer.pick()
+        except NoEndpoints:
+            return self._fail_fast(f"{authority} has no endpoints")
+        return self._reach(endpoints.endpoints[lease.endpoint], session, authority, lease)
+
+    def _reach(
+        self,
+        endpoint: DiscoveredEndpoint,
+        session: SessionProtocol,
+        authority: str,
+        lease: Lease[Addr] | None,
+    ) -> Pick | RouteError:
+        label = self._label(authority)
+        identity = endpoint.identity
+        if identity is None or endpoint.opaque_transport_port is None:
+            return Pick(endpoint.addr, None, label, lease)
+        manager = self._identity
+        if manager is None or not manager.ready:
+            if lease is not None:
+                lease.release()
+            return self._fail_fast(
+                f"{authority} is meshed but this proxy has no certificate yet: not sending it"
+                " in plaintext"
+            )
+        proxy_addr = (endpoint.addr[0], endpoint.opaque_transport_port)
+        key = (proxy_addr, identity.name, endpoint.addr[1], session, authority)
+        connect = self._connectors.get(key)
+        if connect is None:
+            connect = self._connectors[key] = mesh_connect(
+                manager.client_context(), identity.name, endpoint.addr[1], session, authority,
+                timeout=self._timeout,
+            )  # fmt: skip
+        return Pick(proxy_addr, connect, label, lease, identity.name)
+
+    def _new_balancer(self) -> Balancer[Addr]:
+        return Balancer(clock=self._clock, rng=self._rng)
+
+    def _fail_fast(self, why: str) -> RouteError:
+        self._metrics.fail_fast_total.labels("outbound", "no_endpoints").inc()
+        return RouteError(503, why)
+
+    def _label(self, authority: str) -> str:
+        return self._metrics.authority_label(authority)
