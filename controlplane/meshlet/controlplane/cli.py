@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import signal
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import click
 
@@ -45,3 +47,20 @@ def setup_logging(level: str) -> None:
     logging.basicConfig(
         level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+
+
+class Service(Protocol):
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+
+async def serve_until_signalled(service: Service, name: str) -> None:
+    """Starts `service` (named `name` in logs), waits for SIGTERM or SIGINT, then stops it."""
+    await service.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    logging.getLogger(f"meshlet.controlplane.{name}").info("%s shutting down", name)
+    await service.stop()

@@ -12,19 +12,15 @@ import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec
 from h2.config import H2Configuration
 from h2.connection import H2Connection
 from h2.events import DataReceived, RequestReceived, ResponseReceived, StreamEnded
 
 from meshlet.api import transport_header, wellknown
 from meshlet.api.transport_header import Header, SessionProtocol
-from meshlet.controlplane.identity import ca, signer
 from meshlet.proxy.core import sni
 from meshlet.proxy.http.contract import CLIENT_ID_HEADER, Endpoint, HttpConn, HttpLimits
 from meshlet.proxy.http.h1 import serve_h1
@@ -50,69 +46,6 @@ DB_IP, WEB_IP = "127.0.0.2", "127.0.0.3"
 ADMIN_PORT = 4191
 TIMEOUT = 5.0
 Outcome = Terminated | PassThrough | Refused
-
-
-# -- certificates: leaves issued in the test, written as a proxy's identity directory --
-
-
-@dataclass
-class Pki:
-    """Issues leaves under the test CA (or another) into files the `ssl` contexts load."""
-
-    root: Path
-    test_ca: Any
-    now: dt.datetime  # when the test CA was made: its issuer is valid from 20 s before
-    count: int = 0
-
-    @property
-    def anchors(self) -> str:
-        return str(self.test_ca.anchors_pem)
-
-    def issuer(self, valid_from: dt.datetime | None = None) -> ca.Issuer:
-        if valid_from is None:
-            cert, key = self.test_ca.issuer, self.test_ca.issuer_key
-        else:
-            cert, key = ca.create_issuer(self.test_ca.anchor, self.test_ca.anchor_key, valid_from)
-        return ca.Issuer((cert,), key, (self.test_ca.anchor,))
-
-    def other_issuer(self) -> ca.Issuer:
-        anchor, anchor_key = ca.create_trust_anchor(self.now)
-        cert, key = ca.create_issuer(anchor, anchor_key, self.now)
-        return ca.Issuer((cert,), key, (anchor,))
-
-    def leaf(
-        self,
-        name: str,
-        issuer: ca.Issuer | None = None,
-        issued_at: dt.datetime | None = None,
-        lifetime: dt.timedelta = dt.timedelta(hours=1),
-    ) -> tuple[Path, Path]:
-        """(chain, key) files for `name`."""
-        issuer = issuer or self.issuer()
-        issued_at = issued_at or self.now
-        self.count += 1
-        directory = self.root / f"{self.count}-{name[:20]}"
-        directory.mkdir(parents=True)
-        key = ec.generate_private_key(ec.SECP256R1())
-        cert = signer.issue_leaf(issuer, key.public_key(), name, issued_at, lifetime)
-        key_path = directory / "key.pem"
-        key_path.write_bytes(
-            key.private_bytes(
-                serialization.Encoding.PEM,
-                serialization.PrivateFormat.PKCS8,
-                serialization.NoEncryption(),
-            )
-        )
-        return contexts.write_chain(directory, cert.der, issuer.chain_der), key_path
-
-    def expired_leaf(self, name: str) -> tuple[Path, Path]:
-        day_ago = self.now - dt.timedelta(days=1)
-        return self.leaf(name, self.issuer(day_ago), day_ago, dt.timedelta(hours=1))
-
-
-@pytest.fixture
-def pki(test_ca: Any, tmp_path: Path) -> Pki:
-    return Pki(tmp_path / "leaves", test_ca, dt.datetime.now(dt.UTC))
 
 
 # -- the db pod: its app (opaque, HTTP/1, HTTP/2) and its inbound terminator --
@@ -212,7 +145,7 @@ StartDb = Callable[..., Awaitable[DbPod]]
 
 
 @pytest.fixture
-async def db_pod(pki: Pki) -> AsyncIterator[StartDb]:
+async def db_pod(pki: Any) -> AsyncIterator[StartDb]:
     """`await db_pod(detect_timeout=...)`: the db pod's app and inbound terminator on 127.0.0.2."""
     cleanup: list[Callable[[], Awaitable[None]]] = []
 
@@ -345,12 +278,12 @@ class Collect(asyncio.Protocol):
                 await self.changed.wait()
 
 
-def web_context(pki: Pki) -> ssl.SSLContext:
+def web_context(pki: Any) -> ssl.SSLContext:
     return contexts.client_context(*pki.leaf(WEB), pki.anchors)
 
 
 async def mesh_to(
-    pki: Pki, pod: DbPod, port: int, session: SessionProtocol, protocol: asyncio.Protocol
+    pki: Any, pod: DbPod, port: int, session: SessionProtocol, protocol: asyncio.Protocol
 ) -> Any:
     connect = mesh_connect(web_context(pki), DB, port, session)
     transport, _ = await connect((DB_IP, pod.port), lambda: protocol)
@@ -426,7 +359,7 @@ def client_id_seen(head: bytes) -> list[bytes]:
 # -- the mesh transport end to end --
 
 
-async def test_opaque_bytes_cross_both_ways_behind_the_header(pki: Pki, db_pod: StartDb) -> None:
+async def test_opaque_bytes_cross_both_ways_behind_the_header(pki: Any, db_pod: StartDb) -> None:
     pod = await db_pod()
     client = Collect()
     transport = await mesh_to(pki, pod, pod.app.opaque_port, SessionProtocol.OPAQUE, client)
@@ -447,7 +380,7 @@ async def test_opaque_bytes_cross_both_ways_behind_the_header(pki: Pki, db_pod: 
     assert pod.relayed == {"client": 21, "app": 9 + 21 + 4}
 
 
-async def test_bytes_sent_with_the_header_reach_the_app(pki: Pki, db_pod: StartDb) -> None:
+async def test_bytes_sent_with_the_header_reach_the_app(pki: Any, db_pod: StartDb) -> None:
     pod = await db_pod()
     reader, writer = await raw_tls(pod, web_context(pki))
     payload = b"first bytes, in the header's own write"
@@ -463,7 +396,7 @@ async def test_bytes_sent_with_the_header_reach_the_app(pki: Pki, db_pod: StartD
 
 
 async def test_http1_through_the_terminator_carries_the_client_identity(
-    pki: Pki, db_pod: StartDb
+    pki: Any, db_pod: StartDb
 ) -> None:
     pod = await db_pod()
     client = Collect()
@@ -478,7 +411,7 @@ async def test_http1_through_the_terminator_carries_the_client_identity(
 
 
 async def test_http1_from_the_outbound_engine_reuses_one_mesh_connection(
-    pki: Pki, db_pod: StartDb
+    pki: Any, db_pod: StartDb
 ) -> None:
     """web's outbound engine (127.0.0.3) → mTLS → db's inbound (127.0.0.2) → db's app."""
     pod = await db_pod()
@@ -516,7 +449,7 @@ async def test_http1_from_the_outbound_engine_reuses_one_mesh_connection(
 
 
 async def test_http2_through_the_terminator_carries_the_client_identity(
-    pki: Pki, db_pod: StartDb
+    pki: Any, db_pod: StartDb
 ) -> None:
     pod = await db_pod()
     probe = H2Probe()
@@ -531,7 +464,7 @@ async def test_http2_through_the_terminator_carries_the_client_identity(
     transport.close()
 
 
-async def test_http2_from_the_outbound_engine(pki: Pki, db_pod: StartDb) -> None:
+async def test_http2_from_the_outbound_engine(pki: Any, db_pod: StartDb) -> None:
     """A plain HTTP/2 client → web's outbound engine → mTLS → db's inbound engine → db's app."""
     pod = await db_pod()
     metrics, closing = ProxyMetrics(), asyncio.Event()
@@ -568,7 +501,7 @@ async def test_http2_from_the_outbound_engine(pki: Pki, db_pod: StartDb) -> None
 # -- refusals: closed, counted, logged --
 
 
-def tls12_client(pki: Pki) -> ssl.SSLContext:
+def tls12_client(pki: Any) -> ssl.SSLContext:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     context.load_verify_locations(cadata=pki.anchors)
     context.load_cert_chain(*pki.leaf(WEB))
@@ -589,7 +522,7 @@ def tls12_client(pki: Pki) -> ssl.SSLContext:
     ],
 )
 async def test_a_client_that_is_not_a_mesh_peer_is_refused(
-    pki: Pki, db_pod: StartDb, client: str, reason: Refusal, caplog: Any
+    pki: Any, db_pod: StartDb, client: str, reason: Refusal, caplog: Any
 ) -> None:
     pod = await db_pod()
     context = {
@@ -625,7 +558,7 @@ async def test_a_client_that_is_not_a_mesh_peer_is_refused(
     )
 
 
-async def test_garbage_instead_of_a_transport_header_is_refused(pki: Pki, db_pod: StartDb) -> None:
+async def test_garbage_instead_of_a_transport_header_is_refused(pki: Any, db_pod: StartDb) -> None:
     pod = await db_pod()
     reader, writer = await raw_tls(pod, web_context(pki))
     writer.write(b"GET / HTTP/1.1\r\nhost: db\r\n\r\n")
@@ -638,7 +571,7 @@ async def test_garbage_instead_of_a_transport_header_is_refused(pki: Pki, db_pod
 
 
 async def test_an_oversized_transport_header_is_refused_before_it_is_read(
-    pki: Pki, db_pod: StartDb
+    pki: Any, db_pod: StartDb
 ) -> None:
     pod = await db_pod()
     reader, writer = await raw_tls(pod, web_context(pki))
@@ -650,7 +583,7 @@ async def test_an_oversized_transport_header_is_refused_before_it_is_read(
 
 
 @pytest.mark.parametrize("own", ["inbound", "admin"])
-async def test_a_header_naming_a_proxy_port_is_refused(pki: Pki, db_pod: StartDb, own: str) -> None:
+async def test_a_header_naming_a_proxy_port_is_refused(pki: Any, db_pod: StartDb, own: str) -> None:
     pod = await db_pod()
     port = pod.port if own == "inbound" else ADMIN_PORT
     client = Collect()
@@ -661,7 +594,7 @@ async def test_a_header_naming_a_proxy_port_is_refused(pki: Pki, db_pod: StartDb
     assert pod.refusals == {"loop": 1}
 
 
-async def test_a_client_silent_after_the_handshake_times_out(pki: Pki, db_pod: StartDb) -> None:
+async def test_a_client_silent_after_the_handshake_times_out(pki: Any, db_pod: StartDb) -> None:
     pod = await db_pod(detect_timeout=0.3)
     reader, writer = await raw_tls(pod, web_context(pki))
     loop = asyncio.get_running_loop()
@@ -673,7 +606,7 @@ async def test_a_client_silent_after_the_handshake_times_out(pki: Pki, db_pod: S
     writer.close()
 
 
-async def test_a_half_sent_client_hello_times_out_or_is_dropped(pki: Pki, db_pod: StartDb) -> None:
+async def test_a_half_sent_client_hello_times_out_or_is_dropped(pki: Any, db_pod: StartDb) -> None:
     pod = await db_pod(detect_timeout=0.3)
     hello = captured_hello(DB)
     for reason in (Refusal.HELLO_TIMEOUT, Refusal.CLOSED):
@@ -688,7 +621,7 @@ async def test_a_half_sent_client_hello_times_out_or_is_dropped(pki: Pki, db_pod
     assert pod.refusals == {"client_hello_timeout": 1, "closed_before_header": 1}
 
 
-async def test_the_client_closing_before_the_header_is_refused(pki: Pki, db_pod: StartDb) -> None:
+async def test_the_client_closing_before_the_header_is_refused(pki: Any, db_pod: StartDb) -> None:
     pod = await db_pod()
     _reader, writer = await raw_tls(pod, web_context(pki))
     writer.write(transport_header.PREFACE[:10])
@@ -711,7 +644,7 @@ def captured_hello(server_name: str) -> bytes:
 
 
 async def test_tls_for_someone_else_is_passed_through_with_nothing_read(
-    pki: Pki, db_pod: StartDb
+    pki: Any, db_pod: StartDb
 ) -> None:
     pod = await db_pod()
     other = "api.example.com"
@@ -727,7 +660,7 @@ async def test_tls_for_someone_else_is_passed_through_with_nothing_read(
     writer.close()
 
 
-async def test_bytes_that_are_no_client_hello_are_passed_through(pki: Pki, db_pod: StartDb) -> None:
+async def test_bytes_that_are_no_client_hello_are_passed_through(pki: Any, db_pod: StartDb) -> None:
     pod = await db_pod()
     _reader, writer = await asyncio.open_connection(DB_IP, pod.port)
     writer.write(b"\x16\x03\x01\x00\x05\x02\x00\x00\x01\x00")  # a handshake, but no hello
@@ -739,7 +672,7 @@ async def test_bytes_that_are_no_client_hello_are_passed_through(pki: Pki, db_po
 
 
 async def test_what_happens_before_the_hand_over_reaches_the_adopting_protocol(
-    pki: Pki, db_pod: StartDb
+    pki: Any, db_pod: StartDb
 ) -> None:
     """Bytes arriving after the header while nobody has adopted the connection yet reach the
     protocol that adopts it, and so does the client's close."""
@@ -765,7 +698,7 @@ async def test_what_happens_before_the_hand_over_reaches_the_adopting_protocol(
 
 
 async def test_a_connection_lost_before_the_hand_over_is_reported_to_the_adopter(
-    pki: Pki, db_pod: StartDb
+    pki: Any, db_pod: StartDb
 ) -> None:
     pod = await db_pod(hold=True)
     _reader, writer = await raw_tls(pod, web_context(pki))

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -15,81 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec
 
 from meshlet.api import transport_header, wellknown
 from meshlet.api.transport_header import Decoded, Header, SessionProtocol
-from meshlet.controlplane.identity import ca, signer
 from meshlet.proxy.mesh import MeshConnectError, Refusal, mesh_connect
 from meshlet.proxy.tls import contexts
 
 WEB = wellknown.identity_name("web", "emojivoto")
 DB = wellknown.identity_name("db", "emojivoto")
 SERVER_IP = "127.0.0.2"
-
-
-# -- certificates: leaves issued in the test, written as a proxy's identity directory --
-
-
-@dataclass
-class Pki:
-    """Issues leaves under the test CA (or another) into files the `ssl` contexts load."""
-
-    root: Path
-    test_ca: Any
-    now: dt.datetime  # when the test CA was made: its issuer is valid from 20 s before
-    count: int = 0
-
-    @property
-    def anchors(self) -> str:
-        return str(self.test_ca.anchors_pem)
-
-    def issuer(self, valid_from: dt.datetime | None = None) -> ca.Issuer:
-        if valid_from is None:
-            cert, key = self.test_ca.issuer, self.test_ca.issuer_key
-        else:
-            cert, key = ca.create_issuer(self.test_ca.anchor, self.test_ca.anchor_key, valid_from)
-        return ca.Issuer((cert,), key, (self.test_ca.anchor,))
-
-    def other_issuer(self) -> ca.Issuer:
-        anchor, anchor_key = ca.create_trust_anchor(self.now)
-        cert, key = ca.create_issuer(anchor, anchor_key, self.now)
-        return ca.Issuer((cert,), key, (anchor,))
-
-    def leaf(
-        self,
-        name: str,
-        issuer: ca.Issuer | None = None,
-        issued_at: dt.datetime | None = None,
-        lifetime: dt.timedelta = dt.timedelta(hours=1),
-    ) -> tuple[Path, Path]:
-        """(chain, key) files for `name`."""
-        issuer = issuer or self.issuer()
-        issued_at = issued_at or self.now
-        self.count += 1
-        directory = self.root / f"{self.count}-{name[:20]}"
-        directory.mkdir(parents=True)
-        key = ec.generate_private_key(ec.SECP256R1())
-        cert = signer.issue_leaf(issuer, key.public_key(), name, issued_at, lifetime)
-        key_path = directory / "key.pem"
-        key_path.write_bytes(
-            key.private_bytes(
-                serialization.Encoding.PEM,
-                serialization.PrivateFormat.PKCS8,
-                serialization.NoEncryption(),
-            )
-        )
-        return contexts.write_chain(directory, cert.der, issuer.chain_der), key_path
-
-    def expired_leaf(self, name: str) -> tuple[Path, Path]:
-        day_ago = self.now - dt.timedelta(days=1)
-        return self.leaf(name, self.issuer(day_ago), day_ago, dt.timedelta(hours=1))
-
-
-@pytest.fixture
-def pki(test_ca: Any, tmp_path: Path) -> Pki:
-    return Pki(tmp_path / "leaves", test_ca, dt.datetime.now(dt.UTC))
 
 
 # -- a TLS server that records what reached it --
@@ -156,14 +89,14 @@ class Collect(asyncio.Protocol):
         self.lost.set()
 
 
-def server_context(pki: Pki, chain_key: tuple[Path, Path], **kw: Any) -> ssl.SSLContext:
+def server_context(pki: Any, chain_key: tuple[Path, Path], **kw: Any) -> ssl.SSLContext:
     return contexts.server_context(*chain_key, pki.anchors, require_client_cert=True, **kw)
 
 
 # -- tests --
 
 
-async def test_connects_writes_the_header_then_hands_over(pki: Pki, tls_server: Any) -> None:
+async def test_connects_writes_the_header_then_hands_over(pki: Any, tls_server: Any) -> None:
     server = await tls_server(server_context(pki, pki.leaf(DB)))
     client = contexts.client_context(*pki.leaf(WEB), pki.anchors)
     connect = mesh_connect(client, DB, 8080, SessionProtocol.HTTP1, "db.emojivoto.svc:8080")
@@ -199,7 +132,7 @@ async def test_connects_writes_the_header_then_hands_over(pki: Pki, tls_server: 
     ],
 )
 async def test_refuses_a_server_that_is_not_who_discovery_named(
-    pki: Pki, tls_server: Any, server_cert: str, reason: Refusal, caplog: Any
+    pki: Any, tls_server: Any, server_cert: str, reason: Refusal, caplog: Any
 ) -> None:
     context = {
         "other_ca": lambda: server_context(pki, pki.leaf(DB, pki.other_issuer())),
@@ -227,7 +160,7 @@ async def test_refuses_a_server_that_is_not_who_discovery_named(
     assert any(reason.value in r.getMessage() for r in caplog.records)
 
 
-async def test_tls_below_1_3_is_refused(pki: Pki, tls_server: Any) -> None:
+async def test_tls_below_1_3_is_refused(pki: Any, tls_server: Any) -> None:
     client = contexts.client_context(*pki.leaf(WEB), pki.anchors)
     assert client.minimum_version is ssl.TLSVersion.TLSv1_3
     legacy = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -245,7 +178,7 @@ async def test_tls_below_1_3_is_refused(pki: Pki, tls_server: Any) -> None:
     assert server.received == b""
 
 
-async def test_a_server_that_never_answers_times_out(pki: Pki) -> None:
+async def test_a_server_that_never_answers_times_out(pki: Any) -> None:
     silent = socket.socket()
     silent.bind((SERVER_IP, 0))
     silent.listen()
@@ -261,7 +194,7 @@ async def test_a_server_that_never_answers_times_out(pki: Pki) -> None:
         silent.close()
 
 
-async def test_an_unreachable_peer_is_an_os_error_not_a_refusal(pki: Pki) -> None:
+async def test_an_unreachable_peer_is_an_os_error_not_a_refusal(pki: Any) -> None:
     not_listening = socket.socket()  # bound, so the port stays ours, but refusing connections
     not_listening.bind((SERVER_IP, 0))
     client = contexts.client_context(*pki.leaf(WEB), pki.anchors)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +15,7 @@ from prometheus_client.registry import Collector
 
 from meshlet.api import wellknown
 from meshlet.api.admin import AdminServer
+from meshlet.controlplane.cli import serve_until_signalled
 from meshlet.controlplane.destination.publisher import Publishers
 from meshlet.controlplane.destination.service import (
     DestinationMetrics,
@@ -156,12 +156,4 @@ class DestinationServer:
 
 async def serve(config: DestinationConfig, registry: CollectorRegistry | None = None) -> None:
     """Serves until SIGTERM or SIGINT."""
-    server = DestinationServer(config, registry)
-    await server.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    log.info("destination shutting down")
-    await server.stop()
+    await serve_until_signalled(DestinationServer(config, registry), "destination")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from meshlet.api import identity_pb2_grpc, wellknown
 from meshlet.api.admin import AdminServer
+from meshlet.controlplane.cli import serve_until_signalled
 from meshlet.controlplane.identity.ca import Issuer
 from meshlet.controlplane.identity.service import (
     Clock,
@@ -150,12 +150,4 @@ def _token_validator(cfg: IdentityConfig) -> TokenValidator:
 
 async def serve(config: IdentityConfig) -> None:
     """Serves until SIGTERM or SIGINT."""
-    server = IdentityServer(config)
-    await server.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    log.info("identity shutting down")
-    await server.stop()
+    await serve_until_signalled(IdentityServer(config), "identity")
