@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
 
 from meshlet.api import destination_pb2, wellknown
 from meshlet.controlplane.destination import profiles
@@ -17,21 +16,21 @@ from meshlet.controlplane.destination.translator import updates, weighted_addr
 
 log = logging.getLogger(__name__)
 
-Update = destination_pb2.Update
 Profile = destination_pb2.DestinationProfile
-T = TypeVar("T")
 
 
-class _Publisher(Generic[T]):
+class _Publisher:
+    """Fans serialized messages out to its listeners."""
+
     def __init__(self) -> None:
-        self.listeners: set[Listener[T]] = set()
+        self.listeners: set[Listener[bytes]] = set()
 
-    def _broadcast(self, messages: list[T]) -> None:
+    def _broadcast(self, messages: list[bytes]) -> None:
         for listener in list(self.listeners):
             listener.offer(messages)
 
 
-class EndpointPublisher(_Publisher[bytes]):
+class EndpointPublisher(_Publisher):
     """The endpoints of one service port."""
 
     def __init__(self, target: ServiceName, state: ClusterState, derive_from_pods: bool) -> None:
@@ -69,7 +68,7 @@ class EndpointPublisher(_Publisher[bytes]):
         self._broadcast([m.SerializeToString() for m in messages])
 
 
-class ProfilePublisher(_Publisher[bytes]):
+class ProfilePublisher(_Publisher):
     """The profile of a service port (by name or ClusterIP) or of a pod IP."""
 
     def __init__(self, target: ServiceName | IPPort, state: ClusterState) -> None:
@@ -121,8 +120,8 @@ class ProfilePublisher(_Publisher[bytes]):
 
 
 @dataclass(frozen=True, slots=True)
-class Subscription(Generic[T]):
-    listener: Listener[T]
+class Subscription:
+    listener: Listener[bytes]
     close: Callable[[], None]
 
 
@@ -148,7 +147,7 @@ class Publishers:
 
     def endpoints(
         self, target: ServiceName, on_overflow: Callable[[], None] | None = None
-    ) -> Subscription[bytes]:
+    ) -> Subscription:
         publisher = self._endpoints.get(target)
         if publisher is None:
             publisher = self._endpoints[target] = EndpointPublisher(
@@ -166,7 +165,7 @@ class Publishers:
 
     def profile(
         self, target: ServiceName | IPPort, on_overflow: Callable[[], None] | None = None
-    ) -> Subscription[bytes]:
+    ) -> Subscription:
         publisher = self._profiles.get(target)
         if publisher is None:
             publisher = self._profiles[target] = ProfilePublisher(target, self.state)

@@ -120,7 +120,7 @@ class DestinationService(destination_pb2_grpc.DestinationServicer):
         path: str,
         context: Context,
         allow_ip: bool,
-        subscribe: Callable[[Any, Callable[[], None]], Subscription[bytes]],
+        subscribe: Callable[[Any, Callable[[], None]], Subscription],
     ) -> None:
         try:
             target = paths.parse(path, self._domain, allow_ip=allow_ip)
