@@ -6,8 +6,16 @@ import random
 from collections import Counter
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from meshlet.proxy.outbound.balance import Balancer, NoEndpoints
+from meshlet.proxy.outbound.balance import (
+    FAILURE_BACKOFF,
+    MAX_FAILURE_BACKOFF,
+    Balancer,
+    Lease,
+    NoEndpoints,
+)
 
 
 class Clock:
@@ -71,3 +79,69 @@ def test_release_is_idempotent_and_counts_a_failure_as_a_sample() -> None:
     lease.release()
     lease.release()
     assert balancer.load("a") == pytest.approx(0.5)  # pending back to 0, sample 0.5 s
+
+
+def _pick(balancer: Balancer[str], clock: Clock, wanted: str) -> Lease[str]:
+    """A lease on `wanted`: the others stay busy until it comes up, then answer slowly."""
+    held = []
+    while (lease := balancer.pick()).endpoint != wanted:
+        held.append(lease)
+    clock.now += 0.1
+    for other in held:
+        other.release()
+    return lease
+
+
+def test_an_unreachable_endpoint_backs_off_then_returns() -> None:
+    clock = Clock()
+    balancer: Balancer[str] = Balancer(clock=clock, rng=random.Random(2))
+    balancer.update(["a", "b", "dead"])
+    lease = _pick(balancer, clock, "dead")
+    lease.failed()
+    lease.release()  # after failed: nothing more
+    assert balancer.backing_off("dead")
+    assert all(balancer.pick().endpoint != "dead" for _ in range(200))
+    clock.now += FAILURE_BACKOFF + 0.001
+    assert not balancer.backing_off("dead")
+    # Failing again doubles the backoff; a response resets the count.
+    lease = _pick(balancer, clock, "dead")
+    lease.failed()
+    clock.now += FAILURE_BACKOFF + 0.001
+    assert balancer.backing_off("dead")
+    clock.now += FAILURE_BACKOFF
+    lease = _pick(balancer, clock, "dead")
+    lease.responded()
+    lease.failed()  # too late: it answered
+    lease.release()
+    assert not balancer.backing_off("dead")
+
+
+def test_every_endpoint_backing_off_leaves_them_all_candidates() -> None:
+    clock = Clock()
+    balancer: Balancer[str] = Balancer(clock=clock, rng=random.Random(4))
+    balancer.update(["a", "b"])
+    for _ in range(2):
+        balancer.pick().failed()
+    assert balancer.backing_off("a") or balancer.backing_off("b")
+    picks = {balancer.pick().endpoint for _ in range(50)}
+    assert picks <= {"a", "b"} and picks
+
+
+@given(
+    failures=st.integers(min_value=1, max_value=40),
+    endpoints=st.integers(min_value=2, max_value=6),
+    seed=st.integers(min_value=0, max_value=2**32),
+)
+def test_backoff_is_bounded_and_pending_counts_return_to_zero(
+    failures: int, endpoints: int, seed: int
+) -> None:
+    clock = Clock()
+    balancer: Balancer[int] = Balancer(clock=clock, rng=random.Random(seed))
+    balancer.update(range(endpoints))
+    for _ in range(failures):
+        lease = balancer.pick()
+        lease.failed()
+        assert balancer._stats[lease.endpoint].down_until <= clock.now + MAX_FAILURE_BACKOFF
+    clock.now += MAX_FAILURE_BACKOFF + 0.001
+    assert not any(balancer.backing_off(ep) for ep in range(endpoints))
+    assert all(balancer._stats[ep].ewma.pending == 0 for ep in range(endpoints))

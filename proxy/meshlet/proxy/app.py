@@ -22,10 +22,12 @@ from meshlet.proxy.config import ProxyConfig
 from meshlet.proxy.core.detect import Protocol
 from meshlet.proxy.http.contract import (
     CLIENT_ID_HEADER,
+    MAX_CONNECT_ATTEMPTS,
     Addr,
     Endpoint,
     HttpConn,
     HttpLimits,
+    Lease,
     Route,
     RouteError,
 )
@@ -257,25 +259,28 @@ class Proxy:
     ) -> Route:
         metrics = self.metrics
         router = self.router
-        if target is not None and destination is not None and router is not None:
-            to = target
-
-            async def discovered(authority: str | None) -> Endpoint | RouteError:
-                pick = await router.pick(destination, to, session)
-                if isinstance(pick, RouteError):
-                    return pick
-                return Endpoint(pick.addr, pick.label, connect=pick.connect, lease=pick.lease)
-
-            return discovered
         if target is not None:
             fixed = Endpoint(target, metrics.authority_label(f"{target[0]}:{target[1]}"))
+            if destination is None or router is None:
 
-            async def to_target(authority: str | None) -> Endpoint | RouteError:
-                return fixed
+                async def to_target(authority: str | None) -> Endpoint | RouteError:
+                    return fixed
 
-            return to_target
+                return to_target
+
+            async def discovered(authority: str | None) -> Endpoint | RouteError:
+                pick = await router.pick(destination, session)
+                if pick is None:
+                    return fixed
+                return pick if isinstance(pick, RouteError) else pick.endpoint()
+
+            return discovered
 
         async def to_authority(authority: str | None) -> Endpoint | RouteError:
+            if router is not None and authority:
+                pick = await router.pick_authority(authority, session)
+                if pick is not None:
+                    return pick if isinstance(pick, RouteError) else pick.endpoint()
             routed = await by_authority(authority, self._self, local_ip)
             if isinstance(routed, RouteError):
                 return routed
@@ -328,26 +333,32 @@ class Proxy:
         destination: Destination | None = None,
     ) -> None:
         """Opaque TCP to `target`, or, with discovery, to the endpoint picked for this
-        connection (over the mesh transport when it is meshed)."""
-        addr, connect, lease = target, self._connect, None
-        if destination is not None and self.router is not None:
-            pick = await self.router.pick(destination, target, SessionProtocol.OPAQUE)
-            if isinstance(pick, RouteError):
-                self._refuse(accepted, self._outbound, "no_endpoints", pick.reason)
-                return
-            addr, connect, lease = pick.addr, pick.connect or self._connect, pick.lease
+        connection (over the mesh transport when it is meshed). An endpoint that cannot be
+        reached is skipped by the balancer and another is picked, up to MAX_CONNECT_ATTEMPTS."""
         loop = asyncio.get_running_loop()
         read = self.metrics.tcp_read_bytes_total.labels(*labels.values())
         written = self.metrics.tcp_write_bytes_total.labels(*labels.values())
         client, upstream, done = relay.pair(loop, read.inc, written.inc)
-        try:
-            await connect(addr, lambda: upstream)
-        except (OSError, TimeoutError) as exc:
-            log.info("%s: connect to %s:%d failed: %s", labels.direction, *addr, exc)
-            accepted.sock.close()  # the client sees the connection closed (a reset)
-            if lease is not None:
-                lease.release()
-            return
+        lease: Lease | None = None
+        for attempt in range(1, MAX_CONNECT_ATTEMPTS + 1):
+            addr, connect, lease = target, self._connect, None
+            if destination is not None and self.router is not None:
+                pick = await self.router.pick(destination, SessionProtocol.OPAQUE)
+                if isinstance(pick, RouteError):
+                    self._refuse(accepted, self._outbound, "no_endpoints", pick.reason)
+                    return
+                if pick is not None:
+                    addr, connect, lease = pick.addr, pick.connect or self._connect, pick.lease
+            try:
+                await connect(addr, lambda: upstream)
+                break
+            except (OSError, TimeoutError) as exc:
+                log.info("%s: connect to %s:%d failed: %s", labels.direction, *addr, exc)
+                if lease is not None:
+                    lease.failed()
+                if lease is None or attempt == MAX_CONNECT_ATTEMPTS:
+                    accepted.sock.close()  # the client sees the connection closed (a reset)
+                    return
         if lease is not None:
             lease.responded()  # per connection: the connect time is the sample
         try:
@@ -438,6 +449,7 @@ def _router(
     return MeshRouter(
         Resolver(client), identity, metrics,
         connect_timeout=config.outbound_connect_timeout, clock=time.monotonic,
+        profile_suffixes=config.destination_profile_suffixes,
     )  # fmt: skip
 
 

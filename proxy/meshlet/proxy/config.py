@@ -69,6 +69,19 @@ def parse_ports(text: str) -> frozenset[int]:
     return frozenset(ports)
 
 
+def parse_suffixes(text: str) -> tuple[str, ...]:
+    """Comma-separated DNS suffixes (`svc.cluster.local.`); `.` alone means every name."""
+    suffixes: list[str] = []
+    for item in filter(None, (s.strip().lower() for s in text.split(","))):
+        name = item.strip(".")
+        if name and not re.fullmatch(
+            r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*", name
+        ):
+            raise ValueError(f"{item!r} is not a DNS suffix")
+        suffixes.append(name)
+    return tuple(suffixes)
+
+
 def _log_level(text: str) -> str:
     level = text.strip().lower()
     if level not in ("trace", "debug", "info", "warn", "warning", "error"):
@@ -101,6 +114,8 @@ class ProxyConfig:
     destination_svc_addr: str = ""
     destination_svc_name: str = ""
     destination_context: str = ""
+    # Request authorities under these suffixes (and IP literals) are looked up in discovery.
+    destination_profile_suffixes: tuple[str, ...] = ("svc.cluster.local",)
     identity_svc_addr: str = ""
     identity_svc_name: str = ""
     identity_local_name: str = ""
@@ -133,6 +148,7 @@ _PARSERS: Final[dict[str, Callable[[str], Any]]] = {
     "destination_svc_addr": _text,
     "destination_svc_name": _text,
     "destination_context": _text,
+    "destination_profile_suffixes": parse_suffixes,
     "identity_svc_addr": _text,
     "identity_svc_name": _text,
     "identity_local_name": _text,

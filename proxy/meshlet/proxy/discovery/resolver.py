@@ -246,6 +246,8 @@ class Resolver:
         if self._closed:
             raise RuntimeError("the resolver is closed")
         destination = self._destinations.get(target)
+        if destination is not None and destination.profile is not None:
+            return destination  # the common case: known, nothing to wait for
         if destination is None:
             destination = Destination(target, self._client, self._clock)
             self._destinations[target] = destination

@@ -31,6 +31,10 @@ class Lease(Protocol):
     def release(self) -> None:
         """The request is over, whatever its outcome (idempotent)."""
 
+    def failed(self) -> None:
+        """The endpoint could not be reached and nothing was sent: the balancer skips it for a
+        while (the request may be routed again)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:
@@ -41,6 +45,9 @@ class Endpoint:
     # How to reach it when not over plain TCP (the mesh transport); pools key on it.
     connect: Connect | None = None
     lease: Lease | None = None  # told of the first response byte and of the request's end
+    # The request's metric labels when they are not the client connection's: an outbound
+    # endpoint's own `target_addr`, `tls` and `server_id` (ConnLabels.values()).
+    labels: tuple[str, str, str, str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +74,10 @@ class Handoff(Protocol):
         `data_received` with the bytes read past what the previous owner consumed (so a protocol
         that pauses on them stays paused); a close that happened meanwhile is passed on."""
 
+
+# Endpoints tried for one request whose connections fail before anything is sent (each failure
+# makes the balancer skip that endpoint for a while; see outbound/balance.py).
+MAX_CONNECT_ATTEMPTS: Final = 3
 
 PROXY_ERROR_HEADER: Final = wellknown.PROXY_ERROR_HEADER.encode()
 CLIENT_ID_HEADER: Final = wellknown.CLIENT_ID_HEADER.encode()

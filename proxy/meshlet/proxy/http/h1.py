@@ -45,7 +45,7 @@ from typing import Any, Final, cast
 import httptools
 
 from meshlet.proxy.core.classify import classify
-from meshlet.proxy.http.contract import Endpoint, HttpConn, RouteError
+from meshlet.proxy.http.contract import MAX_CONNECT_ATTEMPTS, Endpoint, HttpConn, RouteError
 from meshlet.proxy.http.h1client import H1Upstream
 from meshlet.proxy.http.h1head import (
     MAX_TARGET_BYTES,
@@ -143,6 +143,7 @@ class _Request:
         "retried",
         "t0",
         "upstream",
+        "values",
     )
 
     def __init__(self, head: RequestHead) -> None:
@@ -161,6 +162,7 @@ class _Request:
         self.key: PoolKey | None = None
         self.upstream: H1Upstream | None = None
         self.label = ""
+        self.values: tuple[str, ...] | None = None  # metric labels when not the connection's
         self.t0 = 0.0
 
 
@@ -223,8 +225,9 @@ class H1Server(asyncio.Protocol):
         self._head_deadline: float | None = None
         self._last_io = 0.0
         self._upstream_transport: asyncio.Transport | None = None  # after an upgrade
-        self._request_counters: dict[str, Any] = {}
-        self._response_counters: dict[tuple[str, int], tuple[Any, Any]] = {}
+        Labels = tuple[str, ...] | None
+        self._request_counters: dict[tuple[Labels, str], Any] = {}
+        self._response_counters: dict[tuple[Labels, str, int], tuple[Any, Any]] = {}
 
     # -- the task: routing and connecting, one request at a time ---------------------------
 
@@ -257,45 +260,70 @@ class H1Server(asyncio.Protocol):
         if self._abandoned(req):
             return
         conn = self._conn
-        endpoint = req.endpoint
-        if endpoint is None:
-            req.t0 = _perf()
-            authority = req.head.authority
-            try:
-                target = await conn.route(authority)
-            except Exception:
-                log.exception("routing a request for %r failed", authority)
-                target = RouteError(502, "routing failed in the proxy")
-            if self._abandoned(req):
-                return
-            if isinstance(target, RouteError):
-                req.label = conn.metrics.authority_label(authority) if authority else ""
-                self._count_request(req.label)
-                self._answer(req, target.status, target.reason)
-                return
-            endpoint = req.endpoint = target
-            req.label = target.authority_label
-            self._count_request(req.label)
-        key: PoolKey = (endpoint.connect or conn.connect, endpoint.addr)
-        upstream = None if req.retried else self._pool.take(key)
-        if upstream is None:
+        attempts = 0
+        while True:
+            endpoint = req.endpoint
+            if endpoint is None:
+                endpoint = await self._route(req)
+                if endpoint is None:
+                    return
+            key: PoolKey = (endpoint.connect or conn.connect, endpoint.addr)
+            upstream = None if req.retried else self._pool.take(key)
+            if upstream is not None:
+                break
             limits = self._limits
             host, port = endpoint.addr
             try:
                 upstream = await self._pool.open(key, limits)
+                break
             except TimeoutError:
-                if not self._abandoned(req):
-                    why = f"connecting to {host}:{port} timed out after {limits.connect_timeout}s"
-                    self._answer(req, 504, why)
-                return
+                why = f"connecting to {host}:{port} timed out after {limits.connect_timeout}s"
+                status = 504
             except Exception as exc:  # refused, unreachable, TLS failure: all end here
-                if not self._abandoned(req):
-                    self._answer(req, 502, f"connecting to {host}:{port} failed: {exc}")
-                return
-            if self._abandoned(req):
-                self._pool.give(key, upstream)
-                return
+                why, status = f"connecting to {host}:{port} failed: {exc}", 502
+            attempts += 1
+            if endpoint.lease is not None and not self._abandoned(req):
+                # Nothing was sent: the balancer skips that endpoint and the request is routed
+                # again, maybe to another endpoint.
+                endpoint.lease.failed()
+                if attempts < MAX_CONNECT_ATTEMPTS:
+                    req.endpoint = None
+                    continue
+            if not self._abandoned(req):
+                self._answer(req, status, why)
+            return
+        if self._abandoned(req):
+            self._pool.give(key, upstream)
+            return
         self._attach(req, upstream, key)
+
+    async def _route(self, req: _Request) -> Endpoint | None:
+        """Where `req` goes (counted once per request), or None when answered locally."""
+        conn = self._conn
+        first = req.t0 == 0.0
+        if first:
+            req.t0 = _perf()
+        authority = req.head.authority
+        try:
+            target = await conn.route(authority)
+        except Exception:
+            log.exception("routing a request for %r failed", authority)
+            target = RouteError(502, "routing failed in the proxy")
+        if self._abandoned(req):
+            if not isinstance(target, RouteError) and target.lease is not None:
+                target.lease.release()
+            return None
+        if isinstance(target, RouteError):
+            if first:
+                req.label = conn.metrics.authority_label(authority) if authority else ""
+                self._count_request(req)
+            self._answer(req, target.status, target.reason)
+            return None
+        req.endpoint = target
+        if first:
+            req.label, req.values = target.authority_label, target.labels
+            self._count_request(req)
+        return target
 
     def _attach(self, req: _Request, upstream: H1Upstream, key: PoolKey) -> None:
         req.upstream, req.key = upstream, key
@@ -850,19 +878,22 @@ class H1Server(asyncio.Protocol):
 
     # -- metrics ----------------------------------------------------------------------------
 
-    def _count_request(self, label: str) -> None:
-        counter = self._request_counters.get(label)
+    def _count_request(self, req: _Request) -> None:
+        key = (req.values, req.label)
+        counter = self._request_counters.get(key)
         if counter is None:
             metric = self._conn.metrics.request_total
-            counter = self._request_counters[label] = metric.labels(*self._labels, label)
+            values = req.values or self._labels
+            counter = self._request_counters[key] = metric.labels(*values, req.label)
         counter.inc()
 
     def _count_response(self, req: _Request, status: int) -> None:
-        key = (req.label, status)
+        key = (req.values, req.label, status)
         counters = self._response_counters.get(key)
         if counters is None:
             metrics = self._conn.metrics
-            values = (*self._labels, req.label, str(status), "", classify(status, None))
+            labels = req.values or self._labels
+            values = (*labels, req.label, str(status), "", classify(status, None))
             counters = self._response_counters[key] = (
                 metrics.response_total.labels(*values),
                 metrics.response_latency_ms.labels(*values),

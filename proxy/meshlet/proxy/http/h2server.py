@@ -38,12 +38,12 @@ from h2.exceptions import ProtocolError
 from prometheus_client import Counter, Histogram
 
 from meshlet.proxy.core.classify import FAILURE, classify
-from meshlet.proxy.http.contract import HttpConn, RouteError
+from meshlet.proxy.http.contract import MAX_CONNECT_ATTEMPTS, HttpConn, RouteError
 from meshlet.proxy.http.h2conn import Peer, error_name, new_connection
 from meshlet.proxy.http.h2guard import Guard, GuardLimits
 from meshlet.proxy.http.h2headers import Malformed, local_response, read_request, read_trailers
 from meshlet.proxy.http.h2pool import H2Pool
-from meshlet.proxy.http.h2stream import MAX_ATTEMPTS, ProxyStream
+from meshlet.proxy.http.h2stream import ProxyStream
 
 log = logging.getLogger(__name__)
 
@@ -128,8 +128,9 @@ class H2Server(Peer):
         self._draining = False
         self._idle_seen = -1
         self._idle_timer: asyncio.TimerHandle | None = None
-        self._responses: dict[tuple[str, int, str, str], tuple[Counter, Histogram]] = {}
-        self._requests: dict[str, Counter] = {}
+        Labels = tuple[str, ...] | None
+        self._responses: dict[tuple[Labels, str, int, str, str], tuple[Counter, Histogram]] = {}
+        self._requests: dict[tuple[Labels, str], Counter] = {}
 
     # -- connection --
 
@@ -292,27 +293,34 @@ class H2Server(Peer):
 
     async def _forward(self, stream: ProxyStream) -> None:
         conn = self.conn
+        connects = 0
         try:
             while True:
                 target = await conn.route(stream.request.authority)
                 if stream.closed:
+                    if not isinstance(target, RouteError) and target.lease is not None:
+                        target.lease.release()
                     return
                 if isinstance(target, RouteError):
-                    self._count_request(
-                        conn.metrics.authority_label(stream.request.authority or "")
-                    )
+                    if stream.endpoint is None:
+                        self._count_request(
+                            conn.metrics.authority_label(stream.request.authority or ""), None
+                        )
                     stream.answer(target.status, target.reason)
                     return
                 if stream.endpoint is None:
-                    self._count_request(target.authority_label)
+                    self._count_request(target.authority_label, target.labels)
                 stream.endpoint = target
                 failed = await self.pool.open(target.addr, stream, target.connect)
                 if failed is None or stream.closed:
                     return
-                if stream.attempts >= MAX_ATTEMPTS:
+                connects += 1
+                if target.lease is not None:
+                    target.lease.failed()  # the balancer skips that endpoint for a while
+                if target.lease is None or connects >= MAX_CONNECT_ATTEMPTS:
                     stream.answer(502, failed.reason)
                     return
-                stream.attempts += 1  # not sent anywhere: once more, maybe to another endpoint
+                # Nothing was sent anywhere: route it again, maybe to another endpoint.
         except Exception:
             log.exception("forwarding stream %d failed", stream.down_id)
             stream.answer(502, "proxy error")
@@ -363,11 +371,13 @@ class H2Server(Peer):
 
     # -- metrics --
 
-    def _count_request(self, authority: str) -> None:
-        counter = self._requests.get(authority)
+    def _count_request(self, authority: str, labels: tuple[str, ...] | None) -> None:
+        key = (labels, authority)
+        counter = self._requests.get(key)
         if counter is None:
-            counter = self.conn.metrics.request_total.labels(*self._labels, authority)
-            self._requests[authority] = counter
+            values = labels or self._labels
+            counter = self.conn.metrics.request_total.labels(*values, authority)
+            self._requests[key] = counter
         counter.inc()
 
     def count_error(self, status: int | ErrorCodes) -> None:
@@ -383,13 +393,15 @@ class H2Server(Peer):
             if endpoint is not None
             else self.conn.metrics.authority_label(stream.request.authority or "")
         )
+        labels = endpoint.labels if endpoint is not None else None
         grpc_status = stream.grpc_status or ""
         classification = FAILURE if failed else classify(stream.status, grpc_status)
-        key = (authority, stream.status, grpc_status, classification)
+        key = (labels, authority, stream.status, grpc_status, classification)
         children = self._responses.get(key)
         if children is None:
             metrics = self.conn.metrics
-            values = (*self._labels, authority, str(stream.status), grpc_status, classification)
+            values = (*(labels or self._labels), authority, str(stream.status), grpc_status,
+                      classification)  # fmt: skip
             children = (
                 metrics.response_total.labels(*values),
                 metrics.response_latency_ms.labels(*values),

@@ -241,6 +241,8 @@ class ProxyStream:
             self._close(failed=True)
         elif unprocessed and self.req_sent == 0 and self.attempts < MAX_ATTEMPTS:
             self.attempts += 1
+            if self.endpoint is not None and self.endpoint.lease is not None:
+                self.endpoint.lease.release()  # routed again: a new lease
             self.req.done = False  # the head (and any trailers) go again on the next upstream
             self.server.forward(self)
         elif unprocessed:

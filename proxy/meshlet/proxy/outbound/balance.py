@@ -4,6 +4,11 @@ Each request takes a `Lease` on the endpoint it is sent to: the endpoint's pendi
 until the lease is released, and the time from `pick` to the first response byte is the RTT
 sample. Time and randomness are injected; endpoint statistics survive set updates for the
 endpoints that remain.
+
+An endpoint that could not be reached (`Lease.failed`: the connection was refused, timed out or
+its TLS failed, so nothing was sent) is left out of the choice for a backoff that doubles with
+each consecutive failure (`FAILURE_BACKOFF` up to `MAX_FAILURE_BACKOFF`) and is reset by its next
+response; while every endpoint is backing off, all of them are candidates again.
 """
 
 from __future__ import annotations
@@ -12,12 +17,15 @@ import random
 import time
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Final, Generic, TypeVar
 
 from meshlet.proxy.core import p2c
 from meshlet.proxy.core.ewma import DEFAULT_DECAY, DEFAULT_RTT, PeakEwma
 
 E = TypeVar("E", bound=Hashable)
+
+FAILURE_BACKOFF: Final = 0.5  # seconds an unreachable endpoint is skipped after one failure
+MAX_FAILURE_BACKOFF: Final = 10.0
 
 
 class NoEndpoints(Exception):
@@ -27,6 +35,8 @@ class NoEndpoints(Exception):
 @dataclass(slots=True)
 class _Stats:
     ewma: PeakEwma
+    failures: int = 0  # consecutive connection failures
+    down_until: float = 0.0  # skipped by `pick` until then
 
 
 @dataclass(slots=True)
@@ -35,6 +45,7 @@ class Lease(Generic[E]):
     _stats: _Stats
     _started: float
     _clock: Callable[[], float]
+    _on_failure: Callable[[float], None]
     _sampled: bool = field(default=False)
     _released: bool = field(default=False)
 
@@ -44,6 +55,20 @@ class Lease(Generic[E]):
             self._sampled = True
             now = self._clock()
             self._stats.ewma.observe(now - self._started, now)
+            self._stats.failures = 0
+
+    def failed(self) -> None:
+        """The endpoint could not be reached (nothing was sent): the request is over here and the
+        endpoint backs off. Does nothing after `release` or `responded`."""
+        if self._released or self._sampled:
+            return
+        self._released = self._sampled = True
+        stats = self._stats
+        stats.ewma.pending -= 1
+        stats.failures += 1
+        backoff = min(MAX_FAILURE_BACKOFF, FAILURE_BACKOFF * 2 ** min(stats.failures - 1, 16))
+        stats.down_until = self._clock() + backoff
+        self._on_failure(stats.down_until)
 
     def release(self) -> None:
         """The request is over (also after a failure, which then counts as a slow sample)."""
@@ -70,6 +95,7 @@ class Balancer(Generic[E]):
         self._default_rtt = default_rtt
         self._stats: dict[E, _Stats] = {}
         self._endpoints: list[E] = []
+        self._down_until = 0.0  # the latest backoff's end: before it, `pick` filters
 
     def update(self, endpoints: Iterable[E]) -> None:
         """Replaces the set; statistics are kept for endpoints still in it."""
@@ -87,10 +113,21 @@ class Balancer(Generic[E]):
     def load(self, endpoint: E) -> float:
         return self._stats[endpoint].ewma.load()
 
+    def backing_off(self, endpoint: E) -> bool:
+        return self._stats[endpoint].down_until > self._clock()
+
     def pick(self) -> Lease[E]:
         if not self._endpoints:
             raise NoEndpoints
-        endpoint = p2c.choose(self._endpoints, self.load, self._rng)
+        candidates = self._endpoints
+        now = self._clock()
+        if self._down_until > now:
+            up = [ep for ep in candidates if self._stats[ep].down_until <= now]
+            candidates = up or candidates
+        endpoint = p2c.choose(candidates, self.load, self._rng)
         stats = self._stats[endpoint]
         stats.ewma.pending += 1
-        return Lease(endpoint, stats, self._clock(), self._clock)
+        return Lease(endpoint, stats, now, self._clock, self._failed)
+
+    def _failed(self, down_until: float) -> None:
+        self._down_until = max(self._down_until, down_until)

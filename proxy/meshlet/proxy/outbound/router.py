@@ -1,7 +1,7 @@
 """Where outbound traffic goes once discovery knows the destination: the endpoint (balanced per
 request or per connection), and how to reach it (plain TCP, or mTLS to its proxy).
 
-- an unknown destination: the original destination as is, unmeshed;
+- an unknown destination: the original destination as is, unmeshed (`pick` returns None);
 - a pod (`kind == "endpoint"`): that endpoint;
 - a service: `dst_overrides` split traffic by weight between services first; then P2C over
   peak-EWMA among its endpoints. No endpoints fails fast (503 / a closed connection).
@@ -14,6 +14,7 @@ fails closed, never plaintext.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import random
 from collections.abc import Callable
@@ -25,11 +26,12 @@ from meshlet.proxy.core.endpoints import Endpoint as DiscoveredEndpoint
 from meshlet.proxy.core.endpoints import Status
 from meshlet.proxy.discovery.profile import DstOverride
 from meshlet.proxy.discovery.resolver import Destination, Resolver
-from meshlet.proxy.http.contract import Addr, Connect, RouteError
+from meshlet.proxy.http.contract import Addr, Connect, Endpoint, RouteError
 from meshlet.proxy.identity.manager import IdentityManager
-from meshlet.proxy.mesh.outbound import mesh_connect
+from meshlet.proxy.mesh.outbound import MeshConnectError, mesh_connect
 from meshlet.proxy.metrics import ProxyMetrics
 from meshlet.proxy.outbound.balance import Balancer, Lease, NoEndpoints
+from meshlet.proxy.targets import split_authority
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,11 @@ class Pick:
     label: str  # the bounded authority label
     lease: Lease[Addr] | None = None
     server_id: str = ""  # the peer's identity when meshed
+    labels: tuple[str, str, str, str, str] | None = None  # the request's metric labels
+
+    def endpoint(self) -> Endpoint:
+        """As the HTTP engines take it."""
+        return Endpoint(self.addr, self.label, self.connect, self.lease, self.labels)
 
 
 class MeshRouter:
@@ -57,6 +64,7 @@ class MeshRouter:
         connect_timeout: float,
         clock: Callable[[], float],
         rng: random.Random | None = None,
+        profile_suffixes: tuple[str, ...] = ("svc.cluster.local",),
     ) -> None:
         self.resolver = resolver
         self._identity = identity
@@ -64,6 +72,7 @@ class MeshRouter:
         self._timeout = connect_timeout
         self._clock = clock
         self._rng = rng or random.Random()
+        self._suffixes = profile_suffixes
         self._balancers: dict[str, tuple[int, Balancer[Addr]]] = {}
         self._connectors: dict[tuple[Addr, str, int, SessionProtocol, str], Connect] = {}
         if identity is not None:
@@ -72,22 +81,51 @@ class MeshRouter:
     async def destination(self, target: Addr) -> Destination:
         return await self.resolver.resolve(f"{target[0]}:{target[1]}")
 
+    async def pick_authority(
+        self, authority: str, session: SessionProtocol
+    ) -> Pick | RouteError | None:
+        """Where a request that was not redirected goes, by its authority: discovery for IP
+        literals and names under the profile suffixes; None for anything else, or what
+        discovery does not know (the caller then resolves the name itself)."""
+        parts = split_authority(authority)
+        if parts is None:
+            return None
+        host, port = parts[0].rstrip(".").lower(), parts[1]
+        if not self._discoverable(host):
+            return None
+        target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        destination = await self.resolver.resolve(target)
+        async with destination.use():
+            return await self.pick(destination, session)
+
+    def _discoverable(self, host: str) -> bool:
+        try:
+            ipaddress.ip_address(host)
+            return True
+        except ValueError:
+            pass
+        return any(
+            not suffix or host == suffix or host.endswith("." + suffix) for suffix in self._suffixes
+        )
+
     async def pick(
-        self, destination: Destination, target: Addr, session: SessionProtocol
-    ) -> Pick | RouteError:
+        self, destination: Destination, session: SessionProtocol
+    ) -> Pick | RouteError | None:
+        """The endpoint for one request or connection; None when discovery does not know the
+        destination (it is then sent where it was going, unmeshed)."""
         if destination.kind == "unknown":
-            return Pick(target, None, self._label(f"{target[0]}:{target[1]}"))
+            return None
         if destination.kind == "endpoint":
             endpoint = destination.endpoint
             if endpoint is None:
-                return Pick(target, None, self._label(f"{target[0]}:{target[1]}"))
-            return self._reach(endpoint, session, f"{target[0]}:{target[1]}", None)
+                return None
+            return self._reach(endpoint, session, destination.target, None)
         profile = destination.profile
         if profile is not None and profile.dst_overrides:
             chosen = self._split(profile.dst_overrides)
-            if chosen != f"{profile.fqn}:{target[1]}":
+            if chosen != f"{profile.fqn}:{destination.port}":
                 destination = await self.resolver.resolve(chosen)
-        return await self._balanced(destination, target, session)
+        return await self._balanced(destination, session)
 
     def _split(self, overrides: tuple[DstOverride, ...]) -> str:
         """An override's authority, drawn by weight (the first when all weigh nothing)."""
@@ -97,8 +135,8 @@ class MeshRouter:
         return self._rng.choices(overrides, weights=weights)[0].authority
 
     async def _balanced(
-        self, destination: Destination, target: Addr, session: SessionProtocol
-    ) -> Pick | RouteError:
+        self, destination: Destination, session: SessionProtocol
+    ) -> Pick | RouteError | None:
         if destination.endpoints.status is Status.PENDING:
             try:
                 async with asyncio.timeout(ENDPOINTS_WAIT):
@@ -107,9 +145,9 @@ class MeshRouter:
                 return self._fail_fast("the destination service has not reported endpoints")
         endpoints = destination.endpoints
         name = destination.profile.fqn if destination.profile else None
-        authority = f"{name}:{target[1]}" if name else f"{target[0]}:{target[1]}"
+        authority = f"{name}:{destination.port}" if name else destination.target
         if endpoints.status is Status.UNKNOWN:
-            return Pick(target, None, self._label(authority))
+            return None
         version, balancer = self._balancers.get(authority) or (-1, self._new_balancer())
         if version != endpoints.version:
             balancer.update(endpoints.endpoints)
@@ -129,8 +167,12 @@ class MeshRouter:
     ) -> Pick | RouteError:
         label = self._label(authority)
         identity = endpoint.identity
+        where = f"{endpoint.addr[0]}:{endpoint.addr[1]}"
         if identity is None or endpoint.opaque_transport_port is None:
-            return Pick(endpoint.addr, None, label, lease)
+            labels = self._metrics.conn(
+                "outbound", where, no_tls_reason="not_provided_by_service_discovery"
+            ).values()
+            return Pick(endpoint.addr, None, label, lease, labels=labels)
         manager = self._identity
         if manager is None or not manager.ready:
             if lease is not None:
@@ -143,11 +185,32 @@ class MeshRouter:
         key = (proxy_addr, identity.name, endpoint.addr[1], session, authority)
         connect = self._connectors.get(key)
         if connect is None:
-            connect = self._connectors[key] = mesh_connect(
-                manager.client_context(), identity.name, endpoint.addr[1], session, authority,
-                timeout=self._timeout,
+            connect = self._connectors[key] = self._counted(
+                mesh_connect(
+                    manager.client_context(), identity.name, endpoint.addr[1], session, authority,
+                    timeout=self._timeout,
+                )
             )  # fmt: skip
-        return Pick(proxy_addr, connect, label, lease, identity.name)
+        labels = self._metrics.conn(
+            "outbound", where, tls="true", no_tls_reason="", peer_id=identity.name
+        ).values()
+        return Pick(proxy_addr, connect, label, lease, identity.name, labels)
+
+    def _counted(self, connect: Connect) -> Connect:
+        """`connect`, counting the connections this side refuses (the peer's certificate or
+        session failed a check) by reason."""
+        refused = self._metrics.fail_fast_total
+
+        async def counted(
+            addr: Addr, factory: Callable[[], asyncio.Protocol]
+        ) -> tuple[asyncio.Transport, asyncio.Protocol]:
+            try:
+                return await connect(addr, factory)
+            except MeshConnectError as exc:
+                refused.labels("outbound", exc.reason.value).inc()
+                raise
+
+        return counted
 
     def _new_balancer(self) -> Balancer[Addr]:
         return Balancer(clock=self._clock, rng=self._rng)
