@@ -6,6 +6,7 @@ import datetime as dt
 import itertools
 import os
 import shutil
+import ssl
 import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -48,6 +49,20 @@ class TestCA:
         self.anchors_path.write_bytes(ca.cert_pem(self.anchor))
         (self.issuer_dir / wellknown.ISSUER_CERT_KEY).write_bytes(ca.cert_pem(self.issuer))
         (self.issuer_dir / wellknown.ISSUER_KEY_KEY).write_bytes(ca.key_pem(self.issuer_key))
+
+    def serving_cert(self, name: str, directory: Path) -> tuple[Path, Path]:
+        """(chain, key) PEM files of a leaf for `name` from the current issuer: a control-plane
+        service's TLS certificate."""
+        from meshlet.controlplane.identity import signer
+
+        issuer = ca.Issuer(chain=(self.issuer,), key=self.issuer_key, anchors=(self.anchor,))
+        key = ca.new_key()
+        leaf = signer.issue_leaf(issuer, key.public_key(), name, dt.datetime.now(dt.UTC))
+        directory.mkdir(parents=True, exist_ok=True)
+        chain, key_path = directory / f"{name}.crt", directory / f"{name}.key"
+        chain.write_bytes(ssl.DER_cert_to_PEM_cert(leaf.der).encode() + ca.cert_pem(self.issuer))
+        key_path.write_bytes(ca.key_pem(key))
+        return chain, key_path
 
     def rotate_issuer(
         self, now: dt.datetime | None = None, lifetime: dt.timedelta = ca.ISSUER_LIFETIME

@@ -75,7 +75,7 @@ async def test_unredirected_http_is_routed_by_authority(proxy: Proxy) -> None:
     assert proxy.metrics.registry.get_sample_value(
         "tcp_open_total",
         {"direction": "outbound", "target_addr": "authority", "tls": "no_identity",
-         "no_tls_reason": "not_provided_by_remote", "peer_id": ""},
+         "no_tls_reason": "not_provided_by_remote", "client_id": "", "server_id": ""},
     ) == 1.0  # fmt: skip
 
 

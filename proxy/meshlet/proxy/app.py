@@ -394,7 +394,7 @@ class Proxy:
         target = outcome.target
         labels = self.metrics.conn(
             "inbound", f"{target[0]}:{target[1]}", tls="true", no_tls_reason="",
-            peer_id=outcome.client_id,
+            client_id=outcome.client_id,
         )  # fmt: skip
         async with self._counted(labels):
             protocol = outcome.header.protocol

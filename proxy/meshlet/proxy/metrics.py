@@ -43,13 +43,16 @@ class ConnLabels:
     target_addr: str
     tls: str = "no_identity"  # "true" | "no_identity"
     no_tls_reason: str = "not_provided_by_remote"
-    peer_id: str = ""  # client_id (inbound) or server_id (outbound)
+    client_id: str = ""  # inbound over mTLS: the client's identity
+    server_id: str = ""  # outbound over mTLS: the server's identity
 
-    def values(self) -> tuple[str, str, str, str, str]:
-        return self.direction, self.target_addr, self.tls, self.no_tls_reason, self.peer_id
+    def values(self) -> Values:
+        return (self.direction, self.target_addr, self.tls, self.no_tls_reason, self.client_id,
+                self.server_id)  # fmt: skip
 
 
-_CONN: Final = ["direction", "target_addr", "tls", "no_tls_reason", "peer_id"]
+Values = tuple[str, str, str, str, str, str]  # ConnLabels.values(), in _CONN's order
+_CONN: Final = ["direction", "target_addr", "tls", "no_tls_reason", "client_id", "server_id"]
 _REQUEST: Final = [*_CONN, "authority"]
 _RESPONSE: Final = [*_REQUEST, "status_code", "grpc_status", "classification"]
 

@@ -7,7 +7,6 @@ import asyncio
 import datetime as dt
 import random
 import socket
-import ssl
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing, asynccontextmanager
 from pathlib import Path
@@ -21,7 +20,7 @@ from grpclib.server import Server
 
 from meshlet.api import destination_grpc, destination_pb2
 from meshlet.controlplane.destination.server import DestinationConfig, DestinationServer
-from meshlet.controlplane.identity import ca, signer
+from meshlet.controlplane.identity import ca
 from meshlet.controlplane.k8s import objects
 from meshlet.controlplane.k8s.manifests import ManifestsSource
 from meshlet.proxy.core.endpoints import Add, NoEndpoints
@@ -70,22 +69,11 @@ def manifests(tmp_path: Path) -> Path:
     return root
 
 
-def issue_destination_cert(test_ca: Any, directory: Path, name: str = DEST_ID) -> tuple[Path, Path]:
-    """A serving certificate for the destination service, issued by the test CA's issuer."""
-    issuer = ca.Issuer(chain=(test_ca.issuer,), key=test_ca.issuer_key, anchors=(test_ca.anchor,))
-    key = ca.new_key()
-    leaf = signer.issue_leaf(issuer, key.public_key(), name, dt.datetime.now(dt.UTC))
-    chain, key_path = directory / "destination.crt", directory / "destination.key"
-    chain.write_bytes(ssl.DER_cert_to_PEM_cert(leaf.der).encode() + ca.cert_pem(test_ca.issuer))
-    key_path.write_bytes(ca.key_pem(key))
-    return chain, key_path
-
-
 @pytest.fixture
 async def tls_server(
     manifests: Path, test_ca: Any, tmp_path: Path
 ) -> AsyncIterator[DestinationServer]:
-    server = await start_server(manifests, tls=issue_destination_cert(test_ca, tmp_path))
+    server = await start_server(manifests, tls=test_ca.serving_cert(DEST_ID, tmp_path))
     yield server
     await server.stop(grace=0)
 

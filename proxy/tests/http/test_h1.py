@@ -812,7 +812,8 @@ async def test_metrics_count_requests_responses_and_local_errors(
         "target_addr": f"127.0.0.1:{proxy.port}",
         "tls": "no_identity",
         "no_tls_reason": "not_provided_by_remote",
-        "peer_id": "",
+        "client_id": "",
+        "server_id": "",
         "authority": f"{host}:{port}",
     }
     assert registry.get_sample_value("request_total", labels) == 4

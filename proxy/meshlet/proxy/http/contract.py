@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Final, Protocol
 
 from meshlet.api import wellknown
-from meshlet.proxy.metrics import ConnLabels, ProxyMetrics
+from meshlet.proxy.metrics import ConnLabels, ProxyMetrics, Values
 
 Addr = tuple[str, int]
 
@@ -47,7 +47,7 @@ class Endpoint:
     lease: Lease | None = None  # told of the first response byte and of the request's end
     # The request's metric labels when they are not the client connection's: an outbound
     # endpoint's own `target_addr`, `tls` and `server_id` (ConnLabels.values()).
-    labels: tuple[str, str, str, str, str] | None = None
+    labels: Values | None = None
 
 
 @dataclass(frozen=True, slots=True)

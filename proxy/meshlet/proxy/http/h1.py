@@ -61,6 +61,7 @@ from meshlet.proxy.http.h1head import (
 )
 from meshlet.proxy.http.h1pool import H1Pool, PoolKey
 from meshlet.proxy.io import relay
+from meshlet.proxy.metrics import Values
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +163,7 @@ class _Request:
         self.key: PoolKey | None = None
         self.upstream: H1Upstream | None = None
         self.label = ""
-        self.values: tuple[str, ...] | None = None  # metric labels when not the connection's
+        self.values: Values | None = None  # metric labels when not the connection's
         self.t0 = 0.0
 
 
@@ -225,9 +226,8 @@ class H1Server(asyncio.Protocol):
         self._head_deadline: float | None = None
         self._last_io = 0.0
         self._upstream_transport: asyncio.Transport | None = None  # after an upgrade
-        Labels = tuple[str, ...] | None
-        self._request_counters: dict[tuple[Labels, str], Any] = {}
-        self._response_counters: dict[tuple[Labels, str, int], tuple[Any, Any]] = {}
+        self._request_counters: dict[tuple[Values | None, str], Any] = {}
+        self._response_counters: dict[tuple[Values | None, str, int], tuple[Any, Any]] = {}
 
     # -- the task: routing and connecting, one request at a time ---------------------------
 

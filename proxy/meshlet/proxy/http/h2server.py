@@ -44,6 +44,7 @@ from meshlet.proxy.http.h2guard import Guard, GuardLimits
 from meshlet.proxy.http.h2headers import Malformed, local_response, read_request, read_trailers
 from meshlet.proxy.http.h2pool import H2Pool
 from meshlet.proxy.http.h2stream import ProxyStream
+from meshlet.proxy.metrics import Values
 
 log = logging.getLogger(__name__)
 
@@ -128,9 +129,9 @@ class H2Server(Peer):
         self._draining = False
         self._idle_seen = -1
         self._idle_timer: asyncio.TimerHandle | None = None
-        Labels = tuple[str, ...] | None
-        self._responses: dict[tuple[Labels, str, int, str, str], tuple[Counter, Histogram]] = {}
-        self._requests: dict[tuple[Labels, str], Counter] = {}
+        Key = tuple[Values | None, str, int, str, str]
+        self._responses: dict[Key, tuple[Counter, Histogram]] = {}
+        self._requests: dict[tuple[Values | None, str], Counter] = {}
 
     # -- connection --
 
@@ -371,7 +372,7 @@ class H2Server(Peer):
 
     # -- metrics --
 
-    def _count_request(self, authority: str, labels: tuple[str, ...] | None) -> None:
+    def _count_request(self, authority: str, labels: Values | None) -> None:
         key = (labels, authority)
         counter = self._requests.get(key)
         if counter is None:

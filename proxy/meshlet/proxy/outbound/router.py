@@ -29,7 +29,7 @@ from meshlet.proxy.discovery.resolver import Destination, Resolver
 from meshlet.proxy.http.contract import Addr, Connect, Endpoint, RouteError
 from meshlet.proxy.identity.manager import IdentityManager
 from meshlet.proxy.mesh.outbound import MeshConnectError, mesh_connect
-from meshlet.proxy.metrics import ProxyMetrics
+from meshlet.proxy.metrics import ProxyMetrics, Values
 from meshlet.proxy.outbound.balance import Balancer, Lease, NoEndpoints
 from meshlet.proxy.targets import split_authority
 
@@ -47,7 +47,7 @@ class Pick:
     label: str  # the bounded authority label
     lease: Lease[Addr] | None = None
     server_id: str = ""  # the peer's identity when meshed
-    labels: tuple[str, str, str, str, str] | None = None  # the request's metric labels
+    labels: Values | None = None  # the request's metric labels
 
     def endpoint(self) -> Endpoint:
         """As the HTTP engines take it."""
@@ -192,7 +192,7 @@ class MeshRouter:
                 )
             )  # fmt: skip
         labels = self._metrics.conn(
-            "outbound", where, tls="true", no_tls_reason="", peer_id=identity.name
+            "outbound", where, tls="true", no_tls_reason="", server_id=identity.name
         ).values()
         return Pick(proxy_addr, connect, label, lease, identity.name, labels)
 
