@@ -145,3 +145,33 @@ def test_backoff_is_bounded_and_pending_counts_return_to_zero(
     clock.now += MAX_FAILURE_BACKOFF + 0.001
     assert not any(balancer.backing_off(ep) for ep in range(endpoints))
     assert all(balancer._stats[ep].ewma.pending == 0 for ep in range(endpoints))
+
+
+def test_a_slow_endpoint_is_probed_again_as_its_estimate_decays() -> None:
+    """Under steady traffic the avoided endpoint's estimate decays until it is tried again:
+    a replica that recovers gets traffic back (at most every ~decay * ln(slow/fast) seconds
+    while it stays slow)."""
+    clock = Clock()
+    balancer: Balancer[str] = Balancer(clock=clock, rng=random.Random(7))
+    balancer.update(["a", "b", "slow"])
+    rtt = {"a": 0.002, "b": 0.002, "slow": 0.052}
+    probes = []
+    while clock.now < 120.0:
+        lease = balancer.pick()
+        clock.now += rtt[lease.endpoint]
+        lease.release()
+        clock.now += 0.010
+        if lease.endpoint == "slow" and clock.now > 5.0:
+            probes.append(clock.now)
+    assert 2 <= len(probes) <= 20, probes
+    rtt["slow"] = 0.002  # it recovered: after its next probe it shares the traffic again
+    picks: Counter[str] = Counter()
+    start = clock.now
+    while clock.now < start + 60.0:
+        lease = balancer.pick()
+        clock.now += rtt[lease.endpoint]
+        lease.release()
+        clock.now += 0.010
+        if clock.now > start + 40.0:
+            picks[lease.endpoint] += 1
+    assert picks["slow"] / sum(picks.values()) > 0.2, picks

@@ -145,7 +145,7 @@ class Proxy:
             *(listener.drain(self.config.shutdown_grace_period) for listener in self.listeners)
         )
         if self.router is not None:
-            await self.router.resolver.aclose()
+            await self.router.aclose()
         if self._h1_pool is not None:
             self._h1_pool.close()
         if self._h2_pool is not None:
@@ -447,7 +447,7 @@ def _router(
         config.destination_context,
     )
     return MeshRouter(
-        Resolver(client), identity, metrics,
+        client, Resolver(client), identity, metrics,
         connect_timeout=config.outbound_connect_timeout, clock=time.monotonic,
         profile_suffixes=config.destination_profile_suffixes,
     )  # fmt: skip

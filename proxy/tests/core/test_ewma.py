@@ -11,7 +11,7 @@ from meshlet.proxy.core.ewma import DEFAULT_RTT, PeakEwma
 
 
 def test_starts_at_the_default_rtt() -> None:
-    assert PeakEwma().load() == DEFAULT_RTT
+    assert PeakEwma().load(now=5.0) == DEFAULT_RTT
 
 
 def test_a_peak_replaces_the_estimate_at_once() -> None:
@@ -36,7 +36,25 @@ def test_pending_requests_multiply_the_load() -> None:
     ewma = PeakEwma()
     ewma.observe(0.020, now=0.0)
     ewma.pending = 3
-    assert math.isclose(ewma.load(), 0.080)
+    assert math.isclose(ewma.load(now=0.0), 0.080)
+
+
+def test_without_samples_the_load_decays_toward_zero() -> None:
+    """A slow endpoint that stopped getting requests looks faster as time passes (Linkerd's
+    RttEstimate::decay), so it is tried again."""
+    ewma = PeakEwma(decay=10.0)
+    ewma.observe(0.050, now=0.0)
+    assert math.isclose(ewma.load(now=0.0), 0.050)
+    assert math.isclose(ewma.load(now=10.0), 0.050 * math.exp(-1))
+    assert math.isclose(ewma.load(now=20.0), 0.050 * math.exp(-2))  # read twice: same curve
+    ewma.observe(0.040, now=20.0)  # a peak above the decayed estimate is taken at once
+    assert ewma.estimate == 0.040
+
+
+def test_the_default_estimate_decays_from_the_first_look() -> None:
+    ewma = PeakEwma(decay=10.0)
+    assert ewma.load(now=100.0) == DEFAULT_RTT
+    assert math.isclose(ewma.load(now=110.0), DEFAULT_RTT * math.exp(-1))
 
 
 @given(st.lists(st.tuples(st.floats(0.0, 10.0), st.floats(0.0, 100.0)), min_size=1, max_size=50))

@@ -111,7 +111,7 @@ class Balancer(Generic[E]):
         return list(self._endpoints)
 
     def load(self, endpoint: E) -> float:
-        return self._stats[endpoint].ewma.load()
+        return self._stats[endpoint].ewma.load(self._clock())
 
     def backing_off(self, endpoint: E) -> bool:
         return self._stats[endpoint].down_until > self._clock()

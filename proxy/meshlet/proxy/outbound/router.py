@@ -24,6 +24,7 @@ from typing import Final
 from meshlet.api.transport_header import SessionProtocol
 from meshlet.proxy.core.endpoints import Endpoint as DiscoveredEndpoint
 from meshlet.proxy.core.endpoints import Status
+from meshlet.proxy.discovery.client import DestinationClient
 from meshlet.proxy.discovery.profile import DstOverride
 from meshlet.proxy.discovery.resolver import Destination, Resolver
 from meshlet.proxy.http.contract import Addr, Connect, Endpoint, RouteError
@@ -57,6 +58,7 @@ class Pick:
 class MeshRouter:
     def __init__(
         self,
+        client: DestinationClient,
         resolver: Resolver,
         identity: IdentityManager | None,
         metrics: ProxyMetrics,
@@ -67,6 +69,7 @@ class MeshRouter:
         profile_suffixes: tuple[str, ...] = ("svc.cluster.local",),
     ) -> None:
         self.resolver = resolver
+        self._client = client
         self._identity = identity
         self._metrics = metrics
         self._timeout = connect_timeout
@@ -77,6 +80,12 @@ class MeshRouter:
         self._connectors: dict[tuple[Addr, str, int, SessionProtocol, str], Connect] = {}
         if identity is not None:
             identity.on_change(self._connectors.clear)  # new certificate: new connections
+
+    async def aclose(self) -> None:
+        """Ends discovery: the resolver's streams, then the connection to the destination
+        service."""
+        await self.resolver.aclose()
+        await self._client.aclose()
 
     async def destination(self, target: Addr) -> Destination:
         return await self.resolver.resolve(f"{target[0]}:{target[1]}")
