@@ -333,13 +333,19 @@ class Mesh:
             f"{p}SHUTDOWN_GRACE_PERIOD": "1s",
         }
 
-    async def start_pod(self, name: str, ip: str, token: str, *, app: bool) -> Pod:
+    async def start_pod(
+        self, name: str, ip: str, token: str, *, app: bool, wait_ready: bool = True
+    ) -> Pod:
+        """Starts the pod's app and proxy, and waits for the proxy's certificate (as a readiness
+        probe keeps a pod out of its service's endpoints until then)."""
         pod = self.pods[name] = Pod(name, ip, token)
         if app:
             pod.app = App(name, ip)
             await pod.app.start()
-        pod.proxy = Proxy(load(self.env(pod)))
-        await pod.proxy.start()
+        proxy = pod.proxy = Proxy(load(self.env(pod)))
+        await proxy.start()
+        if wait_ready:
+            await eventually(proxy.ready)
         return pod
 
     async def kill(self, name: str) -> None:
@@ -394,8 +400,6 @@ async def mesh(test_ca: Any, tmp_path: Path) -> AsyncIterator[Mesh]:
         for name, ip in REPLICAS.items():
             await mesh.start_pod(name, ip, "tok-web", app=True)
         await mesh.start_pod("vote-bot", CLIENT_IP, "tok-bot", app=False)
-        await eventually(lambda: all(p.proxy is not None and p.proxy.ready()
-                                     for p in mesh.pods.values()))  # fmt: skip
         yield mesh
     finally:
         await mesh.close()
@@ -643,8 +647,7 @@ async def test_a_replica_that_dies_costs_no_request(mesh: Mesh) -> None:
 
 async def test_identity_down_at_start_keeps_ready_503_until_it_returns(mesh: Mesh) -> None:
     await mesh.stop_identity()
-    mesh.put("web-4", web_pod("web-4", "127.0.0.6"))
-    pod = await mesh.start_pod("web-4", "127.0.0.6", "tok-web", app=True)
+    pod = await mesh.start_pod("web-4", "127.0.0.6", "tok-web", app=True, wait_ready=False)
     assert pod.proxy is not None
     await asyncio.sleep(1.0)
     assert not pod.proxy.ready()
@@ -662,14 +665,12 @@ async def test_a_pod_whose_proxy_holds_another_identity_gets_nothing(mesh: Mesh)
     refuses the handshake for `api`'s; nothing is sent in plaintext and nothing reaches the app.
     (A peer that completes the handshake with another name's certificate is refused by the
     client side: proxy/tests/mesh/test_outbound.py.)"""
+    pod = await mesh.start_pod("api-1", "127.0.0.6", "tok-impostor", app=True)
     mesh.put("api", objects.service("api", NS, cluster_ip="10.96.0.21"),
              objects.pod("api-1", "127.0.0.6", NS, app="api", sa="api"))  # fmt: skip
-    pod = await mesh.start_pod("api-1", "127.0.0.6", "tok-impostor", app=True)
-    assert pod.proxy is not None
-    await eventually(pod.proxy.ready)
     client = await H1Client.connect(mesh.pods["vote-bot"].outbound)
     try:
-        status, fields, _ = await client.get(f"api.{NS}.svc.cluster.local:80")
+        status, fields = await discovered(client, f"api.{NS}.svc.cluster.local:80")
         assert status == 502
         error = fields[wellknown.PROXY_ERROR_HEADER]
         assert "refused (handshake_failed)" in error, error
@@ -681,3 +682,93 @@ async def test_a_pod_whose_proxy_holds_another_identity_gets_nothing(mesh: Mesh)
     assert bot.metric("fail_fast_total", direction="outbound", reason="handshake_failed") >= 1
     assert pod.metric("fail_fast_total", direction="inbound", reason="not_our_identity") >= 1
     assert pod.metric("request_total", direction="inbound") == 0
+
+
+# --- what discovery says -----------------------------------------------------------------------
+
+
+async def test_dst_overrides_split_traffic_between_services_by_weight(mesh: Mesh) -> None:
+    # A canary: service web-v2 with one pod; web's ServiceProfile sends it a quarter of web's
+    # traffic.
+    await mesh.start_pod("web-v2-1", "127.0.0.7", "tok-web", app=True)
+    mesh.put("web-v2", objects.service("web-v2", NS, cluster_ip="10.96.0.22"),
+             objects.pod("web-v2-1", "127.0.0.7", NS, app="web-v2", sa="web"))  # fmt: skip
+    mesh.put("profile", objects.profile("web", {"dstOverrides": [
+        {"authority": f"{FQN}:{HTTP_PORT}", "weight": 3},
+        {"authority": f"web-v2.{NS}.svc.cluster.local:80", "weight": 1},
+    ]}))  # fmt: skip
+    client = await H1Client.connect(mesh.pods["vote-bot"].outbound)
+    try:
+        await eventually_async(
+            lambda: client_reaches(client, "web-v2-1"), within=10
+        )  # the profile reached the proxy
+        seen: Counter[str] = Counter()
+        for _ in range(400):
+            status, _, body = await client.get(f"{FQN}:{HTTP_PORT}")
+            assert status == 200
+            seen["canary" if pod_of(body) == "web-v2-1" else "web"] += 1
+    finally:
+        await client.close()
+    assert 0.15 < seen["canary"] / 400 < 0.35, seen  # 25 % expected; binomial sd 2.2 %
+
+
+async def discovered(client: H1Client, authority: str) -> tuple[int, dict[str, str]]:
+    """The first answer for `authority` once the destination service has read the manifest
+    naming it (until then the name is unknown and does not resolve)."""
+    async with asyncio.timeout(5):
+        while True:
+            status, fields, _ = await client.get(authority)
+            if "does not resolve" not in fields.get(wellknown.PROXY_ERROR_HEADER, ""):
+                return status, fields
+            await asyncio.sleep(0.05)
+
+
+async def client_reaches(client: H1Client, pod: str) -> bool:
+    for _ in range(20):
+        _, _, body = await client.get(f"{FQN}:{HTTP_PORT}")
+        if pod_of(body) == pod:
+            return True
+    return False
+
+
+async def eventually_async(check: Callable[[], Awaitable[bool]], within: float) -> None:
+    async with asyncio.timeout(within):
+        while not await check():
+            await asyncio.sleep(0.05)
+
+
+async def test_a_service_without_endpoints_fails_fast_with_503(mesh: Mesh) -> None:
+    mesh.put("empty", objects.service("empty", NS, cluster_ip="10.96.0.23"))  # selects no pod
+    client = await H1Client.connect(mesh.pods["vote-bot"].outbound)
+    authority = f"empty.{NS}.svc.cluster.local:80"
+
+    try:
+        assert (await discovered(client, authority))[0] == 503
+        loop = asyncio.get_running_loop()
+        for _ in range(3):
+            started = loop.time()
+            status, fields, _ = await client.get(authority)
+            assert status == 503, fields
+            assert "no endpoints" in fields[wellknown.PROXY_ERROR_HEADER]
+            assert loop.time() - started < 1.0
+    finally:
+        await client.close()
+    assert mesh.pods["vote-bot"].metric("fail_fast_total", reason="no_endpoints") >= 4
+
+
+async def test_what_discovery_does_not_know_is_forwarded_as_is_unmeshed(mesh: Mesh) -> None:
+    """An address that is no service and no pod (`no_endpoints{exists: false}`) goes where the
+    client sent it, in plaintext."""
+    outside = App("outside", "127.0.0.9")
+    await outside.start()
+    client = await H1Client.connect(mesh.pods["vote-bot"].outbound)
+    try:
+        status, _, body = await client.get("127.0.0.9:8080")
+        assert status == 200
+        assert json.loads(body) == {"pod": "outside", "client_id": None}  # no mTLS: no identity
+    finally:
+        await client.close()
+        await outside.stop()
+    assert mesh.pods["vote-bot"].metric(
+        "request_total", direction="outbound", authority="127.0.0.9:8080", tls="no_identity"
+    ) == 1  # fmt: skip
