@@ -1,4 +1,4 @@
-"""Proxy data path: direct vs meshlet vs nginx vs haproxy, per request and per byte.
+"""Proxy data path: direct vs meshlet vs the meshed hop vs nginx vs haproxy, per request and byte.
 
 For HTTP/1.1 keep-alive, HTTP/2 (h2c), gRPC unary and TCP bulk, each proxy is started fresh,
 checked with one real request, then driven (1) at saturation for a fixed time (wrk, h2load,
@@ -6,6 +6,15 @@ iperf3) and (2) at a fixed request rate (h2load --rps, per-request log). The pro
 utime+stime of its process tree from /proc before and after each run, divided by the requests
 (or MiB) completed; its RSS is VmRSS summed over the tree, idle after start and peak under load.
 Load generators, upstreams and this script share CPU 0; the proxy under test has CPU 1.
+
+`meshlet` is one unmeshed proxy routing by authority. `meshlet-mesh` is the full meshed hop
+(bench/proxy_mesh.py): the load goes to a client-side meshlet's outbound listener, which finds
+the server pod through the destination service and sends each request over mutual TLS 1.3 to
+the server-side meshlet's inbound listener, which forwards it to the upstream. Both proxies run
+on the proxy CPU and their CPU and RSS are summed; the control plane (identity, destination)
+starts before the first such row, on the load CPU. Its rows fail unless the client proxy's
+metrics show the probe went over mTLS to the server's identity. Opaque TCP is not measured
+there: over the mesh it needs the original destination (iptables) on the client side.
 
 As root, missing tools are installed with apt-get and the whole run happens in a fresh network
 namespace, where an iptables REDIRECT sends the TCP client's connections through meshlet's
@@ -25,21 +34,20 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from bench import proxy_configs, proxy_load, proxy_tools
+from bench import proxy_configs, proxy_load, proxy_mesh, proxy_tools
 from bench.proxy_procs import (
     CpuMeter,
     Processes,
     StartError,
+    free_port,
     log_tail,
     machine_cpu,
     own_cpu,
@@ -47,6 +55,7 @@ from bench.proxy_procs import (
     tree,
     wait_for_line,
     wait_for_port,
+    wait_for_ready,
 )
 from bench.proxy_report import Row, RunFacts, Scenario, render
 from bench.proxy_upstream import PATH as GRPC_PATH
@@ -58,9 +67,18 @@ RESULTS: Final = Path(__file__).parent / "results"
 NETNS_ENV: Final = "MESHLET_BENCH_IN_NETNS"
 CLIENT_GID: Final = 47110  # the TCP client's gid, which the iptables REDIRECT matches
 GRPC_HEADERS: Final = ("content-type: application/grpc", "te: trailers")
-PROXIES: Final = ("direct", "meshlet", "nginx", "haproxy")
+PROXIES: Final = ("direct", "meshlet", "meshlet-mesh", "nginx", "haproxy")
 STARTUP_TIMEOUT: Final = 20.0
 DEFAULT_MESHLET: Final = "{python} -m meshlet.proxy.main"
+
+MESH_NOTE: Final = (
+    "two meshlet proxies (client side, server side) with mutual TLS between them: CPU and RSS "
+    "summed over both"
+)
+MESH_TCP: Final = (
+    "opaque TCP over the mesh needs the original destination (iptables) on the client side; "
+    "not measured"
+)
 
 NEEDS: Final = {  # scenario -> (upstream, load tools) it cannot run without
     Scenario.H1: ("nginx", ("wrk", "h2load")),
@@ -87,18 +105,25 @@ class Bench:
     nginx_ports: proxy_configs.Ports | None = None
     haproxy_ports: proxy_configs.Ports | None = None
     unavailable: dict[str, str] = field(default_factory=dict)  # proxy -> why it did not start
+    control_plane: proxy_mesh.ControlPlane | None = None  # started for the first meshed row
     noise: str = ""  # how much else the machine was doing meanwhile
     meshlet_idle_kib: int | None = None
 
     # -- proxies under test ------------------------------------------------------------------
 
-    def start_proxy(self, proxy: str) -> tuple[subprocess.Popen[bytes], Path] | None:
-        """Start `proxy` fresh on the proxy CPU and wait until it serves; returns it and its
-        log (None for direct)."""
+    def start_proxy(self, proxy: str) -> list[tuple[subprocess.Popen[bytes], Path]]:
+        """Start `proxy` fresh on the proxy CPU and wait until it serves; returns its processes
+        with their logs (none for direct, two for meshlet-mesh)."""
         if proxy == "direct":
-            return None
+            return []
         if proxy == "meshlet":
-            return self._start_meshlet()
+            listen = {
+                f"MESHLET_PROXY_{name.upper()}_LISTEN_ADDR": f"127.0.0.1:{port}"
+                for name, port in self.meshlet_ports.items()
+            }
+            return [self._start_meshlet("meshlet", listen, self.meshlet_ports["admin"])]
+        if proxy == "meshlet-mesh":
+            return self._start_mesh()
         if proxy == "nginx":
             ports = self.nginx_ports = self.nginx_ports or _ports()
             conf = self.scratch / "nginx-proxy.conf"
@@ -112,42 +137,56 @@ class Bench:
             argv = ["haproxy", "-db", "-f", str(conf)]
         proc, log = self.procs.start(proxy, argv, cpu=self.proxy_cpu)
         wait_for_port(ports.h1, proc, log, STARTUP_TIMEOUT)
-        return proc, log
+        return [(proc, log)]
 
-    def _start_meshlet(self) -> tuple[subprocess.Popen[bytes], Path]:
-        ports = self.meshlet_ports
+    def _start_meshlet(
+        self, name: str, settings: dict[str, str], admin: str | int
+    ) -> tuple[subprocess.Popen[bytes], Path]:
+        """One meshlet proxy with `settings` (MESHLET_PROXY_* names), once its admin listener
+        (`admin`: host:port, or a port on 127.0.0.1) answers /ready; without identity, that is
+        at once, with identity once it holds its certificate."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("MESHLET_PROXY_")}
-        for name, port in ports.items():
-            env[f"MESHLET_PROXY_{name.upper()}_LISTEN_ADDR"] = f"127.0.0.1:{port}"
         env["MESHLET_PROXY_LOG"] = "warn"
         env["MESHLET_PROXY_SHUTDOWN_GRACE_PERIOD"] = "1s"  # nothing is in flight when it stops
+        env.update(settings)
         argv = shlex.split(self.args.meshlet_command.replace("{python}", sys.executable))
-        proc, log = self.procs.start("meshlet", argv, cpu=self.proxy_cpu, env=env)
-        ready = f"http://127.0.0.1:{ports['admin']}/ready"
-        deadline = time.monotonic() + STARTUP_TIMEOUT
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise StartError(f"`{shlex.join(argv)}` exited {proc.returncode}: {log_tail(log)}")
-            try:
-                with urllib.request.urlopen(ready, timeout=1) as response:
-                    if response.status == 200:
-                        return proc, log
-            except OSError:
-                pass
-            time.sleep(0.1)
-        raise StartError(f"GET /ready did not answer 200 within {STARTUP_TIMEOUT:g} s")
+        proc, log = self.procs.start(name, argv, cpu=self.proxy_cpu, env=env)
+        where = f"127.0.0.1:{admin}" if isinstance(admin, int) else admin
+        wait_for_ready(f"http://{where}/ready", proc, log, STARTUP_TIMEOUT)
+        return proc, log
 
-    def target(self, proxy: str, scenario: Scenario) -> tuple[int, str]:
-        """Where the load goes for `proxy` (port on 127.0.0.1) and the authority it names."""
+    def _start_mesh(self) -> list[tuple[subprocess.Popen[bytes], Path]]:
+        """The control plane (once), then the server pod's proxy and the client pod's."""
+        if self.control_plane is None:
+            self.control_plane = proxy_mesh.start_control_plane(
+                self.procs, self.scratch / "mesh", self.upstream, self.load_cpu, STARTUP_TIMEOUT
+            )
+        started: list[tuple[subprocess.Popen[bytes], Path]] = []
+        try:
+            for pod in ("server", "client"):
+                settings = self.control_plane.proxy_env(pod)
+                admin = settings["MESHLET_PROXY_ADMIN_LISTEN_ADDR"]
+                started.append(self._start_meshlet(f"meshlet-{pod}", settings, admin))
+        except StartError:
+            for proc, _ in started:
+                self.procs.stop(proc)
+            raise
+        return started
+
+    def target(self, proxy: str, scenario: Scenario) -> tuple[str, int, str]:
+        """Where the load goes for `proxy` (address, port) and the authority it names."""
         upstream_port = getattr(self.upstream, scenario.port_field)
         authority = f"127.0.0.1:{upstream_port}"
         if proxy == "direct" or (proxy == "meshlet" and scenario is Scenario.TCP):
-            return upstream_port, authority  # meshlet TCP: the iptables REDIRECT takes it
+            return "127.0.0.1", upstream_port, authority  # meshlet TCP: the REDIRECT takes it
         if proxy == "meshlet":
-            return self.meshlet_ports["outbound"], authority
+            return "127.0.0.1", self.meshlet_ports["outbound"], authority
+        if proxy == "meshlet-mesh":
+            outbound = proxy_mesh.CLIENT_IP, proxy_mesh.OUTBOUND_PORT
+            return *outbound, proxy_mesh.authority(upstream_port)
         ports = self.nginx_ports if proxy == "nginx" else self.haproxy_ports
         assert ports is not None
-        return getattr(ports, scenario.port_field), authority
+        return "127.0.0.1", getattr(ports, scenario.port_field), authority
 
     # -- one row -----------------------------------------------------------------------------
 
@@ -163,6 +202,8 @@ class Bench:
             return f"nginx stream module {self.missing['nginx-stream']}"
         if proxy == "meshlet" and scenario is Scenario.TCP and self.redirect:
             return f"not available: {self.redirect}"
+        if proxy == "meshlet-mesh" and scenario is Scenario.TCP:
+            return MESH_TCP
         return self.unavailable.get(proxy, "")
 
     def measure(self, scenario: Scenario, proxy: str) -> Row:
@@ -174,34 +215,37 @@ class Bench:
         except StartError as exc:
             self.unavailable[proxy] = f"not available: {exc}"
             return Row(scenario, proxy, notes=(self.unavailable[proxy],))
-        proc, log = started or (None, None)
         try:
-            return self._measure_running(scenario, proxy, proc)
+            return self._measure_running(scenario, proxy, [proc.pid for proc, _ in started])
         except (RuntimeError, ValueError, OSError) as exc:
-            said = (
-                f"; {proxy}'s last log line: {log_tail(log)}" if log and log.stat().st_size else ""
+            said = "".join(  # a log is named NNN-<process name>.log
+                f"; {log.stem.partition('-')[2]}'s last log line: {log_tail(log)}"
+                for _, log in started
+                if log.stat().st_size
             )
             return Row(scenario, proxy, notes=(f"failed: {exc}{said}",))
         finally:
-            if proc is not None:
+            for proc, _ in reversed(started):
                 self.procs.stop(proc)
 
-    def _measure_running(
-        self, scenario: Scenario, proxy: str, proc: subprocess.Popen[bytes] | None
-    ) -> Row:
-        port, authority = self.target(proxy, scenario)
+    def _measure_running(self, scenario: Scenario, proxy: str, pids: list[int]) -> Row:
+        host, port, authority = self.target(proxy, scenario)
         time.sleep(0.5)  # let start-up work settle before calling it idle
-        rss_idle = rss_kib(tree(proc.pid)) if proc else None
+        rss_idle = rss_kib(tree(*pids)) if pids else None
         if proxy == "meshlet" and self.meshlet_idle_kib is None:
             self.meshlet_idle_kib = rss_idle
         if scenario is not Scenario.TCP:
-            _probe(scenario, port, authority, self.scratch)
+            _probe(scenario, host, port, authority, self.scratch)
         notes = []
+        if proxy == "meshlet-mesh":
+            _check_mtls()
+            notes.append(MESH_NOTE)
         if proxy == "nginx" and scenario is Scenario.H2:
             notes.append("h2 in, HTTP/1.1 to the upstream (proxy_pass speaks HTTP/1.x)")
 
-        meter = CpuMeter(proc.pid) if proc else None
-        saturated = self._run(self.saturating(scenario, port, authority), meter, scenario, proxy)
+        meter = CpuMeter(*pids) if pids else None
+        run = self.saturating(scenario, host, port, authority)
+        saturated = self._run(run, meter, scenario, proxy)
         cpu = meter.stop() if meter else None
         if saturated.ok == 0:
             raise RuntimeError(saturated.detail or "nothing completed")
@@ -224,9 +268,10 @@ class Bench:
 
         log_file = self.scratch / "fixed-rate.log"
         log_file.unlink(missing_ok=True)
-        meter = CpuMeter(proc.pid) if proc else None
+        meter = CpuMeter(*pids) if pids else None
         # no RSS sampling here: the bench shares the load CPU and would add to the latencies
-        fixed = self._run(self.fixed(scenario, port, authority, log_file), None, scenario, proxy)
+        run = self.fixed(scenario, host, port, authority, log_file)
+        fixed = self._run(run, None, scenario, proxy)
         cpu = meter.stop() if meter else None
         latencies = proxy_load.latencies_us(log_file.read_text())
         if not latencies:
@@ -244,25 +289,30 @@ class Bench:
             notes=tuple(notes),
         )
 
-    def saturating(self, scenario: Scenario, port: int | str, authority: str) -> list[str]:
+    def saturating(
+        self, scenario: Scenario, host: str, port: int | str, authority: str
+    ) -> list[str]:
         """The load command driving `scenario` at saturation."""
         seconds, a = self.args.duration, self.args
         if scenario is Scenario.TCP:
             return proxy_load.iperf3_client(port, seconds)
         if scenario is Scenario.H1:
-            url = f"http://127.0.0.1:{port}/"
+            url = f"http://{host}:{port}/"
             return proxy_load.wrk(
                 url, authority=authority, connections=a.h1_connections, seconds=seconds
             )
-        return self._h2load(scenario, port, authority, clients=a.h2_clients, streams=a.h2_streams)
+        return self._h2load(
+            scenario, host, port, authority, clients=a.h2_clients, streams=a.h2_streams
+        )
 
     def fixed(
-        self, scenario: Scenario, port: int | str, authority: str, log_file: Path
+        self, scenario: Scenario, host: str, port: int | str, authority: str, log_file: Path
     ) -> list[str]:
         """The h2load command driving `scenario` at the fixed rate, logging each request."""
         clients = self.args.rate_clients
         return self._h2load(
             scenario,
+            host,
             port,
             authority,
             clients=clients,
@@ -274,6 +324,7 @@ class Bench:
     def _h2load(
         self,
         scenario: Scenario,
+        host: str,
         port: int | str,
         authority: str,
         *,
@@ -284,7 +335,7 @@ class Bench:
     ) -> list[str]:
         grpc = scenario is Scenario.GRPC
         return proxy_load.h2load(
-            f"http://127.0.0.1:{port}{GRPC_PATH if grpc else '/'}",
+            f"http://{host}:{port}{GRPC_PATH if grpc else '/'}",
             authority=authority,
             clients=clients,
             streams=streams,
@@ -331,20 +382,14 @@ class Bench:
         return proxy_load.parse_h2load(output)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _ports() -> proxy_configs.Ports:
-    return proxy_configs.Ports(_free_port(), _free_port(), _free_port(), _free_port())
+    return proxy_configs.Ports(free_port(), free_port(), free_port(), free_port())
 
 
-def _probe(scenario: Scenario, port: int, authority: str, scratch: Path) -> None:
+def _probe(scenario: Scenario, host: str, port: int, authority: str, scratch: Path) -> None:
     """One real request through the path under test; RuntimeError when the answer is wrong."""
     if scenario is Scenario.H1:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        conn = http.client.HTTPConnection(host, port, timeout=5)
         try:
             conn.request("GET", "/", headers={"Host": authority})
             response = conn.getresponse()
@@ -355,11 +400,11 @@ def _probe(scenario: Scenario, port: int, authority: str, scratch: Path) -> None
             raise RuntimeError(f"probe: HTTP/1.1 answered {response.status} {body[:60]!r}")
         return
     argv = ["nghttp", "-v", "-H", f":authority: {authority}"]
-    url = f"http://127.0.0.1:{port}/"
+    url = f"http://{host}:{port}/"
     if scenario is Scenario.GRPC:
         argv += ["-d", str(scratch / "grpc-request.bin")]
         argv += [f"-H{header}" for header in GRPC_HEADERS]
-        url = f"http://127.0.0.1:{port}{GRPC_PATH}"
+        url = f"http://{host}:{port}{GRPC_PATH}"
     result = subprocess.run([*argv, url], capture_output=True, timeout=10)
     got = dict(
         re.findall(rb"recv \(stream_id=\d+\) ([^:\s][^:]*|:status): ([^\n]*)", result.stdout)
@@ -371,6 +416,16 @@ def _probe(scenario: Scenario, port: int, authority: str, scratch: Path) -> None
     if not good:
         answer = {k.decode(): v.decode(errors="replace") for k, v in got.items()}
         raise RuntimeError(f"probe: {scenario.value} answered {answer or result.stderr[-200:]!r}")
+
+
+def _check_mtls() -> None:
+    """RuntimeError unless the client proxy counts the probe among the requests it sent over
+    mutual TLS to the server's identity: no meshed figures for traffic that bypassed mTLS."""
+    if proxy_mesh.mtls_requests() <= 0:
+        raise RuntimeError(
+            f"the client proxy sent no request over mTLS to {proxy_mesh.SERVER_ID} "
+            "(request_total, outbound, tls=true): the traffic bypassed the mesh"
+        )
 
 
 # -- set-up ------------------------------------------------------------------------------------
@@ -385,14 +440,16 @@ def _enter_netns(argv: list[str]) -> None:
 
 
 def _start_upstreams(bench: Bench) -> None:
-    """nginx (HTTP/1.1, h2c) and the grpcio server on the load CPU; a failure to start is
+    """nginx (HTTP/1.1, h2c) and the grpcio server on the load CPU, on 127.0.0.1 and on the
+    server pod's address (the meshed hop's server proxy forwards there); a failure to start is
     recorded in `bench.missing`, so the rows that need that upstream say why they did not run."""
     scratch, upstream = bench.scratch, bench.upstream
+    hosts = ("127.0.0.1", proxy_mesh.SERVER_IP)
     (scratch / "grpc-request.bin").write_bytes(grpc_frame(GRPC_REQUEST))
     try:
         if "nginx" not in bench.missing:
             conf = scratch / "nginx-upstream.conf"
-            conf.write_text(proxy_configs.nginx_upstream(scratch, upstream))
+            conf.write_text(proxy_configs.nginx_upstream(scratch, upstream, hosts))
             argv = ["nginx", "-c", str(conf), "-e", str(scratch / "nginx-upstream-error.log")]
             proc, log = bench.procs.start("nginx-upstream", argv, cpu=bench.load_cpu)
             wait_for_port(upstream.h1, proc, log, STARTUP_TIMEOUT)
@@ -400,6 +457,7 @@ def _start_upstreams(bench: Bench) -> None:
         bench.missing["nginx"] = f"upstream did not start: {exc}"
     try:
         argv = [sys.executable, "-m", "bench.proxy_upstream", "--port", str(upstream.grpc)]
+        argv += ["--hosts", ",".join(hosts)]
         proc, log = bench.procs.start("grpc-upstream", argv, cpu=bench.load_cpu)
         wait_for_line("ready", proc, log, STARTUP_TIMEOUT)
     except StartError as exc:
@@ -432,9 +490,10 @@ def _commands(bench: Bench) -> list[str]:
     for scenario in Scenario:
         if scenario is Scenario.TCP:
             runs.append((scenario, proxy_load.iperf3_server("UPSTREAM_PORT")))
-        runs.append((scenario, bench.saturating(scenario, "PORT", "AUTHORITY")))
+        runs.append((scenario, bench.saturating(scenario, "127.0.0.1", "PORT", "AUTHORITY")))
         if scenario is not Scenario.TCP:
-            runs.append((scenario, bench.fixed(scenario, "PORT", "AUTHORITY", Path("LOG"))))
+            log = Path("LOG")
+            runs.append((scenario, bench.fixed(scenario, "127.0.0.1", "PORT", "AUTHORITY", log)))
     lines = [
         f"- {scenario.value}: `{shlex.join(argv).replace(f'{bench.scratch}/', '')}`"
         for scenario, argv in runs
@@ -443,6 +502,11 @@ def _commands(bench: Bench) -> list[str]:
         lines.append(
             f"- meshlet TCP: `{shlex.join(bench.redirect_rule)}`, client run with that gid"
         )
+    lines.append(
+        f"- meshlet-mesh: the HTTP commands sent to {proxy_mesh.CLIENT_IP} (the client pod) "
+        f"instead of 127.0.0.1, PORT {proxy_mesh.OUTBOUND_PORT} (its proxy's outbound listener), "
+        f"AUTHORITY `{proxy_mesh.authority('UPSTREAM_PORT')}`"
+    )
     return lines
 
 
@@ -527,7 +591,7 @@ def _measure_all(args: argparse.Namespace, missing: dict[str, str]) -> tuple[Ben
     try:
         with Processes(scratch) as procs:
             upstream = _ports()
-            meshlet = {n: _free_port() for n in ("outbound", "inbound", "admin", "control")}
+            meshlet = {n: free_port() for n in ("outbound", "inbound", "admin", "control")}
             rule = redirect_rule(upstream.tcp, meshlet["outbound"])
             bench = Bench(
                 args, procs, scratch, upstream, missing, load_cpu, proxy_cpu,

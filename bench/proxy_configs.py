@@ -7,6 +7,7 @@ upstream, so the comparison with meshlet (one asyncio loop) is one core against 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,14 +45,17 @@ def _nginx_http_common(scratch: Path, name: str) -> str:
 """
 
 
-def nginx_upstream(scratch: Path, upstream: Ports) -> str:
-    """The HTTP/1.1 and h2c upstream: `200 ok` on every path."""
+def nginx_upstream(scratch: Path, upstream: Ports, hosts: Sequence[str]) -> str:
+    """The HTTP/1.1 and h2c upstream: `200 ok` on every path, on each of `hosts` (127.0.0.1
+    for the unmeshed rows, the server pod's address for the meshed hop)."""
+    h1 = " ".join(f"listen {host}:{upstream.h1};" for host in hosts)
+    h2 = " ".join(f"listen {host}:{upstream.h2} http2;" for host in hosts)
     return f"""\
 {_nginx_main(scratch, "upstream")}
 http {{
 {_nginx_http_common(scratch, "upstream")}
-  server {{ listen 127.0.0.1:{upstream.h1}; location / {{ return 200 "ok"; }} }}
-  server {{ listen 127.0.0.1:{upstream.h2} http2; location / {{ return 200 "ok"; }} }}
+  server {{ {h1} location / {{ return 200 "ok"; }} }}
+  server {{ {h2} location / {{ return 200 "ok"; }} }}
 }}
 """
 

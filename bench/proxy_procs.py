@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -30,8 +31,8 @@ def _stat_fields(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
-def tree(pid: int) -> list[int]:
-    """`pid` and all of its live descendants."""
+def tree(*pids: int) -> list[int]:
+    """`pids` and all of their live descendants."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -41,7 +42,7 @@ def tree(pid: int) -> list[int]:
         except (OSError, IndexError, ValueError):
             continue  # exited while we looked
         children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
+    found, todo = [], list(pids)
     while todo:
         current = todo.pop()
         found.append(current)
@@ -90,11 +91,12 @@ def own_cpu() -> float:
 
 
 class CpuMeter:
-    """CPU time a process tree spends between `__init__` and `stop()`, and its peak RSS."""
+    """CPU time process trees spend between `__init__` and `stop()`, and their peak RSS, both
+    summed over the trees (one per proxy process: two for the meshed hop)."""
 
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.pids = tree(pid)
+    def __init__(self, *roots: int) -> None:
+        self.roots = roots
+        self.pids = tree(*roots)
         self.before = cpu_seconds(self.pids)
         self.peak_rss_kib = rss_kib(self.pids)
 
@@ -105,8 +107,15 @@ class CpuMeter:
     def stop(self) -> float:
         """Seconds of CPU used since the meter started (children started since count fully)."""
         self.sample()
-        after = cpu_seconds(tree(self.pid))
+        after = cpu_seconds(tree(*self.roots))
         return sum(after[pid] - self.before.get(pid, 0.0) for pid in after)
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on at the moment, on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def pinned(argv: Sequence[str], cpu: int | None) -> list[str]:
@@ -128,6 +137,22 @@ def wait_for_port(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: 
         except OSError:
             time.sleep(0.05)
     raise StartError(f"nothing listening on port {port} after {timeout:g} s: {log_tail(log)}")
+
+
+def wait_for_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
+    """Until GET `url` answers 200 (a /ready endpoint); StartError if `proc` exits first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise StartError(f"exited with {proc.returncode}: {log_tail(log)}")
+        with (
+            contextlib.suppress(OSError),  # not listening yet, or 503 (urllib's HTTPError)
+            urllib.request.urlopen(url, timeout=1) as response,
+        ):
+            if response.status == 200:
+                return
+        time.sleep(0.1)
+    raise StartError(f"GET {url} did not answer 200 within {timeout:g} s: {log_tail(log)}")
 
 
 def wait_for_line(text: str, proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:

@@ -1,8 +1,9 @@
 """The proxy benchmark's gRPC upstream: a grpcio server answering one unary method.
 
-Run as `python -m bench.proxy_upstream --port N`; it prints `ready` once serving and stops on
-SIGTERM. The handler is generic (no generated code): it checks the request bytes and answers a
-fixed small message, so the bench measures the proxy, not protobuf.
+Run as `python -m bench.proxy_upstream --port N [--hosts A,B]` (listening on each address,
+127.0.0.1 by default); it prints `ready` once serving and stops on SIGTERM. The handler is
+generic (no generated code): it checks the request bytes and answers a fixed small message, so
+the bench measures the proxy, not protobuf.
 """
 
 from __future__ import annotations
@@ -34,14 +35,15 @@ async def _call(request: bytes, context: grpc.aio.ServicerContext[bytes, bytes])
     return RESPONSE
 
 
-async def _serve(port: int) -> None:
+async def _serve(hosts: list[str], port: int) -> None:
     server = grpc.aio.server()
     # no (de)serializers: the handler sees and returns raw bytes
     handler: grpc.RpcMethodHandler[bytes, bytes] = grpc.unary_unary_rpc_method_handler(_call)
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(SERVICE, {METHOD: handler}),)
     )
-    server.add_insecure_port(f"127.0.0.1:{port}")
+    for host in hosts:
+        server.add_insecure_port(f"{host}:{port}")
     await server.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -55,8 +57,9 @@ async def _serve(port: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--hosts", default="127.0.0.1", help="comma-separated addresses")
     args = parser.parse_args()
-    asyncio.run(_serve(args.port))
+    asyncio.run(_serve(args.hosts.split(","), args.port))
     sys.exit(0)
 
 

@@ -699,9 +699,9 @@ async def test_dst_overrides_split_traffic_between_services_by_weight(mesh: Mesh
     ]}))  # fmt: skip
     client = await H1Client.connect(mesh.pods["vote-bot"].outbound)
     try:
-        await eventually_async(
-            lambda: client_reaches(client, "web-v2-1"), within=10
-        )  # the profile reached the proxy
+        async with asyncio.timeout(10):  # until the profile has reached the proxy
+            while not await client_reaches(client, "web-v2-1"):
+                pass
         seen: Counter[str] = Counter()
         for _ in range(400):
             status, _, body = await client.get(f"{FQN}:{HTTP_PORT}")
@@ -729,12 +729,6 @@ async def client_reaches(client: H1Client, pod: str) -> bool:
         if pod_of(body) == pod:
             return True
     return False
-
-
-async def eventually_async(check: Callable[[], Awaitable[bool]], within: float) -> None:
-    async with asyncio.timeout(within):
-        while not await check():
-            await asyncio.sleep(0.05)
 
 
 async def test_a_service_without_endpoints_fails_fast_with_503(mesh: Mesh) -> None:
