@@ -65,3 +65,19 @@ def test_defaults_table_lists_every_setting() -> None:
     names = [name for name, _ in defaults_table()]
     assert "MESHLET_PROXY_OUTBOUND_LISTEN_ADDR" in names
     assert len(names) == len(set(names)) >= 25
+
+
+def test_defaults_are_shown_as_they_are_written_in_the_environment() -> None:
+    table = dict(defaults_table())
+    assert table["MESHLET_PROXY_INBOUND_LISTEN_ADDR"] == "0.0.0.0:4143"
+    assert table["MESHLET_PROXY_INBOUND_PORTS_DISABLE_PROTOCOL_DETECTION"] == (
+        "25,587,3306,4444,5432,6379,9300,11211"
+    )
+    assert table["MESHLET_PROXY_INBOUND_PORTS_REQUIRE_IDENTITY"] == "none"
+    assert table["MESHLET_PROXY_OUTBOUND_CONNECT_TIMEOUT"] == "1s"
+    assert table["MESHLET_PROXY_DESTINATION_PROFILE_SUFFIXES"] == "svc.cluster.local"
+    assert table["MESHLET_PROXY_IDENTITY_DIR"] == "unset"
+    assert table["MESHLET_PROXY_ADMIN_SHUTDOWN_ENABLED"] == "false"
+    for name, text in table.items():  # each default parses back to itself
+        if text not in ("unset", "none"):
+            assert load({name: text}) == ProxyConfig(), name

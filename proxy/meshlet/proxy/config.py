@@ -205,10 +205,27 @@ def load(env: Mapping[str, str]) -> ProxyConfig:
 
 
 def defaults_table() -> list[tuple[str, str]]:
-    """(variable, default) for every setting, for --help."""
+    """(variable, default as it would be written in the environment) for every setting, for
+    --help."""
     defaults = ProxyConfig()
     return [
-        (env_name(f.name), repr(getattr(defaults, f.name)))
+        (env_name(f.name), _env_text(getattr(defaults, f.name)))
         for f in fields(ProxyConfig)
         if f.name in _PARSERS
     ]
+
+
+def _env_text(value: object) -> str:
+    if value is None or value == "":
+        return "unset"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:g}s"
+    if isinstance(value, frozenset):
+        return ",".join(str(port) for port in sorted(value)) or "none"
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], int):
+        return f"{value[0]}:{value[1]}"
+    if isinstance(value, tuple):
+        return ",".join(str(item) for item in value)
+    return str(value)
