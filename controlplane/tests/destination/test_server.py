@@ -14,12 +14,11 @@ import h2.connection
 import h2.events
 import h2.settings
 import pytest
-import yaml
 
 from meshlet.api import addr, destination_pb2, destination_pb2_grpc
 from meshlet.controlplane.destination.server import DestinationConfig, DestinationServer
 from meshlet.controlplane.k8s import objects
-from meshlet.controlplane.k8s.manifests import ManifestsSource
+from meshlet.controlplane.k8s.manifests import ManifestsSource, write_manifest
 
 WEB = "web.emojivoto.svc.cluster.local:80"
 
@@ -31,9 +30,7 @@ class Cluster:
         self.root = root
 
     def put(self, name: str, *objs: dict[str, Any]) -> None:
-        tmp = self.root / f".{name}.tmp"
-        tmp.write_text(yaml.safe_dump_all(objs))
-        tmp.rename(self.root / f"{name}.yaml")
+        write_manifest(self.root, name, objs)
 
     def remove(self, name: str) -> None:
         (self.root / f"{name}.yaml").unlink()

@@ -11,11 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from meshlet.controlplane.destination.server import DestinationConfig, DestinationServer
 from meshlet.controlplane.k8s import objects
-from meshlet.controlplane.k8s.manifests import ManifestsSource
+from meshlet.controlplane.k8s.manifests import ManifestsSource, write_manifest
 from meshlet.proxy.core.endpoints import Hint, Status
 from meshlet.proxy.discovery.client import DestinationClient
 from meshlet.proxy.discovery.profile import DstOverride
@@ -33,9 +32,7 @@ class Cluster:
         self.root = root
 
     def put(self, name: str, *objs: dict[str, Any]) -> None:
-        tmp = self.root / f".{name}.tmp"
-        tmp.write_text(yaml.safe_dump_all(objs))
-        tmp.rename(self.root / f"{name}.yaml")
+        write_manifest(self.root, name, objs)
 
     def remove(self, name: str) -> None:
         (self.root / f"{name}.yaml").unlink()

@@ -38,7 +38,7 @@ from meshlet.api import wellknown
 from meshlet.controlplane.destination.server import DestinationConfig, DestinationServer
 from meshlet.controlplane.identity.server import IdentityConfig, IdentityServer
 from meshlet.controlplane.k8s import objects
-from meshlet.controlplane.k8s.manifests import ManifestsSource
+from meshlet.controlplane.k8s.manifests import ManifestsSource, write_manifest
 from meshlet.proxy.app import Proxy
 from meshlet.proxy.config import load
 from meshlet.proxy.io.listener import Accepted, bind
@@ -270,12 +270,14 @@ class Mesh:
         return self.root / "manifests"
 
     def put(self, name: str, *objs: dict[str, Any]) -> None:
-        tmp = self.manifests / f".{name}.tmp"
-        tmp.write_text(yaml.safe_dump_all(objs))
-        tmp.rename(self.manifests / f"{name}.yaml")
+        write_manifest(self.manifests, name, objs)
 
     def remove(self, name: str) -> None:
         (self.manifests / f"{name}.yaml").unlink()
+
+    def replicas_metric(self, name: str, **labels: str) -> float:
+        """`Pod.metric` summed over web's replicas."""
+        return sum(self.pods[replica].metric(name, **labels) for replica in REPLICAS)
 
     async def start_identity(self) -> None:
         tokens = self.root / "tokens.yaml"
@@ -439,11 +441,8 @@ async def test_http1_across_mtls_is_balanced_per_request_and_carries_the_callers
         authority=f"{FQN}:{HTTP_PORT}",
     ) == 30  # fmt: skip
     assert bot.metric("response_total", direction="outbound", tls="true", status_code="200") == 30
-    inbound = sum(
-        mesh.pods[name].metric("request_total", direction="inbound", tls="true", client_id=BOT_ID)
-        for name in REPLICAS
-    )
-    assert inbound == 30
+    assert mesh.replicas_metric("request_total", direction="inbound", tls="true",
+                                client_id=BOT_ID) == 30  # fmt: skip
 
 
 async def test_http2_across_mtls(mesh: Mesh) -> None:
@@ -524,11 +523,8 @@ async def test_opaque_tcp_across_mtls_with_a_server_that_speaks_first(mesh: Mesh
         assert pods <= set(REPLICAS)
     finally:
         await listener.close()
-    inbound = sum(
-        mesh.pods[name].metric("tcp_open_total", direction="inbound", tls="true", client_id=BOT_ID)
-        for name in REPLICAS
-    )
-    assert inbound == 6
+    assert mesh.replicas_metric("tcp_open_total", direction="inbound", tls="true",
+                                client_id=BOT_ID) == 6  # fmt: skip
 
 
 # --- balancing -------------------------------------------------------------------------------

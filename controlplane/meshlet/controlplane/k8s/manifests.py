@@ -127,6 +127,16 @@ def read_manifest(path: Path) -> tuple[Object, ...]:
         raise ManifestError(f"{path}: {exc}") from exc
 
 
+def write_manifest(directory: Path, name: str, objects: Iterable[Object]) -> Path:
+    """Writes `objects` to `<directory>/<name>.yaml` in one step (a temporary file renamed over
+    it), so a reader never sees half a file."""
+    path = directory / f"{name}.yaml"
+    tmp = directory / f".{name}.yaml.tmp"  # a dot file: never read as a manifest
+    tmp.write_text(yaml.safe_dump_all(list(objects)))
+    tmp.rename(path)
+    return path
+
+
 def _yaml_fault(exc: yaml.YAMLError) -> str:
     """One line: where in the file, and what the parser expected."""
     if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
