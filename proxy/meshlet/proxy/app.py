@@ -161,6 +161,9 @@ class Proxy:
             await self._handle(accepted, self._outbound, target)
             return
         destination = await self.router.destination(target)
+        if isinstance(destination, RouteError):
+            self._refuse(accepted, self._outbound, "discovery_full", destination.reason)
+            return
         async with destination.use():
             await self._handle(accepted, self._outbound, target, destination)
 

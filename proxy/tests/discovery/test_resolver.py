@@ -18,7 +18,7 @@ from meshlet.controlplane.k8s.manifests import ManifestsSource, write_manifest
 from meshlet.proxy.core.endpoints import Hint, Status
 from meshlet.proxy.discovery.client import DestinationClient
 from meshlet.proxy.discovery.profile import DstOverride
-from meshlet.proxy.discovery.resolver import Destination, DestinationClosed, Resolver
+from meshlet.proxy.discovery.resolver import Destination, DestinationClosed, Resolver, ResolverFull
 
 FQN = "web.emojivoto.svc.cluster.local"
 CLUSTER_IP = "10.96.0.10"
@@ -349,3 +349,17 @@ async def test_a_restarted_stream_saying_no_endpoints_empties_the_cache(
     plane.server = await start_server(cluster, plane.port)
     await settled(destination, lambda: destination.endpoints.status is Status.EMPTY)
     assert destination.endpoints.endpoints == {}
+
+
+async def test_new_targets_are_refused_past_max_destinations(cluster: Cluster) -> None:
+    plane = Plane(cluster, await start_server(cluster), max_destinations=2, idle_timeout=0.05)
+    try:
+        first = await plane.resolver.resolve(f"{FQN}:80")
+        await plane.resolver.resolve("10.0.0.1:8080")
+        with pytest.raises(ResolverFull, match="already follows 2 destinations"):
+            await plane.resolver.resolve("10.0.0.2:8080")
+        assert await plane.resolver.resolve(f"{FQN}:80") is first  # known ones still resolve
+        await eventually(lambda: len(plane.resolver) == 0)  # unused: dropped when idle
+        await plane.resolver.resolve("10.0.0.2:8080")
+    finally:
+        await plane.close()

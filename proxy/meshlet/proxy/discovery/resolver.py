@@ -45,6 +45,11 @@ log = logging.getLogger(__name__)
 Kind = Literal["service", "endpoint", "unknown"]
 
 
+class ResolverFull(RuntimeError):
+    """`max_destinations` targets are already followed: a new one is refused until some go
+    idle (a client naming endless distinct hosts cannot open endless discovery streams)."""
+
+
 class DestinationClosed(RuntimeError):
     """The destination was dropped (idle, or the resolver closed): resolve it again."""
 
@@ -224,9 +229,11 @@ class Resolver:
         *,
         idle_timeout: float = 60.0,
         profile_timeout: float = 1.0,
+        max_destinations: int = 1000,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._client = client
+        self._max = max_destinations
         self._idle_timeout = idle_timeout
         self._profile_timeout = profile_timeout
         self._clock = clock
@@ -242,13 +249,19 @@ class Resolver:
 
     async def resolve(self, target: str) -> Destination:
         """The shared destination for `ip:port` or `name:port`, after its first profile (or
-        `profile_timeout`). ValueError when `target` has no port."""
+        `profile_timeout`). ValueError when `target` has no port; ResolverFull when it is new
+        and `max_destinations` are followed already."""
         if self._closed:
             raise RuntimeError("the resolver is closed")
         destination = self._destinations.get(target)
         if destination is not None and destination.profile is not None:
             return destination  # the common case: known, nothing to wait for
         if destination is None:
+            if len(self._destinations) >= self._max:
+                raise ResolverFull(
+                    f"discovery already follows {self._max} destinations; {target} is refused"
+                    " until some have been unused for the idle timeout"
+                )
             destination = Destination(target, self._client, self._clock)
             self._destinations[target] = destination
             destination.start()

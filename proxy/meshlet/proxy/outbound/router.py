@@ -26,7 +26,7 @@ from meshlet.proxy.core.endpoints import Endpoint as DiscoveredEndpoint
 from meshlet.proxy.core.endpoints import Status
 from meshlet.proxy.discovery.client import DestinationClient
 from meshlet.proxy.discovery.profile import DstOverride
-from meshlet.proxy.discovery.resolver import Destination, Resolver
+from meshlet.proxy.discovery.resolver import Destination, Resolver, ResolverFull
 from meshlet.proxy.http.contract import Addr, Connect, Endpoint, RouteError
 from meshlet.proxy.identity.manager import IdentityManager
 from meshlet.proxy.mesh.outbound import MeshConnectError, mesh_connect
@@ -87,8 +87,13 @@ class MeshRouter:
         await self.resolver.aclose()
         await self._client.aclose()
 
-    async def destination(self, target: Addr) -> Destination:
-        return await self.resolver.resolve(f"{target[0]}:{target[1]}")
+    async def destination(self, target: Addr) -> Destination | RouteError:
+        """Discovery of a redirected connection's original destination; a RouteError when
+        discovery is full (the connection is refused rather than sent unmeshed)."""
+        try:
+            return await self.resolver.resolve(f"{target[0]}:{target[1]}")
+        except ResolverFull as exc:
+            return RouteError(503, str(exc))  # the caller refuses the connection and counts it
 
     async def pick_authority(
         self, authority: str, session: SessionProtocol
@@ -103,7 +108,10 @@ class MeshRouter:
         if not self._discoverable(host):
             return None
         target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        destination = await self.resolver.resolve(target)
+        try:
+            destination = await self.resolver.resolve(target)
+        except ResolverFull as exc:
+            return self._fail_fast(str(exc), "discovery_full")
         async with destination.use():
             return await self.pick(destination, session)
 
@@ -224,8 +232,8 @@ class MeshRouter:
     def _new_balancer(self) -> Balancer[Addr]:
         return Balancer(clock=self._clock, rng=self._rng)
 
-    def _fail_fast(self, why: str) -> RouteError:
-        self._metrics.fail_fast_total.labels("outbound", "no_endpoints").inc()
+    def _fail_fast(self, why: str, reason: str = "no_endpoints") -> RouteError:
+        self._metrics.fail_fast_total.labels("outbound", reason).inc()
         return RouteError(503, why)
 
     def _label(self, authority: str) -> str:
