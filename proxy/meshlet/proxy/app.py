@@ -11,6 +11,8 @@ import contextlib
 import functools
 import logging
 import signal
+import socket
+import struct
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -347,8 +349,10 @@ class Proxy:
             addr, connect, lease = target, self._connect, None
             if destination is not None and self.router is not None:
                 pick = await self.router.pick(destination, SessionProtocol.OPAQUE)
-                if isinstance(pick, RouteError):
-                    self._refuse(accepted, self._outbound, "no_endpoints", pick.reason)
+                if isinstance(pick, RouteError):  # counted by the router
+                    log.info("outbound connection from %s refused: %s", accepted.client,
+                             pick.reason)  # fmt: skip
+                    _reset(accepted.sock)
                     return
                 if pick is not None:
                     addr, connect, lease = pick.addr, pick.connect or self._connect, pick.lease
@@ -360,7 +364,7 @@ class Proxy:
                 if lease is not None:
                     lease.failed()
                 if lease is None or attempt == MAX_CONNECT_ATTEMPTS:
-                    accepted.sock.close()  # the client sees the connection closed (a reset)
+                    _reset(accepted.sock)
                     return
         if lease is not None:
             lease.responded()  # per connection: the connect time is the sample
@@ -423,6 +427,13 @@ class Proxy:
                     handoff=outcome,
                 )
             )
+
+
+def _reset(sock: socket.socket) -> None:
+    """Closes `sock` with a TCP reset, as a failed connection looks to the client."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
 
 
 def _identity(config: ProxyConfig, metrics: ProxyMetrics) -> IdentityManager | None:

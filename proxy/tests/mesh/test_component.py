@@ -762,3 +762,28 @@ async def test_what_discovery_does_not_know_is_forwarded_as_is_unmeshed(mesh: Me
     assert mesh.pods["vote-bot"].metric(
         "request_total", direction="outbound", authority="127.0.0.9:8080", tls="no_identity"
     ) == 1  # fmt: skip
+
+
+async def test_opaque_tcp_to_a_service_without_endpoints_is_reset(mesh: Mesh) -> None:
+    opaque = {wellknown.OPAQUE_PORTS_ANNOTATION: str(TCP_PORT)}
+    mesh.put("empty-tcp", objects.service("empty-tcp", NS, cluster_ip="10.96.0.24",
+             ports=[("tcp", TCP_PORT, TCP_PORT)], annotations=opaque))  # fmt: skip
+    listener = RedirectedListener(mesh.pods["vote-bot"], ("10.96.0.24", TCP_PORT))
+    try:
+        async with asyncio.timeout(5):
+            # Until the destination service has read the new manifest (before, the address is
+            # unknown, the port not opaque, and the proxy waits for the client to speak).
+            while True:
+                reader, writer = await asyncio.open_connection(*listener.addr)
+                try:
+                    async with asyncio.timeout(0.3):
+                        await reader.read(100)
+                except ConnectionResetError:
+                    break
+                except TimeoutError:
+                    pass
+                finally:
+                    writer.close()
+    finally:
+        await listener.close()
+    assert mesh.pods["vote-bot"].metric("fail_fast_total", reason="no_endpoints") >= 1
