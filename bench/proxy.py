@@ -13,8 +13,9 @@ the server pod through the destination service and sends each request over mutua
 the server-side meshlet's inbound listener, which forwards it to the upstream. Both proxies run
 on the proxy CPU and their CPU and RSS are summed; the control plane (identity, destination)
 starts before the first such row, on the load CPU. Its rows fail unless the client proxy's
-metrics show the probe went over mTLS to the server's identity. Opaque TCP is not measured
-there: over the mesh it needs the original destination (iptables) on the client side.
+metrics count the probe and every request that succeeded as sent over mTLS to the server's
+identity. Opaque TCP is not measured there: over the mesh it needs the original destination
+(iptables) on the client side.
 
 As root, missing tools are installed with apt-get and the whole run happens in a fresh network
 namespace, where an iptables REDIRECT sends the TCP client's connections through meshlet's
@@ -121,7 +122,7 @@ class Bench:
                 f"MESHLET_PROXY_{name.upper()}_LISTEN_ADDR": f"127.0.0.1:{port}"
                 for name, port in self.meshlet_ports.items()
             }
-            return [self._start_meshlet("meshlet", listen, self.meshlet_ports["admin"])]
+            return [self._start_meshlet("meshlet", listen)]
         if proxy == "meshlet-mesh":
             return self._start_mesh()
         if proxy == "nginx":
@@ -140,19 +141,19 @@ class Bench:
         return [(proc, log)]
 
     def _start_meshlet(
-        self, name: str, settings: dict[str, str], admin: str | int
+        self, name: str, settings: dict[str, str]
     ) -> tuple[subprocess.Popen[bytes], Path]:
-        """One meshlet proxy with `settings` (MESHLET_PROXY_* names), once its admin listener
-        (`admin`: host:port, or a port on 127.0.0.1) answers /ready; without identity, that is
-        at once, with identity once it holds its certificate."""
+        """One meshlet proxy with `settings` (MESHLET_PROXY_* names, the listeners' addresses
+        among them), once its admin listener answers /ready: at once without identity, with
+        identity once the proxy holds its certificate."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("MESHLET_PROXY_")}
         env["MESHLET_PROXY_LOG"] = "warn"
         env["MESHLET_PROXY_SHUTDOWN_GRACE_PERIOD"] = "1s"  # nothing is in flight when it stops
         env.update(settings)
         argv = shlex.split(self.args.meshlet_command.replace("{python}", sys.executable))
         proc, log = self.procs.start(name, argv, cpu=self.proxy_cpu, env=env)
-        where = f"127.0.0.1:{admin}" if isinstance(admin, int) else admin
-        wait_for_ready(f"http://{where}/ready", proc, log, STARTUP_TIMEOUT)
+        admin = settings["MESHLET_PROXY_ADMIN_LISTEN_ADDR"]
+        wait_for_ready(f"http://{admin}/ready", proc, log, STARTUP_TIMEOUT)
         return proc, log
 
     def _start_mesh(self) -> list[tuple[subprocess.Popen[bytes], Path]]:
@@ -165,8 +166,7 @@ class Bench:
         try:
             for pod in ("server", "client"):
                 settings = self.control_plane.proxy_env(pod)
-                admin = settings["MESHLET_PROXY_ADMIN_LISTEN_ADDR"]
-                started.append(self._start_meshlet(f"meshlet-{pod}", settings, admin))
+                started.append(self._start_meshlet(f"meshlet-{pod}", settings))
         except StartError:
             for proc, _ in started:
                 self.procs.stop(proc)
@@ -238,7 +238,7 @@ class Bench:
             _probe(scenario, host, port, authority, self.scratch)
         notes = []
         if proxy == "meshlet-mesh":
-            _check_mtls()
+            _check_mtls(1)  # the probe
             notes.append(MESH_NOTE)
         if proxy == "nginx" and scenario is Scenario.H2:
             notes.append("h2 in, HTTP/1.1 to the upstream (proxy_pass speaks HTTP/1.x)")
@@ -273,6 +273,8 @@ class Bench:
         run = self.fixed(scenario, host, port, authority, log_file)
         fixed = self._run(run, None, scenario, proxy)
         cpu = meter.stop() if meter else None
+        if proxy == "meshlet-mesh":
+            _check_mtls(1 + saturated.ok + fixed.ok)  # the probe and every request that succeeded
         latencies = proxy_load.latencies_us(log_file.read_text())
         if not latencies:
             raise RuntimeError(fixed.detail or "no request completed at the fixed rate")
@@ -418,13 +420,15 @@ def _probe(scenario: Scenario, host: str, port: int, authority: str, scratch: Pa
         raise RuntimeError(f"probe: {scenario.value} answered {answer or result.stderr[-200:]!r}")
 
 
-def _check_mtls() -> None:
-    """RuntimeError unless the client proxy counts the probe among the requests it sent over
-    mutual TLS to the server's identity: no meshed figures for traffic that bypassed mTLS."""
-    if proxy_mesh.mtls_requests() <= 0:
+def _check_mtls(at_least: int) -> None:
+    """RuntimeError unless the client proxy (fresh for the row) has sent `at_least` requests
+    over mutual TLS to the server's identity: no meshed figures for traffic that bypassed it."""
+    sent = proxy_mesh.mtls_requests()
+    if sent < at_least:
         raise RuntimeError(
-            f"the client proxy sent no request over mTLS to {proxy_mesh.SERVER_ID} "
-            "(request_total, outbound, tls=true): the traffic bypassed the mesh"
+            f"the client proxy sent {sent:.0f} requests over mTLS to {proxy_mesh.SERVER_ID} "
+            f"(request_total, outbound, tls=true), expected at least {at_least}: traffic "
+            "bypassed the mesh"
         )
 
 

@@ -97,7 +97,8 @@ def _find(rows: Sequence[Row], scenario: Scenario, proxy: str) -> Row:
 
 
 def aims(rows: Sequence[Row], rate: float) -> list[str]:
-    """The issue's two targets: CPU per HTTP/1.1 request vs nginx, added p50 vs direct."""
+    """The issue's two targets (CPU per HTTP/1.1 request vs nginx, added p50 vs direct), and
+    the p50 the meshed hop adds over direct, for reference."""
     meshlet, nginx = _find(rows, Scenario.H1, "meshlet"), _find(rows, Scenario.H1, "nginx")
     if meshlet.cpu_us and nginx.cpu_us:
         ratio = (
@@ -156,10 +157,11 @@ def render(rows: Sequence[Row], facts: RunFacts) -> str:
         "routes by authority `bench.bench.svc.cluster.local:PORT` through the destination "
         "service) → mutual TLS 1.3 → server-side meshlet (inbound listener, 4143) → upstream. "
         "Two proxy processes, both on the proxy core: its CPU (µs/req, core busy) and RSS are "
-        "the **sum over both**; each row is checked to have gone over mTLS to the server's "
-        "identity (the client proxy's request_total, tls=true). The control plane (identity, "
-        "destination) runs on the load CPU; opaque TCP is not measured (it needs the original "
-        "destination, iptables, on the client side)",
+        "the **sum over both**. A row fails unless the client proxy counts the probe and every "
+        "request that succeeded as sent over mTLS to the server's identity (request_total, "
+        "tls=true, server_id). The control plane (identity, destination) runs on the load "
+        "CPU; opaque TCP is not measured (it needs the original destination, iptables, on the "
+        "client side)",
         "- upstreams: one nginx worker (HTTP/1.1, h2c), a one-process Python grpcio server "
         "(gRPC: it caps req/s, so compare the proxies' CPU there), iperf3 (TCP); they share "
         "the load CPU, which also caps the direct and fastest-proxy figures",

@@ -1,0 +1,161 @@
+"""The proxy benchmark's meshed hop: a local control plane and two meshlet proxies on loopback pods.
+
+Pods are loopback addresses (all of 127/8 is local): the client pod 127.0.0.2 and the server pod
+127.0.0.3, each with a meshlet proxy on the mesh's usual ports. The control plane runs as in the
+local mesh: a fresh CA, `meshlet-controller identity` with a tokens file (it signs each proxy's
+certificate) and `meshlet-controller destination` reading a manifests folder, in plaintext (the
+bench measures the data path, not discovery's transport). The manifests hold Service `bench`,
+one port per HTTP scenario (port = targetPort = the upstream's port), and the two pods, labelled
+meshed, so discovery gives the server pod's identity and opaque-transport port with its address.
+So a request for `bench.bench.svc.cluster.local:PORT` sent to the client proxy's outbound
+listener is looked up in discovery, balanced to the server pod and sent over mutual TLS 1.3 to
+that pod's proxy's inbound listener (4143, the opaque-transport port), which forwards it to
+127.0.0.3:PORT; the upstreams listen there too. This is what proxy/tests/mesh/test_component.py
+does in-process, here with real processes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.proxy_configs import Ports
+from bench.proxy_procs import Processes, StartError, free_port, wait_for_ready
+from meshlet.api import wellknown
+from meshlet.controlplane.k8s import objects
+
+NS: Final = "bench"
+SERVICE: Final = "bench"
+CLUSTER_IP: Final = "10.96.0.100"
+CLIENT_IP: Final = "127.0.0.2"
+SERVER_IP: Final = "127.0.0.3"
+PODS: Final = {"client": CLIENT_IP, "server": SERVER_IP}  # pod name = its service account
+SERVER_ID: Final = wellknown.identity_name("server", NS)
+OUTBOUND_PORT: Final = wellknown.PROXY_OUTBOUND_PORT  # the client proxy's, where load goes
+
+
+def authority(port: int | str) -> str:
+    """The name the load addresses for the upstream port `port`: the service's, in discovery."""
+    return f"{SERVICE}.{NS}.svc.cluster.local:{port}"
+
+
+@dataclass(frozen=True, slots=True)
+class ControlPlane:
+    """The running identity and destination services, as the proxies are told of them."""
+
+    root: Path  # holds the CA, the tokens and manifests, and one token file per pod
+    identity_port: int
+    destination_port: int
+    anchors_pem: str
+
+    def proxy_env(self, pod: str) -> dict[str, str]:
+        """Every MESHLET_PROXY_* setting of `pod`'s proxy, on the pod's address."""
+        ip, p = PODS[pod], wellknown.PROXY_ENV_PREFIX
+        return {
+            f"{p}INBOUND_LISTEN_ADDR": f"{ip}:{wellknown.PROXY_INBOUND_PORT}",
+            f"{p}OUTBOUND_LISTEN_ADDR": f"{ip}:{wellknown.PROXY_OUTBOUND_PORT}",
+            f"{p}ADMIN_LISTEN_ADDR": f"{ip}:{wellknown.PROXY_ADMIN_PORT}",
+            f"{p}CONTROL_LISTEN_ADDR": f"{ip}:{wellknown.PROXY_CONTROL_PORT}",
+            f"{p}DESTINATION_SVC_ADDR": f"127.0.0.1:{self.destination_port}",
+            f"{p}DESTINATION_CONTEXT": json.dumps({"ns": NS, "nodeName": "node-1"}),
+            f"{p}IDENTITY_SVC_ADDR": f"127.0.0.1:{self.identity_port}",
+            f"{p}IDENTITY_SVC_NAME": wellknown.IDENTITY_SERVICE_NAME,
+            f"{p}IDENTITY_LOCAL_NAME": wellknown.identity_name(pod, NS),
+            f"{p}IDENTITY_TOKEN_FILE": str(self.root / f"{pod}.token"),
+            f"{p}IDENTITY_TRUST_ANCHORS": self.anchors_pem,
+        }
+
+
+def admin_url(pod: str, path: str) -> str:
+    """`path` on the admin listener of `pod`'s proxy."""
+    return f"http://{PODS[pod]}:{wellknown.PROXY_ADMIN_PORT}{path}"
+
+
+def start_control_plane(
+    procs: Processes, root: Path, upstream: Ports, cpu: int | None, timeout: float
+) -> ControlPlane:
+    """Write the control plane's inputs under `root`, then start the identity and destination
+    services on `cpu` and wait until both are ready."""
+    ca, tokens, manifests = _write_inputs(root, upstream)
+    anchors = ca / "trust-anchors.pem"
+    ports = {"identity": free_port(), "destination": free_port()}
+    flags = {
+        "identity": ["--trust-anchors", str(anchors), "--issuer-dir", str(ca / "issuer"),
+                     "--tokens-file", str(tokens)],
+        "destination": ["--manifests", str(manifests)],
+    }  # fmt: skip
+    for kind, port in ports.items():
+        _start_controller(procs, kind, port, flags[kind], cpu, timeout)
+    return ControlPlane(root, ports["identity"], ports["destination"], anchors.read_text())
+
+
+def _write_inputs(root: Path, upstream: Ports) -> tuple[Path, Path, Path]:
+    """A fresh CA, the tokens file (with each pod's token file beside it) and the manifests
+    folder, under `root`."""
+    root.mkdir()
+    ca = root / "ca"
+    created = subprocess.run(
+        [sys.executable, "-m", "meshlet.cli.main", "identity", "ca", "create", "--out", str(ca)],
+        capture_output=True,
+        text=True,
+    )
+    if created.returncode:
+        raise StartError(f"meshlet identity ca create: {created.stderr.strip()[-200:]}")
+    tokens = root / "tokens.yaml"
+    tokens.write_text(
+        yaml.safe_dump({f"tok-{sa}": {"namespace": NS, "serviceaccount": sa} for sa in PODS})
+    )
+    for sa in PODS:
+        (root / f"{sa}.token").write_text(f"tok-{sa}")
+    manifests = root / "manifests"
+    manifests.mkdir()
+    (manifests / "bench.yaml").write_text(yaml.safe_dump_all(_manifests(upstream)))
+    return ca, tokens, manifests
+
+
+def _manifests(upstream: Ports) -> list[objects.Obj]:
+    """Service `bench` (a port per HTTP scenario), its meshed server pod and the client pod."""
+    ports: list[tuple[str, int, int | str]] = [
+        (name, getattr(upstream, name), getattr(upstream, name)) for name in ("h1", "h2", "grpc")
+    ]
+    return [
+        objects.service(SERVICE, NS, ports=ports, cluster_ip=CLUSTER_IP),
+        objects.pod("server", SERVER_IP, NS, app=SERVICE, sa="server", owner=None),
+        objects.pod("client", CLIENT_IP, NS, app="client", sa="client", owner=None),
+    ]
+
+
+def _start_controller(
+    procs: Processes, kind: str, port: int, flags: list[str], cpu: int | None, timeout: float
+) -> None:
+    """`meshlet-controller KIND` serving on 127.0.0.1:`port`, once its admin /ready says 200."""
+    admin = free_port()
+    argv = [sys.executable, "-m", "meshlet.controlplane.main", kind, "--log-level", "warning"]
+    argv += ["--addr", f"127.0.0.1:{port}", "--admin-addr", f"127.0.0.1:{admin}", *flags]
+    proc, log = procs.start(kind, argv, cpu=cpu)
+    try:
+        wait_for_ready(f"http://127.0.0.1:{admin}/ready", proc, log, timeout)
+    except StartError as exc:
+        raise StartError(f"the {kind} service: {exc}") from None
+
+
+def mtls_requests() -> float:
+    """Requests the client proxy has sent over mutual TLS to the server's identity, as its
+    /metrics counts them (request_total, direction outbound, tls true, server_id)."""
+    with urllib.request.urlopen(admin_url("client", "/metrics"), timeout=5) as response:
+        text = response.read().decode()
+    wanted = {"direction": "outbound", "tls": "true", "server_id": SERVER_ID}.items()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "request_total" and wanted <= sample.labels.items()
+    )
