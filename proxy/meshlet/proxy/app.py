@@ -267,9 +267,18 @@ class Proxy:
         if target is not None:
             fixed = Endpoint(target, metrics.authority_label(f"{target[0]}:{target[1]}"))
             if destination is None or router is None:
+                # Labelled by the request's authority, as Linkerd does (the target's address
+                # when the request names none); one Endpoint per label, of which there are few.
+                labelled = {fixed.authority_label: fixed}
 
                 async def to_target(authority: str | None) -> Endpoint | RouteError:
-                    return fixed
+                    if not authority:
+                        return fixed
+                    label = metrics.authority_label(authority)
+                    endpoint = labelled.get(label)
+                    if endpoint is None:
+                        endpoint = labelled[label] = Endpoint(target, label)
+                    return endpoint
 
                 return to_target
 

@@ -441,8 +441,9 @@ async def test_http1_across_mtls_is_balanced_per_request_and_carries_the_callers
         authority=f"{FQN}:{HTTP_PORT}",
     ) == 30  # fmt: skip
     assert bot.metric("response_total", direction="outbound", tls="true", status_code="200") == 30
+    # The server side labels requests by their authority too (not by the pod's address).
     assert mesh.replicas_metric("request_total", direction="inbound", tls="true",
-                                client_id=BOT_ID) == 30  # fmt: skip
+                                client_id=BOT_ID, authority=f"{FQN}:{HTTP_PORT}") == 30  # fmt: skip
 
 
 async def test_http2_across_mtls(mesh: Mesh) -> None:

@@ -32,8 +32,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import aclosing, asynccontextmanager
+from collections.abc import Callable
+from contextlib import aclosing
 from typing import Literal
 
 from meshlet.proxy.core.endpoints import Add, Endpoint, EndpointSet, NoEndpoints, Remove, Status
@@ -111,17 +111,19 @@ class Destination:
     def idle_for(self, now: float) -> float:
         return 0.0 if self._users else now - self._released_at
 
-    @asynccontextmanager
-    async def use(self) -> AsyncIterator[Destination]:
-        """A lease; DestinationClosed when the destination was already dropped."""
+    def use(self) -> _Use:
+        """A lease (`async with destination.use():`); DestinationClosed when the destination was
+        already dropped. A plain class, not a generator: it is taken once per request."""
+        return _Use(self)
+
+    def _acquire(self) -> None:
         if self.closed:
             raise DestinationClosed(f"discovery of {self.target} was closed; resolve it again")
         self._users += 1
-        try:
-            yield self
-        finally:
-            self._users -= 1
-            self._released_at = self._clock()
+
+    def _release(self) -> None:
+        self._users -= 1
+        self._released_at = self._clock()
 
     async def wait_profile(self) -> None:
         """Until a profile arrived (or the destination closed); bound it with asyncio.timeout."""
@@ -218,6 +220,20 @@ class Destination:
             )
             self._endpoints = self._endpoints.apply(NoEndpoints(exists=False), first=True)
             self._bump()
+
+
+class _Use:
+    __slots__ = ("_destination",)
+
+    def __init__(self, destination: Destination) -> None:
+        self._destination = destination
+
+    async def __aenter__(self) -> Destination:
+        self._destination._acquire()
+        return self._destination
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._destination._release()
 
 
 class Resolver:

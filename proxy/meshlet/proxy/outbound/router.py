@@ -37,6 +37,7 @@ from meshlet.proxy.targets import split_authority
 log = logging.getLogger(__name__)
 
 ENDPOINTS_WAIT: Final = 3.0  # seconds a new service may take to report its endpoints
+MAX_CACHED: Final = 10_000  # entries in each per-request lookup cache (cleared when full)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,9 +78,12 @@ class MeshRouter:
         self._rng = rng or random.Random()
         self._suffixes = profile_suffixes
         self._balancers: dict[str, tuple[int, Balancer[Addr]]] = {}
-        self._connectors: dict[tuple[Addr, str, int, SessionProtocol, str], Connect] = {}
+        # How each (endpoint, protocol, authority) is reached; cleared when the certificate
+        # changes, so that new connections present the new one.
+        self._reaches: dict[tuple[Addr, str, int | None, SessionProtocol, str], Pick] = {}
+        self._targets: dict[str, str | None] = {}  # request authority -> discovery target
         if identity is not None:
-            identity.on_change(self._connectors.clear)  # new certificate: new connections
+            identity.on_change(self._reaches.clear)
 
     async def aclose(self) -> None:
         """Ends discovery: the resolver's streams, then the connection to the destination
@@ -101,19 +105,30 @@ class MeshRouter:
         """Where a request that was not redirected goes, by its authority: discovery for IP
         literals and names under the profile suffixes; None for anything else, or what
         discovery does not know (the caller then resolves the name itself)."""
-        parts = split_authority(authority)
-        if parts is None:
+        try:
+            target = self._targets[authority]
+        except KeyError:
+            if len(self._targets) >= MAX_CACHED:
+                self._targets.clear()
+            target = self._targets[authority] = self._discovery_target(authority)
+        if target is None:
             return None
-        host, port = parts[0].rstrip(".").lower(), parts[1]
-        if not self._discoverable(host):
-            return None
-        target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         try:
             destination = await self.resolver.resolve(target)
         except ResolverFull as exc:
             return self._fail_fast(str(exc), "discovery_full")
         async with destination.use():
             return await self.pick(destination, session)
+
+    def _discovery_target(self, authority: str) -> str | None:
+        """`host:port` as discovery is asked for it, or None when discovery is not asked."""
+        parts = split_authority(authority)
+        if parts is None:
+            return None
+        host, port = parts[0].rstrip(".").lower(), parts[1]
+        if not self._discoverable(host):
+            return None
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
     def _discoverable(self, host: str) -> bool:
         try:
@@ -182,6 +197,31 @@ class MeshRouter:
         authority: str,
         lease: Lease[Addr] | None,
     ) -> Pick | RouteError:
+        identity = endpoint.identity
+        meshed = identity is not None and endpoint.opaque_transport_port is not None
+        if meshed:
+            manager = self._identity
+            if manager is None or not manager.ready:
+                if lease is not None:
+                    lease.release()
+                return self._fail_fast(
+                    f"{authority} is meshed but this proxy has no certificate yet: not sending"
+                    " it in plaintext"
+                )
+        key = (endpoint.addr, identity.name if identity is not None else "",
+               endpoint.opaque_transport_port, session, authority)  # fmt: skip
+        reach = self._reaches.get(key)
+        if reach is None:
+            if len(self._reaches) >= MAX_CACHED:
+                self._reaches.clear()
+            reach = self._reaches[key] = self._how_to_reach(endpoint, session, authority)
+        return Pick(reach.addr, reach.connect, reach.label, lease, reach.server_id, reach.labels)
+
+    def _how_to_reach(
+        self, endpoint: DiscoveredEndpoint, session: SessionProtocol, authority: str
+    ) -> Pick:
+        """How requests for `authority` reach `endpoint` (kept until the certificate changes):
+        plain TCP, or a mesh connector to its proxy, with the metric labels they carry."""
         label = self._label(authority)
         identity = endpoint.identity
         where = f"{endpoint.addr[0]}:{endpoint.addr[1]}"
@@ -189,29 +229,19 @@ class MeshRouter:
             labels = self._metrics.conn(
                 "outbound", where, no_tls_reason="not_provided_by_service_discovery"
             ).values()
-            return Pick(endpoint.addr, None, label, lease, labels=labels)
-        manager = self._identity
-        if manager is None or not manager.ready:
-            if lease is not None:
-                lease.release()
-            return self._fail_fast(
-                f"{authority} is meshed but this proxy has no certificate yet: not sending it"
-                " in plaintext"
-            )
+            return Pick(endpoint.addr, None, label, labels=labels)
+        assert self._identity is not None  # `_reach` checked it
         proxy_addr = (endpoint.addr[0], endpoint.opaque_transport_port)
-        key = (proxy_addr, identity.name, endpoint.addr[1], session, authority)
-        connect = self._connectors.get(key)
-        if connect is None:
-            connect = self._connectors[key] = self._counted(
-                mesh_connect(
-                    manager.client_context(), identity.name, endpoint.addr[1], session, authority,
-                    timeout=self._timeout,
-                )
-            )  # fmt: skip
+        connect = self._counted(
+            mesh_connect(
+                self._identity.client_context(), identity.name, endpoint.addr[1], session,
+                authority, timeout=self._timeout,
+            )
+        )  # fmt: skip
         labels = self._metrics.conn(
             "outbound", where, tls="true", no_tls_reason="", server_id=identity.name
         ).values()
-        return Pick(proxy_addr, connect, label, lease, identity.name, labels)
+        return Pick(proxy_addr, connect, label, None, identity.name, labels)
 
     def _counted(self, connect: Connect) -> Connect:
         """`connect`, counting the connections this side refuses (the peer's certificate or
