@@ -130,7 +130,7 @@ def wait_for_port(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise StartError(f"exited with {proc.returncode}: {log_tail(log)}")
+            raise StartError(f"exited with {proc.returncode}: {log_tail(log, 3)}")
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
             return
@@ -144,7 +144,7 @@ def wait_for_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise StartError(f"exited with {proc.returncode}: {log_tail(log)}")
+            raise StartError(f"exited with {proc.returncode}: {log_tail(log, 3)}")
         with (
             contextlib.suppress(OSError),  # not listening yet, or 503 (urllib's HTTPError)
             urllib.request.urlopen(url, timeout=1) as response,
@@ -162,7 +162,7 @@ def wait_for_line(text: str, proc: subprocess.Popen[bytes], log: Path, timeout: 
         if text in log.read_text(errors="replace"):
             return
         if proc.poll() is not None:
-            raise StartError(f"exited with {proc.returncode}: {log_tail(log)}")
+            raise StartError(f"exited with {proc.returncode}: {log_tail(log, 3)}")
         time.sleep(0.05)
     raise StartError(f"no {text!r} after {timeout:g} s: {log_tail(log)}")
 
