@@ -15,23 +15,16 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Final
 
 from h2.errors import ErrorCodes
 from h2.events import (
-    AlternativeServiceAvailable,
     ConnectionTerminated,
     DataReceived,
-    Event,
     InformationalResponseReceived,
-    PingAckReceived,
-    PingReceived,
-    PriorityUpdated,
     RemoteSettingsChanged,
     ResponseReceived,
     StreamReset,
     TrailersReceived,
-    UnknownFrameReceived,
     WindowUpdated,
 )
 from h2.exceptions import NoAvailableStreamIDError, ProtocolError, TooManyStreamsError
@@ -43,14 +36,6 @@ from meshlet.proxy.http.h2headers import Malformed, read_response, read_trailers
 from meshlet.proxy.http.h2stream import ProxyStream
 
 log = logging.getLogger(__name__)
-
-_CONTROL_EVENTS: Final = (
-    PingReceived,
-    PingAckReceived,
-    PriorityUpdated,
-    UnknownFrameReceived,
-    AlternativeServiceAvailable,
-)
 
 
 class H2Client(Peer):
@@ -140,27 +125,8 @@ class H2Client(Peer):
 
     # -- input --
 
-    def data_received(self, data: bytes) -> None:
-        if self.transport is None or self.transport.is_closing():
-            return  # closed by the proxy: nothing more is read
-        self.activity += 1
-        try:
-            events = self.h2.receive_data(data)
-        except ProtocolError as exc:
-            self.flush()  # h2's GOAWAY
-            self._fail(f"upstream broke HTTP/2: {exc}")
-            return
-        for event in events:
-            handler = _HANDLERS.get(type(event))
-            if handler is not None:
-                handler(self, event)
-            elif isinstance(event, _CONTROL_EVENTS):
-                self._control()
-            if self.closed:
-                return
-        self.flush()
-        if self.transport is not None:
-            self._calm(self.guard.write_buffer(self.transport.get_write_buffer_size()))
+    def _broken(self, exc: ProtocolError) -> None:
+        self._fail(f"upstream broke HTTP/2: {exc}")
 
     def _on_response(self, event: ResponseReceived) -> None:
         stream = self.streams.get(event.stream_id)
@@ -210,7 +176,7 @@ class H2Client(Peer):
             stream.on_up_reset(event.error_code)
 
     def _on_window(self, event: WindowUpdated) -> None:
-        self._control()
+        self._calm(self.guard.control_frame(self._now()))
         if event.stream_id:
             stream = self.waiting.get(event.stream_id)
             if stream is not None:
@@ -221,7 +187,7 @@ class H2Client(Peer):
     def _on_settings(self, event: RemoteSettingsChanged) -> None:
         if not self.settled.done():
             self.settled.set_result(None)
-        self._control()
+        self._calm(self.guard.control_frame(self._now()))
         self.pump_waiting()  # the initial window may have grown
         self._free_slot()  # ...and the stream limit
 
@@ -242,9 +208,6 @@ class H2Client(Peer):
 
     def _now(self) -> float:
         return self.loop.time()
-
-    def _control(self) -> None:
-        self._calm(self.guard.control_frame(self._now()))
 
     def _calm(self, reason: str | None) -> None:
         if reason is None or self.closed:
@@ -296,8 +259,7 @@ class H2Client(Peer):
         self._idle_timer = self.loop.call_later(self._idle_timeout, self._idle_tick)
 
 
-# Handlers take their own event type: Any at this one edge.
-_HANDLERS: Final[dict[type[Event], Callable[[H2Client, Any], None]]] = {
+H2Client.handlers = {
     ResponseReceived: H2Client._on_response,
     InformationalResponseReceived: H2Client._on_informational,
     DataReceived: H2Client._on_data,

@@ -11,13 +11,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Final, cast
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Final, cast
 
 import hpack
 from h2.config import H2Configuration
 from h2.connection import H2Connection
 from h2.errors import ErrorCodes
-from h2.events import ConnectionTerminated, Event
+from h2.events import (
+    AlternativeServiceAvailable,
+    ConnectionTerminated,
+    Event,
+    PingAckReceived,
+    PingReceived,
+    PriorityUpdated,
+    UnknownFrameReceived,
+)
 from h2.exceptions import ProtocolError, StreamClosedError, StreamIDTooLowError
 from h2.settings import SettingCodes, Settings
 from hyperframe.frame import Frame, GoAwayFrame, RstStreamFrame
@@ -125,9 +134,23 @@ def new_connection(
     return h2
 
 
+# Frames with no stream to act on: each is checked against the peer's control-frame budget.
+CONTROL_EVENTS: Final = (
+    PingReceived,
+    PingAckReceived,
+    PriorityUpdated,
+    UnknownFrameReceived,
+    AlternativeServiceAvailable,
+)
+
+
 class Peer(asyncio.Protocol):
-    """Transport, h2 state and write scheduling of one connection; `ProxyStream`s use it as the
-    source or the sink of a body. Subclasses dispatch h2 events."""
+    """Transport, h2 state, input loop and write scheduling of one connection; `ProxyStream`s
+    use it as the source or the sink of a body. Subclasses name their event handlers
+    (`handlers`), and say what a broken connection (`_broken`) and abuse (`_calm`) mean."""
+
+    # Handlers take their own event type: Any at this one edge.
+    handlers: ClassVar[Mapping[type[Event], Callable[[Any, Any], None]]] = {}
 
     def __init__(self, h2: Connection, guard: Guard, conn_window: int) -> None:
         self.h2 = h2
@@ -164,6 +187,37 @@ class Peer(asyncio.Protocol):
         self.writable = True
         self.pump_waiting()
         self.flush()
+
+    def data_received(self, data: bytes) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return  # closed by the proxy: nothing more is read
+        self.activity += 1
+        try:
+            events = self.h2.receive_data(data)
+        except ProtocolError as exc:
+            self.flush()  # h2's GOAWAY
+            self._broken(exc)
+            return
+        handlers = self.handlers
+        for event in events:
+            handler = handlers.get(type(event))
+            if handler is not None:
+                handler(self, event)
+            elif isinstance(event, CONTROL_EVENTS):
+                self._calm(self.guard.control_frame(self.loop.time()))
+            if self.closed:
+                return
+        self.flush()
+        if self.transport is not None:
+            self._calm(self.guard.write_buffer(self.transport.get_write_buffer_size()))
+
+    def _broken(self, exc: ProtocolError) -> None:
+        """The peer broke the protocol (h2's GOAWAY is already written)."""
+        raise NotImplementedError
+
+    def _calm(self, reason: str | None) -> None:
+        """Closes the connection for abuse when `reason` is not None."""
+        raise NotImplementedError
 
     # output
 

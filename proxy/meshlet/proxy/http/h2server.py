@@ -15,23 +15,16 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import Callable
 from typing import Any, Final
 
 from h2.errors import ErrorCodes
 from h2.events import (
-    AlternativeServiceAvailable,
     ConnectionTerminated,
     DataReceived,
-    Event,
-    PingAckReceived,
-    PingReceived,
-    PriorityUpdated,
     RemoteSettingsChanged,
     RequestReceived,
     StreamReset,
     TrailersReceived,
-    UnknownFrameReceived,
     WindowUpdated,
 )
 from h2.exceptions import ProtocolError
@@ -50,14 +43,6 @@ log = logging.getLogger(__name__)
 
 # The downstream connection window, in stream windows: what one client can have in flight.
 CONN_WINDOW_STREAMS: Final = 4
-
-_CONTROL_EVENTS: Final = (
-    PingReceived,
-    PingAckReceived,
-    PriorityUpdated,
-    UnknownFrameReceived,
-    AlternativeServiceAvailable,
-)
 
 
 async def serve_h2(
@@ -176,32 +161,13 @@ class H2Server(Peer):
 
     # -- input --
 
-    def data_received(self, data: bytes) -> None:
-        if self.transport is None or self.transport.is_closing():
-            return  # closed by the proxy: nothing more is read
-        self.activity += 1
-        try:
-            events = self.h2.receive_data(data)
-        except ProtocolError as exc:
-            log.info("HTTP/2 client broke the protocol: %s", exc)
-            self.count_error(ErrorCodes(exc.error_code))
-            self.flush()  # h2's GOAWAY
-            self.closed = True  # h2 takes no more input
-            for stream in list(self.streams.values()):
-                stream.down_gone()
-            self.close_transport()
-            return
-        for event in events:
-            handler = _HANDLERS.get(type(event))
-            if handler is not None:
-                handler(self, event)
-            elif isinstance(event, _CONTROL_EVENTS):
-                self._calm(self.guard.control_frame(self.loop.time()))
-            if self.closed:
-                return
-        self.flush()
-        if self.transport is not None:
-            self._calm(self.guard.write_buffer(self.transport.get_write_buffer_size()))
+    def _broken(self, exc: ProtocolError) -> None:
+        log.info("HTTP/2 client broke the protocol: %s", exc)
+        self.count_error(ErrorCodes(exc.error_code))
+        self.closed = True  # h2 takes no more input
+        for stream in list(self.streams.values()):
+            stream.down_gone()
+        self.close_transport()
 
     def _on_request(self, event: RequestReceived) -> None:
         stream_id = event.stream_id
@@ -413,8 +379,7 @@ class H2Server(Peer):
             children[1].observe(stream.latency_ms)
 
 
-# Handlers take their own event type: Any at this one edge.
-_HANDLERS: Final[dict[type[Event], Callable[[H2Server, Any], None]]] = {
+H2Server.handlers = {
     RequestReceived: H2Server._on_request,
     DataReceived: H2Server._on_data,
     TrailersReceived: H2Server._on_trailers,
