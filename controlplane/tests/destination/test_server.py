@@ -18,22 +18,12 @@ import pytest
 from meshlet.api import addr, destination_pb2, destination_pb2_grpc
 from meshlet.controlplane.destination.server import DestinationConfig, DestinationServer
 from meshlet.controlplane.k8s import objects
-from meshlet.controlplane.k8s.manifests import ManifestsSource, write_manifest
+from meshlet.controlplane.k8s.manifests import ManifestsFolder, ManifestsSource
 
 WEB = "web.emojivoto.svc.cluster.local:80"
 
 
-class Cluster:
-    """The manifests folder: one file per object, rewritten to change the cluster."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-
-    def put(self, name: str, *objs: dict[str, Any]) -> None:
-        write_manifest(self.root, name, objs)
-
-    def remove(self, name: str) -> None:
-        (self.root / f"{name}.yaml").unlink()
+Cluster = ManifestsFolder  # the cluster, as its manifests folder says
 
 
 @pytest.fixture

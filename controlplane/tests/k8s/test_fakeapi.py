@@ -6,7 +6,7 @@ import http.client
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,18 +18,6 @@ from meshlet.controlplane.k8s.fakeapi import FakeKubeAPI
 
 NS = "default"
 Event = dict[str, Any]
-
-
-@pytest.fixture
-def api() -> Iterator[FakeKubeAPI]:
-    with FakeKubeAPI(bookmark_interval=0.2) as fake:
-        yield fake
-
-
-@pytest.fixture
-def api_client(api: FakeKubeAPI) -> Iterator[client.ApiClient]:
-    with client.ApiClient(api.client_configuration()) as c:
-        yield c
 
 
 @pytest.fixture

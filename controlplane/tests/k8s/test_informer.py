@@ -7,7 +7,7 @@ import contextlib
 import random
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -20,18 +20,6 @@ from meshlet.controlplane.k8s.informer import KubernetesSource
 
 NS = "default"
 Obj = dict[str, Any]
-
-
-@pytest.fixture
-def api() -> Iterator[FakeKubeAPI]:
-    with FakeKubeAPI(bookmark_interval=0.2) as fake:
-        yield fake
-
-
-@pytest.fixture
-def api_client(api: FakeKubeAPI) -> Iterator[client.ApiClient]:
-    with client.ApiClient(api.client_configuration()) as c:
-        yield c
 
 
 def source_for(api_client: client.ApiClient, **overrides: Any) -> KubernetesSource:

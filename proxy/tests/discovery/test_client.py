@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 from grpclib.server import Server
@@ -22,18 +21,12 @@ from meshlet.api import destination_grpc, destination_pb2
 from meshlet.controlplane.destination.server import DestinationConfig, DestinationServer
 from meshlet.controlplane.identity import ca
 from meshlet.controlplane.k8s import objects
-from meshlet.controlplane.k8s.manifests import ManifestsSource
+from meshlet.controlplane.k8s.manifests import ManifestsFolder, ManifestsSource
 from meshlet.proxy.core.endpoints import Add, NoEndpoints
 from meshlet.proxy.discovery.client import Backoff, DestinationClient, StreamRefused
 
 DEST_ID = "meshlet-destination.meshlet.serviceaccount.identity.meshlet.cluster.local"
 WEB = "web.emojivoto.svc.cluster.local:80"
-
-
-def write_manifests(root: Path, name: str, *objs: dict[str, Any]) -> None:
-    tmp = root / f".{name}.tmp"
-    tmp.write_text(yaml.safe_dump_all(objs))
-    tmp.rename(root / f"{name}.yaml")
 
 
 async def start_server(
@@ -65,7 +58,7 @@ async def eventually(condition: Callable[[], bool], within: float = 3.0) -> None
 def manifests(tmp_path: Path) -> Path:
     root = tmp_path / "manifests"
     root.mkdir()
-    write_manifests(root, "web", objects.service("web"), objects.pod("web-1", "10.0.0.1"))
+    ManifestsFolder(root).put("web", objects.service("web"), objects.pod("web-1", "10.0.0.1"))
     return root
 
 
@@ -221,7 +214,7 @@ async def test_a_broken_stream_is_reopened_with_backoff_and_its_first_message_fl
             assert received.first and isinstance(received.value, Add)
 
             await server.stop(grace=0)
-            write_manifests(manifests, "web", objects.service("web"))  # the pod is gone
+            ManifestsFolder(manifests).put("web", objects.service("web"))  # the pod is gone
             await asyncio.sleep(0.6)  # several failed attempts, each waiting longer
             assert updates.empty()
             assert rng.ceilings[:5] == pytest.approx([0.02, 0.04, 0.08, 0.16, 0.16])

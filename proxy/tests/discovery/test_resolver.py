@@ -14,7 +14,7 @@ import pytest
 
 from meshlet.controlplane.destination.server import DestinationConfig, DestinationServer
 from meshlet.controlplane.k8s import objects
-from meshlet.controlplane.k8s.manifests import ManifestsSource, write_manifest
+from meshlet.controlplane.k8s.manifests import ManifestsFolder, ManifestsSource
 from meshlet.proxy.core.endpoints import Hint, Status
 from meshlet.proxy.discovery.client import DestinationClient
 from meshlet.proxy.discovery.profile import DstOverride
@@ -25,17 +25,7 @@ CLUSTER_IP = "10.96.0.10"
 WEB_ID = "web.emojivoto.serviceaccount.identity.meshlet.cluster.local"
 
 
-class Cluster:
-    """The manifests folder: one file per object group, rewritten to change the cluster."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-
-    def put(self, name: str, *objs: dict[str, Any]) -> None:
-        write_manifest(self.root, name, objs)
-
-    def remove(self, name: str) -> None:
-        (self.root / f"{name}.yaml").unlink()
+Cluster = ManifestsFolder  # the cluster, as its manifests folder says
 
 
 async def eventually(condition: Callable[[], bool], within: float = 3.0) -> None:

@@ -38,7 +38,7 @@ from meshlet.api import wellknown
 from meshlet.controlplane.destination.server import DestinationConfig, DestinationServer
 from meshlet.controlplane.identity.server import IdentityConfig, IdentityServer
 from meshlet.controlplane.k8s import objects
-from meshlet.controlplane.k8s.manifests import ManifestsSource, write_manifest
+from meshlet.controlplane.k8s.manifests import ManifestsFolder, ManifestsSource
 from meshlet.proxy.app import Proxy
 from meshlet.proxy.config import load
 from meshlet.proxy.io.listener import Accepted, bind
@@ -270,10 +270,10 @@ class Mesh:
         return self.root / "manifests"
 
     def put(self, name: str, *objs: dict[str, Any]) -> None:
-        write_manifest(self.manifests, name, objs)
+        ManifestsFolder(self.manifests).put(name, *objs)
 
     def remove(self, name: str) -> None:
-        (self.manifests / f"{name}.yaml").unlink()
+        ManifestsFolder(self.manifests).remove(name)
 
     def replicas_metric(self, name: str, **labels: str) -> float:
         """`Pod.metric` summed over web's replicas."""

@@ -127,14 +127,23 @@ def read_manifest(path: Path) -> tuple[Object, ...]:
         raise ManifestError(f"{path}: {exc}") from exc
 
 
-def write_manifest(directory: Path, name: str, objects: Iterable[Object]) -> Path:
-    """Writes `objects` to `<directory>/<name>.yaml` in one step (a temporary file renamed over
-    it), so a reader never sees half a file."""
-    path = directory / f"{name}.yaml"
-    tmp = directory / f".{name}.yaml.tmp"  # a dot file: never read as a manifest
-    tmp.write_text(yaml.safe_dump_all(list(objects)))
-    tmp.rename(path)
-    return path
+class ManifestsFolder:
+    """Writes the folder a `ManifestsSource` reads: one file per group of objects, replaced in
+    one step (a temporary dot file renamed over it), so a reader never sees half a file."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def put(self, name: str, *objects: Object) -> Path:
+        """Writes `objects` as `<root>/<name>.yaml`, replacing what that file held."""
+        path = self.root / f"{name}.yaml"
+        tmp = self.root / f".{name}.yaml.tmp"  # a dot file: never read as a manifest
+        tmp.write_text(yaml.safe_dump_all(list(objects)))
+        tmp.rename(path)
+        return path
+
+    def remove(self, name: str) -> None:
+        (self.root / f"{name}.yaml").unlink()
 
 
 def _yaml_fault(exc: yaml.YAMLError) -> str:
