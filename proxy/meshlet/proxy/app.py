@@ -283,10 +283,7 @@ class Proxy:
                 return to_target
 
             async def discovered(authority: str | None) -> Endpoint | RouteError:
-                pick = await router.pick(destination, session)
-                if pick is None:
-                    return fixed
-                return pick if isinstance(pick, RouteError) else pick.endpoint()
+                return await router.pick(destination, session) or fixed
 
             return discovered
 
@@ -294,7 +291,7 @@ class Proxy:
             if router is not None and authority:
                 pick = await router.pick_authority(authority, session)
                 if pick is not None:
-                    return pick if isinstance(pick, RouteError) else pick.endpoint()
+                    return pick
             routed = await by_authority(authority, self._self, local_ip)
             if isinstance(routed, RouteError):
                 return routed

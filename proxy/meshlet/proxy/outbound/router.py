@@ -18,7 +18,6 @@ import ipaddress
 import logging
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Final
 
 from meshlet.api.transport_header import SessionProtocol
@@ -30,7 +29,7 @@ from meshlet.proxy.discovery.resolver import Destination, Resolver, ResolverFull
 from meshlet.proxy.http.contract import Addr, Connect, Endpoint, RouteError
 from meshlet.proxy.identity.manager import IdentityManager
 from meshlet.proxy.mesh.outbound import MeshConnectError, mesh_connect
-from meshlet.proxy.metrics import ProxyMetrics, Values
+from meshlet.proxy.metrics import ProxyMetrics
 from meshlet.proxy.outbound.balance import Balancer, Lease, NoEndpoints
 from meshlet.proxy.targets import split_authority
 
@@ -38,22 +37,6 @@ log = logging.getLogger(__name__)
 
 ENDPOINTS_WAIT: Final = 3.0  # seconds a new service may take to report its endpoints
 MAX_CACHED: Final = 10_000  # entries in each per-request lookup cache (cleared when full)
-
-
-@dataclass(frozen=True, slots=True)
-class Pick:
-    """Where one request or connection goes."""
-
-    addr: Addr  # where to connect: the endpoint, or its proxy's inbound port when meshed
-    connect: Connect | None  # None: plain TCP
-    label: str  # the bounded authority label
-    lease: Lease[Addr] | None = None
-    server_id: str = ""  # the peer's identity when meshed
-    labels: Values | None = None  # the request's metric labels
-
-    def endpoint(self) -> Endpoint:
-        """As the HTTP engines take it."""
-        return Endpoint(self.addr, self.label, self.connect, self.lease, self.labels)
 
 
 class MeshRouter:
@@ -80,7 +63,7 @@ class MeshRouter:
         self._balancers: dict[str, tuple[int, Balancer[Addr]]] = {}
         # How each (endpoint, protocol, authority) is reached; cleared when the certificate
         # changes, so that new connections present the new one.
-        self._reaches: dict[tuple[Addr, str, int | None, SessionProtocol, str], Pick] = {}
+        self._reaches: dict[tuple[Addr, str, int | None, SessionProtocol, str], Endpoint] = {}
         self._targets: dict[str, str | None] = {}  # request authority -> discovery target
         if identity is not None:
             identity.on_change(self._reaches.clear)
@@ -101,7 +84,7 @@ class MeshRouter:
 
     async def pick_authority(
         self, authority: str, session: SessionProtocol
-    ) -> Pick | RouteError | None:
+    ) -> Endpoint | RouteError | None:
         """Where a request that was not redirected goes, by its authority: discovery for IP
         literals and names under the profile suffixes; None for anything else, or what
         discovery does not know (the caller then resolves the name itself)."""
@@ -142,7 +125,7 @@ class MeshRouter:
 
     async def pick(
         self, destination: Destination, session: SessionProtocol
-    ) -> Pick | RouteError | None:
+    ) -> Endpoint | RouteError | None:
         """The endpoint for one request or connection; None when discovery does not know the
         destination (it is then sent where it was going, unmeshed)."""
         if destination.kind == "unknown":
@@ -168,7 +151,7 @@ class MeshRouter:
 
     async def _balanced(
         self, destination: Destination, session: SessionProtocol
-    ) -> Pick | RouteError | None:
+    ) -> Endpoint | RouteError | None:
         if destination.endpoints.status is Status.PENDING:
             try:
                 async with asyncio.timeout(ENDPOINTS_WAIT):
@@ -196,7 +179,7 @@ class MeshRouter:
         session: SessionProtocol,
         authority: str,
         lease: Lease[Addr] | None,
-    ) -> Pick | RouteError:
+    ) -> Endpoint | RouteError:
         identity = endpoint.identity
         meshed = identity is not None and endpoint.opaque_transport_port is not None
         if meshed:
@@ -215,11 +198,11 @@ class MeshRouter:
             if len(self._reaches) >= MAX_CACHED:
                 self._reaches.clear()
             reach = self._reaches[key] = self._how_to_reach(endpoint, session, authority)
-        return Pick(reach.addr, reach.connect, reach.label, lease, reach.server_id, reach.labels)
+        return Endpoint(reach.addr, reach.authority_label, reach.connect, lease, reach.labels)
 
     def _how_to_reach(
         self, endpoint: DiscoveredEndpoint, session: SessionProtocol, authority: str
-    ) -> Pick:
+    ) -> Endpoint:
         """How requests for `authority` reach `endpoint` (kept until the certificate changes):
         plain TCP, or a mesh connector to its proxy, with the metric labels they carry."""
         label = self._label(authority)
@@ -229,7 +212,7 @@ class MeshRouter:
             labels = self._metrics.conn(
                 "outbound", where, no_tls_reason="not_provided_by_service_discovery"
             ).values()
-            return Pick(endpoint.addr, None, label, labels=labels)
+            return Endpoint(endpoint.addr, label, labels=labels)
         assert self._identity is not None  # `_reach` checked it
         proxy_addr = (endpoint.addr[0], endpoint.opaque_transport_port)
         connect = self._counted(
@@ -241,7 +224,7 @@ class MeshRouter:
         labels = self._metrics.conn(
             "outbound", where, tls="true", no_tls_reason="", server_id=identity.name
         ).values()
-        return Pick(proxy_addr, connect, label, None, identity.name, labels)
+        return Endpoint(proxy_addr, label, connect, labels=labels)
 
     def _counted(self, connect: Connect) -> Connect:
         """`connect`, counting the connections this side refuses (the peer's certificate or
