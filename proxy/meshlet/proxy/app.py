@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from meshlet.api.admin import AdminServer
 from meshlet.api.transport_header import SessionProtocol
 from meshlet.proxy.config import ProxyConfig
-from meshlet.proxy.core.detect import Protocol
+from meshlet.proxy.core.detect import NEED_MORE, PEEK_BYTES, Protocol, detect, may_be_http
 from meshlet.proxy.http.contract import (
     CLIENT_ID_HEADER,
     MAX_CONNECT_ATTEMPTS,
@@ -35,7 +35,7 @@ from meshlet.proxy.http.contract import (
 )
 from meshlet.proxy.io import relay
 from meshlet.proxy.io.connect import tcp_connector
-from meshlet.proxy.io.listener import Accepted, Detected, Listener, bind, peek_protocol
+from meshlet.proxy.io.listener import Accepted, Listener, bind, peek_protocol
 from meshlet.proxy.metrics import ConnLabels, ProxyMetrics
 from meshlet.proxy.targets import SelfTargets, by_authority
 
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from meshlet.proxy.http.h1pool import H1Pool
     from meshlet.proxy.http.h2pool import H2Pool
     from meshlet.proxy.identity.manager import IdentityManager
+    from meshlet.proxy.mesh.inbound import Terminated
     from meshlet.proxy.outbound.router import MeshRouter
 
 log = logging.getLogger(__name__)
@@ -224,24 +225,30 @@ class Proxy:
         if detected is None:
             accepted.sock.close()
             return
-        if detected.timed_out:
-            self._detect_timed_out(detected, side, target)
-        if detected.protocol is Protocol.HTTP1:
+        protocol = detected.protocol
+        if protocol is Protocol.HTTP1:
             await self._http(accepted, self._http1(), target, labels, destination,
                              SessionProtocol.HTTP1)  # fmt: skip
-        elif detected.protocol is Protocol.HTTP2:
+        elif protocol is Protocol.HTTP2:
             await self._http(accepted, self._http2(), target, labels, destination,
                              SessionProtocol.HTTP2)  # fmt: skip
-        elif target is not None:
-            await self._relay(accepted, target, labels, destination)
         else:
-            self._refuse(
-                accepted, side, "no_original_dst",
-                "opaque TCP (or TLS) reached the outbound listener without an original "
-                "destination; only iptables-redirected connections can be relayed",
-            )  # fmt: skip
+            if detected.timed_out:
+                self._detect_timed_out(side, target)
+            if target is None:
+                self._refuse(
+                    accepted, side, "no_original_dst",
+                    "opaque TCP (or TLS) reached the outbound listener without an original "
+                    "destination; only iptables-redirected connections can be relayed",
+                )  # fmt: skip
+                return
+            guard = None
+            if detected.timed_out and not detected.first_bytes:
+                client = f"{accepted.client[0]}:{accepted.client[1]}"
+                guard = self._late_http_guard(side, client, target)
+            await self._relay(accepted, target, labels, destination, guard)
 
-    def _detect_timed_out(self, detected: Detected, side: Side, target: Addr | None) -> None:
+    def _detect_timed_out(self, side: Side, target: Addr | None) -> None:
         port = str(target[1]) if target else "unknown"
         self.metrics.detect_timeout_total.labels(side.direction, port).inc()
         log.warning(
@@ -249,6 +256,24 @@ class Proxy:
             " If the server speaks first, mark the port opaque with "
             "config.meshlet.io/opaque-ports", side.detect_timeout, port, side.direction,
         )  # fmt: skip
+
+    def _late_http_guard(self, side: Side, client: str, target: Addr) -> relay.Guard | None:
+        """For an inbound connection relayed as opaque because its client sent nothing within
+        the detection timeout: an HTTP request arriving afterwards would reach the app with no
+        HTTP defence and a client-chosen `meshlet-client-id`, so it is refused."""
+        if side is not self._inbound:
+            return None  # the destination's own inbound proxy checks what reaches its app
+
+        def refused() -> None:
+            self.metrics.fail_fast_total.labels(side.direction, "late_http").inc()
+            log.warning(
+                "inbound connection from %s to port %d closed: it sent nothing for %gs, so it "
+                "was relayed as a server-speaks-first protocol, then sent HTTP; HTTP clients "
+                "must send their request within the detection timeout",
+                client, target[1], side.detect_timeout,
+            )  # fmt: skip
+
+        return lambda first, final: may_be_http(first, final=final), refused
 
     def _refuse(self, accepted: Accepted, side: Side, reason: str, why: str) -> None:
         self.metrics.fail_fast_total.labels(side.direction, reason).inc()
@@ -317,6 +342,7 @@ class Proxy:
                 labels=labels,
                 limits=self.limits,
                 closing=self.closing,
+                accepted_at=accepted.at,
             )
         )
 
@@ -342,14 +368,16 @@ class Proxy:
         target: Addr,
         labels: ConnLabels,
         destination: Destination | None = None,
+        guard: relay.Guard | None = None,
     ) -> None:
         """Opaque TCP to `target`, or, with discovery, to the endpoint picked for this
         connection (over the mesh transport when it is meshed). An endpoint that cannot be
-        reached is skipped by the balancer and another is picked, up to MAX_CONNECT_ATTEMPTS."""
+        reached is skipped by the balancer and another is picked, up to MAX_CONNECT_ATTEMPTS.
+        `guard` checks the client's first bytes (`relay.GuardedSide`)."""
         loop = asyncio.get_running_loop()
         read = self.metrics.tcp_read_bytes_total.labels(*labels.values())
         written = self.metrics.tcp_write_bytes_total.labels(*labels.values())
-        client, upstream, done = relay.pair(loop, read.inc, written.inc)
+        client, upstream, done = relay.pair(loop, read.inc, written.inc, guard)
         lease: Lease | None = None
         for attempt in range(1, MAX_CONNECT_ATTEMPTS + 1):
             addr, connect, lease = target, self._connect, None
@@ -410,12 +438,16 @@ class Proxy:
             client_id=outcome.client_id,
         )  # fmt: skip
         async with self._counted(labels):
-            protocol = outcome.header.protocol
+            protocol, guard = outcome.header.protocol, None
+            if protocol is SessionProtocol.OPAQUE and target[1] not in side.opaque_ports:
+                # The client proxy's word is not enough: HTTP declared opaque would reach the
+                # app without the HTTP defences, with a `meshlet-client-id` of the client's own.
+                protocol, guard = await self._detect_session(outcome, side)
             if protocol is SessionProtocol.OPAQUE:
                 read = self.metrics.tcp_read_bytes_total.labels(*labels.values())
                 written = self.metrics.tcp_write_bytes_total.labels(*labels.values())
                 try:
-                    await mesh_relay(outcome, self._connect, read.inc, written.inc)
+                    await mesh_relay(outcome, self._connect, read.inc, written.inc, guard)
                 except (OSError, TimeoutError) as exc:
                     log.info("inbound: connect to %s:%d failed: %s", *target, exc)
                 return
@@ -433,6 +465,27 @@ class Proxy:
                     handoff=outcome,
                 )
             )
+
+    async def _detect_session(
+        self, terminated: Terminated, side: Side
+    ) -> tuple[SessionProtocol, relay.Guard | None]:
+        """Detection on a mesh session whose header says opaque: what it really speaks, and the
+        guard for its relay when the client sent nothing (a server-speaks-first protocol)."""
+        first = await terminated.sniff(_detected, side.detect_timeout)
+        protocol = detect(first, final=True)
+        if protocol is Protocol.HTTP1:
+            return SessionProtocol.HTTP1, None
+        if protocol is Protocol.HTTP2:
+            return SessionProtocol.HTTP2, None
+        guard = None
+        if not first:
+            self._detect_timed_out(side, terminated.target)
+            guard = self._late_http_guard(side, terminated.client_id, terminated.target)
+        return SessionProtocol.OPAQUE, guard
+
+
+def _detected(first: bytes) -> bool:
+    return detect(first, final=len(first) >= PEEK_BYTES) is not NEED_MORE
 
 
 def _reset(sock: socket.socket) -> None:

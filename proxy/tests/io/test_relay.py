@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
+import struct
 from collections.abc import AsyncIterator
 
 import pytest
 
-from meshlet.proxy.core.detect import Protocol
+from meshlet.proxy.core.detect import Protocol, may_be_http
 from meshlet.proxy.io import relay
 from meshlet.proxy.io.listener import Accepted, Listener, bind, peek_protocol
 
@@ -98,21 +100,165 @@ async def test_detection_on_a_real_socket() -> None:
     port = listener_sock.getsockname()[1]
     loop = asyncio.get_running_loop()
     verdicts = []
-    for payload, wait in ((b"GET / HTTP/1.1\r\n\r\n", 1.0), (b"", 0.2), (b"GE", 0.3)):
+    cases = [
+        (b"GET / HTTP/1.1\r\n\r\n", 1.0, False),
+        (b"", 0.2, False),
+        (b"GE", 0.3, False),  # a prefix of a request, then silence
+        (b"GE", 5.0, True),  # the same, then a FIN: decided without waiting
+        (b"GET /" + b"a" * 4000, 1.0, False),  # longer than the peek: decided by its start
+        (b"\x00\x01binary", 1.0, False),
+    ]
+    for payload, wait, shut in cases:
         client = socket.create_connection(("127.0.0.1", port))
         if payload:
             client.sendall(payload)
+        if shut:
+            client.shutdown(socket.SHUT_WR)
         conn, addr = await loop.sock_accept(listener_sock)
         conn.setblocking(False)
-        accepted = Accepted(conn, addr, conn.getsockname(), None)
-        verdicts.append(await peek_protocol(accepted, wait))
+        accepted = Accepted(conn, addr, conn.getsockname(), None, loop.time())
+        started = loop.time()
+        verdicts.append((await peek_protocol(accepted, wait), loop.time() - started))
         # Nothing was consumed: the bytes are still there to read.
         if payload:
-            assert conn.recv(100) == payload
+            assert conn.recv(100) == payload[:100]
         conn.close()
         client.close()
-    http1, silent, partial = verdicts
-    assert http1 is not None and http1.protocol is Protocol.HTTP1 and not http1.timed_out
-    assert silent is not None and silent.protocol is Protocol.OPAQUE and silent.timed_out
-    assert partial is not None and partial.protocol is Protocol.OPAQUE and partial.timed_out
     listener_sock.close()
+    expected = [
+        (Protocol.HTTP1, False),
+        (Protocol.OPAQUE, True),  # the client sent nothing: a server-speaks-first protocol
+        (Protocol.HTTP1, True),  # stays HTTP: the engine answers 408
+        (Protocol.HTTP1, False),
+        (Protocol.HTTP1, False),
+        (Protocol.OPAQUE, False),
+    ]
+    for (detected, elapsed), (protocol, timed_out), (_, wait, _) in zip(
+        verdicts, expected, cases, strict=True
+    ):
+        assert detected is not None
+        assert (detected.protocol, detected.timed_out) == (protocol, timed_out), detected
+        assert elapsed < wait + 0.5
+    assert verdicts[3][1] < 1.0  # the FIN was noticed
+
+
+async def test_detection_deadline_counts_from_the_accept() -> None:
+    listener_sock = bind(("127.0.0.1", 0))
+    loop = asyncio.get_running_loop()
+    client = socket.create_connection(listener_sock.getsockname())
+    conn, addr = await loop.sock_accept(listener_sock)
+    conn.setblocking(False)
+    accepted = Accepted(conn, addr, conn.getsockname(), None, loop.time() - 0.9)
+    started = loop.time()
+    detected = await peek_protocol(accepted, 1.0)
+    assert detected is not None and detected.timed_out
+    assert loop.time() - started < 0.5
+    for sock in (conn, client, listener_sock):
+        sock.close()
+
+
+async def test_a_reset_during_detection_is_no_connection() -> None:
+    listener_sock = bind(("127.0.0.1", 0))
+    loop = asyncio.get_running_loop()
+    client = socket.create_connection(listener_sock.getsockname())
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    conn, addr = await loop.sock_accept(listener_sock)
+    conn.setblocking(False)
+    client.close()  # a reset
+    await asyncio.sleep(0.05)
+    assert await peek_protocol(Accepted(conn, addr, conn.getsockname(), None), 1.0) is None
+    conn.close()
+    listener_sock.close()
+
+
+def ignore(_: int) -> None:
+    pass
+
+
+@pytest.fixture
+async def guarded_proxy() -> AsyncIterator[tuple[int, list[bytes], list[str]]]:
+    """A relay whose client side is guarded against HTTP to a server that speaks first; yields
+    (proxy port, what the server received per connection, refusals)."""
+    received: list[bytes] = []
+    refusals: list[str] = []
+
+    async def banner(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"220 ready\r\n")
+        got = b""
+        try:
+            while data := await reader.read(65536):
+                got += data
+                writer.write(b"ok\r\n")
+        except ConnectionError:
+            pass
+        received.append(got)
+        writer.close()
+
+    server = await asyncio.start_server(banner, "127.0.0.1", 0)
+    upstream = server.sockets[0].getsockname()[1]
+    loop = asyncio.get_running_loop()
+    guard: relay.Guard = (
+        lambda first, final: may_be_http(first, final=final),
+        lambda: refusals.append("late_http"),
+    )
+
+    async def handle(accepted: Accepted) -> None:
+        client_side, upstream_side, done = relay.pair(loop, ignore, ignore, guard)
+        await loop.create_connection(lambda: upstream_side, "127.0.0.1", upstream)
+        await loop.connect_accepted_socket(lambda: client_side, sock=accepted.sock)
+        upstream_side.flush()
+        client_side.flush()
+        await done
+
+    listener = Listener(bind(("127.0.0.1", 0)), handle, "guarded")
+    task = asyncio.create_task(listener.serve())
+    yield listener.address[1], received, refusals
+    listener.stop_accepting()
+    task.cancel()
+    await listener.drain(1.0)
+    server.close()
+
+
+async def test_a_guarded_relay_passes_a_protocol_that_is_not_http(
+    guarded_proxy: tuple[int, list[bytes], list[str]],
+) -> None:
+    port, received, refusals = guarded_proxy
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    assert await reader.readline() == b"220 ready\r\n"  # the server spoke first
+    writer.write(b"EH")  # undecided: held
+    await asyncio.sleep(0.05)
+    writer.write(b"LO client\r\n")
+    assert await asyncio.wait_for(reader.readline(), 5) == b"ok\r\n"
+    writer.write(b"GET / HTTP/1.1\r\n\r\n")  # later bytes are not the guard's concern
+    assert await asyncio.wait_for(reader.readline(), 5) == b"ok\r\n"
+    writer.close()
+    await asyncio.sleep(0.1)
+    assert received == [b"EHLO client\r\nGET / HTTP/1.1\r\n\r\n"]
+    assert refusals == []
+
+
+@pytest.mark.parametrize(
+    "pieces",
+    [
+        [b"GET / HTTP/1.1\r\nmeshlet-client-id: forged\r\n\r\n"],
+        [b"G", b"E", b"T", b" /"],  # a method trickled byte by byte
+        [b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"],
+        [b"GE"],  # then a FIN: still a prefix of HTTP
+    ],
+)
+async def test_a_guarded_relay_refuses_http_and_forwards_none_of_it(
+    guarded_proxy: tuple[int, list[bytes], list[str]], pieces: list[bytes]
+) -> None:
+    port, received, refusals = guarded_proxy
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    assert await reader.readline() == b"220 ready\r\n"
+    for piece in pieces:
+        writer.write(piece)
+        await asyncio.sleep(0.02)
+    writer.write_eof()
+    with contextlib.suppress(ConnectionResetError):
+        assert await asyncio.wait_for(reader.read(100), 5) == b""
+    writer.close()
+    await asyncio.sleep(0.1)
+    assert received == [b""]  # the server saw the connection end, and none of the bytes
+    assert refusals == ["late_http"]

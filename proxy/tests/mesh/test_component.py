@@ -333,6 +333,11 @@ class Mesh:
             f"{p}IDENTITY_TOKEN_FILE": str(token),
             f"{p}IDENTITY_TRUST_ANCHORS": self.test_ca.anchors_pem,
             f"{p}SHUTDOWN_GRACE_PERIOD": "1s",
+            # What the injector writes from the pod's opaque-ports annotation: the inbound
+            # proxy relays these ports without detection, whatever the client proxy declares.
+            f"{p}INBOUND_PORTS_DISABLE_PROTOCOL_DETECTION": ",".join(
+                str(port) for port in sorted(wellknown.DEFAULT_OPAQUE_PORTS | {TCP_PORT})
+            ),
         }
 
     async def start_pod(
@@ -502,7 +507,8 @@ class RedirectedListener:
             task.add_done_callback(self._handlers.discard)
 
     async def close(self) -> None:
-        self._task.cancel()
+        for task in (self._task, *self._handlers):
+            task.cancel()
         await asyncio.gather(self._task, *self._handlers, return_exceptions=True)
         self._sock.close()
 

@@ -1,17 +1,33 @@
-"""Protocol detection from the first bytes of a connection (pure)."""
+"""Protocol detection from the first bytes of a connection (pure).
+
+HTTP/1 is decided from a short prefix that no other protocol the proxy must relay starts with,
+never from a whole request line: a known method and a space (`GET `), or any other method token,
+a space and the start of a request target (`/`, `*`, `http://`). What follows (an over-long
+target, a bad version, smuggling) is the HTTP/1 engine's to refuse (414, 505, 400). Deciding
+early matters for security: bytes an HTTP server would parse as a request must never be relayed
+as opaque TCP, where the proxy's HTTP defences and its `meshlet-client-id` header do not apply.
+
+Bytes that are still a prefix of an HTTP request when no more will be awaited (the detection
+timeout, or PEEK_BYTES seen) are HTTP/1 too (`final=True`): the engine then answers 408 or 400.
+Only a connection on which the client sent nothing, or a partial TLS record, settles as OPAQUE.
+"""
 
 from __future__ import annotations
 
 import enum
 import re
-from typing import Final
+from typing import Final, Literal, overload
 
 H2_PREFACE: Final = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 PEEK_BYTES: Final = 512
-# An HTTP/1 request line: a method token, a space, a target, a space, HTTP/1.x.
-_TOKEN: Final = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
-_REQUEST_LINE: Final = re.compile(rb"^" + _TOKEN + rb" [^ \r\n]+ HTTP/1\.[01]\r?\n")
-_PARTIAL_LINE: Final = re.compile(rb"^" + _TOKEN + rb"( [^ \r\n]*( ([^\n]*))?)?$")
+# Methods llhttp parses in HTTP mode (RFC 9110, WebDAV, CalDAV, UPnP, PURGE, QUERY).
+KNOWN_METHODS: Final = frozenset(
+    b"DELETE GET HEAD POST PUT CONNECT OPTIONS TRACE PATCH COPY LOCK MKCOL MOVE PROPFIND "
+    b"PROPPATCH SEARCH UNLOCK BIND REBIND UNBIND ACL REPORT MKACTIVITY CHECKOUT MERGE M-SEARCH "
+    b"NOTIFY SUBSCRIBE UNSUBSCRIBE PURGE MKCALENDAR LINK UNLINK SOURCE QUERY".split()
+)
+_TOKEN: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_SCHEMES: Final = (b"http://", b"https://")
 
 
 class Protocol(enum.Enum):
@@ -30,33 +46,65 @@ class NeedMore(enum.Enum):
 NEED_MORE: Final = NeedMore.NEED_MORE
 
 
-def detect(data: bytes) -> Protocol | NeedMore:
+@overload
+def detect(data: bytes, *, final: Literal[True]) -> Protocol: ...
+@overload
+def detect(data: bytes, *, final: bool = False) -> Protocol | NeedMore: ...
+
+
+def detect(data: bytes, *, final: bool = False) -> Protocol | NeedMore:
     """The protocol the connection speaks, or NEED_MORE while `data` is still ambiguous.
 
-    At PEEK_BYTES (or at the detection timeout) the caller treats NEED_MORE as OPAQUE.
+    With `final` (no more bytes will be awaited) the answer is never NEED_MORE: a prefix of an
+    HTTP request is HTTP1, nothing at all or a partial TLS record header is OPAQUE.
     """
     if not data:
-        return NEED_MORE
+        return Protocol.OPAQUE if final else NEED_MORE
     if data[0] == 0x16:  # TLS handshake record
         if len(data) < 6:
-            return NEED_MORE
+            return Protocol.OPAQUE if final else NEED_MORE
         if data[1] == 3 and data[5] == 1:  # version 3.x, ClientHello
             return Protocol.TLS
         return Protocol.OPAQUE
     if H2_PREFACE.startswith(data[: len(H2_PREFACE)]):
-        return Protocol.HTTP2 if len(data) >= len(H2_PREFACE) else NEED_MORE
-    line_end = data.find(b"\n")
-    if line_end >= 0:
-        return Protocol.HTTP1 if _REQUEST_LINE.match(data[: line_end + 1]) else Protocol.OPAQUE
-    if len(data) >= PEEK_BYTES:
+        if len(data) >= len(H2_PREFACE):
+            return Protocol.HTTP2
+        return Protocol.HTTP1 if final else NEED_MORE  # `PRI * HTTP/2.0…` cut short
+    verdict = _http1(data)
+    if verdict is NEED_MORE and (final or len(data) >= PEEK_BYTES):
+        return Protocol.HTTP1
+    return verdict
+
+
+def _http1(data: bytes) -> Protocol | NeedMore:
+    """HTTP1, OPAQUE, or NEED_MORE while `data` is a prefix of an HTTP/1 request's start."""
+    token = _TOKEN.match(data)
+    if token is None:
         return Protocol.OPAQUE
-    return NEED_MORE if _could_be_request_line(data) else Protocol.OPAQUE
+    end = token.end()
+    if end == len(data):
+        return NEED_MORE  # a method, still arriving
+    if data[end] != 0x20:  # a token ended by anything but a space: `PING\r\n`, `*1\r\n`
+        return Protocol.OPAQUE
+    if token[0] in KNOWN_METHODS:
+        return Protocol.HTTP1
+    target = data[end + 1 : end + 1 + len(_SCHEMES[1])]
+    if not target:
+        return NEED_MORE
+    if target[0] in b"/*":  # origin-form or asterisk-form target: an unknown method
+        return Protocol.HTTP1
+    lowered = target.lower()
+    if any(lowered.startswith(scheme) for scheme in _SCHEMES):  # absolute-form
+        return Protocol.HTTP1
+    if any(scheme.startswith(lowered) for scheme in _SCHEMES):
+        return NEED_MORE
+    return Protocol.OPAQUE
 
 
-def _could_be_request_line(data: bytes) -> bool:
-    """Whether `data` (no newline yet) can still grow into an HTTP/1 request line."""
-    match = _PARTIAL_LINE.match(data)
-    if match is None:
-        return False
-    version = match[3]
-    return version is None or any(v.startswith(version) for v in (b"HTTP/1.1\r", b"HTTP/1.0\r"))
+def may_be_http(data: bytes, *, final: bool = False) -> bool | None:
+    """Whether `data`, the first bytes a client sends, may be an HTTP request (None: not known
+    yet). A relay that skipped detection uses it to refuse HTTP that arrives late."""
+    verdict = detect(data, final=final)
+    if verdict is NEED_MORE:
+        return None
+    return verdict in (Protocol.HTTP1, Protocol.HTTP2)

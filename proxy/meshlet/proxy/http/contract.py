@@ -113,6 +113,9 @@ class HttpConn:
     add_headers: Sequence[tuple[bytes, bytes]] = field(default_factory=tuple)
     # Serve this established connection instead of attaching to `sock` (`ssl` is then unused).
     handoff: Handoff | None = None
+    # The loop time the client connected: the first request head is due `header_read_timeout`
+    # after it, however long detection waited (None: from when the engine starts).
+    accepted_at: float | None = None
 
 
 def error_reason(text: str) -> bytes:

@@ -347,7 +347,8 @@ class H1Server(asyncio.Protocol):
         high = self._limits.max_body_buffer
         self._transport.set_write_buffer_limits(high, high // 4)
         self._last_io = now = self._loop.time()
-        self._head_deadline = now + self._limits.header_read_timeout
+        start = now if self._conn.accepted_at is None else min(now, self._conn.accepted_at)
+        self._head_deadline = start + self._limits.header_read_timeout
         self._arm(min(self._head_deadline, now + self._limits.idle_timeout))
 
     def data_received(self, data: bytes) -> None:

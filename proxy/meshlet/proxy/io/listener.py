@@ -10,13 +10,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Final
 
 from meshlet.proxy.core.detect import NEED_MORE, PEEK_BYTES, Protocol, detect
-from meshlet.proxy.io.sockets import Addr, original_dst
+from meshlet.proxy.io.sockets import Addr, original_dst, peer_closed
 
 log = logging.getLogger(__name__)
 
@@ -33,18 +32,25 @@ class Accepted:
     client: Addr
     local: Addr
     original_dst: Addr | None  # set when iptables redirected the connection
+    at: float | None = None  # the event loop's time at accept: detection and head deadlines
 
     @property
     def target(self) -> Addr:
         """Where the client meant to connect."""
         return self.original_dst or self.local
 
+    def deadline(self, seconds: float) -> float:
+        """The loop time `seconds` after the accept (after now, when the accept time is not
+        known)."""
+        start = self.at if self.at is not None else asyncio.get_running_loop().time()
+        return start + seconds
+
 
 @dataclass(frozen=True, slots=True)
 class Detected:
     accepted: Accepted
     protocol: Protocol
-    timed_out: bool  # detection gave up waiting: treated as opaque
+    timed_out: bool  # detection gave up waiting; `protocol` is what the bytes so far settle as
     first_bytes: bytes
 
 
@@ -77,30 +83,35 @@ async def _readable(sock: socket.socket) -> None:
 
 
 async def peek_protocol(accepted: Accepted, give_up_after: float) -> Detected | None:
-    """Peeks until the bytes name a protocol, PEEK_BYTES were seen, or `give_up_after` seconds
-    passed (then OPAQUE, timed_out). None when the client closed before sending anything."""
+    """Peeks until the bytes name a protocol, PEEK_BYTES were seen, the client half-closed, or
+    `give_up_after` seconds passed since the accept (then `timed_out`). Bytes that are still a
+    prefix of an HTTP request then settle as HTTP/1 (`detect(final=True)`): only a client that
+    sent nothing is handled as opaque. None when the client closed before sending anything."""
     sock = accepted.sock
-    deadline = time.monotonic() + give_up_after
     delay = _REPEEK_FIRST
     data = b""
     try:
-        async with asyncio.timeout(give_up_after):
+        async with asyncio.timeout_at(accepted.deadline(give_up_after)):
             await _readable(sock)
             while True:
-                data = sock.recv(PEEK_BYTES, socket.MSG_PEEK)
+                try:
+                    data = sock.recv(PEEK_BYTES, socket.MSG_PEEK)
+                except BlockingIOError:  # woken with nothing to read
+                    await _readable(sock)
+                    continue
                 if not data:
                     return None
-                verdict = detect(data)
+                final = len(data) >= PEEK_BYTES or peer_closed(sock)
+                verdict = detect(data, final=final)
                 if verdict is not NEED_MORE:
                     return Detected(accepted, verdict, False, data)
-                if len(data) >= PEEK_BYTES:
-                    return Detected(accepted, Protocol.OPAQUE, False, data)
-                await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+                await asyncio.sleep(delay)
                 delay = min(delay * 2, _REPEEK_MAX)
     except TimeoutError:
-        return Detected(accepted, Protocol.OPAQUE, True, data)
-    except BlockingIOError:
-        return Detected(accepted, Protocol.OPAQUE, True, data)
+        return Detected(accepted, detect(data, final=True), True, data)
+    except OSError as exc:  # reset before anything could be read
+        log.debug("connection from %s lost during detection: %s", accepted.client, exc)
+        return None
 
 
 class Listener:
@@ -139,7 +150,9 @@ class Listener:
                 continue
             conn.setblocking(False)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            accepted = Accepted(conn, client[:2], conn.getsockname()[:2], original_dst(conn))
+            accepted = Accepted(
+                conn, client[:2], conn.getsockname()[:2], original_dst(conn), loop.time()
+            )
             task = asyncio.create_task(self._run(accepted))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)

@@ -14,6 +14,9 @@ from typing import Final, cast
 
 HIGH_WATER: Final = 256 * 1024
 LOW_WATER: Final = 64 * 1024
+GUARD_BYTES: Final = 512  # held at most by a GuardedSide before it must decide
+# (refuse(first bytes, final) -> True / False / None: not known yet, refused()) for GuardedSide.
+Guard = tuple[Callable[[bytes, bool], bool | None], Callable[[], None]]
 
 
 class RelaySide(asyncio.Protocol):
@@ -88,13 +91,64 @@ class RelaySide(asyncio.Protocol):
                 side.transport.close()
 
 
+class GuardedSide(RelaySide):
+    """A client side whose first bytes are held until `refuse(bytes, final)` decides (None: not
+    known yet; `final` when no more will be awaited: the client half-closed, or GUARD_BYTES are
+    held). Refused: both connections are reset and `refused()` is called; else the bytes pass
+    and the side relays as any other. Used where detection was skipped after a silent client (a
+    server-speaks-first protocol), so that an HTTP request arriving late is not relayed."""
+
+    def __init__(self, done: asyncio.Future[None], count: Callable[[int], None], guard: Guard):
+        super().__init__(done, count)
+        self._refuse, self._refused = guard
+        self._held: bytearray | None = bytearray()
+
+    def data_received(self, data: bytes) -> None:
+        held = self._held
+        if held is None:
+            super().data_received(data)
+            return
+        held += data
+        self._judge(final=len(held) >= GUARD_BYTES)
+
+    def eof_received(self) -> bool:
+        if self._held is not None:
+            self._judge(final=True)
+            if self._held is not None:  # refused
+                return False
+        return super().eof_received()
+
+    def _judge(self, final: bool) -> None:
+        held = self._held
+        assert held is not None
+        verdict = self._refuse(bytes(held), final)
+        if verdict is None:
+            return
+        if verdict:
+            for side in (self, self.peer):
+                if side is not None and side.transport is not None:
+                    side.transport.abort()
+            self._refused()
+            return
+        self._held = None
+        if held:
+            super().data_received(bytes(held))
+
+
 def pair(
     loop: asyncio.AbstractEventLoop, read_client: Callable[[int], None],
     read_upstream: Callable[[int], None],
+    guard: Guard | None = None,
 ) -> tuple[RelaySide, RelaySide, asyncio.Future[None]]:  # fmt: skip
     """Two linked sides and a future resolved once both connections are closed. Once both
-    transports are connected, call `flush()` on both."""
+    transports are connected, call `flush()` on both. With a `guard`, the client side is a
+    GuardedSide."""
     done: asyncio.Future[None] = loop.create_future()
-    client, upstream = RelaySide(done, read_client), RelaySide(done, read_upstream)
+    client: RelaySide
+    if guard is None:
+        client = RelaySide(done, read_client)
+    else:
+        client = GuardedSide(done, read_client, guard)
+    upstream = RelaySide(done, read_upstream)
     client.peer, upstream.peer = upstream, client
     return client, upstream, done

@@ -1,7 +1,9 @@
-"""Socket facts the kernel knows: the original destination of a redirected connection."""
+"""Socket facts the kernel knows: the original destination of a redirected connection, and
+whether a client has already shut down its side."""
 
 from __future__ import annotations
 
+import select
 import socket
 import struct
 from typing import Final
@@ -29,3 +31,14 @@ def original_dst(sock: socket.socket) -> Addr | None:
     if (address, port) == (local[0], local[1]):
         return None
     return address, port
+
+
+def peer_closed(sock: socket.socket) -> bool:
+    """Whether the client has shut down its side (Linux POLLRDHUP; elsewhere never known). A
+    FIN behind unread bytes is invisible to MSG_PEEK, which keeps returning the same bytes."""
+    rdhup = getattr(select, "POLLRDHUP", 0)
+    if not rdhup:
+        return False
+    poller = select.poll()
+    poller.register(sock.fileno(), rdhup)
+    return bool(poller.poll(0))

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import select
 import socket
 import ssl
 from collections.abc import Callable
@@ -39,6 +38,7 @@ from meshlet.proxy.core import sni
 from meshlet.proxy.http.contract import Addr, Connect
 from meshlet.proxy.io import relay as relay_sides
 from meshlet.proxy.io.listener import Accepted
+from meshlet.proxy.io.sockets import peer_closed
 from meshlet.proxy.mesh.refusal import Refusal, check_session, classify_tls_error, describe
 from meshlet.proxy.targets import SelfTargets
 from meshlet.proxy.tls.contexts import peer_identity
@@ -81,6 +81,12 @@ class Terminated:
     def adopt(self, protocol: asyncio.Protocol) -> None:
         """Hands the connection to `protocol` (see `http.contract.Handoff`)."""
         self._reader.hand_over(protocol, self.initial)
+
+    async def sniff(self, enough: Callable[[bytes], bool], give_up_after: float) -> bytes:
+        """The session's first bytes: reads on until `enough(bytes)`, the client closes, or
+        `give_up_after` seconds pass, then pauses again. Nothing is consumed: `adopt` replays
+        them."""
+        return await self._reader.sniff(self.initial, enough, give_up_after)
 
     def close(self) -> None:
         """Aborts the connection (e.g. when its target cannot be reached)."""
@@ -220,23 +226,13 @@ async def _peek_hello(sock: socket.socket, deadline: float) -> sni.Sni | sni.Not
             if not isinstance(result, sni.Incomplete):
                 return result
             size = max(size, result.needed)
-            if _peer_closed(sock):  # a FIN behind a partial hello: peeking never shows it
+            if peer_closed(sock):  # a FIN behind a partial hello: peeking never shows it
                 return Refusal.CLOSED
         left = deadline - loop.time()
         if left <= 0:
             return Refusal.HELLO_TIMEOUT
         await asyncio.sleep(min(delay, left))
         delay = min(delay * 2, _REPEEK_MAX)
-
-
-def _peer_closed(sock: socket.socket) -> bool:
-    """Whether the client has shut down its side (Linux POLLRDHUP; elsewhere never known)."""
-    rdhup = getattr(select, "POLLRDHUP", 0)
-    if not rdhup:
-        return False
-    poller = select.poll()
-    poller.register(sock.fileno(), rdhup)
-    return bool(poller.poll(0))
 
 
 class _HeaderReader(asyncio.Protocol):
@@ -252,6 +248,7 @@ class _HeaderReader(asyncio.Protocol):
         self._eof = False
         self._lost = False
         self._lost_exc: Exception | None = None
+        self._arrived: asyncio.Event | None = None  # set while `sniff` waits for bytes
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
@@ -262,6 +259,7 @@ class _HeaderReader(asyncio.Protocol):
             return
         if self.header.done():
             self._late += data
+            self._wake()
             return
         self._buf += data
         try:
@@ -284,6 +282,7 @@ class _HeaderReader(asyncio.Protocol):
             self._fail("the client closed before sending the transport header")
             return False
         self._eof = True
+        self._wake()
         return True  # passed on at the hand-over
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -293,6 +292,33 @@ class _HeaderReader(asyncio.Protocol):
         if not self.header.done():
             self._fail(f"the connection was lost before the transport header: {exc}")
         self._lost, self._lost_exc = True, exc
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._arrived is not None:
+            self._arrived.set()
+
+    async def sniff(
+        self, initial: bytes, enough: Callable[[bytes], bool], give_up_after: float
+    ) -> bytes:
+        """See `Terminated.sniff`."""
+        transport = self._transport
+        assert transport is not None and self._next is None
+        arrived = self._arrived = asyncio.Event()
+        if not self._lost:
+            transport.resume_reading()
+        try:
+            async with asyncio.timeout(give_up_after):
+                while not (enough(initial + self._late) or self._eof or self._lost):
+                    arrived.clear()
+                    await arrived.wait()
+        except TimeoutError:
+            pass
+        finally:
+            self._arrived = None
+            if not self._lost:
+                transport.pause_reading()
+        return initial + bytes(self._late)
 
     def _fail(self, why: str) -> None:
         self.header.set_exception(ConnectionResetError(why))
@@ -327,12 +353,19 @@ async def relay(
     connect: Connect,
     count_client: Callable[[int], None] | None = None,
     count_upstream: Callable[[int], None] | None = None,
+    guard: relay_sides.Guard | None = None,
 ) -> None:
     """Relays an opaque mesh connection to its target until both sides close. Raises what
     `connect` raises (OSError, TimeoutError) when the target cannot be reached, after closing
-    the mesh connection (the client proxy sees it closed)."""
+    the mesh connection (the client proxy sees it closed). With `guard`, the client's first
+    bytes are checked as `relay.GuardedSide` does."""
     done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    client = relay_sides.RelaySide(done, count_client or _ignore)
+    count = count_client or _ignore
+    client = (
+        relay_sides.RelaySide(done, count)
+        if guard is None
+        else relay_sides.GuardedSide(done, count, guard)
+    )
     upstream = _AppSide(done, count_upstream or _ignore)
     client.peer, upstream.peer = upstream, client
     try:
