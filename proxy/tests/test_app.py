@@ -249,3 +249,70 @@ async def test_client_chosen_authorities_do_not_grow_metric_labels(proxy: Proxy)
     }
     assert len(authorities) == 501
     assert "overflow" in authorities
+
+
+async def exchange(port: int, request: bytes) -> bytes:
+    """Sends `request` on a fresh connection; the response head."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(request)
+    try:
+        return await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize(
+    ("target_bytes", "version", "status"),
+    [
+        (600, b"HTTP/1.1", b"200"),
+        (4_000, b"HTTP/1.1", b"200"),
+        (8_000, b"HTTP/1.1", b"200"),
+        (16 * 1024, b"HTTP/1.1", b"414"),
+        (20, b"HTTP/2.0", b"505"),
+    ],
+)
+async def test_long_request_lines_are_http_answered_by_the_engine(
+    proxy: Proxy, target_bytes: int, version: bytes, status: bytes
+) -> None:
+    """Detection decides from the method, so a request line longer than its peek is HTTP: the
+    engine answers it (200, or 414 / 505 by its own limits), never a reset; the next request
+    succeeds."""
+    server, port = await http_upstream()
+    target = b"/" + b"a" * (target_bytes - 1)
+    host = b"Host: 127.0.0.1:%d\r\n\r\n" % port
+    head = await exchange(outbound_port(proxy), b"GET %s %s\r\n%s" % (target, version, host))
+    assert head.startswith(b"HTTP/1.1 " + status), head[:100]
+    head = await exchange(outbound_port(proxy), b"GET /next HTTP/1.1\r\n" + host)
+    assert head.startswith(b"HTTP/1.1 200")
+    server.close()
+
+
+@pytest.mark.parametrize("sent", [b"G", b"GET / HT"])
+async def test_a_client_trickling_its_first_bytes_gets_408(sent: bytes) -> None:
+    """Bytes that are a prefix of a request when detection gives up stay HTTP (`G`, then
+    silence), as do requests decided from their method and then trickled: the head-read
+    timeout, counted from the accept, answers 408."""
+    config = load(
+        {
+            "MESHLET_PROXY_OUTBOUND_LISTEN_ADDR": "127.0.0.1:0",
+            "MESHLET_PROXY_INBOUND_LISTEN_ADDR": "127.0.0.1:0",
+            "MESHLET_PROXY_ADMIN_LISTEN_ADDR": "127.0.0.1:0",
+            "MESHLET_PROXY_OUTBOUND_DETECT_TIMEOUT": "500ms",
+            "MESHLET_PROXY_HTTP1_HEADER_READ_TIMEOUT": "500ms",
+        }
+    )
+    p = Proxy(config)
+    await p.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", outbound_port(p))
+        started = asyncio.get_running_loop().time()
+        for byte in sent:
+            writer.write(bytes([byte]))
+            await asyncio.sleep(0.1)
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        elapsed = asyncio.get_running_loop().time() - started
+        assert head.startswith(b"HTTP/1.1 408"), head
+        assert elapsed < 1.5  # the head deadline ran from the accept, not after detection
+        writer.close()
+    finally:
+        await p.shutdown()

@@ -35,6 +35,7 @@ import pytest
 import yaml
 
 from meshlet.api import wellknown
+from meshlet.api.transport_header import SessionProtocol
 from meshlet.controlplane.destination.server import DestinationConfig, DestinationServer
 from meshlet.controlplane.identity.server import IdentityConfig, IdentityServer
 from meshlet.controlplane.k8s import objects
@@ -42,6 +43,8 @@ from meshlet.controlplane.k8s.manifests import ManifestsFolder, ManifestsSource
 from meshlet.proxy.app import Proxy
 from meshlet.proxy.config import load
 from meshlet.proxy.io.listener import Accepted, bind
+from meshlet.proxy.mesh import mesh_connect
+from meshlet.proxy.tls import contexts
 
 NS = "emojivoto"
 FQN = f"web.{NS}.svc.cluster.local"
@@ -49,6 +52,8 @@ CLUSTER_IP = "10.96.0.20"
 WEB_ID = wellknown.identity_name("web", NS)
 BOT_ID = wellknown.identity_name("vote-bot", NS)
 HTTP_PORT, GRPC_PORT, TCP_PORT = 80, 81, 9000
+BANNER_PORT = 9001  # a server-speaks-first service on a port nobody declared opaque
+INBOUND_DETECT_TIMEOUT = 1.0
 CLIENT_IP = "127.0.0.2"
 REPLICAS = {"web-1": "127.0.0.3", "web-2": "127.0.0.4", "web-3": "127.0.0.5"}
 TOKENS = {"tok-web": "web", "tok-bot": "vote-bot", "tok-impostor": "impostor"}
@@ -89,6 +94,7 @@ class App:
         self._servers = [
             await asyncio.start_server(self._tracked(self._http), self.ip, 8080),
             await asyncio.start_server(self._tracked(self._banner), self.ip, TCP_PORT),
+            await asyncio.start_server(self._tracked(self._banner), self.ip, BANNER_PORT),
         ]
         server = self._grpc = grpc.aio.server()
         handler = grpc.unary_unary_rpc_method_handler(self._unary)
@@ -333,6 +339,7 @@ class Mesh:
             f"{p}IDENTITY_TOKEN_FILE": str(token),
             f"{p}IDENTITY_TRUST_ANCHORS": self.test_ca.anchors_pem,
             f"{p}SHUTDOWN_GRACE_PERIOD": "1s",
+            f"{p}INBOUND_DETECT_TIMEOUT": f"{INBOUND_DETECT_TIMEOUT}s",
             # What the injector writes from the pod's opaque-ports annotation: the inbound
             # proxy relays these ports without detection, whatever the client proxy declares.
             f"{p}INBOUND_PORTS_DISABLE_PROTOCOL_DETECTION": ",".join(
@@ -794,3 +801,124 @@ async def test_opaque_tcp_to_a_service_without_endpoints_is_reset(mesh: Mesh) ->
     finally:
         await listener.close()
     assert mesh.pods["vote-bot"].metric("fail_fast_total", reason="no_endpoints") >= 1
+
+
+# --- what a meshed client may declare ---------------------------------------------------------
+
+
+class Conversation(asyncio.Protocol):
+    """The client end of a raw mesh connection: what came back, and whether it ended."""
+
+    def __init__(self) -> None:
+        self.received = bytearray()
+        self.ended = asyncio.Event()
+        self.arrived = asyncio.Event()
+
+    def data_received(self, data: bytes) -> None:
+        self.received += data
+        self.arrived.set()
+
+    def eof_received(self) -> bool:
+        self.ended.set()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.ended.set()
+
+    async def until(self, text: bytes) -> None:
+        async with asyncio.timeout(5):
+            while text not in self.received and not self.ended.is_set():
+                self.arrived.clear()
+                await self.arrived.wait()
+
+
+async def declared(
+    mesh: Mesh, pki: Any, port: int, session: SessionProtocol
+) -> tuple[asyncio.Transport, Conversation]:
+    """A mesh connection to web-1's inbound proxy, with a valid certificate of vote-bot's, whose
+    transport header asks for `port` with the session protocol `session`."""
+    context = contexts.client_context(*pki.leaf(BOT_ID), mesh.test_ca.anchors_pem)
+    connect = mesh_connect(context, WEB_ID, port, session)
+    conversation = Conversation()
+    transport, _ = await connect((REPLICAS["web-1"], wellknown.PROXY_INBOUND_PORT),
+                                 lambda: conversation)  # fmt: skip
+    return transport, conversation
+
+
+FORGED = "admin.kube-system.serviceaccount.identity.meshlet.cluster.local"
+
+
+@pytest.mark.parametrize("session", [SessionProtocol.OPAQUE, SessionProtocol.HTTP1])
+async def test_a_meshed_client_cannot_forge_the_identity_header(
+    mesh: Mesh, pki: Any, session: SessionProtocol
+) -> None:
+    """Whatever the transport header declares, HTTP to a port that is not opaque is served as
+    HTTP: the app sees the identity the proxy verified, never the client's own header."""
+    transport, conversation = await declared(mesh, pki, 8080, session)
+    transport.write(
+        f"GET / HTTP/1.1\r\nHost: web\r\n{wellknown.CLIENT_ID_HEADER}: {FORGED}\r\n"
+        f"Content-Length: 0\r\n\r\n".encode()
+    )
+    await conversation.until(b"}")
+    transport.close()
+    head, _, body = bytes(conversation.received).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    assert json.loads(body) == {"pod": "web-1", "client_id": BOT_ID}
+
+
+async def test_http2_declared_opaque_is_served_as_http2_with_the_verified_identity(
+    mesh: Mesh, pki: Any
+) -> None:
+    transport, conversation = await declared(mesh, pki, 8080, SessionProtocol.OPAQUE)
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    conn.send_headers(
+        1, [(":method", "GET"), (":scheme", "http"), (":authority", "web"), (":path", "/"),
+            (wellknown.CLIENT_ID_HEADER, FORGED)],
+        end_stream=True,
+    )  # fmt: skip
+    transport.write(conn.data_to_send())
+    body = b""
+    async with asyncio.timeout(5):
+        while not body.endswith(b"}"):
+            conversation.arrived.clear()
+            await conversation.arrived.wait()
+            for event in conn.receive_data(bytes(conversation.received)):
+                if isinstance(event, h2.events.DataReceived):
+                    body += event.data or b""
+            conversation.received.clear()
+    transport.close()
+    assert json.loads(body) == {"pod": "web-1", "client_id": BOT_ID}
+
+
+async def test_a_server_speaks_first_app_on_a_port_not_declared_opaque_works_after_detection(
+    mesh: Mesh, pki: Any
+) -> None:
+    started = asyncio.get_running_loop().time()
+    transport, conversation = await declared(mesh, pki, BANNER_PORT, SessionProtocol.OPAQUE)
+    await conversation.until(b"\n")
+    waited = asyncio.get_running_loop().time() - started
+    assert bytes(conversation.received) == b"hello from web-1\n"
+    assert INBOUND_DETECT_TIMEOUT - 0.1 < waited < INBOUND_DETECT_TIMEOUT + 2
+    transport.write(b"EHLO vote-bot\n")
+    await conversation.until(b"echo:")
+    await conversation.until(b"vote-bot\n")
+    transport.close()
+    assert bytes(conversation.received).endswith(b"echo:EHLO vote-bot\n")
+    assert mesh.pods["web-1"].metric("protocol_detect_timeout_total", direction="inbound",
+                                      port=str(BANNER_PORT)) == 1  # fmt: skip
+
+
+async def test_http_sent_after_the_detection_timeout_is_refused_not_relayed(
+    mesh: Mesh, pki: Any
+) -> None:
+    """A client silent through detection is relayed as a server-speaks-first protocol; if it
+    then sends HTTP, the connection is closed and the app gets none of it."""
+    transport, conversation = await declared(mesh, pki, BANNER_PORT, SessionProtocol.OPAQUE)
+    await conversation.until(b"\n")  # the banner: detection gave up on the client
+    transport.write(f"GET / HTTP/1.1\r\n{wellknown.CLIENT_ID_HEADER}: {FORGED}\r\n\r\n".encode())
+    async with asyncio.timeout(5):
+        await conversation.ended.wait()
+    assert b"echo:" not in conversation.received  # the app never saw the request
+    assert mesh.pods["web-1"].metric("fail_fast_total", direction="inbound",
+                                      reason="late_http") == 1  # fmt: skip

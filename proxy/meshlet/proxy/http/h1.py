@@ -429,7 +429,9 @@ class H1Server(asyncio.Protocol):
         self._url = b""
         self._fields = []
         self._head_size = self._head_raw = 0
-        if self._cur is None:  # else the clock starts when the response in flight is done
+        # The clock runs from the accept for the first head (connection_made set it), else from
+        # the head's first byte, or when the response in flight is done.
+        if self._cur is None and self._head_deadline is None:
             self._set_head_deadline()
 
     def on_url(self, url: bytes) -> None:
