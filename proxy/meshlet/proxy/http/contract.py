@@ -95,6 +95,13 @@ class HttpLimits:
     pool_idle_timeout: float = 3.0  # idle upstream HTTP/1 connections kept this long
     max_concurrent_streams: int = 100  # HTTP/2
     max_body_buffer: int = 256 * 1024  # bytes buffered per stream before reading pauses
+    # A request body that has taken longer than `body_rate_grace` seconds must keep arriving at
+    # `body_min_bytes` per `body_rate_window` seconds (unless the proxy itself paused reading
+    # it), else 408: a body trickled at a byte a second cannot hold a connection and an
+    # upstream request for ever. HTTP/1.
+    body_rate_grace: float = 60.0
+    body_rate_window: float = 10.0
+    body_min_bytes: int = 1024
 
 
 @dataclass(frozen=True, slots=True)

@@ -130,6 +130,9 @@ class _Request:
     __slots__ = (
         "backlog",
         "backlog_size",
+        "body_check_at",
+        "body_mark",
+        "body_received",
         "cancelled",
         "complete",
         "discard",
@@ -165,6 +168,10 @@ class _Request:
         self.label = ""
         self.values: Values | None = None  # metric labels when not the connection's
         self.t0 = 0.0
+        # The minimum body rate: bytes of body read, at the last check, and the next check.
+        self.body_received = 0
+        self.body_mark = 0
+        self.body_check_at = 0.0
 
 
 def _release(req: _Request) -> None:
@@ -468,6 +475,11 @@ class H1Server(asyncio.Protocol):
         req = _Request(head)
         if head.body is not Body.NONE and not head.upgrade and parser.should_upgrade():
             req.reparse_body = True
+        if head.body is not Body.NONE:
+            limits = self._limits
+            req.body_check_at = self._loop.time() + limits.body_rate_grace
+            if self._timer is None or req.body_check_at < self._timer_at:
+                self._arm(req.body_check_at)
         self._req = self._last = req
         if self._cur is None:
             self._cur = req
@@ -477,7 +489,10 @@ class H1Server(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         req = self._req
-        if req is None or req.discard:
+        if req is None:
+            return
+        req.body_received += len(body)
+        if req.discard:
             return
         upstream = req.upstream
         if req.head.body is Body.CHUNKED:
@@ -863,7 +878,29 @@ class H1Server(asyncio.Protocol):
             if now >= idle_at:
                 self._idle_out()
                 return
-        self._arm(idle_at if deadline is None else min(deadline, idle_at))
+        wake = idle_at if deadline is None else min(deadline, idle_at)
+        body = self._req if not self._in_head else None
+        if body is not None and body.body_check_at:
+            if now >= body.body_check_at and not self._body_rate_kept(body, now):
+                return
+            wake = min(wake, body.body_check_at)
+        self._arm(wake)
+
+    def _body_rate_kept(self, req: _Request, now: float) -> bool:
+        """At a body-rate check: whether the body kept the minimum rate since the last one (a
+        body the proxy paused is not counted against the client); 408 when it did not."""
+        limits = self._limits
+        arrived = req.body_received - req.body_mark
+        req.body_mark = req.body_received
+        req.body_check_at = now + limits.body_rate_window
+        if arrived >= limits.body_min_bytes or self._paused:
+            return True
+        why = (
+            f"request body slower than {limits.body_min_bytes} bytes per "
+            f"{limits.body_rate_window:g}s after {limits.body_rate_grace:g}s"
+        )
+        self._parse_error(408, why)
+        return False
 
     def _idle_out(self) -> None:
         cur = self._cur
