@@ -262,3 +262,45 @@ async def test_a_guarded_relay_refuses_http_and_forwards_none_of_it(
     await asyncio.sleep(0.1)
     assert received == [b""]  # the server saw the connection end, and none of the bytes
     assert refusals == ["late_http"]
+
+
+async def test_what_waited_for_the_client_side_goes_first() -> None:
+    """A server that speaks first: its banner arrives before the client side is attached and
+    waits; its FIN arrives after the attach but before `flush`. The client still gets the
+    banner, then the FIN, never the FIN first (which would lose the banner)."""
+    loop = asyncio.get_running_loop()
+    close_now = asyncio.Event()
+
+    async def banner(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"220 ready\r\n")
+        await close_now.wait()
+        writer.write(b"bye\r\n")
+        writer.write_eof()
+        await reader.read()
+        writer.close()
+
+    server = await asyncio.start_server(banner, "127.0.0.1", 0)
+    client_side, upstream_side, done = relay.pair(loop, ignore, ignore)
+    await loop.create_connection(lambda: upstream_side, *server.sockets[0].getsockname()[:2])
+    listener_sock = bind(("127.0.0.1", 0))
+    reader, writer = await asyncio.open_connection(*listener_sock.getsockname()[:2])
+    conn, _ = await loop.sock_accept(listener_sock)
+    for _ in range(100):  # the banner waits in the upstream side
+        if upstream_side._pending:
+            break
+        await asyncio.sleep(0.01)
+    await loop.connect_accepted_socket(lambda: client_side, sock=conn)
+    close_now.set()
+    for _ in range(100):  # more bytes and the FIN arrive before flush
+        if upstream_side._eof:
+            break
+        await asyncio.sleep(0.01)
+    upstream_side.flush()
+    client_side.flush()
+    async with asyncio.timeout(5):
+        assert await reader.read() == b"220 ready\r\nbye\r\n"
+    writer.close()
+    async with asyncio.timeout(5):
+        await done
+    server.close()
+    listener_sock.close()

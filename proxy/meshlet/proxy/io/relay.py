@@ -27,6 +27,7 @@ class RelaySide(asyncio.Protocol):
         self.peer: RelaySide | None = None
         self._pending = bytearray()  # bytes read before the peer was attached
         self._eof = False
+        self._eof_passed = False
         self.closed = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -38,24 +39,40 @@ class RelaySide(asyncio.Protocol):
         """Passes on what arrived before the peer's transport existed (a server that speaks
         first can send, and even close, before the client side is attached)."""
         if self._pending:
-            self.data_received(bytes(self._pending))
-            self._pending.clear()
+            self._forward(b"")
         if self._eof:
-            self.eof_received()
+            self._pass_eof()
 
     def data_received(self, data: bytes) -> None:
+        self._forward(data)
+
+    def _forward(self, data: bytes) -> None:
+        """Writes `data` to the peer, after whatever waited for it: bytes keep their order
+        whether they arrive before the peer is attached, between the attach and `flush`, or
+        after."""
         peer = self.peer
         if peer is None or peer.transport is None:
             self._pending += data
             return
-        self._count(len(data))
-        peer.transport.write(data)
+        if self._pending:
+            data = bytes(self._pending) + data
+            self._pending.clear()
+        if data:
+            self._count(len(data))
+            peer.transport.write(data)
 
     def eof_received(self) -> bool:
         self._eof = True
+        self._pass_eof()
+        return True  # keep our write side open for the other direction
+
+    def _pass_eof(self) -> None:
+        """Passes our FIN on once, after the bytes before it (no peer yet: `flush` will)."""
         peer = self.peer
-        if peer is None or peer.transport is None:
-            return True
+        if peer is None or peer.transport is None or self._eof_passed:
+            return
+        self._forward(b"")
+        self._eof_passed = True
         if not peer.transport.is_closing():
             if peer.transport.can_write_eof():
                 peer.transport.write_eof()
@@ -63,7 +80,6 @@ class RelaySide(asyncio.Protocol):
                 peer.transport.close()
         if peer._eof:
             self._close_both()
-        return True  # keep our write side open for the other direction
 
     # The peer's transport calls these on *its* protocol; we pause the side feeding it.
     def pause_writing(self) -> None:

@@ -366,7 +366,7 @@ async def relay(
         if guard is None
         else relay_sides.GuardedSide(done, count, guard)
     )
-    upstream = _AppSide(done, count_upstream or _ignore)
+    upstream = relay_sides.RelaySide(done, count_upstream or _ignore)
     client.peer, upstream.peer = upstream, client
     try:
         await connect(terminated.target, lambda: upstream)
@@ -383,19 +383,6 @@ async def relay(
             if side.transport is not None:
                 side.transport.abort()
         raise
-
-
-class _AppSide(relay_sides.RelaySide):
-    """The app's side of the relay. TLS cannot be half-closed here (Python's `ssl` transports
-    have no `write_eof`), so the app's FIN closes the mesh connection once what is buffered for
-    it is sent, instead of leaving both connections open."""
-
-    def eof_received(self) -> bool:
-        peer = self.peer
-        if peer is None or peer.transport is None or peer.transport.can_write_eof():
-            return super().eof_received()  # no peer yet: replayed by `flush`
-        peer.transport.close()
-        return True
 
 
 def _ignore(_: int) -> None:
