@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
+from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -198,7 +200,7 @@ async def test_streams_per_client_are_capped(cluster: Cluster) -> None:
         await srv.stop(grace=0)
 
 
-def stuck_client(port: int, path: str) -> socket.socket:
+def stuck_client(port: int, path: str) -> tuple[socket.socket, h2.connection.H2Connection]:
     """An HTTP/2 client that opens a Get stream with a zero flow-control window and then
     never reads: the server cannot send it anything."""
     sock = socket.create_connection(("127.0.0.1", port))
@@ -218,12 +220,34 @@ def stuck_client(port: int, path: str) -> socket.socket:
     )  # fmt: skip
     conn.send_data(1, b"\x00" + len(body).to_bytes(4, "big") + body, end_stream=True)
     sock.sendall(conn.data_to_send())
-    return sock
+    return sock, conn
 
 
-async def test_a_stuck_client_never_delays_others(cluster: Cluster) -> None:
+def catch_up(sock: socket.socket, conn: h2.connection.H2Connection) -> dict[bytes, bytes]:
+    """The stuck client opens its window and reads until the stream's trailers."""
+    conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 1 << 20})
+    conn.increment_flow_control_window(1 << 20)
+    sock.sendall(conn.data_to_send())
+    sock.settimeout(10)
+    while True:
+        data = sock.recv(65536)
+        assert data, "the server closed the connection without trailers"
+        for event in conn.receive_data(data):
+            if isinstance(event, h2.events.DataReceived):
+                conn.acknowledge_received_data(event.flow_controlled_length or 0, 1)
+            if isinstance(event, h2.events.TrailersReceived):
+                return dict(event.headers or ())
+        sock.sendall(conn.data_to_send())
+
+
+async def test_a_stuck_client_never_delays_others(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client that stops reading overflows its queue: it gets no more updates (and no
+    publisher keeps it), the others are served without delay, and once it reads again it is
+    told RESOURCE_EXHAUSTED; it holds its stream slot until then. Nothing logs an error."""
     srv = await start(cluster, stream_queue=4)
-    stuck = await asyncio.to_thread(stuck_client, srv.grpc_port, WEB)
+    sock, conn = await asyncio.to_thread(stuck_client, srv.grpc_port, WEB)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{srv.grpc_port}") as channel:
             stub = destination_pb2_grpc.DestinationStub(channel)
@@ -242,19 +266,91 @@ async def test_a_stuck_client_never_delays_others(cluster: Cluster) -> None:
                 cluster.put(f"pod-{i}", web_pod(f"web-{i}", f"10.0.0.{i}"))
                 assert await next_update(healthy) == ("add", [f"10.0.0.{i}:8080"])
                 assert loop.time() - started < 1.0
-            for _ in range(100):
-                if srv.limits.active == 1:
-                    break
-                await asyncio.sleep(0.02)
-            assert srv.limits.active == 1  # the stuck stream was closed
             overflow = srv.registry.get_sample_value(
                 "destination_stream_overflow_total", {"method": "Get"}
             )
             assert overflow == 1.0
             healthy.cancel()
+            for _ in range(100):
+                if srv.publishers.counts == (0, 0):
+                    break
+                await asyncio.sleep(0.02)
+            assert srv.publishers.counts == (0, 0)  # the stuck stream is subscribed to nothing
+            assert srv.limits.active == 1  # but its call is not over: it keeps its slot
+            trailers = await asyncio.to_thread(catch_up, sock, conn)
+            assert trailers[b"grpc-status"] == b"8"  # RESOURCE_EXHAUSTED
+            assert b"the client fell behind" in trailers[b"grpc-message"]
+            for _ in range(100):
+                if srv.limits.active == 0:
+                    break
+                await asyncio.sleep(0.02)
+            assert srv.limits.active == 0
     finally:
-        stuck.close()
+        sock.close()
         await srv.stop(grace=0)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+async def burst_client(
+    port: int, source: str, path: str, held: list[socket.socket]
+) -> tuple[str, str]:
+    """One Get stream on its own connection from `source`, left open (in `held`):
+    (grpc-status, grpc-message) of its end, or ("data", "") when it was admitted."""
+    loop = asyncio.get_running_loop()
+    sock = socket.socket()
+    held.append(sock)
+    sock.setblocking(False)
+    sock.bind((source, 0))
+    await loop.sock_connect(sock, ("127.0.0.1", port))
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    body = destination_pb2.GetDestination(path=path).SerializeToString()
+    conn.send_headers(
+        1,
+        [(":method", "POST"), (":scheme", "http"), (":authority", "destination"),
+         (":path", "/io.linkerd.proxy.destination.Destination/Get"),
+         ("content-type", "application/grpc"), ("te", "trailers")],
+    )  # fmt: skip
+    conn.send_data(1, b"\x00" + len(body).to_bytes(4, "big") + body, end_stream=True)
+    await loop.sock_sendall(sock, conn.data_to_send())
+    async with asyncio.timeout(30):
+        while data := await loop.sock_recv(sock, 65536):
+            for event in conn.receive_data(data):
+                if isinstance(event, h2.events.DataReceived):
+                    return "data", ""
+                if isinstance(event, h2.events.StreamReset):
+                    return "reset", str(event.error_code)
+                if isinstance(event, h2.events.ResponseReceived | h2.events.TrailersReceived):
+                    fields = dict(event.headers or ())
+                    if b"grpc-status" in fields:
+                        return fields[b"grpc-status"].decode(), fields.get(
+                            b"grpc-message", b""
+                        ).decode()
+            await loop.sock_sendall(sock, conn.data_to_send())
+    return "closed", ""
+
+
+async def test_a_burst_from_many_addresses_is_refused_with_a_reason(cluster: Cluster) -> None:
+    """1,500 streams at once from 1,500 addresses against a cap of 300: past gRPC core's own
+    queue limits (1,000) core used to drop calls at random, which clients saw as a bare
+    CANCELLED. Every stream is now admitted or refused RESOURCE_EXHAUSTED with its reason."""
+    srv = await start(cluster, max_streams=300)
+    held: list[socket.socket] = []
+    try:
+        results = await asyncio.gather(*(
+            burst_client(srv.grpc_port, f"127.0.{1 + i // 250}.{1 + i % 250}",
+                         f"s{i}.ns.svc.cluster.local:80", held)
+            for i in range(1500)
+        ))  # fmt: skip
+    finally:
+        for sock in held:
+            sock.close()
+        await srv.stop(grace=0)
+    outcomes = Counter(results)
+    assert outcomes == {
+        ("data", ""): 300,
+        ("8", "the server holds its maximum of 300 streams"): 1200,
+    }, outcomes
 
 
 async def test_admin_reports_streams_and_handled(server: DestinationServer, stub: Any) -> None:

@@ -124,12 +124,19 @@ class DestinationServer:
     async def start(self) -> None:
         cfg = self.config
         self._source_task = asyncio.create_task(cfg.source.run(self.apply))
+        # Calls wait in gRPC core's queue until the service takes them, one at a time: past
+        # its default limits (1,000 soft, 3,000 hard) core drops them at random and the client
+        # sees a bare CANCELLED. With the queue as deep as the stream caps, every call reaches
+        # the admission check, which answers RESOURCE_EXHAUSTED with a reason.
+        queue = cfg.max_streams + cfg.max_streams_per_peer
         self._grpc = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", 16 * 1024),
                 ("grpc.max_concurrent_streams", 10_000),
                 ("grpc.keepalive_time_ms", 30_000),
                 ("grpc.http2.max_pings_without_data", 0),
+                ("grpc.server.max_pending_requests", queue),
+                ("grpc.server.max_pending_requests_hard_limit", queue),
             ]
         )
         service = DestinationService(self.publishers, self.metrics, self.limits, cfg.cluster_domain)

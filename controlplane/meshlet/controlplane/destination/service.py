@@ -130,25 +130,29 @@ class DestinationService(destination_pb2_grpc.DestinationServicer):
         refusal = self._limits.acquire(peer)
         if refusal is not None:
             await self._abort(context, method, grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
-        task = asyncio.current_task()
-        assert task is not None
+        subscription: Subscription | None = None
 
         def on_overflow() -> None:
-            task.cancel()
+            # Called by a publisher: no more updates for this stream. Its pending write, if
+            # any, cannot be taken back (gRPC core refuses a status while a message is in
+            # flight), so the stream ends with RESOURCE_EXHAUSTED as soon as that write
+            # completes, or when the connection dies; it keeps its slot until then.
+            self._metrics.overflows.labels(method).inc()
+            log.warning("%s stream of %s for %s fell behind: no more updates; it is closed with"
+                        " RESOURCE_EXHAUSTED once it reads", method, path, peer)  # fmt: skip
+            if subscription is not None:
+                subscription.close()
 
         subscription = subscribe(target, on_overflow)
         self._metrics.streams.labels(method).inc()
         try:
             while True:
                 await context.write(await subscription.listener.get())
-        except (Overflow, asyncio.CancelledError):
-            if not subscription.listener.overflowed:
-                self._metrics.handled.observe("server_stream", method, grpc.StatusCode.CANCELLED)
-                raise  # the client went away
-            task.uncancel()
-            self._metrics.overflows.labels(method).inc()
-            log.warning("closing a %s stream of %s for %s: its client fell behind", method,
-                        path, peer)  # fmt: skip
+        except Overflow:
+            pass
+        except asyncio.CancelledError:
+            self._metrics.handled.observe("server_stream", method, grpc.StatusCode.CANCELLED)
+            raise  # the client went away
         finally:
             subscription.close()
             self._limits.release(peer)
