@@ -14,7 +14,7 @@ from meshlet.init.plan import InitConfig
 def test_defaults_are_the_well_known_values() -> None:
     settings = load({})
     assert settings.config == InitConfig()
-    assert (settings.mode, settings.simulate) == (Mode.LEGACY, False)
+    assert (settings.mode, settings.simulate, settings.force) == (Mode.LEGACY, False, False)
 
 
 def test_every_value() -> None:
@@ -29,6 +29,7 @@ def test_every_value() -> None:
             "subnets-to-ignore": "10.96.0.0/12, 192.0.2.7,10.96.0.0/12",
             "mode": "NFT",
             "simulate": "yes",
+            "force": "1",
         }
     )
     assert settings.config == InitConfig(
@@ -40,7 +41,7 @@ def test_every_value() -> None:
         skip_outbound_ports=parse_ports("25,587,4000-4010"),
         skip_subnets=(IPv4Network("10.96.0.0/12"), IPv4Network("192.0.2.7/32")),
     )
-    assert (settings.mode, settings.simulate) == (Mode.NFT, True)
+    assert (settings.mode, settings.simulate, settings.force) == (Mode.NFT, True, True)
 
 
 def test_an_empty_gid_means_none() -> None:
@@ -60,6 +61,7 @@ def test_every_problem_is_named_at_once() -> None:
                 "subnets-to-ignore": "10.1.2.3/8,fd00::/8,nope,10.0.0.0/33",
                 "mode": "iptables",
                 "simulate": "maybe",
+                "force": "2",
             }
         )
     problems = error.value.problems
@@ -79,6 +81,7 @@ def test_every_problem_is_named_at_once() -> None:
         "'10.0.0.0/33' is not an IPv4 network",
         "'iptables' is not a mode (one of legacy, nft)",
         "'maybe' is not true or false",
+        "--force (MESHLET_INIT_FORCE): '2' is not true or false",
     ):
         assert expected in text
 

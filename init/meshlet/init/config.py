@@ -106,6 +106,11 @@ FLAGS: Final = (
         "false",
         "print the rules (apply) or the changes (cleanup) and change nothing; allowed anywhere",
     ),
+    Flag(
+        "force",
+        "false",
+        "apply or clean up even in the machine's own network namespace",
+    ),
 )
 BY_NAME: Final = {flag.name: flag for flag in FLAGS}
 
@@ -115,6 +120,7 @@ class Settings:
     config: InitConfig
     mode: Mode
     simulate: bool
+    force: bool
 
 
 class ConfigError(ValueError):
@@ -151,6 +157,7 @@ def load(values: Mapping[str, str]) -> Settings:
         config=config,
         mode=take("mode", _mode, Mode.LEGACY),
         simulate=take("simulate", _switch, False),
+        force=take("force", _switch, False),
     )
     if problems:
         raise ConfigError(problems)

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Final, NoReturn
 
+from meshlet.init import guard
 from meshlet.init.changes import Applier, ApplyError, apply_steps, cleanup_steps, restore_lines
 from meshlet.init.config import FLAGS, ConfigError, Mode, load
 from meshlet.init.plan import plan
@@ -16,13 +17,15 @@ from meshlet.init.plan import plan
 EX_OK: Final = 0
 EX_FAILED: Final = 1  # the table could not be read or changed
 EX_CONFIG: Final = 64  # sysexits EX_USAGE: bad configuration, nothing changed
+EX_REFUSED: Final = 77  # sysexits EX_NOPERM: the machine's own network namespace, nothing changed
 
 DESCRIPTION: Final = """\
 Route a pod's TCP through its meshlet proxy: incoming TCP to the proxy's inbound port, outgoing
 TCP to its outbound port, except the proxy's own connections, loopback, and what is ignored below.
 Every rule is in the nat table, in the chains PROXY_INIT_REDIRECT (jumped to from PREROUTING) and
 PROXY_INIT_OUTPUT (from OUTPUT), commented meshlet-init/<purpose>. Running it again replaces the
-rules; `meshlet-init cleanup` removes exactly them. Run it in the pod's network namespace.
+rules; `meshlet-init cleanup` removes exactly them. Run it in the pod's network namespace: it
+refuses the machine's own unless --force.
 """
 
 EPILOG: Final = f"""\
@@ -30,6 +33,8 @@ exit codes:
   {EX_OK}   done
   {EX_FAILED}   the nat table could not be read or changed (the message says why)
   {EX_CONFIG}  bad flags or environment: every problem is named, nothing was changed
+  {EX_REFUSED}  refused: this is the machine's own network namespace (or one that cannot be told
+      apart from it); nothing was changed; --force overrides
 """
 
 
@@ -44,6 +49,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     if settings.simulate and not cleanup:
         print("\n".join(plan(settings.config).lines()))
         return
+    if not settings.force and not settings.simulate:
+        config = settings.config
+        refused = guard.refusal(
+            guard.read_facts(), cleanup, config.inbound_port, config.outbound_port
+        )
+        if refused:
+            _exit(EX_REFUSED, refused)
     try:
         applier = _applier(settings.mode)
         state = applier.state()
