@@ -27,6 +27,7 @@ INITIAL_PID, CONTAINER_PID = NsId(4, INITIAL_PID_NS_INO), NsId(4, 4026533000)
         (Facts(POD, INITIAL_PID, None, "unreadable"), Where.UNKNOWN),
         (Facts(POD, CONTAINER_PID, POD), Where.CONTAINER),  # PID 1 is the container's own
         (Facts(HOST, CONTAINER_PID, None), Where.CONTAINER),
+        (Facts(None, None, None, "/proc/self/ns/net: No such file or directory"), Where.UNKNOWN),
     ],
 )
 def test_where(facts: Facts, expected: Where) -> None:
@@ -132,3 +133,10 @@ def test_read_facts_sees_this_process() -> None:
     facts = read_facts()
     own = os.stat("/proc/self/ns/net")
     assert facts.own_net == NsId(own.st_dev, own.st_ino)
+
+
+def test_without_proc_it_cannot_tell(tmp_path: Path) -> None:
+    facts = read_facts(tmp_path)
+    assert where(facts) is Where.UNKNOWN
+    message = refusal(facts, False, 4143, 4140)
+    assert message is not None and "self/ns/net: No such file or directory" in message

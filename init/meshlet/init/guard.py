@@ -33,10 +33,10 @@ class NsId:
 
 @dataclass(frozen=True, slots=True)
 class Facts:
-    own_net: NsId
-    own_pid_ns: NsId
+    own_net: NsId | None  # None: unreadable (no /proc)
+    own_pid_ns: NsId | None
     machine_net: NsId | None  # the network namespace of PID 1 (or kthreadd); None: unreadable
-    machine_net_problem: str = ""  # why it could not be read
+    problem: str = ""  # why something could not be read
 
 
 class Where(enum.Enum):
@@ -51,6 +51,8 @@ class Where(enum.Enum):
 
 
 def where(facts: Facts) -> Where:
+    if facts.own_net is None or facts.own_pid_ns is None:
+        return Where.UNKNOWN
     if facts.own_pid_ns.ino != INITIAL_PID_NS_INO:
         return Where.CONTAINER
     if facts.machine_net is None:
@@ -66,7 +68,7 @@ def refusal(facts: Facts, cleanup: bool, inbound_port: int, outbound_port: int) 
     if place is Where.UNKNOWN:
         first = (
             "cannot tell whether this is the machine's own network namespace or a pod's"
-            f" ({facts.machine_net_problem})"
+            f" ({facts.problem})"
         )
     else:
         first = "this is the machine's own network namespace (its first process's), not a pod's"
@@ -88,8 +90,10 @@ def refusal(facts: Facts, cleanup: bool, inbound_port: int, outbound_port: int) 
 
 def read_facts(proc: Path = Path("/proc")) -> Facts:
     """The namespaces of this process and of the machine's first process, from /proc."""
-    own_net = _ns(proc / "self/ns/net")
-    own_pid_ns = _ns(proc / "self/ns/pid")
+    try:
+        own_net, own_pid_ns = _ns(proc / "self/ns/net"), _ns(proc / "self/ns/pid")
+    except OSError as exc:
+        return Facts(None, None, None, f"{exc.filename}: {exc.strerror}")
     try:
         return Facts(own_net, own_pid_ns, _ns(proc / "1/ns/net"))
     except OSError as first:
