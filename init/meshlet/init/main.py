@@ -1,83 +1,133 @@
-"""`meshlet-init`: compute the iptables plan, print it (--simulate) or apply it."""
+"""`meshlet-init [apply] | cleanup`: program a pod's nat table so its TCP goes through the proxy,
+or remove exactly that; print the plan with --simulate."""
 
 from __future__ import annotations
 
 import argparse
-import shutil
-import subprocess
+import os
 import sys
+from collections.abc import Mapping, Sequence
+from typing import Final, NoReturn
 
-from meshlet.api import wellknown
-from meshlet.init.plan import InitConfig, PlanError, parse_ports, plan
+from meshlet.init import guard
+from meshlet.init.changes import Applier, ApplyError, apply_steps, cleanup_steps, restore_lines
+from meshlet.init.config import FLAGS, ConfigError, Mode, load
+from meshlet.init.plan import plan
 
-EX_CONFIG = 64
-RESTORE = {"legacy": "iptables-legacy-restore", "nft": "iptables-nft-restore"}
-SAVE = {"legacy": "iptables-legacy-save", "nft": "iptables-nft-save"}
+EX_OK: Final = 0
+EX_FAILED: Final = 1  # the table could not be read or changed
+EX_CONFIG: Final = 64  # sysexits EX_USAGE: bad configuration, nothing changed
+EX_REFUSED: Final = 77  # sysexits EX_NOPERM: the machine's own network namespace, nothing changed
+
+DESCRIPTION: Final = """\
+Route a pod's TCP through its meshlet proxy: incoming TCP to the proxy's inbound port, outgoing
+TCP to its outbound port, except the proxy's own connections, loopback, and what is ignored below.
+Every rule is in the nat table, in the chains PROXY_INIT_REDIRECT (jumped to from PREROUTING) and
+PROXY_INIT_OUTPUT (from OUTPUT), commented meshlet-init/<purpose>. Running it again replaces the
+rules; `meshlet-init cleanup` removes exactly them. Run it in the pod's network namespace: it
+refuses the machine's own unless --force.
+"""
+
+EPILOG: Final = f"""\
+exit codes:
+  {EX_OK}   done
+  {EX_FAILED}   the nat table could not be read or changed (the message says why)
+  {EX_CONFIG}  bad flags or environment: every problem is named, nothing was changed
+  {EX_REFUSED}  refused: this is the machine's own network namespace (or one that cannot be told
+      apart from it); nothing was changed; --force overrides
+"""
 
 
-def _config(args: argparse.Namespace) -> InitConfig:
-    errors = []
-    inbound: tuple[str, ...] = ()
-    outbound: tuple[str, ...] = ()
+def main(argv: Sequence[str] | None = None) -> None:
+    args = _parse(argv)
+    cleanup = args.command == "cleanup"
     try:
-        inbound = parse_ports(args.inbound_ports_to_ignore)
-    except PlanError as exc:
-        errors.append(f"--inbound-ports-to-ignore: {exc}")
-    try:
-        outbound = parse_ports(args.outbound_ports_to_ignore)
-    except PlanError as exc:
-        errors.append(f"--outbound-ports-to-ignore: {exc}")
-    for flag in ("incoming_proxy_port", "outgoing_proxy_port"):
-        if not 1 <= getattr(args, flag) <= 65535:
-            errors.append(f"--{flag.replace('_', '-')}: not in 1-65535")
-    if errors:
-        raise PlanError("; ".join(errors))
-    fixed = (str(wellknown.PROXY_CONTROL_PORT), str(wellknown.PROXY_ADMIN_PORT))
-    return InitConfig(
-        inbound_port=args.incoming_proxy_port,
-        outbound_port=args.outgoing_proxy_port,
-        proxy_uid=args.proxy_uid,
-        proxy_gid=args.proxy_gid,
-        skip_inbound_ports=tuple(dict.fromkeys((*fixed, *inbound))),
-        skip_outbound_ports=outbound,
-    )
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="meshlet-init", description="Route the pod's TCP through its meshlet proxy."
-    )
-    parser.add_argument("--incoming-proxy-port", type=int, default=wellknown.PROXY_INBOUND_PORT)
-    parser.add_argument("--outgoing-proxy-port", type=int, default=wellknown.PROXY_OUTBOUND_PORT)
-    parser.add_argument("--proxy-uid", type=int, default=wellknown.PROXY_UID)
-    parser.add_argument("--proxy-gid", type=int, default=None)
-    parser.add_argument("--inbound-ports-to-ignore", default="", metavar="PORTS")
-    parser.add_argument("--outbound-ports-to-ignore", default="", metavar="PORTS")
-    parser.add_argument("--mode", choices=sorted(RESTORE), default="legacy")
-    parser.add_argument("--simulate", action="store_true", help="print the plan, change nothing")
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:
-        sys.exit(EX_CONFIG if exc.code else 0)
-    try:
-        config = _config(args)
-    except PlanError as exc:
-        sys.stderr.write(f"meshlet-init: {exc}\n")
-        sys.exit(EX_CONFIG)
-    if args.simulate:
-        print("\n".join(plan(config)))
+        settings = load(_values(args, os.environ))
+    except ConfigError as exc:
+        problems = "".join(f"\n  {problem}" for problem in exc.problems)
+        _exit(EX_CONFIG, f"bad configuration, nothing was changed:{problems}")
+    if settings.simulate and not cleanup:
+        print("\n".join(plan(settings.config).lines()))
         return
-    restore, save = RESTORE[args.mode], SAVE[args.mode]
-    if shutil.which(restore) is None:
-        sys.stderr.write(f"meshlet-init: {restore} not found; install iptables\n")
-        sys.exit(1)
-    current = subprocess.run([save, "-t", "nat"], capture_output=True, text=True, check=True).stdout
-    rules = "\n".join(plan(config, current)) + "\n"
-    result = subprocess.run([restore, "--noflush"], input=rules, capture_output=True, text=True)
-    if result.returncode != 0:
-        sys.stderr.write(f"meshlet-init: {restore} failed: {result.stderr}\n{rules}")
-        sys.exit(1)
-    print(rules, end="")
+    if not settings.force and not settings.simulate:
+        config = settings.config
+        refused = guard.refusal(
+            guard.read_facts(), cleanup, config.inbound_port, config.outbound_port
+        )
+        if refused:
+            _exit(EX_REFUSED, refused)
+    try:
+        applier = _applier(settings.mode)
+        state = applier.state()
+        steps = cleanup_steps(state) if cleanup else apply_steps(plan(settings.config), state)
+        if settings.simulate:
+            print(f"# meshlet-init cleanup would change the nat table ({applier.name}):")
+            print("\n".join(restore_lines(steps)))
+            return
+        if steps:
+            applier.carry_out(steps)
+    except ApplyError as exc:
+        _exit(EX_FAILED, str(exc))
+    print(f"# meshlet-init {args.command}: {len(steps)} changes to the nat table ({applier.name})")
+    if steps:
+        print("\n".join(restore_lines(steps)))
+
+
+def parser() -> argparse.ArgumentParser:
+    result = argparse.ArgumentParser(
+        prog="meshlet-init",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    result.add_argument(
+        "command",
+        nargs="?",
+        choices=("apply", "cleanup"),
+        default="apply",
+        help="apply (the default) programs the rules; cleanup removes them",
+    )
+    for flag in FLAGS:
+        text = f"{flag.help} [env {flag.env}; default: {flag.default or 'none'}]"
+        if flag.switch:
+            result.add_argument(flag.option, action="store_const", const="true", help=text)
+        else:
+            result.add_argument(flag.option, metavar=flag.metavar, help=text)
+    return result
+
+
+def _applier(mode: Mode) -> Applier:
+    if mode is Mode.NFT:
+        from meshlet.init.restore import RestoreApplier
+
+        return RestoreApplier("iptables-nft-save", "iptables-nft-restore")
+    from meshlet.init.legacy import IptcApplier
+
+    return IptcApplier()
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    try:
+        return parser().parse_args(argv)
+    except SystemExit as exc:  # argparse has printed the usage and the problem
+        sys.exit(EX_CONFIG if exc.code else EX_OK)
+
+
+def _values(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, str]:
+    """Each flag's text: from the command line, else from its environment variable."""
+    values = {}
+    for flag in FLAGS:
+        given = getattr(args, flag.name.replace("-", "_"))
+        if given is not None:
+            values[flag.name] = given
+        elif flag.env in env:
+            values[flag.name] = env[flag.env]
+    return values
+
+
+def _exit(code: int, message: str) -> NoReturn:
+    sys.stderr.write(f"meshlet-init: {message}\n")
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -1,26 +1,34 @@
 """The iptables plan (pure): which nat rules route a pod's TCP through its proxy.
 
-The plan is `iptables-restore` input for the nat table. Our chains are declared, which flushes
-them when they exist, so applying the plan twice leaves one copy of every rule; the jumps from
-PREROUTING and OUTPUT are only added when the current ruleset lacks them.
+A `Plan` is the content meshlet-init wants in the nat table: its two chains with their rules, and
+one jump into each from a built-in chain. Every rule is a typed `Rule` commented
+`meshlet-init/<purpose>`; `Plan.lines()` renders it as `iptables-restore` input, in the form
+`iptables-save` prints it back (what --simulate shows and the golden files hold). `changes.py`
+turns a plan into the steps that bring a live table there; the appliers carry them out.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from ipaddress import IPv4Network
 from typing import Final
 
 from meshlet.api import wellknown
+from meshlet.api.ports import PortRange, PortRanges
 
 REDIRECT_CHAIN: Final = "PROXY_INIT_REDIRECT"
 OUTPUT_CHAIN: Final = "PROXY_INIT_OUTPUT"
+OUR_CHAINS: Final = (REDIRECT_CHAIN, OUTPUT_CHAIN)
 COMMENT_PREFIX: Final = "meshlet-init/"
 MULTIPORT_MAX: Final = 15  # ports per multiport match; a range counts as two
-
-
-class PlanError(ValueError):
-    """Bad settings; the message lists every one."""
+NO_PORTS: Final = PortRanges()
+ALWAYS_SKIPPED_INBOUND: Final = PortRanges(
+    (
+        PortRange(wellknown.PROXY_CONTROL_PORT, wellknown.PROXY_CONTROL_PORT),
+        PortRange(wellknown.PROXY_ADMIN_PORT, wellknown.PROXY_ADMIN_PORT),
+    )
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,105 +37,155 @@ class InitConfig:
     outbound_port: int = wellknown.PROXY_OUTBOUND_PORT
     proxy_uid: int = wellknown.PROXY_UID
     proxy_gid: int | None = None
-    # Ports or ranges ("4190", "5000-5010") not redirected to the proxy.
-    skip_inbound_ports: tuple[str, ...] = field(
-        default=(str(wellknown.PROXY_CONTROL_PORT), str(wellknown.PROXY_ADMIN_PORT))
+    # Incoming destination ports not redirected to the proxy.
+    skip_inbound_ports: PortRanges = ALWAYS_SKIPPED_INBOUND
+    # Outgoing destination ports and networks not redirected to the proxy.
+    skip_outbound_ports: PortRanges = NO_PORTS
+    skip_subnets: tuple[IPv4Network, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """An iptables match module and its options, e.g. `owner` with (("uid-owner", "2102"),)."""
+
+    name: str
+    options: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One rule appended to `chain`, commented `meshlet-init/<purpose>`."""
+
+    chain: str
+    purpose: str
+    target: str
+    target_options: tuple[tuple[str, str], ...] = ()
+    destination: IPv4Network | None = None
+    out_interface: str | None = None
+    protocol: str | None = None
+    matches: tuple[Match, ...] = ()
+
+    @property
+    def comment(self) -> str:
+        return COMMENT_PREFIX + self.purpose
+
+    def render(self) -> str:
+        """The rule as `iptables-save` prints it: `-A CHAIN [-d] [-o] [-p] [-m ...] -j TARGET`."""
+        parts = [f"-A {self.chain}"]
+        if self.destination is not None:
+            parts.append(f"-d {self.destination}")
+        if self.out_interface is not None:
+            parts.append(f"-o {self.out_interface}")
+        if self.protocol is not None:
+            parts.append(f"-p {self.protocol}")
+        for match in self.matches:
+            parts.append(f"-m {match.name}" + _options(match.options))
+        parts.append(f'-m comment --comment "{self.comment}"')
+        parts.append(f"-j {self.target}" + _options(self.target_options))
+        return " ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    chains: tuple[str, ...]  # our chains, created or flushed
+    rules: tuple[Rule, ...]  # their rules, in order
+    jumps: tuple[Rule, ...]  # one rule per built-in chain that jumps into ours
+
+    def lines(self) -> list[str]:
+        """`iptables-restore` input for the nat table."""
+        return [
+            "*nat",
+            *(f":{chain} - [0:0]" for chain in self.chains),
+            *(rule.render() for rule in (*self.rules, *self.jumps)),
+            "COMMIT",
+        ]
+
+
+def plan(config: InitConfig) -> Plan:
+    """The rules of DESIGN §7: inbound TCP to the proxy's inbound port except the skipped ports;
+    outbound TCP to its outbound port except the proxy's own, loopback, skipped networks and
+    skipped ports."""
+    redirect = (
+        *_skips(REDIRECT_CHAIN, config.skip_inbound_ports, "inbound"),
+        Rule(
+            REDIRECT_CHAIN,
+            "redirect-all-incoming-to-proxy-port",
+            "REDIRECT",
+            (("to-ports", str(config.inbound_port)),),
+            protocol="tcp",
+        ),
     )
-    skip_outbound_ports: tuple[str, ...] = ()
+    output = [_owner("uid", config.proxy_uid)]
+    if config.proxy_gid is not None:
+        output.append(_owner("gid", config.proxy_gid))
+    output.append(Rule(OUTPUT_CHAIN, "ignore-loopback", "RETURN", out_interface="lo"))
+    output += (
+        Rule(OUTPUT_CHAIN, f"ignore-subnet-{subnet}", "RETURN", destination=subnet)
+        for subnet in config.skip_subnets
+    )
+    output += _skips(OUTPUT_CHAIN, config.skip_outbound_ports, "outbound")
+    output.append(
+        Rule(
+            OUTPUT_CHAIN,
+            "redirect-all-outgoing-to-proxy-port",
+            "REDIRECT",
+            (("to-ports", str(config.outbound_port)),),
+            protocol="tcp",
+        )
+    )
+    return Plan(
+        chains=OUR_CHAINS,
+        rules=(*redirect, *output),
+        jumps=(
+            Rule("PREROUTING", "install-proxy-init-prerouting", REDIRECT_CHAIN),
+            Rule("OUTPUT", "install-proxy-init-output", OUTPUT_CHAIN),
+        ),
+    )
 
 
-def parse_ports(text: str) -> tuple[str, ...]:
-    """`"25, 587,4000-4010"` → ("25", "587", "4000:4010") in iptables syntax."""
-    ports: list[str] = []
-    errors: list[str] = []
-    for item in filter(None, (p.strip() for p in text.split(","))):
-        low, _, high = item.partition("-")
-        if not low.isdigit() or (high and not high.isdigit()):
-            errors.append(f"{item!r} is not a port or a range")
-            continue
-        lo, hi = int(low), int(high or low)
-        if not 1 <= lo <= hi <= 65535:
-            errors.append(f"{item!r} is outside 1-65535 or reversed")
-            continue
-        ports.append(str(lo) if lo == hi else f"{lo}:{hi}")
-    if errors:
-        raise PlanError("; ".join(errors))
-    return tuple(ports)
+def multiport(ranges: Iterable[PortRange]) -> list[str]:
+    """Port ranges as a multiport match writes them: `25`, `4000:4010`."""
+    return [str(r.first) if r.first == r.last else f"{r.first}:{r.last}" for r in ranges]
 
 
-def _chunks(ports: Sequence[str]) -> Iterable[list[str]]:
-    chunk: list[str] = []
+def _owner(kind: str, owner: int) -> Rule:
+    return Rule(
+        OUTPUT_CHAIN,
+        f"ignore-proxy-{kind}",
+        "RETURN",
+        matches=(Match("owner", ((f"{kind}-owner", str(owner)),)),),
+    )
+
+
+def _skips(chain: str, ports: PortRanges, direction: str) -> list[Rule]:
+    rules = []
+    for chunk in _chunks(ports.ranges):
+        listed = ",".join(multiport(chunk))
+        rules.append(
+            Rule(
+                chain,
+                f"ignore-{direction}-ports-{listed}",
+                "RETURN",
+                protocol="tcp",
+                matches=(Match("multiport", (("dports", listed),)),),
+            )
+        )
+    return rules
+
+
+def _chunks(ranges: Sequence[PortRange]) -> Iterable[list[PortRange]]:
+    chunk: list[PortRange] = []
     weight = 0
-    for port in ports:
-        cost = 2 if ":" in port else 1
+    for item in ranges:
+        cost = 1 if item.first == item.last else 2
         if weight + cost > MULTIPORT_MAX:
             yield chunk
             chunk, weight = [], 0
-        chunk.append(port)
+        chunk.append(item)
         weight += cost
     if chunk:
         yield chunk
 
 
-def _rule(chain: str, match: str, purpose: str, target: str) -> str:
-    match = f"{match} " if match else ""
-    return f'-A {chain} {match}-m comment --comment "{COMMENT_PREFIX}{purpose}" -j {target}'
-
-
-def _skips(chain: str, ports: Sequence[str], direction: str) -> list[str]:
-    return [
-        _rule(
-            chain,
-            f"-p tcp -m multiport --dports {','.join(chunk)}",
-            f"ignore-{direction}-ports-{','.join(chunk)}",
-            "RETURN",
-        )
-        for chunk in _chunks(ports)
-    ]
-
-
-def plan(config: InitConfig, current: str = "") -> list[str]:
-    """iptables-restore lines; `current` is `iptables-save -t nat` output (for idempotence)."""
-    lines = ["*nat", f":{REDIRECT_CHAIN} - [0:0]", f":{OUTPUT_CHAIN} - [0:0]"]
-    lines += _skips(REDIRECT_CHAIN, config.skip_inbound_ports, "inbound")
-    lines.append(
-        _rule(
-            REDIRECT_CHAIN,
-            "-p tcp",
-            "redirect-all-incoming-to-proxy-port",
-            f"REDIRECT --to-ports {config.inbound_port}",
-        )
-    )
-    lines.append(
-        _rule(
-            OUTPUT_CHAIN, f"-m owner --uid-owner {config.proxy_uid}", "ignore-proxy-uid", "RETURN"
-        )
-    )
-    if config.proxy_gid is not None:
-        lines.append(
-            _rule(
-                OUTPUT_CHAIN,
-                f"-m owner --gid-owner {config.proxy_gid}",
-                "ignore-proxy-gid",
-                "RETURN",
-            )
-        )
-    lines.append(_rule(OUTPUT_CHAIN, "-o lo", "ignore-loopback", "RETURN"))
-    lines += _skips(OUTPUT_CHAIN, config.skip_outbound_ports, "outbound")
-    lines.append(
-        _rule(
-            OUTPUT_CHAIN,
-            "-p tcp",
-            "redirect-all-outgoing-to-proxy-port",
-            f"REDIRECT --to-ports {config.outbound_port}",
-        )
-    )
-    for parent, chain, purpose in (
-        ("PREROUTING", REDIRECT_CHAIN, "install-proxy-init-prerouting"),
-        ("OUTPUT", OUTPUT_CHAIN, "install-proxy-init-output"),
-    ):
-        jump = _rule(parent, "", purpose, chain)
-        if jump not in current:
-            lines.append(jump)
-    lines.append("COMMIT")
-    return lines
+def _options(options: tuple[tuple[str, str], ...]) -> str:
+    return "".join(f" --{name} {value}" for name, value in options)

@@ -57,6 +57,7 @@ DETECT_TIMEOUT_SECONDS: Final = 10.0
 
 PROXY_ENV_PREFIX: Final = "MESHLET_PROXY_"
 CONTROLLER_ENV_PREFIX: Final = "MESHLET_"
+INIT_ENV_PREFIX: Final = "MESHLET_INIT_"
 
 # Mesh transport between proxies.
 TRANSPORT_ALPN: Final = "transport.l5d.io/v1"
