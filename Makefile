@@ -23,7 +23,7 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy proto/meshlet controlplane/meshlet proxy/meshlet init/meshlet cli/meshlet
+	$(BIN)/mypy proto/meshlet controlplane/meshlet proxy/meshlet init/meshlet cli/meshlet testing/meshlet_testing
 
 # Regenerates the committed protobuf and gRPC modules from the .proto contracts.
 proto: $(STAMP)
@@ -36,6 +36,8 @@ proto-check: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m meshlet.cli.main demo
 
+# The destination benchmark runs the fake API server from the test support in testing/.
+bench: export PYTHONPATH := $(abspath testing)
 bench: $(STAMP)
 	$(BIN)/python -m bench.certify
 	$(BIN)/python -m bench.destination

@@ -14,13 +14,13 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from kubernetes import client
+from meshlet_testing.fakeapi import FakeKubeAPI
 
 from meshlet.api import identity_pb2, identity_pb2_grpc, wellknown
 from meshlet.controlplane.identity import ca
 from meshlet.controlplane.identity.errors import CertifyError
 from meshlet.controlplane.identity.server import IdentityConfig, IdentityServer
 from meshlet.controlplane.identity.tokens import ServiceAccount, TokenReviewer
-from meshlet.controlplane.k8s.fakeapi import FakeKubeAPI
 from meshlet.proxy.identity import prestart
 
 WEB = wellknown.identity_name("web", "emojivoto")

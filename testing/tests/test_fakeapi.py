@@ -13,8 +13,7 @@ from typing import Any
 import pytest
 import urllib3
 from kubernetes import client, config, watch
-
-from meshlet.controlplane.k8s.fakeapi import FakeKubeAPI
+from meshlet_testing.fakeapi import FakeKubeAPI
 
 NS = "default"
 Event = dict[str, Any]
