@@ -8,9 +8,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from meshlet_testing.fakeapi import FakeKubeAPI
-
 from meshlet.controlplane.k8s import objects
+from meshlet_testing.fakeapi import FakeKubeAPI
 
 
 def endpoint_ip(service: int, endpoint: int) -> str:

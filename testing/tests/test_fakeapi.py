@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import urllib3
 from kubernetes import client, config, watch
+
 from meshlet_testing.fakeapi import FakeKubeAPI
 
 NS = "default"

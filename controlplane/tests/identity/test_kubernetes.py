@@ -14,7 +14,6 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from kubernetes import client
-from meshlet_testing.fakeapi import FakeKubeAPI
 
 from meshlet.api import identity_pb2, identity_pb2_grpc, wellknown
 from meshlet.controlplane.identity import ca
@@ -22,6 +21,7 @@ from meshlet.controlplane.identity.errors import CertifyError
 from meshlet.controlplane.identity.server import IdentityConfig, IdentityServer
 from meshlet.controlplane.identity.tokens import ServiceAccount, TokenReviewer
 from meshlet.proxy.identity import prestart
+from meshlet_testing.fakeapi import FakeKubeAPI
 
 WEB = wellknown.identity_name("web", "emojivoto")
 
