@@ -56,9 +56,12 @@ def _svc_addr(name: str, config: InjectConfig, port: int) -> str:
     return f"{name}.{config.control_ns}.svc.{config.cluster_domain}.:{port}"
 
 
-def proxy_env(config: InjectConfig, settings: ProxySettings) -> list[EnvVar]:
+def proxy_env(
+    config: InjectConfig, settings: ProxySettings, identity_addr: str = ""
+) -> list[EnvVar]:
     """The proxy's environment: exactly the `MESHLET_PROXY_*` names `meshlet-proxy` reads.
-    `$(_pod_*)` references are expanded by the kubelet from the fields above them."""
+    `$(_pod_*)` references are expanded by the kubelet from the fields above them.
+    `identity_addr` replaces the identity Service's address."""
     local_name = wk.identity_name("$(_pod_sa)", "$(_pod_ns)", config.control_ns,
                                   config.trust_domain)  # fmt: skip
     context = '{"ns":"$(_pod_ns)","nodeName":"$(_pod_nodename)","pod":"$(_pod_name)"}'
@@ -75,7 +78,8 @@ def proxy_env(config: InjectConfig, settings: ProxySettings) -> list[EnvVar]:
                           config.trust_domain)),
         (wk.PROXY_ENV_DESTINATION_CONTEXT, context),
         (wk.PROXY_ENV_DESTINATION_PROFILE_SUFFIXES, f"svc.{config.cluster_domain}."),
-        (wk.PROXY_ENV_IDENTITY_SVC_ADDR, _svc_addr(wk.IDENTITY_NAME, config, wk.IDENTITY_PORT)),
+        (wk.PROXY_ENV_IDENTITY_SVC_ADDR,
+         identity_addr or _svc_addr(wk.IDENTITY_NAME, config, wk.IDENTITY_PORT)),
         (wk.PROXY_ENV_IDENTITY_SVC_NAME,
          wk.identity_name(wk.IDENTITY_NAME, config.control_ns, config.control_ns,
                           config.trust_domain)),
@@ -119,7 +123,9 @@ def _resources(resources: Resources) -> Obj:
     return out
 
 
-def proxy_container(config: InjectConfig, settings: ProxySettings) -> Container:
+def proxy_container(
+    config: InjectConfig, settings: ProxySettings, identity_addr: str = ""
+) -> Container:
     """The sidecar; with `native_sidecar`, an init container that keeps running
     (`restartPolicy: Always`) and holds the app back until `/ready` answers."""
     mounts: list[VolumeMount] = [
@@ -130,7 +136,7 @@ def proxy_container(config: InjectConfig, settings: ProxySettings) -> Container:
         "name": wk.PROXY_CONTAINER,
         "image": settings.image,
         "imagePullPolicy": settings.image_pull_policy,
-        "env": proxy_env(config, settings),
+        "env": proxy_env(config, settings, identity_addr),
         "ports": [
             {"containerPort": wk.PROXY_INBOUND_PORT, "name": wk.PROXY_PORT_NAME},
             {"containerPort": wk.PROXY_ADMIN_PORT, "name": wk.ADMIN_PORT_NAME},
@@ -269,6 +275,16 @@ def pod_labels(target: Target, config: InjectConfig) -> tuple[dict[str, str], li
     return out, messages
 
 
+def _identity_addr(target: Target, config: InjectConfig) -> str:
+    """The identity service's own proxy is certified by the container beside it, over loopback:
+    its Service has no ready endpoint before that proxy is ready."""
+    labels = target.metadata.get("labels")
+    component = labels.get(wk.CONTROL_PLANE_COMPONENT_LABEL) if isinstance(labels, dict) else None
+    if component == "identity" and target.namespace == config.control_ns:
+        return f"127.0.0.1:{wk.IDENTITY_PORT}"
+    return ""
+
+
 def patch(
     target: Target, config: InjectConfig, resolved: Resolved
 ) -> tuple[list[PatchOp], list[str]]:
@@ -276,7 +292,7 @@ def patch(
     settings = resolved.settings
     meta, spec = target.path + "/metadata", target.path + "/spec"
     new_labels, messages = pod_labels(target, config)
-    proxy = proxy_container(config, settings)
+    proxy = proxy_container(config, settings, _identity_addr(target, config))
     ops = [
         *_merge_map(meta + "/annotations", target.metadata.get("annotations"),
                     pod_annotations(target, config, resolved)),
