@@ -99,7 +99,9 @@ def _check_identity(values: Mapping[str, Any], now: dt.datetime) -> None:
         )
 
 
-def _generated(values: Mapping[str, Any], namespace: str, now: dt.datetime) -> dict[str, Any]:
+def generated(
+    values: Mapping[str, Any], namespace: str, now: dt.datetime, quiet: bool = False
+) -> dict[str, Any]:
     """Certificates the values lack: a CA for the mesh, the webhook's own."""
     from meshlet.controlplane.identity import ca
     from meshlet.controlplane.injector import tls
@@ -115,12 +117,13 @@ def _generated(values: Mapping[str, Any], namespace: str, now: dt.datetime) -> d
                 "tls": {"crtPEM": ca.cert_pem(cert).decode(), "keyPEM": ca.key_pem(key).decode()}
             }
         }
-        click.echo(
-            "meshlet install: generated a trust anchor and issuer valid until"
-            f" {cert.not_valid_after_utc.date()}; the anchor's key is not kept (make your own"
-            " with `meshlet identity ca create` to rotate issuers later)",
-            err=True,
-        )
+        if not quiet:
+            click.echo(
+                "meshlet install: generated a trust anchor and issuer valid until"
+                f" {cert.not_valid_after_utc.date()}; the anchor's key is not kept (make your own"
+                " with `meshlet identity ca create` to rotate issuers later)",
+                err=True,
+            )
     injector = values.get("proxyInjector") or {}
     if not (injector.get("caBundle") and injector.get("crtPEM") and injector.get("keyPEM")):
         webhook = tls.webhook_certificate(namespace, now)
@@ -230,7 +233,7 @@ def install(
                 ),
             )
             now = dt.datetime.now(dt.UTC)
-            values = merge(values, _generated(values, namespace, now))
+            values = merge(values, generated(values, namespace, now))
             _check_identity(values, now)
             manifests = charts.render(charts.CONTROL_PLANE, values, namespace)
             manifests = mesh_control_plane(manifests, namespace)

@@ -8,6 +8,7 @@ import click
 
 from meshlet.cli.demo import demo
 from meshlet.cli.identity import identity
+from meshlet.cli.inject import inject
 from meshlet.cli.install import install
 
 EX_CONFIG = 64
@@ -22,6 +23,7 @@ def cli() -> None:
 cli.add_command(identity)
 cli.add_command(demo)
 cli.add_command(install)
+cli.add_command(inject)
 
 
 def main(argv: list[str] | None = None) -> None:
