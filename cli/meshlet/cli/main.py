@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from meshlet.cli.check import check
 from meshlet.cli.demo import demo
 from meshlet.cli.identity import identity
 from meshlet.cli.inject import inject
@@ -24,6 +25,7 @@ cli.add_command(identity)
 cli.add_command(demo)
 cli.add_command(install)
 cli.add_command(inject)
+cli.add_command(check)
 
 
 def main(argv: list[str] | None = None) -> None:
