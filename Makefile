@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PROTO_DIR := proto
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup test lint proto proto-check demo bench clean
+.PHONY: setup test lint proto proto-check demo bench images e2e clean
 
 setup: $(STAMP)
 
@@ -23,7 +23,7 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy proto/meshlet controlplane/meshlet proxy/meshlet init/meshlet cli/meshlet
+	$(BIN)/mypy proto/meshlet controlplane/meshlet proxy/meshlet init/meshlet cli/meshlet testing/meshlet_testing
 
 # Regenerates the committed protobuf and gRPC modules from the .proto contracts.
 proto: $(STAMP)
@@ -36,10 +36,24 @@ proto-check: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m meshlet.cli.main demo
 
+# The destination benchmark runs the fake API server from the test support in testing/.
+bench: export PYTHONPATH := $(abspath testing)
 bench: $(STAMP)
 	$(BIN)/python -m bench.certify
 	$(BIN)/python -m bench.destination
 	$(BIN)/python -m bench.proxy
+
+REGISTRY ?= ghcr.io/meshlet
+TAG ?= dev
+
+# The controller and proxy images (needs Docker).
+images:
+	docker build -f images/controller.Dockerfile -t $(REGISTRY)/controller:$(TAG) .
+	docker build -f images/proxy.Dockerfile -t $(REGISTRY)/proxy:$(TAG) .
+
+# meshlet on a k3d cluster (needs docker, k3d and kubectl; skips with a message without them).
+e2e: $(STAMP)
+	$(BIN)/pytest e2e -ra -p no:cacheprovider --timeout=3600
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

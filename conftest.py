@@ -19,6 +19,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from meshlet.api import wellknown
 from meshlet.controlplane.identity import ca
 
+pytest_plugins = ["meshlet_testing.fixtures"]
+
 
 @dataclass
 class TestCA:

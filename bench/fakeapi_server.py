@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from meshlet.controlplane.k8s import objects
-from meshlet.controlplane.k8s.fakeapi import FakeKubeAPI
+from meshlet_testing.fakeapi import FakeKubeAPI
 
 
 def endpoint_ip(service: int, endpoint: int) -> str:

@@ -6,8 +6,14 @@ import sys
 
 import click
 
+from meshlet.cli.check import check
+from meshlet.cli.completion import completion
 from meshlet.cli.demo import demo
 from meshlet.cli.identity import identity
+from meshlet.cli.inject import inject
+from meshlet.cli.install import install
+from meshlet.cli.uninstall import uninstall
+from meshlet.cli.version import version
 
 EX_CONFIG = 64
 
@@ -20,6 +26,12 @@ def cli() -> None:
 
 cli.add_command(identity)
 cli.add_command(demo)
+cli.add_command(install)
+cli.add_command(inject)
+cli.add_command(check)
+cli.add_command(uninstall)
+cli.add_command(version)
+cli.add_command(completion)
 
 
 def main(argv: list[str] | None = None) -> None:

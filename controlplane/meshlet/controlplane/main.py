@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 import sys
 from pathlib import Path
 
@@ -216,6 +217,116 @@ def destination(
         stream_queue=stream_queue,
     )
     asyncio.run(serve(config, registry))
+
+
+@cli.command()
+@option(
+    "--addr",
+    type=Addr(),
+    default=f":{wellknown.INJECTOR_PORT}",
+    show_default=True,
+    help="HTTPS listen address of the webhook.",
+)
+@option(
+    "--admin-addr",
+    type=Addr(),
+    default=f":{wellknown.INJECTOR_ADMIN_PORT}",
+    show_default=True,
+    help="Admin (/metrics, /ready, /live) listen address.",
+)
+@option(
+    "--tls-cert",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="PEM certificate chain the webhook serves (Secret meshlet-proxy-injector-k8s-tls).",
+)
+@option("--tls-key", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@option(
+    "--config",
+    "config_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="The proxy defaults: the `values` key of ConfigMap meshlet-config; default: built-in.",
+)
+@option(
+    "--trust-anchors",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="PEM trust anchors written into every proxy (ConfigMap meshlet-identity-trust-roots).",
+)
+@option(
+    "--kubeconfig",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Read namespace annotations through the Kubernetes API reached with this kubeconfig.",
+)
+@option(
+    "--in-cluster",
+    is_flag=True,
+    help="Read namespace annotations as the pod's service account. Without Kubernetes access"
+    " only the pods' own annotations count.",
+)
+@option(
+    "--answer-within",
+    type=click.FloatRange(min=0.1, max=29.0),
+    default=8.0,
+    show_default=True,
+    help="Seconds before a review is answered without a patch (below the webhook's timeout).",
+)
+@option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    show_default=True,
+)
+def injector(
+    addr: tuple[str, int],
+    admin_addr: tuple[str, int],
+    tls_cert: Path | None,
+    tls_key: Path | None,
+    config_file: Path | None,
+    trust_anchors: Path | None,
+    kubeconfig: Path | None,
+    in_cluster: bool,
+    answer_within: float,
+    log_level: str,
+) -> None:
+    """Proxy injector: a mutating admission webhook that adds the proxy to pods."""
+    from meshlet.controlplane.injector.config import ConfigError, load
+    from meshlet.controlplane.injector.server import InjectorConfig, serve, server_context
+    from meshlet.controlplane.k8s.client import api_client
+
+    problems = []
+    if tls_cert is None or tls_key is None:
+        problems.append("--tls-cert and --tls-key are required: the webhook serves HTTPS only")
+    if trust_anchors is None:
+        problems.append("--trust-anchors is required: every proxy gets them")
+    if kubeconfig is not None and in_cluster:
+        problems.append("--kubeconfig and --in-cluster exclude each other")
+    inject = None
+    if trust_anchors is not None:
+        try:
+            values = config_file.read_text() if config_file is not None else ""
+            inject = load(values, trust_anchors.read_text())
+        except ConfigError as exc:
+            where = f"--config {config_file}" if config_file is not None else "--trust-anchors"
+            problems.extend(f"{where}: {problem}" for problem in exc.problems)
+        except (OSError, UnicodeDecodeError) as exc:
+            problems.append(f"cannot read the configuration: {exc}")
+    if tls_cert is not None and tls_key is not None:
+        try:
+            server_context(tls_cert, tls_key)
+        except (OSError, ssl.SSLError) as exc:
+            problems.append(f"--tls-cert/--tls-key: not a usable certificate and key ({exc})")
+    if problems or inject is None or tls_cert is None or tls_key is None:
+        raise click.UsageError("; ".join(problems))
+    setup_logging(log_level)
+    config = InjectorConfig(
+        addr=addr,
+        admin_addr=admin_addr,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        inject=inject,
+        kube_api=api_client(kubeconfig, in_cluster),
+        answer_within=answer_within,
+    )
+    asyncio.run(serve(config))
 
 
 def main(argv: list[str] | None = None) -> None:

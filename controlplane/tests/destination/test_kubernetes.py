@@ -14,8 +14,8 @@ from kubernetes import client
 from meshlet.api import addr, destination_pb2, destination_pb2_grpc
 from meshlet.controlplane.destination.server import DestinationConfig, DestinationServer
 from meshlet.controlplane.k8s import objects
-from meshlet.controlplane.k8s.fakeapi import FakeKubeAPI
 from meshlet.controlplane.k8s.informer import KubernetesSource
+from meshlet_testing.fakeapi import FakeKubeAPI
 
 WEB = "web.emojivoto.svc.cluster.local:80"
 

@@ -20,8 +20,8 @@ from meshlet.controlplane.identity import ca
 from meshlet.controlplane.identity.errors import CertifyError
 from meshlet.controlplane.identity.server import IdentityConfig, IdentityServer
 from meshlet.controlplane.identity.tokens import ServiceAccount, TokenReviewer
-from meshlet.controlplane.k8s.fakeapi import FakeKubeAPI
 from meshlet.proxy.identity import prestart
+from meshlet_testing.fakeapi import FakeKubeAPI
 
 WEB = wellknown.identity_name("web", "emojivoto")
 

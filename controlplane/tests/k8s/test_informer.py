@@ -15,8 +15,8 @@ from kubernetes import client
 
 from meshlet.controlplane.k8s import informer
 from meshlet.controlplane.k8s.events import Delete, Event, Kind, Snapshot, Upsert
-from meshlet.controlplane.k8s.fakeapi import RESOURCES, FakeKubeAPI
 from meshlet.controlplane.k8s.informer import KubernetesSource
+from meshlet_testing.fakeapi import RESOURCES, FakeKubeAPI
 
 NS = "default"
 Obj = dict[str, Any]

@@ -49,15 +49,82 @@ OPAQUE_PORTS_ANNOTATION: Final = CONFIG_ANNOTATION_PREFIX + "opaque-ports"
 PROXY_LOG_LEVEL_ANNOTATION: Final = CONFIG_ANNOTATION_PREFIX + "proxy-log-level"
 PROXY_CPU_LIMIT_ANNOTATION: Final = CONFIG_ANNOTATION_PREFIX + "proxy-cpu-limit"
 PROXY_MEMORY_LIMIT_ANNOTATION: Final = CONFIG_ANNOTATION_PREFIX + "proxy-memory-limit"
+PROXY_CPU_REQUEST_ANNOTATION: Final = CONFIG_ANNOTATION_PREFIX + "proxy-cpu-request"
+PROXY_MEMORY_REQUEST_ANNOTATION: Final = CONFIG_ANNOTATION_PREFIX + "proxy-memory-request"
+PROXY_IMAGE_ANNOTATION: Final = CONFIG_ANNOTATION_PREFIX + "proxy-image"
+PROXY_NATIVE_SIDECAR_ANNOTATION: Final = CONFIG_ANNOTATION_PREFIX + "proxy-native-sidecar"
+REQUIRE_IDENTITY_PORTS_ANNOTATION: Final = (
+    CONFIG_ANNOTATION_PREFIX + "proxy-require-identity-inbound-ports"
+)
+OUTBOUND_CONNECT_TIMEOUT_ANNOTATION: Final = (
+    CONFIG_ANNOTATION_PREFIX + "proxy-outbound-connect-timeout"
+)
+SHUTDOWN_GRACE_PERIOD_ANNOTATION: Final = CONFIG_ANNOTATION_PREFIX + "proxy-shutdown-grace-period"
+# Written by the injector on the pods it meshes.
+PROXY_VERSION_ANNOTATION: Final = "meshlet.io/proxy-version"
+TRUST_ROOT_SHA256_ANNOTATION: Final = "meshlet.io/trust-root-sha256"
+CREATED_BY_ANNOTATION: Final = "meshlet.io/created-by"
 CONTROL_PLANE_NS_LABEL: Final = "meshlet.io/control-plane-ns"
+WORKLOAD_NS_LABEL: Final = "meshlet.io/workload-ns"
 PROXY_OWNER_LABEL_PREFIX: Final = "meshlet.io/proxy-"  # + <kind>: <owner name>
+# On the control plane's own pods: destination, identity or proxy-injector.
+CONTROL_PLANE_COMPONENT_LABEL: Final = "meshlet.io/control-plane-component"
 
+PROXY_LOG_LEVELS: Final = ("trace", "debug", "info", "warn", "error")
 DEFAULT_OPAQUE_PORTS: Final = frozenset({25, 587, 3306, 4444, 5432, 6379, 9300, 11211})
 DETECT_TIMEOUT_SECONDS: Final = 10.0
 
 PROXY_ENV_PREFIX: Final = "MESHLET_PROXY_"
 CONTROLLER_ENV_PREFIX: Final = "MESHLET_"
 INIT_ENV_PREFIX: Final = "MESHLET_INIT_"
+
+# The proxy environment the injector writes: names `meshlet-proxy` reads (its config table).
+PROXY_ENV_INBOUND_LISTEN_ADDR: Final = PROXY_ENV_PREFIX + "INBOUND_LISTEN_ADDR"
+PROXY_ENV_OUTBOUND_LISTEN_ADDR: Final = PROXY_ENV_PREFIX + "OUTBOUND_LISTEN_ADDR"
+PROXY_ENV_ADMIN_LISTEN_ADDR: Final = PROXY_ENV_PREFIX + "ADMIN_LISTEN_ADDR"
+PROXY_ENV_CONTROL_LISTEN_ADDR: Final = PROXY_ENV_PREFIX + "CONTROL_LISTEN_ADDR"
+PROXY_ENV_DESTINATION_SVC_ADDR: Final = PROXY_ENV_PREFIX + "DESTINATION_SVC_ADDR"
+PROXY_ENV_DESTINATION_SVC_NAME: Final = PROXY_ENV_PREFIX + "DESTINATION_SVC_NAME"
+PROXY_ENV_DESTINATION_CONTEXT: Final = PROXY_ENV_PREFIX + "DESTINATION_CONTEXT"
+PROXY_ENV_DESTINATION_PROFILE_SUFFIXES: Final = PROXY_ENV_PREFIX + "DESTINATION_PROFILE_SUFFIXES"
+PROXY_ENV_IDENTITY_SVC_ADDR: Final = PROXY_ENV_PREFIX + "IDENTITY_SVC_ADDR"
+PROXY_ENV_IDENTITY_SVC_NAME: Final = PROXY_ENV_PREFIX + "IDENTITY_SVC_NAME"
+PROXY_ENV_IDENTITY_LOCAL_NAME: Final = PROXY_ENV_PREFIX + "IDENTITY_LOCAL_NAME"
+PROXY_ENV_IDENTITY_TOKEN_FILE: Final = PROXY_ENV_PREFIX + "IDENTITY_TOKEN_FILE"
+PROXY_ENV_IDENTITY_TRUST_ANCHORS: Final = PROXY_ENV_PREFIX + "IDENTITY_TRUST_ANCHORS"
+PROXY_ENV_IDENTITY_DIR: Final = PROXY_ENV_PREFIX + "IDENTITY_DIR"
+PROXY_ENV_INBOUND_OPAQUE_PORTS: Final = (
+    PROXY_ENV_PREFIX + "INBOUND_PORTS_DISABLE_PROTOCOL_DETECTION"
+)
+PROXY_ENV_OUTBOUND_OPAQUE_PORTS: Final = (
+    PROXY_ENV_PREFIX + "OUTBOUND_PORTS_DISABLE_PROTOCOL_DETECTION"
+)
+PROXY_ENV_INBOUND_PORTS_REQUIRE_IDENTITY: Final = (
+    PROXY_ENV_PREFIX + "INBOUND_PORTS_REQUIRE_IDENTITY"
+)
+PROXY_ENV_OUTBOUND_CONNECT_TIMEOUT: Final = PROXY_ENV_PREFIX + "OUTBOUND_CONNECT_TIMEOUT"
+PROXY_ENV_SHUTDOWN_GRACE_PERIOD: Final = PROXY_ENV_PREFIX + "SHUTDOWN_GRACE_PERIOD"
+PROXY_ENV_LOG: Final = PROXY_ENV_PREFIX + "LOG"
+
+# Names of the control plane's objects (the charts render them; tests hold the two together).
+DESTINATION_NAME: Final = "meshlet-destination"
+IDENTITY_NAME: Final = "meshlet-identity"
+INJECTOR_NAME: Final = "meshlet-proxy-injector"
+INJECTOR_TLS_SECRET: Final = "meshlet-proxy-injector-k8s-tls"
+CONFIG_CONFIGMAP: Final = "meshlet-config"
+CONFIG_KEY: Final = "values"
+SERVICEPROFILE_CRD: Final = "serviceprofiles.meshlet.io"
+
+# What the injector adds to a pod.
+PROXY_CONTAINER: Final = "meshlet-proxy"
+INIT_CONTAINER: Final = "meshlet-init"
+PROXY_PORT_NAME: Final = "meshlet-proxy"
+ADMIN_PORT_NAME: Final = "meshlet-admin"
+IDENTITY_DIR_VOLUME: Final = "meshlet-identity-end-entity"
+IDENTITY_DIR_PATH: Final = "/var/run/meshlet/identity/end-entity"
+TOKEN_VOLUME: Final = "meshlet-identity-token"
+TOKEN_DIR_PATH: Final = "/var/run/secrets/tokens"
+TOKEN_FILE: Final = "meshlet-identity-token"
 
 # Mesh transport between proxies.
 TRANSPORT_ALPN: Final = "transport.l5d.io/v1"

@@ -14,7 +14,7 @@ import pytest
 import urllib3
 from kubernetes import client, config, watch
 
-from meshlet.controlplane.k8s.fakeapi import FakeKubeAPI
+from meshlet_testing.fakeapi import FakeKubeAPI
 
 NS = "default"
 Event = dict[str, Any]
@@ -556,3 +556,63 @@ def test_unknown_paths_are_a_404_status(api: FakeKubeAPI, path: str) -> None:
         "code": 404,
         "details": {},
     }
+
+
+def test_version_endpoint(api_client: client.ApiClient) -> None:
+    info = client.VersionApi(api_client).get_code()
+    assert (info.major, info.minor, info.git_version) == ("1", "33", "v1.33.1")
+
+
+def test_more_kinds_through_the_client(api: FakeKubeAPI, api_client: client.ApiClient) -> None:
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": NS},
+        "spec": {"selector": {"matchLabels": {"app": "web"}}, "template": pod("x")},
+    }
+    api.apply(deployment)
+    api.apply({"apiVersion": "admissionregistration.k8s.io/v1",
+               "kind": "MutatingWebhookConfiguration", "metadata": {"name": "hook"}})  # fmt: skip
+    api.apply({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+               "metadata": {"name": "serviceprofiles.meshlet.io"}})  # fmt: skip
+    got = client.AppsV1Api(api_client).read_namespaced_deployment("web", NS)
+    assert got.spec.selector.match_labels == {"app": "web"}
+    hooks = client.AdmissionregistrationV1Api(api_client).list_mutating_webhook_configuration()
+    assert [h.metadata.name for h in hooks.items] == ["hook"]
+    crd = client.ApiextensionsV1Api(api_client).read_custom_resource_definition(
+        "serviceprofiles.meshlet.io", _preload_content=False
+    )
+    assert json.loads(crd.data)["metadata"]["name"] == "serviceprofiles.meshlet.io"
+
+
+def test_pod_proxy_reaches_the_pods_port(api: FakeKubeAPI, api_client: client.ApiClient) -> None:
+    import http.server
+
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = f"path {self.path}\n".encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        api.apply({**pod("web-1"), "status": {"podIP": "127.0.0.1"}})
+        port = server.server_address[1]
+        body = client.CoreV1Api(api_client).connect_get_namespaced_pod_proxy_with_path(
+            f"web-1:{port}", NS, "metrics"
+        )
+        assert body == "path /metrics\n"
+        with pytest.raises(client.ApiException) as missing:
+            client.CoreV1Api(api_client).connect_get_namespaced_pod_proxy_with_path(
+                f"nope:{port}", NS, "metrics"
+            )
+        assert missing.value.status == 404
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -3,7 +3,8 @@
 `FakeKubeAPI` speaks enough of the real HTTP protocol for the unmodified `kubernetes` client:
 JSON objects and `Status` errors, one global resourceVersion, list/get/create/replace/delete,
 chunked watch streams with replay, bookmarks, 410 Expired after compaction, bearer-token
-authentication and TokenReview. Tests drive changes through its thread-safe Python API.
+authentication and TokenReview; GET /version; the pods/proxy subresource (forwarded to the pod's
+IP). Tests drive changes through its thread-safe Python API.
 """
 
 from __future__ import annotations
@@ -14,10 +15,13 @@ import copy
 import json
 import logging
 import os
+import re
 import select
 import socket
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,7 +30,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self, TypedDict, cast
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import yaml
 from kubernetes import client as k8s_client
@@ -75,7 +79,45 @@ RESOURCES: tuple[Resource, ...] = (
     ),
     Resource("meshlet.io", "v1alpha1", "serviceprofiles", "ServiceProfile", namespaced=True),
     Resource("authentication.k8s.io", "v1", "tokenreviews", "TokenReview", False, create_only=True),
+    Resource("apps", "v1", "deployments", "Deployment", namespaced=True),
+    Resource(
+        "apiextensions.k8s.io",
+        "v1",
+        "customresourcedefinitions",
+        "CustomResourceDefinition",
+        namespaced=False,
+    ),
+    Resource(
+        "admissionregistration.k8s.io",
+        "v1",
+        "mutatingwebhookconfigurations",
+        "MutatingWebhookConfiguration",
+        namespaced=False,
+    ),
+    Resource("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", namespaced=False),
+    Resource(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "clusterrolebindings",
+        "ClusterRoleBinding",
+        namespaced=False,
+    ),
+    Resource("rbac.authorization.k8s.io", "v1", "roles", "Role", namespaced=True),
+    Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", namespaced=True),
 )
+# GET /version, as a 1.33 server answers it.
+VERSION: dict[str, str] = {
+    "major": "1",
+    "minor": "33",
+    "gitVersion": "v1.33.1",
+    "gitCommit": "8adc0f041b8e7ad1d30e29cc59c6ae7a15e19828",
+    "gitTreeState": "clean",
+    "buildDate": "2025-05-15T08:19:08Z",
+    "goVersion": "go1.24.2",
+    "compiler": "gc",
+    "platform": "linux/amd64",
+}
+_POD_PROXY = re.compile(r"/api/v1/namespaces/([^/]+)/pods/([^/:]+):(\d+)/proxy(/[^?]*)?")
 
 
 class WatchEvent(TypedDict):
@@ -227,6 +269,7 @@ class FakeKubeAPI:
         self.token = BEARER_TOKEN
         self.bookmark_interval = bookmark_interval
         self.fail_token_reviews = False
+        self.version: dict[str, str] = dict(VERSION)
         self._resources = {(r.group, r.version, r.plural): r for r in resources}
         self._kinds = {(r.api_version, r.kind): r for r in resources}
         self._cond = threading.Condition()
@@ -594,6 +637,32 @@ class FakeKubeAPI:
                 w.next_bookmark = now + self.bookmark_interval
             return batch, "end" if w.deadline is not None and now >= w.deadline else "more"
 
+    def _pod_proxy(
+        self, namespace: str, name: str, port: str, path: str | None, query: str
+    ) -> tuple[int, bytes, str]:
+        """The pods/proxy subresource: a GET to the pod's IP and port, as the API server makes
+        it through the kubelet."""
+        with self._cond:
+            pod = self._state.objects.get(_key(self._kind("v1", "Pod"), namespace, name))
+        ip = ((pod or {}).get("status") or {}).get("podIP")
+        if pod is None or not ip:
+            status = (
+                _not_found(self._kind("v1", "Pod"), name)
+                if pod is None
+                else StatusError(503, "ServiceUnavailable", f"pod {name} has no IP")
+            )
+            return status.code, json.dumps(status.status()).encode(), "application/json"
+        url = f"http://{ip}:{port}{path or '/'}" + (f"?{query}" if query else "")
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                body = response.read()
+                return response.status, body, response.headers.get("Content-Type", "text/plain")
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read(), "text/plain"
+        except OSError as exc:
+            error = StatusError(503, "ServiceUnavailable", f"error trying to reach service: {exc}")
+            return 503, json.dumps(error.status()).encode(), "application/json"
+
     def _close_watch(self) -> None:
         with self._cond:
             self._state.open_watches -= 1
@@ -640,6 +709,13 @@ class _Handler(BaseHTTPRequestHandler):
                 raise StatusError(401, "Unauthorized", "Unauthorized")
             url = urlsplit(self.path)
             query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
+            if url.path.rstrip("/") == "/version" and method == "GET":
+                self._send(200, json.dumps(api.version).encode(), "application/json")
+                return
+            if (proxied := _POD_PROXY.fullmatch(unquote(url.path))) and method == "GET":
+                namespace, name, port, path = proxied.groups()
+                self._send(*api._pod_proxy(namespace, name, port, path, url.query))
+                return
             route = _route(api, url.path)
             if method == "GET" and route.name is None and query.get("watch", "") in _TRUE:
                 self._watch(route, query)
@@ -658,9 +734,11 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception:
             logger.exception("fakeapi: %s %s failed", method, self.path)
             code, payload = 500, StatusError(500, "InternalError", "internal error").status()
-        data = json.dumps(payload).encode()
+        self._send(code, json.dumps(payload).encode(), "application/json")
+
+    def _send(self, code: int, data: bytes, content_type: str) -> None:
         self.send_response(code)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)

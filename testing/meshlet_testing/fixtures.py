@@ -1,4 +1,4 @@
-"""The fake API server and a real `kubernetes` client bound to it, for the k8s tests."""
+"""Pytest fixtures around the fake Kubernetes API server (loaded by the root conftest)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 from kubernetes import client
 
-from meshlet.controlplane.k8s.fakeapi import FakeKubeAPI
+from meshlet_testing.fakeapi import FakeKubeAPI
 
 
 @pytest.fixture

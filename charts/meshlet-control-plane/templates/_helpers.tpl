@@ -1,0 +1,79 @@
+{{/* Labels on every object of the control plane. */}}
+{{- define "meshlet.labels" -}}
+app.kubernetes.io/part-of: meshlet
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version | replace "+" "_" }}
+meshlet.io/control-plane-ns: {{ .Release.Namespace }}
+{{- end -}}
+
+{{- define "meshlet.tag" -}}
+{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{- define "meshlet.controllerImage" -}}
+{{ .Values.image.registry }}/controller:{{ include "meshlet.tag" . }}
+{{- end -}}
+
+{{- define "meshlet.proxyImage" -}}
+{{ .Values.image.registry }}/proxy:{{ include "meshlet.tag" . }}
+{{- end -}}
+
+{{/* A required PEM value, with the fix in the message. */}}
+{{- define "meshlet.pem" -}}
+{{- $v := index . 0 -}}{{- $name := index . 1 -}}
+{{- if not (contains "-----BEGIN" $v) -}}
+{{- fail (printf "%s must be PEM; `meshlet install` generates it, or pass it with --values" $name) -}}
+{{- end -}}
+{{ $v }}
+{{- end -}}
+
+{{/*
+The pod template metadata of a control-plane component. `meshlet install` meshes these pods
+with the injector's own patch (the injector cannot inject itself or its siblings): the
+annotations below are what it reads.
+*/}}
+{{- define "meshlet.podMetadata" -}}
+{{- $root := index . 0 -}}{{- $component := index . 1 -}}
+labels:
+  {{- include "meshlet.labels" $root | nindent 2 }}
+  app.kubernetes.io/name: {{ $component }}
+  meshlet.io/control-plane-component: {{ $component }}
+annotations:
+  meshlet.io/inject: enabled
+  config.meshlet.io/skip-outbound-ports: {{ $root.Values.proxyInit.kubeAPIServerPorts | quote }}
+  {{- if eq $component "identity" }}
+  {{- /* Its proxy is certified by the container next to it: it must not hold it back. */}}
+  config.meshlet.io/proxy-native-sidecar: "false"
+  {{- end }}
+{{- end -}}
+
+{{/* The controller container's common parts. */}}
+{{- define "meshlet.controller" -}}
+image: {{ include "meshlet.controllerImage" . }}
+imagePullPolicy: {{ .Values.image.pullPolicy }}
+securityContext:
+  allowPrivilegeEscalation: false
+  capabilities:
+    drop: [ALL]
+  readOnlyRootFilesystem: true
+  runAsNonRoot: true
+  runAsUser: 2103
+  runAsGroup: 2103
+  seccompProfile:
+    type: RuntimeDefault
+resources:
+  {{- toYaml .Values.controllerResources | nindent 2 }}
+{{- end -}}
+
+{{- define "meshlet.probes" -}}
+readinessProbe:
+  httpGet:
+    path: /ready
+    port: admin-http
+  periodSeconds: 5
+livenessProbe:
+  httpGet:
+    path: /live
+    port: admin-http
+  initialDelaySeconds: 10
+{{- end -}}

@@ -1,0 +1,172 @@
+"""`meshlet check`: read the cluster once, judge it with `checks`, print check lines or JSON."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from meshlet.api import wellknown as wk
+from meshlet.cli.checks import COMPONENTS, Obj, Result, Snapshot, Status, evaluate
+
+SYMBOLS = {
+    Status.SUCCESS: ("✓", "green"),
+    Status.WARNING: ("‼", "yellow"),
+    Status.ERROR: ("\u00d7", "red"),  # the multiplication sign, as linkerd check prints
+}
+TIMEOUT = 10
+
+
+def _reader(errors: dict[str, str]) -> Callable[..., Any]:
+    """Calls a kubernetes client method for raw JSON; 404 is None, other failures are recorded."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    def read(key: str, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        try:
+            response = call(*args, _preload_content=False, _request_timeout=TIMEOUT, **kwargs)
+            return json.loads(response.data)
+        except ApiException as exc:
+            if exc.status != 404:
+                errors[key] = f"{exc.status} {exc.reason}"
+        except (HTTPError, OSError, ValueError) as exc:
+            errors[key] = f"cannot reach the Kubernetes API: {exc}"
+        return None
+
+    return read
+
+
+def snapshot(kubeconfig: Path | None, context: str | None, namespace: str) -> Snapshot:
+    """Everything the checks look at, read from the cluster."""
+    from kubernetes import client as k8s
+
+    from meshlet.cli.cluster import ClusterError, api_client
+
+    try:
+        api = api_client(kubeconfig, context)
+    except ClusterError as exc:
+        return Snapshot(namespace, client_error=exc.message)
+    errors: dict[str, str] = {}
+    read = _reader(errors)
+    version = read("version", k8s.VersionApi(api).get_code)
+    if version is None:
+        return Snapshot(namespace, errors=errors)
+    core, apps = k8s.CoreV1Api(api), k8s.AppsV1Api(api)
+    deployments = {
+        name: d
+        for name in COMPONENTS
+        if (d := read(f"deployment {name}", apps.read_namespaced_deployment, name, namespace))
+    }
+    pods = read("pods", core.list_namespaced_pod, namespace) or {}
+    meshed = read(
+        "data plane",
+        core.list_pod_for_all_namespaces,
+        label_selector=f"{wk.CONTROL_PLANE_NS_LABEL}={namespace}",
+    ) or {}  # fmt: skip
+    data_plane = tuple(
+        p for p in meshed.get("items", []) if p["metadata"].get("namespace") != namespace
+    )
+    webhooks = read(
+        "webhook", k8s.AdmissionregistrationV1Api(api).list_mutating_webhook_configuration
+    ) or {}  # fmt: skip
+    webhook = next(
+        (w for w in webhooks.get("items", [])
+         if any(((h.get("clientConfig") or {}).get("service") or {}).get("namespace") == namespace
+                for h in w.get("webhooks") or [])),
+        None,
+    )  # fmt: skip
+    return Snapshot(
+        namespace=namespace,
+        version=version,
+        control_namespace=read("namespace", core.read_namespace, namespace),
+        crd=read("crd", k8s.ApiextensionsV1Api(api).read_custom_resource_definition,
+                 wk.SERVICEPROFILE_CRD),
+        deployments=deployments,
+        pods=tuple(pods.get("items", [])),
+        issuer_secret=read("issuer", core.read_namespaced_secret, wk.ISSUER_SECRET, namespace),
+        trust_roots=read("trust roots", core.read_namespaced_config_map,
+                         wk.TRUST_ROOTS_CONFIGMAP, namespace),
+        webhook=webhook,
+        webhook_secret=read("webhook secret", core.read_namespaced_secret,
+                            wk.INJECTOR_TLS_SECRET, namespace),
+        data_plane=data_plane,
+        errors=errors,
+    )  # fmt: skip
+
+
+def as_json(results: list[Result]) -> str:
+    categories: dict[str, list[Obj]] = {}
+    for r in results:
+        entry: Obj = {"description": r.description, "result": r.status.value}
+        if r.status is not Status.SUCCESS:
+            entry.update(error=r.error, hint=r.hint)
+        categories.setdefault(r.category, []).append(entry)
+    doc = {
+        "success": all(r.status is not Status.ERROR for r in results),
+        "categories": [{"categoryName": k, "checks": v} for k, v in categories.items()],
+    }
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def print_text(results: list[Result], console: Any) -> None:
+    category = ""
+    for r in results:
+        if r.category != category:
+            if category:
+                console.print()
+            category = r.category
+            console.print(category, style="bold")
+            console.print("-" * len(category))
+        symbol, colour = SYMBOLS[r.status]
+        console.print(f"[{colour}]{symbol}[/{colour}] {r.description}", highlight=False)
+        if r.status is not Status.SUCCESS:
+            console.print(f"    {r.error}", markup=False, highlight=False)
+            console.print(f"    hint: {r.hint}", markup=False, highlight=False)
+    ok = all(r.status is not Status.ERROR for r in results)
+    symbol, colour = SYMBOLS[Status.SUCCESS if ok else Status.ERROR]
+    console.print(f"\nStatus check results are [{colour}]{symbol}[/{colour}]")
+
+
+@click.command()
+@click.option("--pre", is_flag=True, help="Check that the cluster is ready for meshlet install.")
+@click.option("-o", "--output", type=click.Choice(["basic", "json"]), default="basic",
+              show_default=True)  # fmt: skip
+@click.option("--fail-on-warning", is_flag=True, help="Exit non-zero on warnings too.")
+@click.option("--kubeconfig", type=click.Path(dir_okay=False, path_type=Path),
+              help="Default: $KUBECONFIG or ~/.kube/config.")  # fmt: skip
+@click.option("--context", help="The kubeconfig context to use.")
+@click.option("--namespace", default=wk.CONTROL_PLANE_NAMESPACE, show_default=True,
+              help="The control plane's namespace.")  # fmt: skip
+def check(
+    pre: bool,
+    output: str,
+    fail_on_warning: bool,
+    kubeconfig: Path | None,
+    context: str | None,
+    namespace: str,
+) -> None:
+    """Check that meshlet is installed and healthy (like `linkerd check`).
+
+    Exits 1 when a check fails, or, with --fail-on-warning, when one warns.
+    """
+    from rich.console import Console
+
+    console = Console(file=sys.stdout, width=100, soft_wrap=True)
+    if output == "basic" and console.is_terminal:
+        with console.status("reading the cluster…"):
+            state = snapshot(kubeconfig, context, namespace)
+    else:
+        state = snapshot(kubeconfig, context, namespace)
+    results = list(evaluate(state, dt.datetime.now(dt.UTC), pre=pre))
+    if output == "json":
+        sys.stdout.write(as_json(results))
+    else:
+        print_text(results, console)
+    statuses = {r.status for r in results}
+    if Status.ERROR in statuses or (fail_on_warning and Status.WARNING in statuses):
+        sys.exit(1)

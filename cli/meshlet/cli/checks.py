@@ -1,0 +1,367 @@
+"""What `meshlet check` concludes from a snapshot of the cluster (pure: objects and `now` in,
+results out), in Linkerd's categories. The shell in `check.py` fetches the snapshot."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import enum
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from meshlet.api import wellknown as wk
+
+Obj = dict[str, Any]
+MIN_VERSION: Final = (1, 29)  # native sidecars
+EXPIRY_WARNING: Final = dt.timedelta(days=60)
+COMPONENTS: Final = (wk.DESTINATION_NAME, wk.IDENTITY_NAME, wk.INJECTOR_NAME)
+
+
+class Status(enum.Enum):
+    SUCCESS = "success"
+    WARNING = "warning"
+    ERROR = "error"
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    category: str
+    description: str
+    status: Status
+    error: str = ""
+    hint: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What was read from the cluster. A value that could not be read is None with its reason
+    in `errors`; an object that does not exist is None without one."""
+
+    namespace: str
+    client_error: str = ""
+    version: Mapping[str, str] | None = None
+    control_namespace: Obj | None = None
+    crd: Obj | None = None
+    deployments: Mapping[str, Obj] = field(default_factory=dict)
+    pods: tuple[Obj, ...] = ()  # of the control plane
+    issuer_secret: Obj | None = None
+    trust_roots: Obj | None = None
+    webhook: Obj | None = None
+    webhook_secret: Obj | None = None
+    data_plane: tuple[Obj, ...] = ()  # meshed pods outside the control plane
+    errors: Mapping[str, str] = field(default_factory=dict)
+
+
+class _Fail(Exception):
+    def __init__(self, error: str, status: Status = Status.ERROR) -> None:
+        super().__init__(error)
+        self.status = status
+
+
+Check = Callable[[Snapshot, dt.datetime], str | None]  # None or a note; raises _Fail
+
+
+def _load_certs(pem: str, what: str) -> list[Any]:
+    from cryptography import x509
+
+    try:
+        certs = x509.load_pem_x509_certificates(pem.encode())
+    except ValueError as exc:
+        raise _Fail(f"{what} are not PEM certificates: {exc}") from None
+    return list(certs)
+
+
+def _expiry(certs: list[Any], what: str, now: dt.datetime, warn: bool) -> None:
+    for cert in certs:
+        start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
+        if not warn and (now < start or now > end):
+            raise _Fail(
+                f"{what} {cert.subject.rfc4514_string()} is not valid now"
+                f" ({start:%Y-%m-%d} to {end:%Y-%m-%d})"
+            )
+        if warn and end - now < EXPIRY_WARNING:
+            days = max(0, int((end - now).total_seconds() // 86400))
+            raise _Fail(f"{what} {cert.subject.rfc4514_string()} expires in {days} days",
+                        Status.WARNING)  # fmt: skip
+
+
+def _anchors(s: Snapshot) -> str:
+    roots = (s.trust_roots or {}).get("data") or {}
+    pem = roots.get(wk.TRUST_ROOTS_KEY)
+    if not pem:
+        raise _Fail(
+            f"ConfigMap {s.namespace}/{wk.TRUST_ROOTS_CONFIGMAP} has no {wk.TRUST_ROOTS_KEY}"
+        )
+    return str(pem)
+
+
+def _secret(obj: Obj | None, key: str, name: str) -> str:
+    data = (obj or {}).get("data") or {}
+    if key not in data:
+        raise _Fail(f"Secret {name} has no {key}")
+    try:
+        return base64.b64decode(data[key]).decode()
+    except (ValueError, UnicodeDecodeError):
+        raise _Fail(f"Secret {name} key {key} is not base64 PEM") from None
+
+
+def _issuer(s: Snapshot) -> list[Any]:
+    return _load_certs(_secret(s.issuer_secret, wk.ISSUER_CERT_KEY, wk.ISSUER_SECRET),
+                       "issuer certificates")  # fmt: skip
+
+
+# -- the checks -------------------------------------------------------------------------------
+
+
+def api_client(s: Snapshot, now: dt.datetime) -> None:
+    if s.client_error:
+        raise _Fail(s.client_error)
+
+
+def api_query(s: Snapshot, now: dt.datetime) -> None:
+    if s.version is None:
+        raise _Fail(s.errors.get("version", "no answer"))
+
+
+def version(s: Snapshot, now: dt.datetime) -> str:
+    assert s.version is not None
+    major, minor = s.version.get("major", ""), s.version.get("minor", "").rstrip("+")
+    if not (major.isdigit() and minor.isdigit()):
+        raise _Fail(f"unexpected version {s.version.get('gitVersion')!r}")
+    if (int(major), int(minor)) < MIN_VERSION:
+        raise _Fail(f"Kubernetes {major}.{minor} has no native sidecars (needs 1.29)")
+    return s.version.get("gitVersion", f"{major}.{minor}")
+
+
+def crds(s: Snapshot, now: dt.datetime) -> None:
+    if s.crd is None:
+        raise _Fail(
+            s.errors.get("crd", f"CustomResourceDefinition {wk.SERVICEPROFILE_CRD} not found")
+        )
+
+
+def namespace_free(s: Snapshot, now: dt.datetime) -> None:
+    if s.control_namespace is not None:
+        raise _Fail(f"namespace {s.namespace} exists already", Status.WARNING)
+
+
+def namespace_exists(s: Snapshot, now: dt.datetime) -> None:
+    if s.control_namespace is None:
+        raise _Fail(s.errors.get("namespace", f"namespace {s.namespace} not found"))
+
+
+def deployments(s: Snapshot, now: dt.datetime) -> None:
+    missing = [name for name in COMPONENTS if name not in s.deployments]
+    if missing:
+        raise _Fail("missing Deployments: " + ", ".join(missing))
+
+
+def _meta(obj: Obj, field: str, key: str) -> Any:
+    return ((obj.get("metadata") or {}).get(field) or {}).get(key)
+
+
+def _ready(pod: Obj) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def pods_ready(s: Snapshot, now: dt.datetime) -> None:
+    problems = []
+    for component in ("destination", "identity", "proxy-injector"):
+        pods = [
+            p for p in s.pods if _meta(p, "labels", wk.CONTROL_PLANE_COMPONENT_LABEL) == component
+        ]
+        if not pods:
+            problems.append(f"no {component} pod")
+        elif not any(_ready(p) for p in pods):
+            problems.append(f"no {component} pod is ready")
+    if problems:
+        raise _Fail("; ".join(problems))
+
+
+def anchors_parse(s: Snapshot, now: dt.datetime) -> None:
+    _load_certs(_anchors(s), "trust anchors")
+
+
+def anchors_valid(s: Snapshot, now: dt.datetime) -> None:
+    _expiry(_load_certs(_anchors(s), "trust anchors"), "trust anchor", now, warn=False)
+
+
+def anchors_not_expiring(s: Snapshot, now: dt.datetime) -> None:
+    _expiry(_load_certs(_anchors(s), "trust anchors"), "trust anchor", now, warn=True)
+
+
+def issuer_chains(s: Snapshot, now: dt.datetime) -> None:
+    from meshlet.controlplane.identity import ca
+
+    cert = _secret(s.issuer_secret, wk.ISSUER_CERT_KEY, wk.ISSUER_SECRET)
+    key = _secret(s.issuer_secret, wk.ISSUER_KEY_KEY, wk.ISSUER_SECRET)
+    try:
+        ca.load_issuer(cert.encode(), key.encode(), _anchors(s).encode())
+    except ca.IssuerError as exc:
+        raise _Fail(str(exc)) from None
+
+
+def issuer_valid(s: Snapshot, now: dt.datetime) -> None:
+    _expiry(_issuer(s), "issuer", now, warn=False)
+
+
+def issuer_not_expiring(s: Snapshot, now: dt.datetime) -> None:
+    _expiry(_issuer(s), "issuer", now, warn=True)
+
+
+def _hook(s: Snapshot) -> Obj:
+    if s.webhook is None:
+        raise _Fail(s.errors.get("webhook", "MutatingWebhookConfiguration not found"))
+    hooks = s.webhook.get("webhooks") or []
+    if not hooks:
+        raise _Fail("the MutatingWebhookConfiguration has no webhook")
+    return dict(hooks[0])
+
+
+def webhook_config(s: Snapshot, now: dt.datetime) -> None:
+    hook = _hook(s)
+    service = (hook.get("clientConfig") or {}).get("service") or {}
+    if (service.get("name"), service.get("namespace")) != (wk.INJECTOR_NAME, s.namespace):
+        raise _Fail(f"the webhook calls {service.get('namespace')}/{service.get('name')}")
+    if hook.get("failurePolicy") != "Ignore":
+        raise _Fail(f"failurePolicy is {hook.get('failurePolicy')}: a down injector blocks pods",
+                    Status.WARNING)  # fmt: skip
+
+
+def _webhook_cert(s: Snapshot) -> Any:
+    (cert, *_) = _load_certs(_secret(s.webhook_secret, "tls.crt", wk.INJECTOR_TLS_SECRET),
+                             "webhook certificates")  # fmt: skip
+    return cert
+
+
+def webhook_cert(s: Snapshot, now: dt.datetime) -> None:
+    from cryptography import x509
+    from cryptography.exceptions import InvalidSignature
+
+    cert = _webhook_cert(s)
+    _expiry([cert], "webhook certificate", now, warn=False)
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    wanted = f"{wk.INJECTOR_NAME}.{s.namespace}.svc"
+    if wanted not in names.get_values_for_type(x509.DNSName):
+        raise _Fail(f"the webhook certificate is not for {wanted}")
+    bundle = base64.b64decode(
+        str((_hook(s).get("clientConfig") or {}).get("caBundle", ""))
+    ).decode()
+    roots = _load_certs(bundle, "the webhook's caBundle")
+    for root in roots:
+        try:
+            cert.verify_directly_issued_by(root)
+            return
+        except (ValueError, TypeError, InvalidSignature):
+            continue
+    raise _Fail("the webhook certificate is not signed by the webhook's caBundle")
+
+
+def webhook_not_expiring(s: Snapshot, now: dt.datetime) -> None:
+    _expiry([_webhook_cert(s)], "webhook certificate", now, warn=True)
+
+
+def _proxy_status(pod: Obj) -> Obj | None:
+    status = pod.get("status") or {}
+    for entry in [
+        *(status.get("initContainerStatuses") or []),
+        *(status.get("containerStatuses") or []),
+    ]:
+        if entry.get("name") == wk.PROXY_CONTAINER:
+            return dict(entry)
+    return None
+
+
+def proxies_ready(s: Snapshot, now: dt.datetime) -> str:
+    not_ready = [f"{p['metadata'].get('namespace')}/{p['metadata'].get('name')}"
+                 for p in s.data_plane if not (_proxy_status(p) or {}).get("ready")]  # fmt: skip
+    if not_ready:
+        raise _Fail("proxies not ready: " + ", ".join(sorted(not_ready)[:10]))
+    return f"{len(s.data_plane)} meshed pods"
+
+
+def proxies_trust_root(s: Snapshot, now: dt.datetime) -> None:
+    from meshlet.controlplane.injector.patch import trust_root_sha256
+
+    current = trust_root_sha256(_anchors(s))
+    stale = [
+        f"{p['metadata'].get('namespace')}/{p['metadata'].get('name')}"
+        for p in s.data_plane
+        if _meta(p, "annotations", wk.TRUST_ROOT_SHA256_ANNOTATION) != current
+    ]
+    if stale:
+        raise _Fail("pods on another trust root (restart them): " + ", ".join(sorted(stale)[:10]))
+
+
+# (category, description, check, hint); a category stops at its first error.
+Entry = tuple[str, str, Callable[[Snapshot, dt.datetime], Any], str]
+
+API: Final[tuple[Entry, ...]] = (
+    ("kubernetes-api", "can initialize the client", api_client,
+     "give --kubeconfig or set KUBECONFIG to a cluster's kubeconfig"),
+    ("kubernetes-api", "can query the Kubernetes API", api_query,
+     "is the cluster running and reachable from here? try kubectl version"),
+    ("kubernetes-version", "is running the minimum Kubernetes API version (1.29)", version,
+     "upgrade the cluster, or install with --set proxy.nativeSidecar=false"),
+)  # fmt: skip
+PRE: Final[tuple[Entry, ...]] = (
+    ("pre-kubernetes-setup", "control plane namespace does not already exist", namespace_free,
+     "meshlet seems installed: run meshlet check"),
+    ("pre-kubernetes-setup", "ServiceProfile CRD is installed", crds,
+     "run: meshlet install --crds | kubectl apply -f -"),
+)  # fmt: skip
+INSTALLED: Final[tuple[Entry, ...]] = (
+    ("meshlet-crds", "ServiceProfile CRD is installed", crds,
+     "run: meshlet install --crds | kubectl apply -f -"),
+    ("meshlet-existence", "control plane namespace exists", namespace_exists,
+     "run: meshlet install | kubectl apply -f -"),
+    ("meshlet-existence", "control plane Deployments exist", deployments,
+     "run: meshlet install | kubectl apply -f -"),
+    ("meshlet-existence", "control plane pods are ready", pods_ready,
+     "kubectl -n meshlet get pods; kubectl -n meshlet describe pods"),
+    ("meshlet-identity", "trust anchors are valid certificates", anchors_parse,
+     "reinstall with valid --identity-trust-anchors-file"),
+    ("meshlet-identity", "trust anchors are within their validity period", anchors_valid,
+     "create a new CA (meshlet identity ca create) and reinstall"),
+    ("meshlet-identity", "trust anchors are valid for at least 60 days", anchors_not_expiring,
+     "plan a trust anchor rotation"),
+    ("meshlet-identity", "issuer certificate is issued by the trust anchors", issuer_chains,
+     "create the issuer from the installed anchors: meshlet identity issuer create"),
+    ("meshlet-identity", "issuer certificate is within its validity period", issuer_valid,
+     "rotate the issuer: meshlet identity issuer create, then update the Secret"),
+    ("meshlet-identity", "issuer certificate is valid for at least 60 days", issuer_not_expiring,
+     "rotate the issuer soon: meshlet identity issuer create, then update the Secret"),
+    ("meshlet-webhook", "proxy-injector webhook is configured", webhook_config,
+     "run: meshlet install | kubectl apply -f -"),
+    ("meshlet-webhook", "proxy-injector webhook certificate is valid", webhook_cert,
+     "reinstall to make a new webhook certificate"),
+    ("meshlet-webhook", "proxy-injector webhook certificate is valid for at least 60 days",
+     webhook_not_expiring, "reinstall to make a new webhook certificate"),
+    ("meshlet-data-plane", "data plane proxies are ready", proxies_ready,
+     "kubectl describe the pods named; meshlet diagnostics proxy-metrics POD"),
+    ("meshlet-data-plane", "data plane proxies use the current trust root", proxies_trust_root,
+     "restart the pods named so that they are meshed with the current anchors"),
+)  # fmt: skip
+
+
+GATES: Final = frozenset({"kubernetes-api", "meshlet-existence"})
+
+
+def evaluate(snapshot: Snapshot, now: dt.datetime, pre: bool = False) -> Iterator[Result]:
+    """Every check in order. After an error in kubernetes-api or meshlet-existence nothing else
+    is run (the rest would only repeat it); after one elsewhere, the rest of that category is
+    skipped."""
+    failed: set[str] = set()
+    for category, description, check, hint in (*API, *(PRE if pre else INSTALLED)):
+        if category in failed or failed & GATES:
+            continue
+        try:
+            note = check(snapshot, now)
+        except _Fail as exc:
+            if exc.status is Status.ERROR:
+                failed.add(category)
+            yield Result(category, description, exc.status, str(exc), hint)
+            continue
+        yield Result(category, description + (f" ({note})" if note else ""), Status.SUCCESS)

@@ -1,0 +1,242 @@
+"""`meshlet install`: the charts rendered with a real Helm engine, certificates made when none
+are given, the control plane's own pods meshed with the injector's patch."""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+
+from meshlet.api import wellknown as wk
+from meshlet.cli import charts
+from meshlet.cli.charts import ChartError, Manifest
+from meshlet.cli.manifests import stream
+
+
+def merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """Helm's coalescing for user values: maps merge key by key, anything else is replaced."""
+    out = dict(base)
+    for key, value in override.items():
+        current = out.get(key)
+        if isinstance(current, Mapping) and isinstance(value, Mapping):
+            out[key] = merge(current, value)
+        else:
+            out[key] = value
+    return out
+
+
+def user_values(values_files: tuple[Path, ...], sets: tuple[str, ...]) -> dict[str, Any]:
+    """--values files in order, then --set expressions; problems raise click.UsageError."""
+    values: dict[str, Any] = {}
+    problems: list[str] = []
+    for path in values_files:
+        try:
+            doc = yaml.safe_load(path.read_text())
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            problems.append(f"--values {path}: {exc}")
+            continue
+        if doc is None:
+            continue
+        if not isinstance(doc, dict):
+            problems.append(f"--values {path}: expected a mapping of values")
+            continue
+        values = merge(values, doc)
+    for expression in sets:
+        try:
+            values = merge(values, charts.parse_set(expression))
+        except ChartError as exc:
+            problems.append(str(exc))
+    if problems:
+        raise click.UsageError("; ".join(problems))
+    return values
+
+
+def _identity_files(
+    anchors: Path | None, issuer_cert: Path | None, issuer_key: Path | None
+) -> dict[str, Any]:
+    given = {
+        "--identity-trust-anchors-file": anchors,
+        "--identity-issuer-certificate-file": issuer_cert,
+        "--identity-issuer-key-file": issuer_key,
+    }
+    if all(v is None for v in given.values()):
+        return {}
+    missing = [flag for flag, v in given.items() if v is None]
+    if missing:
+        raise click.UsageError("the identity files go together; missing " + ", ".join(missing))
+    assert anchors is not None and issuer_cert is not None and issuer_key is not None
+    return {
+        "identityTrustAnchorsPEM": anchors.read_text(),
+        "identity": {
+            "issuer": {"tls": {"crtPEM": issuer_cert.read_text(), "keyPEM": issuer_key.read_text()}}
+        },
+    }
+
+
+def _check_identity(values: Mapping[str, Any], now: dt.datetime) -> None:
+    """The issuer must chain to the anchors and be valid now: refuse to install one that the
+    identity service would refuse to load."""
+    from meshlet.controlplane.identity import ca
+
+    tls = values["identity"]["issuer"]["tls"]
+    try:
+        issuer = ca.load_issuer(
+            str(tls["crtPEM"]).encode(),
+            str(tls["keyPEM"]).encode(),
+            str(values["identityTrustAnchorsPEM"]).encode(),
+        )
+    except ca.IssuerError as exc:
+        raise click.UsageError(f"identity: {exc}") from None
+    if issuer.not_after <= now:
+        raise click.UsageError(
+            f"identity: the issuer chain expired at {issuer.not_after.isoformat()}; create a new"
+            " issuer with `meshlet identity issuer create`"
+        )
+
+
+def generated(
+    values: Mapping[str, Any], namespace: str, now: dt.datetime, quiet: bool = False
+) -> dict[str, Any]:
+    """Certificates the values lack: a CA for the mesh, the webhook's own."""
+    from meshlet.controlplane.identity import ca
+    from meshlet.controlplane.injector import tls
+
+    out: dict[str, Any] = {}
+    issuer = (values.get("identity") or {}).get("issuer", {}).get("tls", {})
+    if not values.get("identityTrustAnchorsPEM") and not issuer.get("crtPEM"):
+        anchor, anchor_key = ca.create_trust_anchor(now)
+        cert, key = ca.create_issuer(anchor, anchor_key, now)
+        out["identityTrustAnchorsPEM"] = ca.cert_pem(anchor).decode()
+        out["identity"] = {
+            "issuer": {
+                "tls": {"crtPEM": ca.cert_pem(cert).decode(), "keyPEM": ca.key_pem(key).decode()}
+            }
+        }
+        if not quiet:
+            click.echo(
+                "meshlet install: generated a trust anchor and issuer valid until"
+                f" {cert.not_valid_after_utc.date()}; the anchor's key is not kept (make your own"
+                " with `meshlet identity ca create` to rotate issuers later)",
+                err=True,
+            )
+    injector = values.get("proxyInjector") or {}
+    if not (injector.get("caBundle") and injector.get("crtPEM") and injector.get("keyPEM")):
+        webhook = tls.webhook_certificate(namespace, now)
+        out["proxyInjector"] = {
+            "caBundle": webhook.ca_pem, "crtPEM": webhook.cert_pem, "keyPEM": webhook.key_pem
+        }  # fmt: skip
+    return out
+
+
+def mesh_control_plane(manifests: list[Manifest], namespace: str) -> list[Manifest]:
+    """The control plane's pods meshed with the injector's patch, configured from the
+    meshlet-config ConfigMap rendered beside them (the webhook cannot inject its own)."""
+    from meshlet.cli.injecting import manual
+    from meshlet.controlplane.injector.config import ConfigError, load
+
+    def data(name: str) -> Mapping[str, str]:
+        doc = next(m.doc for m in manifests if m.doc["kind"] == "ConfigMap" and
+                   m.doc["metadata"]["name"] == name)  # fmt: skip
+        return doc["data"]  # type: ignore[no-any-return]
+
+    try:
+        config = load(data(wk.CONFIG_CONFIGMAP)[wk.CONFIG_KEY],
+                      data(wk.TRUST_ROOTS_CONFIGMAP)[wk.TRUST_ROOTS_KEY])  # fmt: skip
+    except ConfigError as exc:
+        raise click.UsageError("; ".join(exc.problems)) from None
+    out = []
+    for m in manifests:
+        template = (
+            m.doc.get("spec", {}).get("template", {}) if m.doc["kind"] == "Deployment" else {}
+        )
+        annotations = template.get("metadata", {}).get("annotations", {})
+        if (
+            m.doc["metadata"].get("namespace") == namespace
+            and annotations.get(wk.INJECT_ANNOTATION) == wk.INJECT_ENABLED
+        ):
+            m = Manifest(m.source, manual(m.doc, config).doc)
+        out.append(m)
+    return out
+
+
+@click.command()
+@click.option("--crds", is_flag=True, help="Render the CustomResourceDefinitions (first step).")
+@click.option(
+    "--set",
+    "sets",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A chart value, as Helm's --set (repeatable): proxy.logLevel=debug.",
+)
+@click.option(
+    "--values",
+    "-f",
+    "values_files",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="A YAML file of chart values (repeatable; later files win; --set wins over files).",
+)
+@click.option(
+    "--identity-trust-anchors-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="PEM trust anchors (e.g. trust-anchors.pem from `meshlet identity ca create`).",
+)
+@click.option(
+    "--identity-issuer-certificate-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="PEM issuer certificate signed by the anchors (issuer/crt.pem).",
+)
+@click.option(
+    "--identity-issuer-key-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="PEM issuer key (issuer/key.pem).",
+)
+@click.option(
+    "--namespace",
+    default=wk.CONTROL_PLANE_NAMESPACE,
+    show_default=True,
+    help="The control plane's namespace.",
+)
+def install(
+    crds: bool,
+    sets: tuple[str, ...],
+    values_files: tuple[Path, ...],
+    identity_trust_anchors_file: Path | None,
+    identity_issuer_certificate_file: Path | None,
+    identity_issuer_key_file: Path | None,
+    namespace: str,
+) -> None:
+    """Print the manifests of meshlet's control plane, for `kubectl apply -f -`.
+
+    \b
+    meshlet install --crds | kubectl apply -f -
+    meshlet install | kubectl apply -f -
+    meshlet check
+
+    Without identity files or values, a trust anchor and an issuer are generated.
+    """
+    try:
+        if crds:
+            manifests = charts.render(charts.CRDS, user_values(values_files, sets), namespace)
+        else:
+            values = merge(
+                user_values(values_files, sets),
+                _identity_files(
+                    identity_trust_anchors_file,
+                    identity_issuer_certificate_file,
+                    identity_issuer_key_file,
+                ),
+            )
+            now = dt.datetime.now(dt.UTC)
+            values = merge(values, generated(values, namespace, now))
+            _check_identity(values, now)
+            manifests = charts.render(charts.CONTROL_PLANE, values, namespace)
+            manifests = mesh_control_plane(manifests, namespace)
+    except ChartError as exc:
+        raise click.UsageError(str(exc)) from None
+    sys.stdout.write(stream((m.source, m.doc) for m in manifests))

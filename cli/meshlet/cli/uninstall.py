@@ -1,0 +1,43 @@
+"""`meshlet uninstall`: the control plane's objects, for `kubectl delete -f -`."""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+
+import click
+
+from meshlet.api import wellknown as wk
+from meshlet.cli import charts
+from meshlet.cli.manifests import stream
+
+
+@click.command()
+@click.option("--namespace", default=wk.CONTROL_PLANE_NAMESPACE, show_default=True)
+@click.option("--crds", is_flag=True, help="Also the CustomResourceDefinitions (and so every "
+              "ServiceProfile).")  # fmt: skip
+def uninstall(namespace: str, crds: bool) -> None:
+    """Print references to every object `meshlet install` creates.
+
+    \b
+    meshlet uninstall | kubectl delete -f -
+
+    Meshed pods keep their proxies until they are restarted.
+    """
+    from meshlet.cli.install import generated
+
+    values = generated({}, namespace, dt.datetime.now(dt.UTC), quiet=True)
+    try:
+        manifests = charts.render(charts.CONTROL_PLANE, values, namespace)
+        if crds:
+            manifests += charts.render(charts.CRDS, {}, namespace)
+    except charts.ChartError as exc:
+        raise click.UsageError(str(exc)) from None
+    refs = []
+    for m in reversed(manifests):  # dependents first, the namespace last
+        meta = {"name": m.doc["metadata"]["name"]}
+        if "namespace" in m.doc["metadata"]:
+            meta["namespace"] = m.doc["metadata"]["namespace"]
+        refs.append((m.source, {"apiVersion": m.doc["apiVersion"], "kind": m.doc["kind"],
+                                "metadata": meta}))  # fmt: skip
+    sys.stdout.write(stream(refs))

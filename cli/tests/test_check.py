@@ -1,0 +1,206 @@
+"""`meshlet check` against the fake API server, populated from what `meshlet install` renders:
+the real `kubernetes` client reads it all through the real protocol."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import datetime as dt
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from meshlet.api import wellknown as wk
+from meshlet.controlplane.identity import ca
+from meshlet_testing.fakeapi import FakeKubeAPI
+
+GOLDEN = Path(__file__).parent / "golden"
+APP = Path(__file__).parent / "data" / "app.yaml"
+Obj = dict[str, Any]
+CROSS = "\u00d7"  # what a failed check starts with
+
+
+def ready_pod(template: Obj, name: str, namespace: str, ip: str = "10.42.0.9") -> Obj:
+    """The pod a Deployment's ReplicaSet would run, with the kubelet's status: ready."""
+    spec = copy.deepcopy(template["spec"])
+    statuses = [{"name": c["name"], "ready": True, "restartCount": 0, "image": c["image"],
+                 "imageID": "", "state": {"running": {}}} for c in spec["containers"]]  # fmt: skip
+    inits = [{"name": c["name"], "ready": c.get("restartPolicy") == "Always", "restartCount": 0,
+              "image": c["image"], "imageID": "", "state": {"running": {}}}
+             for c in spec.get("initContainers", [])]  # fmt: skip
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {**copy.deepcopy(template["metadata"]), "name": name, "namespace": namespace},
+        "spec": spec,
+        "status": {
+            "phase": "Running",
+            "podIP": ip,
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "containerStatuses": statuses,
+            "initContainerStatuses": inits,
+        },
+    }
+
+
+class Cluster:
+    def __init__(self, api: FakeKubeAPI, meshlet: Callable[..., Any], tmp_path: Path) -> None:
+        self.api, self.meshlet = api, meshlet
+        self.kubeconfig = str(api.write_kubeconfig(tmp_path / "kubeconfig"))
+
+    def apply(self, text: str, pods: bool = True) -> list[Obj]:
+        docs = [d for d in yaml.safe_load_all(text) if d]
+        for doc in docs:
+            if doc["kind"] in ("List", "DaemonSet"):  # not served by the fake
+                continue
+            self.api.apply(doc)
+            if pods and doc["kind"] == "Deployment":
+                ns = doc["metadata"]["namespace"]
+                name = f"{doc['metadata']['name']}-5d4f8c9b7-x2x7q"
+                self.api.apply(ready_pod(doc["spec"]["template"], name, ns))
+        return docs
+
+    def install(self, *args: str) -> None:
+        self.apply(self.meshlet("install", "--crds").out)
+        run = self.meshlet("install", *args)
+        assert run.code == 0, run.err
+        self.apply(run.out)
+        self.api.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "emojivoto"}})
+        meshed = self.meshlet("inject", "--manual", "--kubeconfig", self.kubeconfig, str(APP))
+        assert meshed.code == 0, meshed.err
+        self.apply(meshed.out)
+
+    def check(self, *args: str) -> Any:
+        return self.meshlet("check", "--kubeconfig", self.kubeconfig, *args)
+
+
+@pytest.fixture
+def cluster(api: FakeKubeAPI, meshlet: Callable[..., Any], tmp_path: Path) -> Cluster:
+    return Cluster(api, meshlet, tmp_path)
+
+
+def identity_files(tmp_path: Path, issuer_lifetime: dt.timedelta) -> tuple[str, ...]:
+    now = dt.datetime.now(dt.UTC)
+    anchor, anchor_key = ca.create_trust_anchor(now)
+    issuer, issuer_key = ca.create_issuer(anchor, anchor_key, now, issuer_lifetime)
+    files = {"anchors.pem": ca.cert_pem(anchor), "crt.pem": ca.cert_pem(issuer),
+             "key.pem": ca.key_pem(issuer_key)}  # fmt: skip
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    return (
+        "--identity-trust-anchors-file", str(tmp_path / "anchors.pem"),
+        "--identity-issuer-certificate-file", str(tmp_path / "crt.pem"),
+        "--identity-issuer-key-file", str(tmp_path / "key.pem"),
+    )  # fmt: skip
+
+
+def test_healthy(cluster: Cluster, tmp_path: Path, golden: Callable[[Path, str], None]) -> None:
+    cluster.install(*identity_files(tmp_path, dt.timedelta(days=365)))
+    run = cluster.check()
+    assert run.code == 0, run.out
+    golden(GOLDEN / "check-healthy.txt", run.out)
+    doc = json.loads(cluster.check("-o", "json").out)
+    assert doc["success"] is True
+    assert [c["categoryName"] for c in doc["categories"]] == [
+        "kubernetes-api", "kubernetes-version", "meshlet-crds", "meshlet-existence",
+        "meshlet-identity", "meshlet-webhook", "meshlet-data-plane",
+    ]  # fmt: skip
+    assert all(c["result"] == "success" for cat in doc["categories"] for c in cat["checks"])
+    assert cluster.check("--fail-on-warning").code == 0
+
+
+def test_missing_control_plane(cluster: Cluster, golden: Callable[[Path, str], None]) -> None:
+    cluster.apply(cluster.meshlet("install", "--crds").out)
+    run = cluster.check()
+    assert run.code == 1
+    golden(GOLDEN / "check-missing-control-plane.txt", run.out)
+    doc = json.loads(cluster.check("-o", "json").out)
+    assert doc["success"] is False
+    failed = [c for cat in doc["categories"] for c in cat["checks"] if c["result"] == "error"]
+    assert failed[0]["description"] == "control plane namespace exists"
+    assert failed[0]["hint"] == "run: meshlet install | kubectl apply -f -"
+
+
+def test_issuer_expiring_in_30_days_warns(
+    cluster: Cluster, tmp_path: Path, golden: Callable[[Path, str], None]
+) -> None:
+    cluster.install(*identity_files(tmp_path, dt.timedelta(days=30, hours=1)))
+    run = cluster.check()
+    assert run.code == 0, run.out
+    golden(GOLDEN / "check-issuer-expiring.txt", run.out)
+    assert cluster.check("--fail-on-warning").code == 1
+    json_run = cluster.check("-o", "json", "--fail-on-warning")
+    assert json_run.code == 1
+    warned = [c for cat in json.loads(json_run.out)["categories"] for c in cat["checks"]
+              if c["result"] == "warning"]  # fmt: skip
+    assert [w["description"] for w in warned] == [
+        "issuer certificate is valid for at least 60 days"
+    ]
+    assert "expires in 30 days" in warned[0]["error"]
+
+
+def test_expired_issuer_fails(cluster: Cluster, tmp_path: Path) -> None:
+    cluster.install(*identity_files(tmp_path, dt.timedelta(days=365)))
+    # Time passes: the Secret now holds an issuer (and roots) that ran out ten days ago.
+    secret = cluster.api.get("v1", "Secret", wk.ISSUER_SECRET, "meshlet")
+    assert secret is not None
+    now = dt.datetime.now(dt.UTC)
+    anchor, anchor_key = ca.create_trust_anchor(now - dt.timedelta(days=100))
+    issuer, issuer_key = ca.create_issuer(
+        anchor, anchor_key, now - dt.timedelta(days=40), dt.timedelta(days=30)
+    )
+    secret["data"] = {
+        wk.ISSUER_CERT_KEY: base64.b64encode(ca.cert_pem(issuer)).decode(),
+        wk.ISSUER_KEY_KEY: base64.b64encode(ca.key_pem(issuer_key)).decode(),
+    }
+    roots = cluster.api.get("v1", "ConfigMap", wk.TRUST_ROOTS_CONFIGMAP, "meshlet")
+    assert roots is not None
+    roots["data"] = {wk.TRUST_ROOTS_KEY: ca.cert_pem(anchor).decode()}
+    cluster.api.apply(secret)
+    cluster.api.apply(roots)
+    run = cluster.check("-o", "json")
+    assert run.code == 1
+    checks = {c["description"]: c for cat in json.loads(run.out)["categories"]
+              for c in cat["checks"]}  # fmt: skip
+    failed = checks["issuer certificate is within its validity period"]
+    assert failed["result"] == "error" and "is not valid now" in failed["error"]
+    assert failed["hint"].startswith("rotate the issuer")
+    # the pods still carry the old trust root: the data plane check names them
+    stale = checks["data plane proxies use the current trust root"]
+    assert stale["result"] == "error" and "emojivoto/web-5d4f8c9b7-x2x7q" in stale["error"]
+
+
+def test_pre(cluster: Cluster) -> None:
+    run = cluster.check("--pre")
+    assert run.code == 1
+    assert "✓ control plane namespace does not already exist" in run.out
+    assert "ServiceProfile CRD is installed" in run.out
+    cluster.apply(cluster.meshlet("install", "--crds").out)
+    assert cluster.check("--pre").code == 0
+
+
+def test_old_kubernetes(cluster: Cluster) -> None:
+    cluster.api.version = {**cluster.api.version, "minor": "28", "gitVersion": "v1.28.9"}
+    run = cluster.check("--pre")
+    assert run.code == 1
+    assert "Kubernetes 1.28 has no native sidecars (needs 1.29)" in run.out
+
+
+def test_unreachable_cluster(meshlet: Callable[..., Any], tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: x\n"
+        "clusters: [{name: c, cluster: {server: 'http://127.0.0.1:9'}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: x, context: {cluster: c, user: u}}]\n"
+    )
+    run = meshlet("check", "--kubeconfig", str(kubeconfig))
+    assert run.code == 1
+    assert f"{CROSS} can query the Kubernetes API" in run.out
+    assert "meshlet-identity" not in run.out  # nothing else is tried
+    run = meshlet("check", "--kubeconfig", str(tmp_path / "missing"))
+    assert run.code == 1 and f"{CROSS} can initialize the client" in run.out

@@ -1,0 +1,113 @@
+"""The pure judgement of `meshlet check` on snapshots the fake cluster cannot easily produce."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+from typing import Any
+
+import yaml
+
+from meshlet.api import wellknown as wk
+from meshlet.cli.checks import Snapshot, Status, evaluate
+from meshlet.controlplane.injector import tls
+from meshlet_testing import pki
+
+NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+VALUES = yaml.safe_load(pki.VALUES.read_text())
+
+
+def b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def webhook(ca_bundle: str, failure_policy: str = "Ignore") -> dict[str, Any]:
+    service = {"name": wk.INJECTOR_NAME, "namespace": "meshlet"}
+    hook = {
+        "failurePolicy": failure_policy,
+        "clientConfig": {"service": service, "caBundle": b64(ca_bundle)},
+    }
+    return {"webhooks": [hook]}
+
+
+def snapshot(**changes: Any) -> Snapshot:
+    injector = VALUES["proxyInjector"]
+    base: dict[str, Any] = {
+        "namespace": "meshlet",
+        "version": {"major": "1", "minor": "33", "gitVersion": "v1.33.1"},
+        "control_namespace": {"metadata": {"name": "meshlet"}},
+        "crd": {},
+        "deployments": {
+            name: {} for name in (wk.DESTINATION_NAME, wk.IDENTITY_NAME, wk.INJECTOR_NAME)
+        },
+        "pods": tuple(
+            {
+                "metadata": {"labels": {wk.CONTROL_PLANE_COMPONENT_LABEL: c}},
+                "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+            }
+            for c in ("destination", "identity", "proxy-injector")
+        ),
+        "issuer_secret": {
+            "data": {
+                wk.ISSUER_CERT_KEY: b64(pki.ISSUER_CRT.read_text()),
+                wk.ISSUER_KEY_KEY: b64(pki.ISSUER_KEY.read_text()),
+            }
+        },
+        "trust_roots": {"data": {wk.TRUST_ROOTS_KEY: pki.anchors_pem()}},
+        "webhook": webhook(injector["caBundle"]),
+        "webhook_secret": {"data": {"tls.crt": b64(injector["crtPEM"])}},
+    }
+    base.update(changes)
+    return Snapshot(**base)
+
+
+def outcome(s: Snapshot) -> dict[str, tuple[Status, str]]:
+    return {r.description: (r.status, r.error) for r in evaluate(s, NOW)}
+
+
+def test_the_fixed_pki_is_healthy() -> None:
+    assert {status for status, _ in outcome(snapshot()).values()} == {Status.SUCCESS}
+
+
+def test_a_webhook_certificate_from_another_ca() -> None:
+    other = tls.webhook_certificate("meshlet", NOW)
+    result = outcome(snapshot(webhook=webhook(other.ca_pem)))
+    assert result["proxy-injector webhook certificate is valid"] == (
+        Status.ERROR,
+        "the webhook certificate is not signed by the webhook's caBundle",
+    )
+
+
+def test_a_webhook_certificate_for_another_namespace() -> None:
+    other = tls.webhook_certificate("elsewhere", NOW)
+    result = outcome(
+        snapshot(
+            webhook=webhook(other.ca_pem), webhook_secret={"data": {"tls.crt": b64(other.cert_pem)}}
+        )
+    )
+    status, error = result["proxy-injector webhook certificate is valid"]
+    assert status is Status.ERROR and "not for meshlet-proxy-injector.meshlet.svc" in error
+
+
+def test_failure_policy_fail_warns() -> None:
+    hook = webhook(VALUES["proxyInjector"]["caBundle"], failure_policy="Fail")
+    status, error = outcome(snapshot(webhook=hook))["proxy-injector webhook is configured"]
+    assert status is Status.WARNING and "a down injector blocks pods" in error
+
+
+def test_a_missing_control_plane_pod_ends_the_check() -> None:
+    result = outcome(snapshot(pods=snapshot().pods[:2]))
+    assert result["control plane pods are ready"] == (Status.ERROR, "no proxy-injector pod")
+    assert "issuer certificate is issued by the trust anchors" not in result
+
+
+def test_a_proxy_not_ready() -> None:
+    pod = {
+        "metadata": {"name": "web-1", "namespace": "emojivoto", "annotations": {}},
+        "status": {"initContainerStatuses": [{"name": wk.PROXY_CONTAINER, "ready": False}]},
+    }
+    result = outcome(snapshot(data_plane=(pod,)))
+    assert result["data plane proxies are ready"] == (
+        Status.ERROR,
+        "proxies not ready: emojivoto/web-1",
+    )

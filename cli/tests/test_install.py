@@ -1,0 +1,205 @@
+"""`meshlet install`: golden output, helm lint through the SDK, every document valid against
+the Kubernetes 1.33 schema, the names other components rely on, certificates made or checked."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import io
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from meshlet.api import wellknown as wk
+from meshlet.cli import charts
+from meshlet.cli.main import main
+from meshlet.controlplane.identity import ca
+from meshlet.proxy import config as proxy_config
+from meshlet_testing import kubelet, pki, schema
+
+GOLDEN = Path(__file__).parent / "golden"
+FIXED = ("--values", str(pki.VALUES))
+
+
+def docs(text: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def find(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    return next(o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name)
+
+
+@pytest.fixture(scope="module")
+def installed() -> list[dict[str, Any]]:
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        main(["install", *FIXED])
+    return docs(out.getvalue())
+
+
+@pytest.mark.parametrize(("name", "args"), [("install", FIXED), ("install-crds", ("--crds",))])
+def test_golden(
+    name: str,
+    args: tuple[str, ...],
+    meshlet: Callable[..., Any],
+    golden: Callable[[Path, str], None],
+) -> None:
+    run = meshlet("install", *args)
+    assert run.code == 0, run.err
+    golden(GOLDEN / f"{name}.yaml", run.out)
+
+
+@pytest.mark.parametrize("args", [FIXED, ("--crds",)])
+def test_every_document_is_schema_valid(args: tuple[str, ...], meshlet: Callable[..., Any]) -> None:
+    objects = docs(meshlet("install", *args).out)
+    assert objects
+    for obj in objects:
+        schema.validate(obj)
+
+
+@pytest.mark.parametrize("chart", [charts.CRDS, charts.CONTROL_PLANE])
+def test_helm_lint_is_clean(chart: str) -> None:
+    values = yaml.safe_load(pki.VALUES.read_text()) if chart == charts.CONTROL_PLANE else {}
+    assert charts.lint(chart, values, wk.CONTROL_PLANE_NAMESPACE) == []
+
+
+def test_lint_finds_problems() -> None:
+    # A test that could not fail would prove nothing: the same call reports a broken chart.
+    found = charts.lint(charts.CONTROL_PLANE, {"proxy": {"logLevel": "loud"}}, "meshlet")
+    assert any("logLevel" in f for f in found)
+
+
+def test_the_names_other_components_rely_on(installed: list[dict[str, Any]]) -> None:
+    ns = wk.CONTROL_PLANE_NAMESPACE
+    for service, port in (
+        (wk.DESTINATION_NAME, wk.DESTINATION_PORT),
+        (wk.IDENTITY_NAME, wk.IDENTITY_PORT),
+        (wk.INJECTOR_NAME, wk.INJECTOR_SERVICE_PORT),
+    ):
+        svc = find(installed, "Service", service)
+        assert svc["metadata"]["namespace"] == ns
+        assert svc["spec"]["ports"][0]["port"] == port
+    secret = find(installed, "Secret", wk.ISSUER_SECRET)
+    assert set(secret["data"]) == {wk.ISSUER_CERT_KEY, wk.ISSUER_KEY_KEY}
+    roots = find(installed, "ConfigMap", wk.TRUST_ROOTS_CONFIGMAP)
+    assert roots["data"][wk.TRUST_ROOTS_KEY].strip() == pki.anchors_pem().strip()
+    assert find(installed, "Secret", wk.INJECTOR_TLS_SECRET)["type"] == "kubernetes.io/tls"
+    assert wk.CONFIG_KEY in find(installed, "ConfigMap", wk.CONFIG_CONFIGMAP)["data"]
+    injector = find(installed, "Deployment", wk.INJECTOR_NAME)
+    args = injector["spec"]["template"]["spec"]["containers"][-1]["args"]
+    assert "--tls-cert=/var/run/meshlet/tls/tls.crt" in args
+
+
+def test_crds(meshlet: Callable[..., Any]) -> None:
+    (crd,) = docs(meshlet("install", "--crds").out)
+    assert crd["metadata"]["name"] == wk.SERVICEPROFILE_CRD
+    assert [v["name"] for v in crd["spec"]["versions"]] == ["v1alpha1"]  # what destination reads
+
+
+def test_webhook_configuration(installed: list[dict[str, Any]]) -> None:
+    (config,) = [o for o in installed if o["kind"] == "MutatingWebhookConfiguration"]
+    (hook,) = config["webhooks"]
+    assert hook["failurePolicy"] == "Ignore"
+    assert hook["clientConfig"]["service"] == {
+        "name": wk.INJECTOR_NAME,
+        "namespace": "meshlet",
+        "path": "/inject",
+        "port": 443,
+    }
+    excluded = hook["namespaceSelector"]["matchExpressions"][0]
+    assert excluded["operator"] == "NotIn"
+    assert set(excluded["values"]) == {"kube-system", "meshlet"}
+    ca_bundle = base64.b64decode(hook["clientConfig"]["caBundle"]).decode()
+    assert ca_bundle == yaml.safe_load(pki.VALUES.read_text())["proxyInjector"]["caBundle"]
+
+
+def test_control_plane_pods_are_meshed(installed: list[dict[str, Any]]) -> None:
+    for name in (wk.DESTINATION_NAME, wk.IDENTITY_NAME, wk.INJECTOR_NAME):
+        template = find(installed, "Deployment", name)["spec"]["template"]
+        spec = template["spec"]
+        containers = [*spec.get("initContainers", []), *spec["containers"]]
+        proxy = next(c for c in containers if c["name"] == wk.PROXY_CONTAINER)
+        pod = {"metadata": {"name": f"{name}-0", "namespace": "meshlet"}, "spec": {
+            **spec, "serviceAccountName": name, "nodeName": "n"}}  # fmt: skip
+        env = kubelet.container_env(pod, proxy)
+        loaded = proxy_config.load(env)
+        assert loaded.identity_local_name == wk.identity_name(name, "meshlet")
+        init = spec["initContainers"][0]
+        assert init["name"] == wk.INIT_CONTAINER
+        assert "443,6443" in init["args"]  # the API server is reached directly
+        if name == wk.IDENTITY_NAME:
+            # certified by the container beside it; a native sidecar would wait for itself
+            assert loaded.identity_svc_addr == "127.0.0.1:8080"
+            assert proxy in spec["containers"]
+        else:
+            assert proxy in spec["initContainers"]
+
+
+def test_a_ca_is_generated_when_none_is_given(meshlet: Callable[..., Any]) -> None:
+    run = meshlet("install")
+    assert run.code == 0, run.err
+    assert "generated a trust anchor and issuer" in run.err
+    objects = docs(run.out)
+    secret = find(objects, "Secret", wk.ISSUER_SECRET)["data"]
+    anchors = find(objects, "ConfigMap", wk.TRUST_ROOTS_CONFIGMAP)["data"][wk.TRUST_ROOTS_KEY]
+    issuer = ca.load_issuer(
+        base64.b64decode(secret[wk.ISSUER_CERT_KEY]),
+        base64.b64decode(secret[wk.ISSUER_KEY_KEY]),
+        anchors.encode(),
+    )
+    assert issuer.cert.subject.rfc4514_string() == f"CN={ca.ISSUER_NAME}"
+
+
+def test_identity_files(meshlet: Callable[..., Any], test_ca: Any) -> None:
+    issuer = test_ca.issuer_dir
+    run = meshlet(
+        "install",
+        "--identity-trust-anchors-file", str(test_ca.anchors_path),
+        "--identity-issuer-certificate-file", str(issuer / "crt.pem"),
+        "--identity-issuer-key-file", str(issuer / "key.pem"),
+    )  # fmt: skip
+    assert run.code == 0, run.err
+    roots = find(docs(run.out), "ConfigMap", wk.TRUST_ROOTS_CONFIGMAP)["data"]
+    assert roots[wk.TRUST_ROOTS_KEY].strip() == test_ca.anchors_pem.strip()
+
+    run = meshlet("install", "--identity-trust-anchors-file", str(test_ca.anchors_path))
+    assert run.code == 64
+    assert "missing --identity-issuer-certificate-file, --identity-issuer-key-file" in run.err
+
+
+def test_an_issuer_from_another_anchor_is_refused(
+    meshlet: Callable[..., Any], test_ca: Any
+) -> None:
+    run = meshlet(
+        "install",
+        "--identity-trust-anchors-file", str(pki.TRUST_ANCHORS),
+        "--identity-issuer-certificate-file", str(test_ca.issuer_dir / "crt.pem"),
+        "--identity-issuer-key-file", str(test_ca.issuer_dir / "key.pem"),
+    )  # fmt: skip
+    assert run.code == 64
+    assert "does not chain to the trust anchors" in run.err
+
+
+def test_bad_values_name_every_problem(meshlet: Callable[..., Any], tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("proxy: [1]\n")
+    run = meshlet("install", *FIXED, "--set", "proxy.logLevel=loud", "--set", "colour=blue")
+    assert run.code == 64
+    assert "at '/proxy/logLevel': value must be one of" in run.err
+    assert "additional properties 'colour' not allowed" in run.err
+    assert "Traceback" not in run.err
+    run = meshlet("install", "--values", str(bad), "--set", "novalue")
+    assert run.code == 64
+    assert 'key "novalue" has no value' in run.err
+
+
+def test_set_reaches_the_proxies(meshlet: Callable[..., Any]) -> None:
+    run = meshlet("install", *FIXED, "--set", "proxy.logLevel=debug,image.tag=dev")
+    objects = docs(run.out)
+    values = yaml.safe_load(find(objects, "ConfigMap", wk.CONFIG_CONFIGMAP)["data"]["values"])
+    assert values["proxy"]["logLevel"] == "debug"
+    assert values["proxy"]["image"] == "ghcr.io/meshlet/proxy:dev"

@@ -1,0 +1,115 @@
+"""Runs the injector: the HTTPS webhook, its certificate reloads and the admin server."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from meshlet.api.admin import AdminServer
+from meshlet.controlplane.cli import serve_until_signalled
+from meshlet.controlplane.injector.config import InjectConfig
+from meshlet.controlplane.injector.namespaces import Namespaces
+from meshlet.controlplane.injector.webhook import InjectorMetrics, Webhook
+
+log = logging.getLogger(__name__)
+
+CERT_CHECK_SECONDS = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class InjectorConfig:
+    addr: tuple[str, int]
+    admin_addr: tuple[str, int]
+    tls_cert: Path
+    tls_key: Path
+    inject: InjectConfig
+    kube_api: Any | None  # a kubernetes ApiClient: namespace annotations are read with it
+    answer_within: float = 8.0
+
+
+def server_context(cert: Path, key: Path) -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2  # the API server speaks 1.2 and 1.3
+    context.load_cert_chain(cert, key)
+    return context
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock
+
+
+class InjectorServer:
+    def __init__(self, config: InjectorConfig, registry: CollectorRegistry | None = None) -> None:
+        self.config = config
+        self.registry = registry or CollectorRegistry()
+        namespaces = Namespaces(config.kube_api) if config.kube_api is not None else None
+        self.webhook = Webhook(
+            config.inject,
+            namespaces.annotations if namespaces is not None else None,
+            InjectorMetrics(self.registry),
+            config.answer_within,
+        )
+        self._context = server_context(config.tls_cert, config.tls_key)
+        self._stamp = self._cert_stamp()
+        self._runner: web.AppRunner | None = None
+        self._admin = AdminServer(self.registry, ready=self.ready)
+        self._reload: asyncio.Task[None] | None = None
+        self.port = 0
+        self.admin_port = 0
+
+    def ready(self) -> bool:
+        return self.port != 0
+
+    def _cert_stamp(self) -> tuple[float, float]:
+        return self.config.tls_cert.stat().st_mtime, self.config.tls_key.stat().st_mtime
+
+    async def start(self) -> None:
+        cfg = self.config
+        _, self.admin_port = await self._admin.start(*cfg.admin_addr)
+        self._runner = web.AppRunner(self.webhook.app(), access_log=None, handle_signals=False)
+        await self._runner.setup()
+        sock = _bind(*cfg.addr)
+        await web.SockSite(self._runner, sock, ssl_context=self._context).start()
+        self.port = int(sock.getsockname()[1])
+        self._reload = asyncio.create_task(self._watch_certificate())
+        log.info("injector serving HTTPS on :%d (admin :%d)", self.port, self.admin_port)
+
+    async def _watch_certificate(self) -> None:
+        """A rotated Secret shows up as new files; new connections get the new certificate."""
+        while True:
+            await asyncio.sleep(CERT_CHECK_SECONDS)
+            try:
+                stamp = self._cert_stamp()
+                if stamp != self._stamp:
+                    self._context.load_cert_chain(self.config.tls_cert, self.config.tls_key)
+                    self._stamp = stamp
+                    log.info("webhook certificate reloaded")
+            except (OSError, ssl.SSLError) as exc:
+                log.error("webhook certificate not reloaded: %s", exc)
+
+    async def stop(self) -> None:
+        if self._reload is not None:
+            self._reload.cancel()
+            await asyncio.gather(self._reload, return_exceptions=True)
+        if self._runner is not None:
+            await self._runner.cleanup()
+        await self._admin.close()
+
+
+async def serve(config: InjectorConfig) -> None:
+    """Serves until SIGTERM or SIGINT."""
+    await serve_until_signalled(InjectorServer(config), "injector")

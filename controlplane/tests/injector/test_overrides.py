@@ -1,0 +1,64 @@
+"""`config.meshlet.io/*` annotations: pod over namespace over defaults; junk ignored, named."""
+
+from __future__ import annotations
+
+from meshlet.api import wellknown as wk
+from meshlet.controlplane.injector.config import ProxyDefaults
+from meshlet.controlplane.injector.overrides import SETTINGS, resolve
+
+DEFAULTS = ProxyDefaults()
+
+
+def test_defaults_without_annotations() -> None:
+    resolved = resolve(DEFAULTS, {}, {})
+    assert resolved.settings.opaque_ports == "25,587,3306,4444,5432,6379,9300,11211"
+    assert resolved.settings.native_sidecar is True
+    assert resolved.messages == () and resolved.inherited == {}
+
+
+def test_pod_wins_over_namespace() -> None:
+    resolved = resolve(
+        DEFAULTS,
+        {wk.PROXY_LOG_LEVEL_ANNOTATION: "debug", wk.OPAQUE_PORTS_ANNOTATION: "3306"},
+        {wk.PROXY_LOG_LEVEL_ANNOTATION: "error"},
+    )
+    assert resolved.settings.log_level == "error"
+    assert resolved.settings.opaque_ports == "3306"
+    assert resolved.inherited == {wk.OPAQUE_PORTS_ANNOTATION: "3306"}
+
+
+def test_junk_port_annotations_are_ignored_with_a_message() -> None:
+    resolved = resolve(
+        DEFAULTS,
+        {},
+        {
+            wk.SKIP_INBOUND_PORTS_ANNOTATION: "80,http,70000",
+            wk.OPAQUE_PORTS_ANNOTATION: "9000-8000",
+            wk.SKIP_OUTBOUND_PORTS_ANNOTATION: "\x00" * 10_000,
+        },
+    )
+    assert resolved.settings.skip_inbound_ports == ""
+    assert resolved.settings.opaque_ports == DEFAULTS.opaque_ports
+    assert len(resolved.messages) == 3
+    assert "'http' is not a port or a range" in resolved.messages[1]
+    assert "'70000' is outside 1-65535" in resolved.messages[1]
+    # long values are cut, control characters escaped
+    assert all(len(m) < 500 and m.isprintable() for m in resolved.messages)
+
+
+def test_a_bad_pod_value_falls_back_to_the_namespace() -> None:
+    resolved = resolve(
+        DEFAULTS,
+        {wk.PROXY_MEMORY_LIMIT_ANNOTATION: "64Mi"},
+        {wk.PROXY_MEMORY_LIMIT_ANNOTATION: "lots"},
+    )
+    assert resolved.settings.resources.memory_limit == "64Mi"
+    assert resolved.messages == (
+        "pod annotation config.meshlet.io/proxy-memory-limit='lots' ignored: expected a quantity"
+        " such as 100m, 1, 64Mi or 1Gi",
+    )
+
+
+def test_every_setting_is_a_config_annotation() -> None:
+    assert all(s.annotation.startswith(wk.CONFIG_ANNOTATION_PREFIX) for s in SETTINGS)
+    assert len({s.annotation for s in SETTINGS}) == len(SETTINGS)

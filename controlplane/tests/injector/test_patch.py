@@ -1,0 +1,226 @@
+"""The patch that meshes a pod: golden files, the Kubernetes 1.33 schema, and the contracts
+with the programs that read what it writes (`meshlet-proxy`'s env, `meshlet-init`'s flags)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jsonpatch
+import pytest
+
+from meshlet.api import wellknown as wk
+from meshlet.controlplane.injector import review
+from meshlet.controlplane.injector.config import InjectConfig, ProxyDefaults, Resources
+from meshlet.controlplane.injector.patch import pointer, trust_root_sha256
+from meshlet.init import main as init_main
+from meshlet.proxy import config as proxy_config
+from meshlet_testing import kubelet, schema
+from meshlet_testing.workloads import deployment, pod
+
+GOLDEN = Path(__file__).parent / "golden"
+ENABLED = {wk.INJECT_ANNOTATION: wk.INJECT_ENABLED}
+NS_ENABLED = {
+    wk.INJECT_ANNOTATION: wk.INJECT_ENABLED,
+    wk.PROXY_LOG_LEVEL_ANNOTATION: "debug",
+    wk.OPAQUE_PORTS_ANNOTATION: "3306, 5432",
+}
+
+CASES: dict[str, tuple[dict[str, Any], dict[str, str]]] = {
+    "pod-native-sidecar": (pod(ENABLED), {}),
+    "pod-with-init-containers": (pod(ENABLED, init=True), {}),
+    "pod-classic-sidecar": (pod({**ENABLED, wk.PROXY_NATIVE_SIDECAR_ANNOTATION: "false"}), {}),
+    "pod-namespace-enabled": (pod(None), NS_ENABLED),
+    "pod-overrides": (
+        pod(
+            {
+                **ENABLED,
+                wk.SKIP_INBOUND_PORTS_ANNOTATION: "9090",
+                wk.SKIP_OUTBOUND_PORTS_ANNOTATION: "443,6443",
+                wk.REQUIRE_IDENTITY_PORTS_ANNOTATION: "8080",
+                wk.PROXY_CPU_LIMIT_ANNOTATION: "1",
+                wk.PROXY_MEMORY_LIMIT_ANNOTATION: "128Mi",
+                wk.PROXY_IMAGE_ANNOTATION: "registry.local/meshlet/proxy:dev",
+                wk.SHUTDOWN_GRACE_PERIOD_ANNOTATION: "30s",
+            }
+        ),
+        {},
+    ),
+    "deployment": (deployment(ENABLED), {}),
+}
+
+
+def mesh(obj: dict[str, Any], ns: dict[str, str], config: InjectConfig) -> review.Outcome:
+    request = review.Request("uid-1", obj["kind"], "emojivoto", "CREATE", obj)
+    return review.admit(request, ns, config)
+
+
+def patched(obj: dict[str, Any], outcome: review.Outcome) -> dict[str, Any]:
+    result: dict[str, Any] = jsonpatch.apply_patch(obj, list(outcome.patch))
+    return result
+
+
+def template(obj: dict[str, Any]) -> dict[str, Any]:
+    return obj["spec"]["template"] if obj["kind"] == "Deployment" else obj
+
+
+def proxy_of(pod_obj: dict[str, Any]) -> dict[str, Any]:
+    spec = pod_obj["spec"]
+    containers = [*spec.get("initContainers", []), *spec["containers"]]
+    return next(c for c in containers if c["name"] == wk.PROXY_CONTAINER)
+
+
+def as_scheduled(pod_template: dict[str, Any]) -> dict[str, Any]:
+    """The pod the API server stores: namespace and node filled in."""
+    scheduled = copy.deepcopy(pod_template)
+    scheduled.setdefault("metadata", {}).update(name="web-5d4f8c9b7-x2x7q", namespace="emojivoto")
+    scheduled["spec"]["nodeName"] = "node-1"
+    return scheduled
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_golden_patch(case: str, config: InjectConfig, golden: Callable[[Path, str], None]) -> None:
+    obj, ns = CASES[case]
+    outcome = mesh(copy.deepcopy(obj), ns, config)
+    assert outcome.skip_reason == ""
+    golden(GOLDEN / f"{case}.patch.json", json.dumps(list(outcome.patch), indent=2) + "\n")
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_patched_object_is_schema_valid(case: str, config: InjectConfig) -> None:
+    obj, ns = CASES[case]
+    result = patched(copy.deepcopy(obj), mesh(copy.deepcopy(obj), ns, config))
+    schema.validate(result)
+    names = [c["name"] for c in template(result)["spec"].get("initContainers", [])]
+    assert names[0] == wk.INIT_CONTAINER  # iptables first, before anything else starts
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_proxy_env_loads_with_the_proxys_own_loader(case: str, config: InjectConfig) -> None:
+    obj, ns = CASES[case]
+    meshed = as_scheduled(template(patched(copy.deepcopy(obj), mesh(obj, ns, config))))
+    env = kubelet.container_env(meshed, proxy_of(meshed))
+    loaded = proxy_config.load(env)  # raises ConfigError naming every unknown or bad variable
+    assert loaded.identity_local_name == wk.identity_name("web", "emojivoto")
+    assert loaded.identity_svc_name == wk.IDENTITY_SERVICE_NAME
+    assert loaded.destination_svc_name == wk.DESTINATION_SERVICE_NAME
+    assert json.loads(loaded.destination_context) == {
+        "ns": "emojivoto",
+        "nodeName": "node-1",
+        "pod": "web-5d4f8c9b7-x2x7q",
+    }
+    assert loaded.identity_trust_anchors == config.trust_anchors_pem
+    assert loaded.admin_listen_addr[1] == wk.PROXY_ADMIN_PORT
+
+
+def test_every_env_name_the_injector_knows_is_one_the_proxy_reads() -> None:
+    names = [
+        v for k, v in vars(wk).items() if k.startswith("PROXY_ENV_") and k != "PROXY_ENV_PREFIX"
+    ]
+    assert len(names) == 20
+    known = {name for name, _ in proxy_config.defaults_table()}
+    assert set(names) <= known, set(names) - known
+
+
+def test_overrides_reach_the_proxy_and_init(config: InjectConfig) -> None:
+    obj, ns = CASES["pod-overrides"]
+    meshed = as_scheduled(patched(copy.deepcopy(obj), mesh(obj, ns, config)))
+    loaded = proxy_config.load(kubelet.container_env(meshed, proxy_of(meshed)))
+    assert loaded.inbound_ports_require_identity == frozenset({8080})
+    assert loaded.shutdown_grace_period == 30.0
+    assert proxy_of(meshed)["resources"] == {"limits": {"cpu": "1", "memory": "128Mi"}}
+    assert proxy_of(meshed)["image"] == "registry.local/meshlet/proxy:dev"
+
+
+def test_namespace_settings_apply_and_are_copied_onto_the_pod(config: InjectConfig) -> None:
+    obj, ns = CASES["pod-namespace-enabled"]
+    meshed = as_scheduled(patched(copy.deepcopy(obj), mesh(obj, ns, config)))
+    loaded = proxy_config.load(kubelet.container_env(meshed, proxy_of(meshed)))
+    assert loaded.log == "debug"
+    assert loaded.inbound_ports_disable_protocol_detection == frozenset({3306, 5432})
+    annotations = meshed["metadata"]["annotations"]
+    assert annotations[wk.OPAQUE_PORTS_ANNOTATION] == "3306, 5432"
+    assert wk.INJECT_ANNOTATION not in annotations  # only config.meshlet.io/* is copied
+
+
+@pytest.mark.parametrize("case", ["pod-native-sidecar", "pod-overrides"])
+def test_init_container_args_are_accepted_by_meshlet_init(
+    case: str, config: InjectConfig, capsys: pytest.CaptureFixture[str]
+) -> None:
+    obj, ns = CASES[case]
+    meshed = patched(copy.deepcopy(obj), mesh(obj, ns, config))
+    init = meshed["spec"]["initContainers"][0]
+    assert init["command"] == ["meshlet-init"]
+    init_main.main([*init["args"], "--simulate"])
+    rules = capsys.readouterr().out
+    assert "--to-ports 4143" in rules and "--to-ports 4140" in rules
+    if case == "pod-overrides":
+        assert "9090" in rules and "6443" in rules
+
+
+def test_native_sidecar_holds_the_app_until_ready(config: InjectConfig) -> None:
+    obj, ns = CASES["pod-with-init-containers"]
+    meshed = patched(copy.deepcopy(obj), mesh(obj, ns, config))
+    inits = meshed["spec"]["initContainers"]
+    assert [c["name"] for c in inits] == [wk.INIT_CONTAINER, wk.PROXY_CONTAINER, "migrate"]
+    proxy = inits[1]
+    assert proxy["restartPolicy"] == "Always"
+    assert proxy["startupProbe"]["httpGet"] == {"path": "/ready", "port": wk.PROXY_ADMIN_PORT}
+    assert [c["name"] for c in meshed["spec"]["containers"]] == ["web"]
+
+
+def test_classic_sidecar_is_the_first_container(config: InjectConfig) -> None:
+    obj, ns = CASES["pod-classic-sidecar"]
+    meshed = patched(copy.deepcopy(obj), mesh(obj, ns, config))
+    assert [c["name"] for c in meshed["spec"]["containers"]] == [wk.PROXY_CONTAINER, "web"]
+    assert "restartPolicy" not in meshed["spec"]["containers"][0]
+    assert meshed["metadata"]["annotations"]["kubectl.kubernetes.io/default-container"] == "web"
+
+
+def test_labels_token_and_admin_port(config: InjectConfig) -> None:
+    obj, ns = CASES["pod-native-sidecar"]
+    meshed = patched(copy.deepcopy(obj), mesh(obj, ns, config))
+    labels = meshed["metadata"]["labels"]
+    assert labels[wk.CONTROL_PLANE_NS_LABEL] == "meshlet"
+    assert labels["meshlet.io/proxy-deployment"] == "web"
+    token = next(v for v in meshed["spec"]["volumes"] if v["name"] == wk.TOKEN_VOLUME)
+    assert token["projected"]["sources"][0]["serviceAccountToken"]["audience"] == (
+        "identity.meshlet.io"
+    )
+    ports = {p["name"]: p["containerPort"] for p in proxy_of(meshed)["ports"]}
+    assert ports[wk.ADMIN_PORT_NAME] == 4191
+    annotations = meshed["metadata"]["annotations"]
+    assert annotations[wk.TRUST_ROOT_SHA256_ANNOTATION] == trust_root_sha256(
+        config.trust_anchors_pem
+    )
+
+
+def test_deployment_template_gets_the_owner_label(config: InjectConfig) -> None:
+    obj, ns = CASES["deployment"]
+    meshed = patched(copy.deepcopy(obj), mesh(obj, ns, config))
+    assert meshed["spec"]["template"]["metadata"]["labels"]["meshlet.io/proxy-deployment"] == "web"
+    assert meshed["metadata"] == obj["metadata"]  # the Deployment's own metadata is untouched
+
+
+def test_mesh_wide_defaults_reach_the_proxy(config: InjectConfig) -> None:
+    defaults = ProxyDefaults(
+        log_level="warn",
+        native_sidecar=False,
+        resources=Resources(cpu_request="100m", memory_request="20Mi"),
+    )
+    custom = InjectConfig(trust_anchors_pem=config.trust_anchors_pem, proxy=defaults)
+    meshed = as_scheduled(patched(pod(ENABLED), mesh(pod(ENABLED), {}, custom)))
+    proxy = proxy_of(meshed)
+    assert proxy["resources"] == {"requests": {"cpu": "100m", "memory": "20Mi"}}
+    assert proxy_config.load(kubelet.container_env(meshed, proxy)).log == "warning"
+    schema.validate(meshed)
+
+
+def test_pointer_escapes() -> None:
+    assert pointer("metadata", "annotations", "meshlet.io/inject") == (
+        "/metadata/annotations/meshlet.io~1inject"
+    )
+    assert pointer("a~b") == "/a~0b"

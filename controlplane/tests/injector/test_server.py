@@ -1,0 +1,174 @@
+"""The real `meshlet-controller injector` process: HTTPS with a certificate from the test CA,
+AdmissionReviews posted by a real HTTP client, namespaces read from the fake API server."""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jsonpatch
+import pytest
+
+from meshlet.api import wellknown as wk
+from meshlet_testing import schema
+from meshlet_testing.fakeapi import FakeKubeAPI
+from meshlet_testing.workloads import pod, review
+
+SERVICE = f"{wk.INJECTOR_NAME}.{wk.CONTROL_PLANE_NAMESPACE}.svc"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def controller(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "meshlet.controlplane.main", "injector", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=os.environ.copy(),
+    )
+
+
+@dataclass
+class Injector:
+    proc: subprocess.Popen[str]
+    port: int
+    admin: int
+    anchors: Path
+
+    def post(self, body: bytes, path: str = "/inject") -> tuple[int, bytes]:
+        """POSTs over TLS, verifying the injector's certificate for its Service name."""
+        context = ssl.create_default_context(cafile=str(self.anchors))
+        raw = socket.create_connection(("127.0.0.1", self.port), timeout=10)
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        conn.sock = context.wrap_socket(raw, server_hostname=SERVICE)
+        try:
+            conn.request("POST", path, body, {"Content-Type": "application/json"})
+            response = conn.getresponse()
+            return response.status, response.read()
+        finally:
+            conn.close()
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.admin}/metrics", timeout=5) as r:
+            return str(r.read().decode())
+
+
+@pytest.fixture
+def injector(test_ca: Any, tmp_path: Path, api: FakeKubeAPI) -> Iterator[Injector]:
+    api.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": "emojivoto", "annotations": {wk.INJECT_ANNOTATION: "enabled"}},
+        }
+    )
+    cert, key = test_ca.serving_cert(SERVICE, tmp_path / "tls")
+    config = tmp_path / "values.yaml"
+    config.write_text("proxy:\n  logLevel: debug\n")
+    port, admin = free_port(), free_port()
+    proc = controller(
+        "--addr", f"127.0.0.1:{port}",
+        "--admin-addr", f"127.0.0.1:{admin}",
+        "--tls-cert", str(cert),
+        "--tls-key", str(key),
+        "--trust-anchors", str(test_ca.anchors_path),
+        "--config", str(config),
+        "--kubeconfig", str(api.write_kubeconfig(tmp_path / "kubeconfig")),
+    )  # fmt: skip
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{admin}/ready", timeout=1):
+                break
+        except OSError:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "injector never ready"
+            time.sleep(0.1)
+    yield Injector(proc, port, admin, test_ca.anchors_path)
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate()
+
+
+def test_answers_admission_reviews_over_tls(injector: Injector) -> None:
+    obj = pod(None)  # enabled by its namespace's annotation, read from the API server
+    status, body = injector.post(json.dumps(review(obj)).encode())
+    assert status == 200
+    response = json.loads(body)["response"]
+    assert response["uid"] == "705ab4f5-6393-11e8-b7cc-42010a800002"
+    assert response["allowed"] is True and response["patchType"] == "JSONPatch"
+    meshed = jsonpatch.apply_patch(obj, json.loads(base64.b64decode(response["patch"])))
+    schema.validate(meshed)
+    proxy = next(c for c in meshed["spec"]["initContainers"] if c["name"] == wk.PROXY_CONTAINER)
+    assert {"name": wk.PROXY_ENV_LOG, "value": "debug"} in proxy["env"]  # from --config
+
+    status, body = injector.post(
+        json.dumps(review(pod({wk.INJECT_ANNOTATION: "disabled"}))).encode()
+    )
+    assert status == 200 and json.loads(body)["response"] == {
+        "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+        "allowed": True,
+    }
+
+    metrics = injector.metrics()
+    assert (
+        'proxy_inject_admission_responses_total{annotation_at="namespace",owner_kind="deployment",'
+        'skip="false",skip_reason=""} 1.0' in metrics
+    )
+    assert 'skip_reason="injection_disabled"' in metrics
+
+
+def test_refuses_malformed_and_oversized_reviews(injector: Injector) -> None:
+    status, body = injector.post(b"not json at all")
+    assert status == 400 and body.startswith(b"the body is not JSON")
+    status, body = injector.post(
+        b'{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}'
+    )
+    assert (status, body) == (400, b"the review has no request\n")
+    status, body = injector.post(b" " * (1024 * 1024 + 1))
+    assert status == 413
+    # still serving
+    status, _ = injector.post(json.dumps(review(pod(None))).encode())
+    assert status == 200
+    assert 'proxy_inject_admission_rejected_total{code="400"} 2.0' in injector.metrics()
+
+
+def test_sigterm_stops_it(injector: Injector) -> None:
+    injector.proc.send_signal(signal.SIGTERM)
+    _, err = injector.proc.communicate(timeout=15)
+    assert injector.proc.returncode == 0, err
+    assert "injector shutting down" in err
+
+
+def test_bad_configuration_exits_64_naming_every_problem(tmp_path: Path, test_ca: Any) -> None:
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate")
+    config = tmp_path / "values.yaml"
+    config.write_text("proxy:\n  logLevel: loud\n")
+    proc = controller(
+        "--tls-cert", str(junk), "--tls-key", str(junk),
+        "--trust-anchors", str(test_ca.anchors_path), "--config", str(config),
+    )  # fmt: skip
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 64
+    assert "proxy.logLevel='loud'" in err
+    assert "--tls-cert/--tls-key: not a usable certificate and key" in err
+    assert "Traceback" not in err

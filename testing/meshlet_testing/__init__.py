@@ -1,0 +1,1 @@
+"""Test support shared by every component's tests; never installed with meshlet."""
