@@ -6,7 +6,6 @@ import datetime as dt
 import itertools
 import os
 import shutil
-import ssl
 import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -58,13 +57,8 @@ class TestCA:
         from meshlet.controlplane.identity import signer
 
         issuer = ca.Issuer(chain=(self.issuer,), key=self.issuer_key, anchors=(self.anchor,))
-        key = ca.new_key()
-        leaf = signer.issue_leaf(issuer, key.public_key(), name, dt.datetime.now(dt.UTC))
-        directory.mkdir(parents=True, exist_ok=True)
-        chain, key_path = directory / f"{name}.crt", directory / f"{name}.key"
-        chain.write_bytes(ssl.DER_cert_to_PEM_cert(leaf.der).encode() + ca.cert_pem(self.issuer))
-        key_path.write_bytes(ca.key_pem(key))
-        return chain, key_path
+        now = dt.datetime.now(dt.UTC)
+        return signer.write_serving_files(issuer, name, directory, now, signer.LEAF_LIFETIME)
 
     def rotate_issuer(
         self, now: dt.datetime | None = None, lifetime: dt.timedelta = ca.ISSUER_LIFETIME

@@ -11,6 +11,7 @@ from typing import Any, Final, Protocol
 import click
 
 from meshlet.api import wellknown
+from meshlet.api.durations import parse_duration
 
 EX_CONFIG: Final = 64  # sysexits EX_USAGE: bad configuration
 
@@ -39,6 +40,20 @@ class Addr(click.ParamType):  # type: ignore[type-arg]
             return value
         try:
             return parse_addr(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class Duration(click.ParamType):  # type: ignore[type-arg]
+    """`500ms`, `10s`, `2m`, `24h` → seconds."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> float:
+        if isinstance(value, float):
+            return value
+        try:
+            return parse_duration(str(value))
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import ssl
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import click
 
 from meshlet.api import wellknown
-from meshlet.controlplane.cli import EX_CONFIG, Addr, option, setup_logging
+from meshlet.controlplane.cli import EX_CONFIG, Addr, Duration, option, setup_logging
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -65,6 +66,13 @@ def cli() -> None:
     help="Seconds between checks for a rotated issuer.",
 )
 @option(
+    "--issuance-lifetime",
+    type=Duration(),
+    default="24h",
+    show_default=True,
+    help="How long the certificates it signs are valid (plus 20s of clock skew).",
+)
+@option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"]),
     default="info",
@@ -81,6 +89,7 @@ def identity(
     controller_namespace: str,
     trust_domain: str,
     reload_interval: float,
+    issuance_lifetime: float,
     log_level: str,
 ) -> None:
     """Certificate authority: signs proxies' CSRs after checking their ServiceAccount token."""
@@ -97,6 +106,8 @@ def identity(
         problems.append("--issuer-dir needs --trust-anchors")
     if tokens_file is None and not kube:
         problems.append("--tokens-file is required without Kubernetes access (TokenReview)")
+    if not 1 <= issuance_lifetime <= 365 * 24 * 3600:
+        problems.append("--issuance-lifetime must be between 1s and 8760h")
     if problems:
         raise click.UsageError("; ".join(problems))
     setup_logging(log_level)
@@ -110,6 +121,7 @@ def identity(
         control_ns=controller_namespace,
         trust_domain=trust_domain,
         reload_interval=reload_interval,
+        issuance_lifetime=dt.timedelta(seconds=issuance_lifetime),
     )
     asyncio.run(serve(config))
 

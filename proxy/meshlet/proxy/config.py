@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from meshlet.api import wellknown
+from meshlet.api.durations import parse_duration
 
 Addr = tuple[str, int]
 PREFIX: Final = wellknown.PROXY_ENV_PREFIX
@@ -42,18 +43,6 @@ def parse_svc_addr(text: str) -> tuple[str, int]:
             "expected host:port, e.g. meshlet-destination.meshlet.svc.cluster.local:8086"
         )
     return host, int(port)
-
-
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
-_UNITS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
-
-
-def parse_duration(text: str) -> float:
-    """`500ms`, `10s`, `2m`, `1h`, or plain seconds."""
-    match = _DURATION.match(text.strip())
-    if match is None:
-        raise ValueError("expected a duration such as 500ms, 10s or 2m")
-    return float(match[1]) * _UNITS[match[2]]
 
 
 def parse_ports(text: str) -> frozenset[int]:

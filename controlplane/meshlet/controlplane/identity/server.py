@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from meshlet.controlplane.identity.service import (
     utcnow,
 )
 from meshlet.controlplane.identity.serving import ServingCertificate
+from meshlet.controlplane.identity.signer import LEAF_LIFETIME
 from meshlet.controlplane.identity.source import (
     FileIssuerSource,
     IssuerHolder,
@@ -46,6 +48,7 @@ class IdentityConfig:
     control_ns: str = wellknown.CONTROL_PLANE_NAMESPACE
     trust_domain: str = wellknown.TRUST_DOMAIN
     reload_interval: float = 5.0
+    issuance_lifetime: dt.timedelta = LEAF_LIFETIME  # of the leaves it signs (plus clock skew)
 
 
 class IdentityServer:
@@ -95,6 +98,7 @@ class IdentityServer:
             control_ns=cfg.control_ns,
             trust_domain=cfg.trust_domain,
             clock=self._clock,
+            lifetime=cfg.issuance_lifetime,
         )
         self._grpc = grpc.aio.server(
             options=[

@@ -16,7 +16,7 @@ from meshlet.controlplane.grpcmetrics import HandledCounter
 from meshlet.controlplane.identity import csr
 from meshlet.controlplane.identity.ca import Issuer
 from meshlet.controlplane.identity.errors import CertifyError
-from meshlet.controlplane.identity.signer import issue_leaf
+from meshlet.controlplane.identity.signer import LEAF_LIFETIME, issue_leaf
 from meshlet.controlplane.identity.source import IssuerHolder
 from meshlet.controlplane.identity.tokens import TokenValidator
 
@@ -53,6 +53,7 @@ class IdentityService(identity_pb2_grpc.IdentityServicer):
         trust_domain: str = wellknown.TRUST_DOMAIN,
         clock: Clock = utcnow,
         concurrency: int = 32,
+        lifetime: dt.timedelta = LEAF_LIFETIME,
     ) -> None:
         self._holder = holder
         self._validator = validator
@@ -60,6 +61,7 @@ class IdentityService(identity_pb2_grpc.IdentityServicer):
         self._control_ns = control_ns
         self._trust_domain = trust_domain
         self._clock = clock
+        self._lifetime = lifetime
         # Signing is CPU work on the event loop: bound how much of it is in flight.
         self._slots = asyncio.Semaphore(concurrency)
 
@@ -103,7 +105,7 @@ class IdentityService(identity_pb2_grpc.IdentityServicer):
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"token proves {proven}, not the requested identity",
             )
-        leaf = issue_leaf(issuer, public_key, identity, self._clock())
+        leaf = issue_leaf(issuer, public_key, identity, self._clock(), self._lifetime)
         valid_until = Timestamp()
         valid_until.FromDatetime(leaf.not_after)
         return identity_pb2.CertifyResponse(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final
 
 import grpc
@@ -99,3 +100,22 @@ def issue_leaf(
         .sign(issuer.key, hashes.SHA256())
     )
     return Leaf(der=cert.public_bytes(serialization.Encoding.DER), not_after=not_after)
+
+
+def write_serving_files(
+    issuer: Issuer, name: str, directory: Path, now: dt.datetime, lifetime: dt.timedelta
+) -> tuple[Path, Path]:
+    """A fresh key and a leaf for `name` (a control-plane service's TLS identity), written as
+    `<name>.crt` (the leaf and the issuer chain, PEM) and `<name>.key` (mode 0600) in
+    `directory`; returns the two paths."""
+    from meshlet.controlplane.identity import ca
+
+    key = ca.new_key()
+    leaf = issue_leaf(issuer, key.public_key(), name, now, lifetime)
+    directory.mkdir(parents=True, exist_ok=True)
+    chain, key_path = directory / f"{name}.crt", directory / f"{name}.key"
+    leaf_pem = x509.load_der_x509_certificate(leaf.der).public_bytes(serialization.Encoding.PEM)
+    chain.write_bytes(leaf_pem + ca.cert_pem(*issuer.chain))
+    key_path.touch(mode=0o600)
+    key_path.write_bytes(ca.key_pem(key))
+    return chain, key_path
