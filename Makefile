@@ -12,6 +12,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
+	PYTHON=$(PYTHON) scripts/system-packages
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
@@ -33,8 +34,9 @@ proto: $(STAMP)
 proto-check: $(STAMP)
 	PYTHON=$(abspath $(BIN))/python $(PROTO_DIR)/generate.sh --check
 
+# The local mesh (as root: network namespaces and iptables; else loopback mode), until Ctrl-C.
 demo: $(STAMP)
-	$(BIN)/python -m meshlet.cli.main demo
+	$(BIN)/meshlet demo
 
 # The destination benchmark runs the fake API server from the test support in testing/.
 bench: export PYTHONPATH := $(abspath testing)

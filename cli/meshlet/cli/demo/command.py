@@ -1,0 +1,162 @@
+"""`meshlet demo` and `meshlet demo down`: the local mesh, from the command line."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from meshlet.cli.demo import drills, topology
+from meshlet.cli.demo.apps import app
+from meshlet.cli.demo.topology import Mode
+
+
+def choose_mode(requested: str) -> tuple[Mode, str]:
+    """The mode to run in, and why when it is loopback although netns was possible to ask."""
+    if requested == "loopback":
+        return Mode.LOOPBACK, "asked for"
+    problem = None
+    if os.geteuid() != 0:
+        problem = "not root"
+    elif shutil.which("ip") is None:
+        problem = "iproute2 (`ip`) is not installed"
+    elif shutil.which("iptables-legacy-restore") is None:
+        problem = "iptables is not installed"
+    else:
+        probe = topology.netns_name("probe")
+        made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+        if made.returncode != 0:
+            problem = f"network namespaces cannot be made here ({made.stderr.strip()})"
+        else:
+            subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    if problem is None:
+        return Mode.NETNS, ""
+    if requested == "netns":
+        raise click.UsageError(f"--mode netns: {problem}")
+    return Mode.LOOPBACK, problem
+
+
+@click.group(invoke_without_command=True)
+@click.option(
+    "--duration",
+    type=click.FloatRange(min=0),
+    default=0,
+    show_default=True,
+    help="Seconds to run once the load starts, then summarize and clean up (0: until Ctrl-C).",
+)
+@click.option(
+    "--rate", type=click.FloatRange(min=0.1, max=500), default=20.0, show_default=True,
+    help="Calls per second the load generator makes to web.",
+)  # fmt: skip
+@click.option(
+    "--drill", type=click.Choice(drills.DRILLS), help="A failure to stage during the run."
+)
+@click.option(
+    "--mode",
+    type=click.Choice(["auto", "netns", "loopback"]),
+    default="auto",
+    show_default=True,
+    help="netns: pods as network namespaces with iptables (needs root); loopback: pods on "
+    "127.0.77.x calling their proxies explicitly; auto: netns when possible.",
+)
+@click.option(
+    "--issuance-lifetime",
+    default=None,
+    help="Lifetime of the proxies' certificates, e.g. 24h or 20s (default 24h; 20s with "
+    "--drill restart-identity, so that renewals happen during the run).",
+)
+@click.option(
+    "--keep", is_flag=True, help="Leave the mesh running at the end; `meshlet demo down` stops it."
+)
+@click.option(
+    "--summary-json",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write the final summary, as JSON, to this file.",
+)
+@click.pass_context
+def demo(
+    ctx: click.Context,
+    duration: float,
+    rate: float,
+    drill: str | None,
+    mode: str,
+    issuance_lifetime: str | None,
+    keep: bool,
+    summary_json: Path | None,
+) -> None:
+    """Run a meshed application on this machine and watch the mesh work.
+
+    As root, every pod is a network namespace on a bridge whose TCP goes through its own
+    meshlet-proxy by iptables (meshlet-init); the control plane (destination, identity) runs
+    beside them. The application: a load generator calling web (HTTP/1.1), which calls api
+    (gRPC, three replicas, api-3 50 ms slower) and store (a server-speaks-first TCP protocol on
+    an opaque port). Every call crosses the mesh over mutual TLS; the screen shows what the
+    proxies report, refreshed every second. Everything made is removed at the end.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    from meshlet.api.durations import parse_duration
+    from meshlet.cli.demo.run import Demo, DemoError, Options
+
+    if issuance_lifetime is None:
+        issuance_lifetime = drills.SHORT_LIFETIME if drill == "restart-identity" else "24h"
+    try:
+        parse_duration(issuance_lifetime)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--issuance-lifetime") from None
+    chosen, why = choose_mode(mode)
+    console = Console()
+    if chosen is Mode.LOOPBACK:
+        console.print(
+            f"[yellow]loopback mode ({why}): no transparent interception: apps call their"
+            " proxies explicitly and the store (opaque TCP) directly; run as root for the"
+            " full mesh[/yellow]"
+        )
+    options = Options(
+        mode=chosen, duration=duration, rate=rate, drill=drill, keep=keep,
+        issuance_lifetime=issuance_lifetime, summary_json=summary_json,
+    )  # fmt: skip
+    runner = Demo(options, console)
+    try:
+        with console.status("building the mesh: CA, control plane, pods, proxies…"):
+            runner.up()
+    except DemoError as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        runner.run()
+    finally:
+        if keep:
+            runner.keep()
+        else:
+            with console.status("removing everything the demo made…"):
+                problems = runner.down()
+            for problem in problems:
+                console.print(f"[red]could not remove: {problem}[/red]")
+            if not problems:
+                console.print("removed every namespace, link, rule, file and process it made")
+
+
+@demo.command()
+def down() -> None:
+    """Stop a demo left running with --keep and remove everything it made."""
+    from meshlet.cli.demo.run import undo
+    from meshlet.cli.demo.supervisor import Record, state_root
+
+    record = Record.load(state_root())
+    if record is None:
+        click.echo("no demo is running")
+        return
+    problems = undo(record)
+    for problem in problems:
+        click.echo(f"could not remove: {problem}", err=True)
+    if problems:
+        sys.exit(1)
+    click.echo("stopped the demo and removed everything it made")
+
+
+demo.add_command(app)

@@ -1,0 +1,184 @@
+"""Failure drills: what happens when, during a demo run (`schedule`, pure), doing it (`perform`),
+and what the drill measured (`finish`), which the summary reports and the tests check.
+
+Times count from the start of the load. With a duration D the fault comes at 0.3·D and is
+repaired at 0.6·D; without one, at 10 s and 20 s.
+
+- kill-destination: the destination process is killed (SIGKILL), then started again; once every
+  proxy has opened its streams again (they reconnect with jittered backoff, up to 5 s apart),
+  api-1 is taken out of the manifests. Proxies must keep serving from their last endpoints while
+  it is down, and must see that update after it returns (api-1 then gets no new calls).
+- kill-replica: api-2's proxy and app are killed; 2 s later api-2 leaves the manifests, as the
+  endpoints controller would notice. Calls move to the other replicas; only those in flight fail.
+- restart-identity: the identity service is killed, then started again; the proxies' next
+  certificate renewal (a short issuance lifetime makes it come during the run) must succeed.
+- slow-replica: api-1 becomes 200 ms slower (SIGUSR1 to its app), later fast again (SIGUSR2):
+  the balancers move calls away from it, then back.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+import urllib.request
+from dataclasses import dataclass
+from typing import Any, Final
+
+from meshlet.api import wellknown
+from meshlet.cli.demo.stats import Scrape, traffic
+
+DRILLS: Final = ("kill-destination", "kill-replica", "restart-identity", "slow-replica")
+# The issuance lifetime restart-identity uses unless one is given: renewals come at 70 % of
+# the lifetime plus 20 s of skew, so within a run of 30 s or more.
+SHORT_LIFETIME: Final = "20s"
+SETTLE: Final = 2.0  # seconds for an update to reach every proxy before measuring after it
+RESUBSCRIBE_WITHIN: Final = 15.0  # seconds the proxies get to reopen their discovery streams
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    at: float  # seconds after the load started
+    action: str
+
+
+def schedule(drill: str | None, duration: float) -> list[Step]:
+    if drill is None:
+        return []
+    fault, repair = (0.3 * duration, 0.6 * duration) if duration else (10.0, 20.0)
+    steps = {
+        "kill-destination": [Step(fault, "kill destination"), Step(repair, "start destination")],
+        "kill-replica": [Step(fault, "kill api-2"), Step(fault + 2.0, "remove api-2"),
+                         Step(fault + SETTLE + 2.0, "mark after-kill")],
+        "restart-identity": [Step(fault, "kill identity"), Step(repair, "start identity")],
+        "slow-replica": [Step(fault, "slow api-1"), Step(fault + SETTLE, "mark slowed"),
+                         Step(repair, "mark healed"), Step(repair, "heal api-1")],
+    }[drill]  # fmt: skip
+    return sorted(steps, key=lambda step: step.at)
+
+
+def perform(step: Step, demo: Any) -> list[Step]:
+    """Does `step` to a running `run.Demo`; the steps it leads to (to come later)."""
+    sup = demo.sup
+    verb, _, what = step.action.partition(" ")
+    if verb == "kill" and what in ("destination", "identity"):
+        if what == "destination":
+            demo.checks["streams_before_kill"] = _destination_streams(demo)
+        sup.kill(what)
+        demo.checks[f"{what}_killed_at"] = time.time()
+        demo._event(f"drill: {what} killed")
+    elif verb == "start":
+        demo._start_spec(what)
+        port = {"destination": wellknown.DESTINATION_ADMIN_PORT,
+                "identity": wellknown.IDENTITY_ADMIN_PORT}[what]  # fmt: skip
+        sup.wait_ready(what, f"http://{demo.layout.control_ip}:{port}/ready", 30.0)
+        demo.checks[f"{what}_back_at"] = time.time()
+        demo._event(f"drill: {what} back")
+        if what == "destination":
+            return [Step(step.at + 0.5, "await resubscribed")]
+    elif verb == "await":  # every proxy's discovery streams open again?
+        waited = time.time() - demo.checks["destination_back_at"]
+        if _destination_streams(demo) < demo.checks["streams_before_kill"]:
+            if waited < RESUBSCRIBE_WITHIN:
+                return [Step(step.at + 0.5, step.action)]
+            demo._event(f"proxies did not all reopen their streams within {waited:.0f}s")
+        demo.checks["resubscribed_after_s"] = round(waited, 1)
+        demo._event(f"proxies resubscribed {waited:.1f}s after the destination came back")
+        # an update the proxies only see if discovery resumed
+        demo._manifests().remove("pod-api-1")
+        demo.removed.add("api-1")
+        demo.notes["api-1"] = "removed from endpoints"
+        demo._event("api-1 removed from the endpoints")
+        return [Step(step.at + SETTLE, "mark after-update")]
+    elif verb == "kill":  # a replica
+        demo.checks["failed_before_kill"] = _failed(demo)
+        for name in (f"proxy-{what}", f"app-{what}"):
+            sup.kill(name)
+        demo.notes[what] = "killed"
+        demo._event(f"drill: {what} killed")
+    elif verb == "remove":
+        demo._manifests().remove(f"pod-{what}")
+        demo.removed.add(what)
+        demo._event(f"{what} removed from the endpoints")
+    elif verb == "slow":
+        sup.signal(f"app-{what}", signal.SIGUSR1)
+        demo.notes[what] = "+200 ms (drill)"
+        demo._event(f"drill: {what} 200 ms slower")
+    elif verb == "heal":
+        sup.signal(f"app-{what}", signal.SIGUSR2)
+        demo.notes[what] = "healed"
+        demo._event(f"drill: {what} fast again")
+    elif verb == "mark":
+        demo.checks.setdefault("marks", {})[what] = {
+            "scrapes": {pod: history[-1] for pod, history in demo.scrapes.items() if history},
+            "ok_by_api": _ok_by_api(demo),
+            "failed": _failed(demo),
+        }
+    else:
+        raise ValueError(f"unknown drill step {step.action!r}")
+    return []
+
+
+def _destination_streams(demo: Any) -> float:
+    """How many Get/GetProfile streams the destination serves now (0 when unreachable)."""
+    from meshlet.cli.demo.stats import parse
+
+    url = f"http://{demo.layout.control_ip}:{wellknown.DESTINATION_ADMIN_PORT}/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            series = parse(response.read().decode())
+    except OSError:
+        return 0.0
+    return sum(v for (name, _), v in series.items() if name == "destination_streams_active")
+
+
+def finish(demo: Any) -> dict[str, Any]:
+    """What the drill measured, as plain values."""
+    checks = demo.checks
+    marks = checks.pop("marks", {})
+    drill = demo.options.drill
+    out: dict[str, Any] = {k: v for k, v in checks.items()}
+    if drill == "kill-destination" and "after-update" in marks:
+        out["api-1_calls_after_update"] = _requests_since(demo, marks["after-update"], "api-1")
+        out["api_calls_after_update"] = sum(
+            _requests_since(demo, marks["after-update"], p.name) for p in demo.layout.of("api")
+        )
+    if drill == "kill-replica":
+        out["failed_during_drill"] = _failed(demo) - checks.get("failed_before_kill", 0)
+        if "after-kill" in marks:  # the load's stats lag up to a second: count from the mark
+            before = marks["after-kill"]["ok_by_api"]
+            after = _ok_by_api(demo)
+            out["calls_after_kill"] = {p: after.get(p, 0) - before.get(p, 0) for p in after}
+    if drill == "slow-replica" and {"slowed", "healed"} <= marks.keys():
+        slowed, healed = marks["slowed"]["scrapes"], marks["healed"]["scrapes"]
+        counts = {
+            p.name: traffic(slowed[p.name], healed[p.name]).requests
+            for p in demo.layout.of("api") if p.name in slowed and p.name in healed
+        }  # fmt: skip
+        total = sum(counts.values())
+        out["api-1_share_while_slow"] = counts.get("api-1", 0) / total if total else None
+    if drill == "restart-identity":
+        back = checks.get("identity_back_at")
+        certs = demo._certificates()
+        out["renewed_after_restart"] = {
+            pod: bool(back and c["refreshed_at"] > back and c["refreshes_ok"] >= 2)
+            for pod, c in certs.items()
+        }
+    return out
+
+
+def _failed(demo: Any) -> int:
+    stats = demo._load_stats() or {}
+    return int(sum(stats.get("failed", {}).values()))
+
+
+def _ok_by_api(demo: Any) -> dict[str, int]:
+    stats = demo._load_stats() or {}
+    return dict(stats.get("by_api", {}))
+
+
+def _requests_since(demo: Any, mark: dict[str, Any], pod: str) -> float:
+    old: Scrape | None = mark["scrapes"].get(pod)
+    history = demo.scrapes.get(pod)
+    if old is None or not history:
+        return 0.0
+    return traffic(old, history[-1]).requests

@@ -1,0 +1,118 @@
+"""The demo's network in netns mode: a bridge and one namespace per pod, as iproute2 commands.
+
+`plan` and `teardown` are pure: lists of argv that `meshlet demo --dry-run` prints and `apply`
+runs. The bridge carries the host's address (what scrapes the pods' admin ports, like a node
+reaching its pods); the control plane gets a namespace of its own and no iptables rules; every
+pod namespace has a veth on the bridge, its own address, and a default route through the bridge.
+Deleting a namespace removes the veth in it and so its peer on the bridge: `teardown` deletes the
+namespaces, then the bridge, then the per-namespace /etc files `ip netns exec` mounts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from meshlet.cli.demo.topology import BRIDGE, VETH_PREFIX, Layout, hosts_file, netns_name
+
+ETC_NETNS: Final = Path("/etc/netns")
+Argv = tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """A namespace on the bridge: its name (`meshlet-web-1`), its veth on the bridge and its
+    address."""
+
+    netns: str
+    veth: str
+    ip: str
+
+
+def members(layout: Layout) -> list[Member]:
+    found = [Member(netns_name("control"), VETH_PREFIX + "control", layout.control_ip)]
+    found += [Member(netns_name(p.name), VETH_PREFIX + p.name, p.ip) for p in layout.pods]
+    return found
+
+
+def plan(layout: Layout) -> list[Argv]:
+    """The commands that build the network, in order."""
+    cmds: list[Argv] = [
+        ("ip", "link", "add", BRIDGE, "type", "bridge"),
+        ("ip", "addr", "add", f"{layout.host_ip}/{layout.prefix}", "dev", BRIDGE),
+        ("ip", "link", "set", BRIDGE, "up"),
+    ]
+    for m in members(layout):
+        cmds += [
+            ("ip", "netns", "add", m.netns),
+            ("ip", "link", "add", m.veth, "type", "veth", "peer", "name", "eth0", "netns",
+             m.netns),
+            ("ip", "link", "set", m.veth, "master", BRIDGE),
+            ("ip", "link", "set", m.veth, "up"),
+            ("ip", "-n", m.netns, "addr", "add", f"{m.ip}/{layout.prefix}", "dev", "eth0"),
+            ("ip", "-n", m.netns, "link", "set", "eth0", "up"),
+            ("ip", "-n", m.netns, "link", "set", "lo", "up"),
+            ("ip", "-n", m.netns, "route", "add", "default", "via", layout.host_ip),
+        ]  # fmt: skip
+    return cmds
+
+
+def teardown(netns: Sequence[str]) -> list[Argv]:
+    """The commands that remove what `plan` built (each may find its object already gone)."""
+    return [*(("ip", "netns", "del", ns) for ns in netns), ("ip", "link", "del", BRIDGE)]
+
+
+def write_hosts(layout: Layout) -> list[Path]:
+    """Each pod namespace's /etc/hosts (mounted by `ip netns exec`); the folders made, /etc/netns
+    itself first when it did not exist."""
+    made = [] if ETC_NETNS.exists() else [ETC_NETNS]
+    for pod in layout.pods:
+        folder = ETC_NETNS / netns_name(pod.name)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "hosts").write_text(hosts_file(layout))
+        made.append(folder)
+    return made
+
+
+class NetworkError(Exception):
+    """A command failed; the message says which and why."""
+
+
+def apply(cmds: Sequence[Argv]) -> None:
+    for argv in cmds:
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+        if result.returncode != 0:
+            raise NetworkError(f"`{' '.join(argv)}` failed: {result.stderr.strip()}")
+
+
+def undo(cmds: Sequence[Argv], folders: Sequence[Path]) -> list[str]:
+    """Runs every teardown command and removes `folders`, whatever fails; the problems."""
+    problems = []
+    for argv in cmds:
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+        gone = "Cannot find device" in result.stderr or "No such file" in result.stderr
+        if result.returncode != 0 and not gone:
+            problems.append(f"`{' '.join(argv)}`: {result.stderr.strip()}")
+    for folder in sorted(folders, key=lambda f: len(f.parts), reverse=True):  # deepest first
+        if folder == ETC_NETNS:
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only when empty: others may keep files there
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+    return problems
+
+
+def existing_netns(prefix: str) -> list[str]:
+    """The network namespaces whose name starts with `prefix`."""
+    result = subprocess.run(("ip", "netns", "list"), capture_output=True, text=True, check=False)
+    names = (line.split()[0] for line in result.stdout.splitlines() if line.strip())
+    return [name for name in names if name.startswith(prefix)]
+
+
+def link_exists(name: str) -> bool:
+    return Path("/sys/class/net", name).exists()

@@ -1,0 +1,560 @@
+"""`meshlet demo`: builds the local mesh out of this repository's commands, shows it working,
+performs a drill, and takes everything down again.
+
+Up: a CA, the control plane (`meshlet-controller identity` with a tokens file, `meshlet-controller
+destination` on a manifests folder, over TLS from the CA), then every pod: `meshlet-init`'s rules,
+`meshlet-proxy` (GID 2102, so that its own connections skip the rules), and the pod's app. A pod's
+manifest is written once its proxy holds a certificate, so it joins its service's endpoints as a
+readiness probe would let it. Running: every second each proxy's /metrics and the load
+generator's stats are read and shown. Down: processes, namespaces, links, files.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import datetime as dt
+import json
+import os
+import shutil
+import signal
+import time
+import urllib.request
+from collections import deque
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from rich.console import Console
+from rich.live import Live
+
+from meshlet.api import wellknown
+from meshlet.cli.demo import drills, network, topology
+from meshlet.cli.demo.stats import QUANTILES, Scrape, Traffic, combine, parse, row, traffic
+from meshlet.cli.demo.stats import replica_rows as make_replica_rows
+from meshlet.cli.demo.supervisor import (
+    Process,
+    Record,
+    StartError,
+    Supervisor,
+    command,
+    state_root,
+    stop_pids,
+)
+from meshlet.cli.demo.topology import Layout, Mode, Pod
+from meshlet.cli.demo.view import Client, Snapshot, render
+
+WINDOW: Final = 10.0  # seconds the live view's rates and quantiles cover
+WARMUP: Final = 5.0  # seconds of load before the summary's "after warm-up" numbers start
+READY_WITHIN: Final = 30.0
+
+
+class DemoError(Exception):
+    """The demo cannot go on; the message says why and what to do."""
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    mode: Mode
+    duration: float  # 0: until interrupted
+    rate: float
+    drill: str | None
+    keep: bool
+    issuance_lifetime: str
+    summary_json: Path | None
+    refresh: float = 1.0
+
+
+class Demo:
+    def __init__(self, options: Options, console: Console) -> None:
+        self.options = options
+        self.console = console
+        self.layout: Layout = topology.layout(options.mode)
+        root = state_root()
+        self.record = Record(
+            mode=options.mode.value, root=str(root), shm=f"/dev/shm/meshlet-demo-{os.getuid()}"
+        )
+        self.root = root
+        self.sup: Supervisor | None = None
+        self.started = time.monotonic()
+        self.load_started: float | None = None
+        self.events: list[tuple[float, str]] = []
+        self.scrapes: dict[str, deque[Scrape]] = {p.name: deque() for p in self.layout.pods}
+        self.baseline: dict[str, Scrape] = {}  # the first scrape after the warm-up
+        self.start_scrape: dict[str, Scrape] = {}  # the first scrape once the load runs
+        self.notes: dict[str, str] = {
+            topology.SLOW_REPLICA: f"+{topology.SLOW_DELAY * 1000:.0f} ms"
+        }
+        self.removed: set[str] = set()  # pods taken out of the manifests
+        self.specs: dict[str, Process] = {}  # control-plane processes, to start again
+        self.checks: dict[str, Any] = {}  # what the drill measured
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=8)
+
+    # -- bringing it up ---------------------------------------------------------------------
+
+    def up(self) -> None:
+        """Builds the mesh; DemoError (after undoing what was made) if it cannot."""
+        self._claim_root()
+        try:
+            self._build()
+        except (StartError, network.NetworkError, OSError) as exc:
+            self.down()
+            raise DemoError(str(exc)) from None
+
+    def _claim_root(self) -> None:
+        previous = Record.load(self.root)
+        if previous is not None:
+            if any(_alive(pid) for pid in previous.processes.values()):
+                raise DemoError(
+                    f"a demo is already running ({previous.mode} mode, state in {self.root});"
+                    " stop it with `meshlet demo down`"
+                )
+            undo(previous)  # what a demo that died left behind
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.record.save()
+
+    def _build(self) -> None:
+        layout, root = self.layout, self.root
+        self.sup = Supervisor(self.record)
+        self._event("building the mesh")
+        anchors_pem = self._ca()
+        (root / "tokens.yaml").write_text(topology.tokens_file(layout))
+        tokens = root / "tokens"
+        tokens.mkdir(exist_ok=True)
+        for pod in layout.pods:
+            (tokens / pod.name).write_text(pod.token)
+        manifests = self._manifests()
+        for name, objs in topology.manifests_static().items():
+            manifests.put(name, *objs)
+        if layout.mode is Mode.NETNS:
+            members = network.members(layout)
+            self.record.netns = [m.netns for m in members]
+            self.record.etc = [str(network.ETC_NETNS / m.netns) for m in members]
+            if not network.ETC_NETNS.exists():
+                self.record.etc.append(str(network.ETC_NETNS))
+            self.record.save()
+            network.apply(network.plan(layout))
+            network.write_hosts(layout)
+        self._start_control_plane()
+        self._start_pods(anchors_pem)
+        self.record.urls = {
+            **{f"proxy {p.name}": f"{layout.admin(p)}/metrics" for p in layout.pods},
+            "destination admin": f"http://{layout.control_ip}:{wellknown.DESTINATION_ADMIN_PORT}",
+            "identity admin": f"http://{layout.control_ip}:{wellknown.IDENTITY_ADMIN_PORT}",
+        }
+        self.record.save()
+
+    def _ca(self) -> str:
+        from meshlet.controlplane.identity import ca, signer
+
+        now = dt.datetime.now(dt.UTC)
+        anchor, anchor_key = ca.create_trust_anchor(now)
+        issuer_cert, issuer_key = ca.create_issuer(anchor, anchor_key, now)
+        folder = self.root / "ca"
+        (folder / "issuer").mkdir(parents=True, exist_ok=True)
+        (folder / "trust-anchors.pem").write_bytes(ca.cert_pem(anchor))
+        (folder / "issuer" / wellknown.ISSUER_CERT_KEY).write_bytes(ca.cert_pem(issuer_cert))
+        key_file = folder / "issuer" / wellknown.ISSUER_KEY_KEY
+        key_file.touch(mode=0o600)
+        key_file.write_bytes(ca.key_pem(issuer_key))
+        issuer = ca.Issuer(chain=(issuer_cert,), key=issuer_key, anchors=(anchor,))
+        signer.write_serving_files(
+            issuer, wellknown.DESTINATION_SERVICE_NAME, folder / "destination", now,
+            dt.timedelta(days=30),
+        )  # fmt: skip
+        return ca.cert_pem(anchor).decode()
+
+    def _manifests(self) -> Any:
+        from meshlet.controlplane.k8s.manifests import ManifestsFolder
+
+        folder = self.root / "manifests"
+        folder.mkdir(exist_ok=True)
+        return ManifestsFolder(folder)
+
+    def _start_control_plane(self) -> None:
+        layout, root, sup = self.layout, self.root, self.sup
+        assert sup is not None
+        netns = topology.netns_name("control") if layout.mode is Mode.NETNS else None
+        ip = layout.control_ip
+        ca = root / "ca"
+        destination_cert = ca / "destination" / f"{wellknown.DESTINATION_SERVICE_NAME}"
+        self.specs["identity"] = Process(
+            "identity",
+            [*command("meshlet-controller"), "identity",
+             "--addr", f"{ip}:{wellknown.IDENTITY_PORT}",
+             "--admin-addr", f"{ip}:{wellknown.IDENTITY_ADMIN_PORT}",
+             "--trust-anchors", str(ca / "trust-anchors.pem"), "--issuer-dir", str(ca / "issuer"),
+             "--tokens-file", str(root / "tokens.yaml"),
+             "--issuance-lifetime", self.options.issuance_lifetime],
+            {}, netns, None, sup.logs / "identity.log",
+        )  # fmt: skip
+        self.specs["destination"] = Process(
+            "destination",
+            [*command("meshlet-controller"), "destination",
+             "--addr", f"{ip}:{wellknown.DESTINATION_PORT}",
+             "--admin-addr", f"{ip}:{wellknown.DESTINATION_ADMIN_PORT}",
+             "--manifests", str(root / "manifests"),
+             "--tls-cert", f"{destination_cert}.crt", "--tls-key", f"{destination_cert}.key"],
+            {}, netns, None, sup.logs / "destination.log",
+        )  # fmt: skip
+        for name in ("identity", "destination"):
+            self._start_spec(name)
+        for name, port in (("identity", wellknown.IDENTITY_ADMIN_PORT),
+                           ("destination", wellknown.DESTINATION_ADMIN_PORT)):  # fmt: skip
+            sup.wait_ready(name, f"http://{ip}:{port}/ready", READY_WITHIN)
+        self._event("control plane up")
+
+    def _wait_destination_read(self, since: float) -> None:
+        """Until the destination has applied the Pod manifests written before `since` (Unix
+        time), so that the first calls find their endpoints: it re-reads the folder on change,
+        not at once."""
+        url = f"http://{self.layout.control_ip}:{wellknown.DESTINATION_ADMIN_PORT}/metrics"
+        deadline = time.monotonic() + READY_WITHIN
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=1) as r:
+                series = parse(r.read().decode())
+                applied = _value(series, "destination_source_last_event_timestamp_seconds",
+                                 kind="Pod")  # fmt: skip
+                if applied >= since:
+                    return
+            time.sleep(0.05)
+        raise StartError(f"the destination did not read the pods within {READY_WITHIN:g}s")
+
+    def _start_spec(self, name: str) -> None:
+        assert self.sup is not None
+        spec = self.specs[name]
+        self.sup.start(name, spec.argv, env=spec.env, netns=spec.netns, gid=spec.gid)
+
+    def _start_pods(self, anchors_pem: str) -> None:
+        layout, sup, root = self.layout, self.sup, self.root
+        assert sup is not None
+        netns_mode = layout.mode is Mode.NETNS
+        if netns_mode:  # each pod's rules, all at once
+            inits = list(self._pool.map(
+                lambda pod: sup.run_once(
+                    f"init-{pod.name}",
+                    [*command("meshlet-init"), "--proxy-gid", str(wellknown.PROXY_GID)],
+                    netns=topology.netns_name(pod.name),
+                ),
+                layout.pods,
+            ))  # fmt: skip
+            assert len(inits) == len(layout.pods)
+        shm = Path(self.record.shm)
+        shm.mkdir(mode=0o700, exist_ok=True)
+        stats = root / "load-stats.json"
+        for pod in layout.pods:
+            identity_dir = shm / pod.name
+            identity_dir.mkdir(mode=0o700, exist_ok=True)
+            env = topology.proxy_env(
+                layout, pod, token_file=str(root / "tokens" / pod.name),
+                identity_dir=str(identity_dir), anchors_pem=anchors_pem,
+            )  # fmt: skip
+            netns = topology.netns_name(pod.name) if netns_mode else None
+            gid = wellknown.PROXY_GID if netns_mode else None
+            sup.start(f"proxy-{pod.name}", command("meshlet-proxy"), env=env, netns=netns, gid=gid)
+            if pod.app != "load":
+                argv = topology.app_argv(layout, pod, rate=self.options.rate,
+                                         stats_file=str(stats))  # fmt: skip
+                app_env = {"GRPC_DNS_RESOLVER": "native"}
+                sup.start(f"app-{pod.name}", [*command("meshlet"), *argv], env=app_env,
+                          netns=netns)  # fmt: skip
+        manifests = self._manifests()
+        for pod in layout.pods:
+            sup.wait_ready(f"proxy-{pod.name}", f"{layout.admin(pod)}/ready", READY_WITHIN)
+            manifests.put(f"pod-{pod.name}", topology.pod_manifest(pod))
+        self._event("pods up: every proxy holds a certificate")
+        self._wait_destination_read(time.time())
+        load = layout.of("load")[0]
+        argv = topology.app_argv(layout, load, rate=self.options.rate, stats_file=str(stats))
+        sup.start(f"app-{load.name}", [*command("meshlet"), *argv],
+                  netns=topology.netns_name(load.name) if netns_mode else None)  # fmt: skip
+        self.load_started = time.monotonic()
+        self._event(f"load started: {self.options.rate:g} calls/s to web")
+
+    # -- running ----------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        """Shows the mesh until the duration passes or the user interrupts; the summary."""
+        schedule = drills.schedule(self.options.drill, self.options.duration)
+        options = self.options
+        deadline = time.monotonic() + options.duration if options.duration else None
+        next_tick = time.monotonic()
+        live = Live(console=self.console, refresh_per_second=4, transient=True,
+                    redirect_stdout=False, auto_refresh=False)  # fmt: skip
+        with live, _interrupts():
+            try:
+                while deadline is None or time.monotonic() < deadline:
+                    now = time.monotonic()
+                    while schedule and self._since_load(now) >= schedule[0].at:
+                        schedule += drills.perform(schedule.pop(0), self)
+                        schedule.sort(key=lambda step: step.at)
+                    self._scrape_all()
+                    self._watch_processes()
+                    live.update(render(self._snapshot(window=True)), refresh=True)
+                    next_tick += options.refresh
+                    time.sleep(max(0.0, next_tick - time.monotonic()))
+            except KeyboardInterrupt:
+                self._event("interrupted")
+        self._scrape_all()
+        self.checks = drills.finish(self)
+        summary = self._summary()
+        self.console.print(render(self._snapshot(window=False), caption=summary["caption"]))
+        if options.summary_json is not None:
+            options.summary_json.write_text(json.dumps(summary, indent=1))
+        return summary
+
+    def _since_load(self, now: float) -> float:
+        return now - self.load_started if self.load_started is not None else 0.0
+
+    def _event(self, what: str) -> None:
+        self.events.append((time.monotonic() - self.started, what))
+
+    def _scrape_all(self) -> None:
+        def one(pod: Pod) -> tuple[Pod, Scrape | None]:
+            try:
+                with urllib.request.urlopen(f"{self.layout.admin(pod)}/metrics", timeout=0.8) as r:
+                    text = r.read().decode()
+            except OSError:
+                return pod, None
+            return pod, Scrape(pod.name, time.monotonic(), parse(text))
+
+        load_age = self._since_load(time.monotonic())
+        for pod, scrape in self._pool.map(one, self.layout.pods):
+            if scrape is None:
+                continue
+            history = self.scrapes[pod.name]
+            history.append(scrape)
+            while history and history[0].at < scrape.at - WINDOW - 1:
+                history.popleft()
+            if self.load_started is not None:
+                self.start_scrape.setdefault(pod.name, scrape)
+                if load_age >= WARMUP:
+                    self.baseline.setdefault(pod.name, scrape)
+
+    def _watch_processes(self) -> None:
+        assert self.sup is not None
+        for proc in self.sup.died():
+            if proc.name not in self.notes.values():
+                self._event(f"{proc.name} exited ({proc.popen.returncode if proc.popen else '?'})")
+                self.notes[proc.name] = "exited"
+                self.sup.processes.pop(proc.name, None)
+
+    # -- what is shown ----------------------------------------------------------------------
+
+    def _traffic(self, window: bool) -> dict[str, Traffic]:
+        out = {}
+        for pod in self.layout.pods:
+            history = self.scrapes[pod.name]
+            if not history:
+                continue
+            new = history[-1]
+            old: Scrape | None
+            if window:
+                old = next((s for s in history if s.at >= new.at - WINDOW), history[0])
+                if old is new and len(history) > 1:
+                    old = history[-2]
+            else:
+                old = self.start_scrape.get(pod.name)
+            out[pod.name] = traffic(old if old is not new else None, new)
+        return out
+
+    def _snapshot(self, window: bool) -> Snapshot:
+        layout = self.layout
+        by_pod = self._traffic(window)
+        rows = []
+        for workload in ("web", "api", "store"):
+            pods = layout.of(workload)
+            ready = sum(1 for p in pods if p.name in by_pod and p.name not in self.removed)
+            total = combine(by_pod[p.name] for p in pods if p.name in by_pod)
+            rows.append(row(workload, f"{ready}/{len(pods)}", total))
+        replicas = make_replica_rows(by_pod, [p.name for p in layout.of("api")])
+        control = [(name, "up" if self.sup and self.sup.alive(name) else "down")
+                   for name in ("destination", "identity")]  # fmt: skip
+        mode = "network namespaces + iptables" if layout.mode is Mode.NETNS else "loopback"
+        drill = f" · drill: {self.options.drill}" if self.options.drill else ""
+        footer = "Ctrl-C stops the demo and removes everything it made"
+        if layout.mode is Mode.LOOPBACK:
+            footer = (
+                "loopback mode: apps call their proxy explicitly and the store directly;"
+                " transparent interception needs root and network namespaces. " + footer
+            )
+        return Snapshot(
+            title=f"meshlet demo · {mode}{drill} · {self.options.rate:g} calls/s",
+            elapsed=time.monotonic() - self.started, workloads=rows, replicas=replicas,
+            replica_notes=self.notes, client=self._client(), control=control,
+            events=self.events, footer=footer if window else "",
+        )  # fmt: skip
+
+    def _client(self) -> Client | None:
+        stats = self._load_stats()
+        if stats is None:
+            return None
+        from meshlet.cli.demo.stats import quantile
+
+        bounds = [*(float(b) for b in stats["latency_buckets_ms"]), float("inf")]
+        cumulative, running = {}, 0.0
+        for bound, count in zip(bounds, stats["latency"], strict=True):
+            running += count
+            cumulative[bound] = running
+        return Client(
+            sent=stats["sent"], ok=stats["ok"], failed=stats["failed"], dropped=stats["dropped"],
+            quantiles=tuple(quantile(q, cumulative) for q in QUANTILES),
+            store_first_byte_max_ms=stats["store_first_byte_max_ms"],
+        )  # fmt: skip
+
+    def _load_stats(self) -> dict[str, Any] | None:
+        try:
+            data: dict[str, Any] = json.loads((self.root / "load-stats.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return data
+
+    def _summary(self) -> dict[str, Any]:
+        layout = self.layout
+        whole = self._traffic(window=False)
+        after: dict[str, Traffic] = {}
+        for pod in layout.pods:
+            history = self.scrapes[pod.name]
+            if history and pod.name in self.baseline and history[-1] is not self.baseline[pod.name]:
+                after[pod.name] = traffic(self.baseline[pod.name], history[-1])
+        api_pods = [p.name for p in layout.of("api")]
+        meshed = combine(whole[p.name] for p in layout.pods if p.name in whole)
+        handled = meshed.requests + meshed.connections
+        stats = self._load_stats() or {}
+        failed = sum(stats.get("failed", {}).values())
+        done = stats.get("ok", 0) + failed
+        summary: dict[str, Any] = {
+            "mode": layout.mode.value,
+            "seconds": round(time.monotonic() - self.started, 1),
+            "load_seconds": round(self._since_load(time.monotonic()), 1),
+            "rate": self.options.rate,
+            "drill": self.options.drill,
+            "client": {
+                "sent": stats.get("sent", 0),
+                "ok": stats.get("ok", 0),
+                "failed": failed,
+                "failures": stats.get("failed", {}),
+                "dropped": stats.get("dropped", 0),
+                "success_rate": stats.get("ok", 0) / done if done else None,
+                "by_api": stats.get("by_api", {}),
+                "store_first_byte_max_ms": stats.get("store_first_byte_max_ms"),
+            },
+            "workloads": {
+                w: asdict(
+                    row(w, "", combine(whole[p.name] for p in layout.of(w) if p.name in whole))
+                )
+                for w in ("web", "api", "store")
+            },
+            "replicas": {
+                r.name: {"requests": r.requests, "share": r.share}
+                for r in make_replica_rows(whole, api_pods)
+            },
+            "replicas_after_warmup": {
+                r.name: {"requests": r.requests, "share": r.share}
+                for r in make_replica_rows(after, api_pods)
+            },
+            "slow_replica": topology.SLOW_REPLICA,
+            "mtls_share": (meshed.mtls_requests + meshed.mtls_connections) / handled
+            if handled
+            else None,
+            "events": [(round(t, 1), what) for t, what in self.events],
+            "checks": self.checks,
+            "certificates": self._certificates(),
+        }
+        share = summary["replicas_after_warmup"].get(topology.SLOW_REPLICA, {}).get("share")
+        rate = summary["client"]["success_rate"]
+        mtls = summary["mtls_share"]
+        summary["caption"] = (
+            f"whole run ({summary['load_seconds']:.0f} s of load); client success "
+            f"{'-' if rate is None else f'{rate * 100:.2f}%'}; slow replica "
+            f"{topology.SLOW_REPLICA} got "
+            f"{'-' if share is None else f'{share * 100:.1f}%'} of api calls after a "
+            f"{WARMUP:g} s warm-up; mTLS share "
+            f"{'-' if mtls is None else f'{mtls * 100:.1f}%'}"
+        )
+        return summary
+
+    def _certificates(self) -> dict[str, dict[str, float]]:
+        out = {}
+        for pod in self.layout.pods:
+            history = self.scrapes[pod.name]
+            if not history:
+                continue
+            series = history[-1].series
+            out[pod.name] = {
+                "refreshed_at": _value(series, "identity_cert_refresh_timestamp_seconds"),
+                "expires_at": _value(series, "identity_cert_expiration_timestamp_seconds"),
+                "refreshes_ok": _value(series, "identity_cert_refresh_total", result="ok"),
+                "refreshes_failed": sum(
+                    v for (n, labels), v in series.items()
+                    if n == "identity_cert_refresh_total" and ("result", "ok") not in labels
+                ),
+            }  # fmt: skip
+        return out
+
+    # -- taking it down ---------------------------------------------------------------------
+
+    def keep(self) -> None:
+        """Leaves the mesh running; tells the user how to reach it and stop it."""
+        self._pool.shutdown(wait=False)
+        self.record.save()
+        console = self.console
+        console.print("[bold]The mesh keeps running.[/bold]")
+        if self.layout.mode is Mode.NETNS:
+            web = self.layout.of("web")[0]
+            console.print(f"  a shell in a pod:   ip netns exec {topology.netns_name(web.name)} "
+                          "bash")  # fmt: skip
+            console.print(f"  call web by name:   ip netns exec "
+                          f"{topology.netns_name('load-1')} curl -s http://web.demo/")  # fmt: skip
+        for name, url in self.record.urls.items():
+            console.print(f"  {name}: {url}")
+        console.print(f"  logs: {self.root / 'logs'}")
+        console.print("  stop it and remove everything: meshlet demo down")
+
+    def down(self) -> list[str]:
+        """Stops every process and removes what the demo made; problems left, if any."""
+        self._pool.shutdown(wait=False)
+        if self.sup is not None:
+            self.sup.stop_all()
+        return undo(self.record)
+
+
+def _value(series: dict[Any, float], name: str, **labels: str) -> float:
+    want = set(labels.items())
+    return sum(v for (n, ls), v in series.items() if n == name and want <= ls)
+
+
+def undo(record: Record) -> list[str]:
+    """Stops a demo's processes and removes its namespaces, links and files (also those of a
+    demo in another process, or one that died); the problems met."""
+    stop_pids([pid for pid in record.processes.values() if _alive(pid)], grace=5.0)
+    problems = []
+    if record.netns or network.link_exists(topology.BRIDGE):
+        problems += network.undo(network.teardown(record.netns), [Path(p) for p in record.etc])
+    shutil.rmtree(record.shm, ignore_errors=True)
+    shutil.rmtree(record.root, ignore_errors=True)
+    return problems
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs one of the demo's commands (not a process that took over the pid)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except OSError:
+        return False
+    return b"meshlet" in cmdline and state != "Z"
+
+
+@contextlib.contextmanager
+def _interrupts() -> Any:
+    """SIGTERM ends the demo as Ctrl-C does."""
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

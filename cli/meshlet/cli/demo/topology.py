@@ -1,0 +1,254 @@
+"""The demo's cluster as data (pure): its pods, addresses, services, manifests and the environment
+of every process it starts.
+
+Two layouts. In **netns** mode every pod is a network namespace on a bridge with its own IP, and
+apps call each other by service name: each pod's /etc/hosts (`ip netns exec` mounts
+/etc/netns/<ns>/hosts over it) maps the names to the services' cluster IPs, which exist nowhere:
+the pod's iptables rules send the connection to its proxy, which finds the service from the
+original destination, as in a cluster where kube-proxy never sees meshed traffic. Cluster IPs
+rather than pod IPs in /etc/hosts because that is what makes the proxy's discovery and balancing
+visible: the app names one address, the proxy picks a replica per request.
+
+In **loopback** mode (no root, or no network namespaces) pods are addresses on 127.0.0.0/8 and
+apps send their calls to their own proxy's outbound listener with the service name as authority;
+nothing intercepts traffic, so the store (opaque TCP, which carries no authority) is called
+directly, outside the mesh.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass
+from typing import Any, Final
+
+from meshlet.api import wellknown
+from meshlet.controlplane.k8s import objects
+
+NAMESPACE: Final = "demo"
+CLUSTER_DOMAIN: Final = wellknown.CLUSTER_DOMAIN
+API_PORT: Final = 9090
+WEB_PORT: Final = 8080
+WEB_SERVICE_PORT: Final = 80
+STORE_PORT: Final = 7000  # opaque by the pods' annotation: the store speaks first
+API_METHOD: Final = "/demo.Api/Quote"
+SLOW_REPLICA: Final = "api-3"
+SLOW_DELAY: Final = 0.05  # seconds the slow replica adds to every call
+BRIDGE: Final = "meshlet0"
+NETNS_PREFIX: Final = "meshlet-"
+VETH_PREFIX: Final = "mlv-"
+
+
+class Mode(enum.Enum):
+    NETNS = "netns"
+    LOOPBACK = "loopback"
+
+
+@dataclass(frozen=True, slots=True)
+class Service:
+    name: str
+    cluster_ip: str
+    port: int
+    target_port: int
+    opaque: bool = False
+
+    @property
+    def fqdn(self) -> str:
+        return f"{self.name}.{NAMESPACE}.svc.{CLUSTER_DOMAIN}"
+
+    @property
+    def authority(self) -> str:
+        return f"{self.fqdn}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class Pod:
+    name: str  # api-1
+    workload: str  # api: its Deployment, ServiceAccount and app label
+    ip: str
+    app: str  # which demo app runs in it: web, api, store, load
+
+    @property
+    def identity(self) -> str:
+        return wellknown.identity_name(self.workload, NAMESPACE)
+
+    @property
+    def token(self) -> str:
+        return f"token-{self.name}"
+
+
+SERVICES: Final = (
+    Service("web", "10.96.77.10", WEB_SERVICE_PORT, WEB_PORT),
+    Service("api", "10.96.77.11", API_PORT, API_PORT),
+    Service("store", "10.96.77.12", STORE_PORT, STORE_PORT, opaque=True),
+)
+_PODS: Final = (  # (name, workload, host part of the address)
+    ("web-1", "web", 10),
+    ("api-1", "api", 21),
+    ("api-2", "api", 22),
+    ("api-3", "api", 23),
+    ("store-1", "store", 30),
+    ("load-1", "load", 40),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    mode: Mode
+    pods: tuple[Pod, ...]
+    control_ip: str  # where destination and identity listen
+    host_ip: str  # the bridge's address in netns mode (what scrapes the pods), else control_ip
+    prefix: int  # the pods' subnet length
+
+    def pod(self, name: str) -> Pod:
+        return next(pod for pod in self.pods if pod.name == name)
+
+    def of(self, workload: str) -> tuple[Pod, ...]:
+        return tuple(pod for pod in self.pods if pod.workload == workload)
+
+    @property
+    def destination(self) -> tuple[str, int]:
+        return self.control_ip, wellknown.DESTINATION_PORT
+
+    @property
+    def identity(self) -> tuple[str, int]:
+        return self.control_ip, wellknown.IDENTITY_PORT
+
+    def admin(self, pod: Pod) -> str:
+        return f"http://{pod.ip}:{wellknown.PROXY_ADMIN_PORT}"
+
+
+def layout(mode: Mode) -> Layout:
+    if mode is Mode.NETNS:
+        pods = tuple(Pod(n, w, f"10.77.1.{host}", w) for n, w, host in _PODS)
+        return Layout(mode, pods, control_ip="10.77.0.2", host_ip="10.77.0.1", prefix=16)
+    pods = tuple(Pod(n, w, f"127.0.77.{host}", w) for n, w, host in _PODS)
+    return Layout(mode, pods, control_ip="127.0.77.1", host_ip="127.0.77.1", prefix=8)
+
+
+def service(name: str) -> Service:
+    return next(s for s in SERVICES if s.name == name)
+
+
+def netns_name(name: str) -> str:
+    """`web-1` → `meshlet-web-1`; `control` for the control plane's namespace."""
+    return NETNS_PREFIX + name
+
+
+def hosts_file(layout: Layout) -> str:
+    """A pod's /etc/hosts in netns mode: the services' names resolve to their cluster IPs."""
+    lines = ["127.0.0.1 localhost"]
+    for svc in SERVICES:
+        lines.append(f"{svc.cluster_ip} {svc.fqdn} {svc.name}.{NAMESPACE} {svc.name}")
+    return "\n".join(lines) + "\n"
+
+
+# -- manifests: what the destination service reads -----------------------------------------
+
+
+def manifests_static() -> dict[str, list[dict[str, Any]]]:
+    """The Services and the api ServiceProfile (file name → objects)."""
+    files: dict[str, list[dict[str, Any]]] = {}
+    for svc in SERVICES:
+        annotations = {wellknown.OPAQUE_PORTS_ANNOTATION: str(svc.port)} if svc.opaque else {}
+        files[f"service-{svc.name}"] = [
+            objects.service(
+                svc.name, NAMESPACE, ports=[(f"{svc.name}", svc.port, svc.target_port)],
+                cluster_ip=svc.cluster_ip, annotations=annotations,
+            )
+        ]  # fmt: skip
+    files["profile-api"] = [
+        objects.profile(
+            "api",
+            {
+                "routes": [
+                    {
+                        "name": f"POST {API_METHOD}",
+                        "condition": {"method": "POST", "pathRegex": API_METHOD},
+                        "isRetryable": True,
+                        "timeout": "1s",
+                    }
+                ],
+                "retryBudget": {"retryRatio": 0.2, "minRetriesPerSecond": 10, "ttl": "10s"},
+            },
+            NAMESPACE,
+        )
+    ]
+    return files
+
+
+def pod_manifest(pod: Pod) -> dict[str, Any]:
+    """The Pod as the API server would report it once running and ready (written when its
+    proxy is ready, so that it joins its service's endpoints then, as a readiness probe does)."""
+    annotations = {}
+    if pod.workload == "store":
+        annotations[wellknown.OPAQUE_PORTS_ANNOTATION] = str(STORE_PORT)
+    return objects.pod(
+        pod.name, pod.ip, NAMESPACE, app=pod.workload, sa=pod.workload,
+        annotations=annotations, owner=("ReplicaSet", f"{pod.workload}-demo"),
+    )  # fmt: skip
+
+
+def tokens_file(layout: Layout) -> str:
+    """The identity service's tokens file: each pod's token names its ServiceAccount."""
+    return "".join(
+        f"{pod.token}: {{namespace: {NAMESPACE}, serviceaccount: {pod.workload}}}\n"
+        for pod in layout.pods
+    )
+
+
+# -- the environment of each process ----------------------------------------------------------
+
+
+def proxy_env(
+    layout: Layout, pod: Pod, *, token_file: str, identity_dir: str, anchors_pem: str
+) -> dict[str, str]:
+    """Everything `meshlet-proxy` reads, as the injector would write it for this pod."""
+    p = wellknown.PROXY_ENV_PREFIX
+    netns = layout.mode is Mode.NETNS
+    bind = "0.0.0.0" if netns else pod.ip
+    opaque = set(wellknown.DEFAULT_OPAQUE_PORTS)
+    if pod.workload == "store":
+        opaque.add(STORE_PORT)
+    context = {"ns": NAMESPACE, "nodeName": "local", "pod": pod.name}
+    return {
+        f"{p}INBOUND_LISTEN_ADDR": f"{bind}:{wellknown.PROXY_INBOUND_PORT}",
+        f"{p}OUTBOUND_LISTEN_ADDR": f"{'127.0.0.1' if netns else pod.ip}:"
+        f"{wellknown.PROXY_OUTBOUND_PORT}",
+        f"{p}ADMIN_LISTEN_ADDR": f"{bind}:{wellknown.PROXY_ADMIN_PORT}",
+        f"{p}CONTROL_LISTEN_ADDR": f"{bind}:{wellknown.PROXY_CONTROL_PORT}",
+        f"{p}DESTINATION_SVC_ADDR": "{}:{}".format(*layout.destination),
+        f"{p}DESTINATION_SVC_NAME": wellknown.DESTINATION_SERVICE_NAME,
+        f"{p}DESTINATION_CONTEXT": json.dumps(context, separators=(",", ":")),
+        f"{p}IDENTITY_SVC_ADDR": "{}:{}".format(*layout.identity),
+        f"{p}IDENTITY_SVC_NAME": wellknown.IDENTITY_SERVICE_NAME,
+        f"{p}IDENTITY_LOCAL_NAME": pod.identity,
+        f"{p}IDENTITY_TOKEN_FILE": token_file,
+        f"{p}IDENTITY_TRUST_ANCHORS": anchors_pem,
+        f"{p}IDENTITY_DIR": identity_dir,
+        f"{p}INBOUND_PORTS_DISABLE_PROTOCOL_DETECTION": ",".join(map(str, sorted(opaque))),
+        f"{p}SHUTDOWN_GRACE_PERIOD": "2s",
+        f"{p}LOG": "info",
+    }
+
+
+def app_argv(layout: Layout, pod: Pod, *, rate: float, stats_file: str) -> list[str]:
+    """`meshlet demo app …` for the pod's app (after the `meshlet` command itself)."""
+    netns = layout.mode is Mode.NETNS
+    listen_ip = "0.0.0.0" if netns else pod.ip
+    via = [] if netns else ["--via-proxy", f"{pod.ip}:{wellknown.PROXY_OUTBOUND_PORT}"]
+    web, api, store = service("web"), service("api"), service("store")
+    if pod.app == "api":
+        delay = SLOW_DELAY if pod.name == SLOW_REPLICA else 0.0
+        return ["demo", "app", "api", "--listen", f"{listen_ip}:{API_PORT}", "--pod", pod.name,
+                "--delay", str(delay)]  # fmt: skip
+    if pod.app == "store":
+        return ["demo", "app", "store", "--listen", f"{listen_ip}:{STORE_PORT}",
+                "--pod", pod.name]  # fmt: skip
+    if pod.app == "web":
+        # Loopback: the store is opaque TCP, which only iptables can send through the proxy.
+        store_addr = store.authority if netns else f"{layout.of('store')[0].ip}:{STORE_PORT}"
+        return ["demo", "app", "web", "--listen", f"{listen_ip}:{WEB_PORT}", "--pod", pod.name,
+                "--api", api.authority, "--store", store_addr, *via]  # fmt: skip
+    return ["demo", "app", "load", "--target", web.authority, "--rate", str(rate),
+            "--stats", stats_file, *via]  # fmt: skip

@@ -1,0 +1,178 @@
+"""`meshlet demo` as a user runs it: the real command, real namespaces, iptables, processes.
+
+Each test runs the demo for a while (with a drill or not), reads its summary (`--summary-json`,
+the numbers the screen shows) and checks that nothing it made is left on the machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from meshlet.cli.demo import topology
+
+
+@dataclass(frozen=True)
+class MachineState:
+    """What the demo could leave behind."""
+
+    netns: frozenset[str]
+    links: frozenset[str]
+    iptables: str
+    etc_netns: bool
+    files: frozenset[str]
+    processes: frozenset[int]
+
+    @classmethod
+    def read(cls) -> MachineState:
+        def out(*argv: str) -> str:
+            return subprocess.run(argv, capture_output=True, text=True, check=False).stdout
+
+        files = {str(p) for p in Path("/dev/shm").glob("meshlet-demo*")}
+        files |= {str(p) for p in (Path("/run/meshlet-demo"),) if p.exists()}
+        return cls(
+            netns=frozenset(line.split()[0] for line in out("ip", "netns", "list").splitlines()),
+            links=frozenset(p.name for p in Path("/sys/class/net").iterdir()),
+            iptables=out("iptables-legacy-save") + out("iptables-nft-save"),
+            etc_netns=Path("/etc/netns").exists(),
+            files=frozenset(files),
+            processes=frozenset(_meshlet_processes()),
+        )  # fmt: skip
+
+
+def _meshlet_processes() -> set[int]:
+    found = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"meshlet" in cmdline and int(proc.name) != os.getpid():
+            found.add(int(proc.name))
+    return found
+
+
+def _counters(iptables_save: str) -> str:
+    """iptables-save output without its packet counters and timestamps."""
+    lines = []
+    for line in iptables_save.splitlines():
+        if line.startswith("#"):
+            continue
+        if line.startswith(":"):
+            line = line.split(" [", 1)[0]
+        lines.append(line)
+    return "\n".join(lines)
+
+
+@pytest.fixture
+def run_demo(netns_available: None, tmp_path: Path) -> Iterator[Any]:
+    before = MachineState.read()
+
+    def run(*args: str, duration: float) -> dict[str, Any]:
+        summary = tmp_path / "summary.json"
+        result = subprocess.run(
+            [sys.executable, "-m", "meshlet.cli.main", "demo", "--mode", "netns",
+             "--duration", str(duration), "--summary-json", str(summary), *args],
+            capture_output=True, text=True, timeout=duration + 90, check=False,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        assert "removed every namespace, link, rule, file and process it made" in result.stdout
+        data: dict[str, Any] = json.loads(summary.read_text())
+        return data
+
+    yield run
+    after = MachineState.read()
+    assert after.netns == before.netns
+    assert after.links == before.links
+    assert _counters(after.iptables) == _counters(before.iptables)
+    assert after.etc_netns == before.etc_netns
+    assert after.files == before.files
+    assert after.processes <= before.processes, after.processes - before.processes
+
+
+@pytest.mark.netns
+def test_the_demo_runs_a_meshed_application_and_leaves_nothing(run_demo: Any) -> None:
+    summary = run_demo(duration=20)
+    client = summary["client"]
+    assert client["failed"] == 0 and client["dropped"] == 0, client
+    assert client["ok"] >= 20 * 20 * 0.9  # 20 calls/s for 20 s, give or take the last ones
+    assert client["success_rate"] == 1.0
+    after_warmup = summary["replicas_after_warmup"]
+    slow = after_warmup[topology.SLOW_REPLICA]["share"]
+    assert slow is not None and slow < 0.10, after_warmup
+    assert summary["mtls_share"] == 1.0
+    for name in ("web", "api", "store"):
+        workload = summary["workloads"][name]
+        assert workload["mtls"] == 1.0, (name, workload)
+    assert summary["workloads"]["web"]["peers"] == [topology.layout(topology.Mode.NETNS)
+                                                    .pod("load-1").identity]  # fmt: skip
+    assert summary["workloads"]["store"]["connections_per_s"] > 10  # opaque TCP, meshed too
+    assert client["store_first_byte_max_ms"] < 100  # opaque port: no detection wait
+
+
+@pytest.mark.netns
+def test_kill_destination_costs_no_call_and_updates_resume(run_demo: Any) -> None:
+    summary = run_demo("--drill", "kill-destination", duration=20)
+    checks = summary["checks"]
+    assert summary["client"]["failed"] == 0, summary["client"]
+    assert checks["destination_back_at"] > checks["destination_killed_at"]
+    assert checks["resubscribed_after_s"] < 10  # every stream reopened (jittered backoff)
+    # once back, it took api-1 out of the endpoints: the proxies saw that update
+    assert checks["api-1_calls_after_update"] == 0, checks
+    assert checks["api_calls_after_update"] > 0
+
+
+@pytest.mark.netns
+def test_kill_replica_moves_the_traffic_and_fails_only_calls_in_flight(run_demo: Any) -> None:
+    summary = run_demo("--drill", "kill-replica", duration=16)
+    checks = summary["checks"]
+    assert checks["failed_during_drill"] <= 3, summary["client"]
+    calls = checks["calls_after_kill"]  # from 3 s after it left the endpoints to the end
+    assert calls.get("api-2", 0) == 0
+    assert calls.get("api-1", 0) + calls.get("api-3", 0) > 30
+
+
+@pytest.mark.netns
+def test_restart_identity_then_the_next_renewal_succeeds(run_demo: Any) -> None:
+    summary = run_demo("--drill", "restart-identity", "--issuance-lifetime", "20s", duration=30)
+    renewed = summary["checks"]["renewed_after_restart"]
+    assert renewed and all(renewed.values()), (renewed, summary["certificates"])
+    assert summary["client"]["failed"] == 0
+
+
+@pytest.mark.netns
+def test_slow_replica_loses_its_traffic_while_slow(run_demo: Any) -> None:
+    summary = run_demo("--drill", "slow-replica", duration=20)
+    share = summary["checks"]["api-1_share_while_slow"]
+    assert share is not None and share < 0.15, summary["checks"]
+    assert summary["client"]["failed"] == 0
+
+
+def test_loopback_mode_runs_the_same_application_without_root_powers(tmp_path: Path) -> None:
+    """Pods on 127.0.77.x, apps calling their proxies explicitly: no namespace, no rule."""
+    summary_file = tmp_path / "summary.json"
+    before = MachineState.read()
+    result = subprocess.run(
+        [sys.executable, "-m", "meshlet.cli.main", "demo", "--mode", "loopback",
+         "--duration", "8", "--summary-json", str(summary_file)],
+        capture_output=True, text=True, timeout=90, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "loopback mode" in result.stdout and "transparent interception" in result.stdout
+    summary = json.loads(summary_file.read_text())
+    assert summary["mode"] == "loopback"
+    assert summary["client"]["failed"] == 0 and summary["client"]["ok"] > 100
+    for name in ("web", "api"):  # the store is called directly in this mode
+        assert summary["workloads"][name]["mtls"] == 1.0
+    after = MachineState.read()
+    assert after.files == before.files and after.netns == before.netns
+    assert after.processes <= before.processes

@@ -1,0 +1,96 @@
+"""Reading the proxies' metrics: rates, success, quantiles and mTLS from real proxy metrics."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from prometheus_client import generate_latest
+
+from meshlet.cli.demo.stats import Scrape, combine, parse, quantile, replica_rows, row, traffic
+from meshlet.proxy.metrics import ProxyMetrics
+
+CLIENT = "web.demo.serviceaccount.identity.meshlet.cluster.local"
+
+
+def serve(metrics: ProxyMetrics, status: int, ms: float, *, tls: bool = True) -> None:
+    """One inbound response, recorded as the proxy's HTTP engines record it."""
+    labels = metrics.conn("inbound", "10.77.1.21:9090", tls="true" if tls else "no_identity",
+                          client_id=CLIENT if tls else "")  # fmt: skip
+    values = (*labels.values(), "api", str(status), "", "success" if status < 500 else "failure")
+    metrics.response_total.labels(*values).inc()
+    metrics.response_latency_ms.labels(*values).observe(ms)
+
+
+def scrape(metrics: ProxyMetrics, at: float) -> Scrape:
+    return Scrape("api-1", at, parse(generate_latest(metrics.registry).decode()))
+
+
+def test_a_window_counts_only_what_happened_in_it() -> None:
+    metrics = ProxyMetrics()
+    for _ in range(10):
+        serve(metrics, 200, 3)
+    before = scrape(metrics, 100.0)
+    for ms in (1, 2, 3, 4, 40):
+        serve(metrics, 200, ms)
+    serve(metrics, 503, 1)
+    serve(metrics, 200, 2, tls=False)
+    after = scrape(metrics, 102.0)
+    t = traffic(before, after)
+    assert t.requests == 7 and t.successes == 6
+    assert t.mtls_requests == 6
+    assert t.peers == {CLIENT: 6}
+    r = row("api", "3/3", t)
+    assert r.rps == pytest.approx(3.5)
+    assert r.success == pytest.approx(6 / 7)
+    assert r.mtls == pytest.approx(6 / 7)
+    assert r.peers == (CLIENT,)
+    p50, _, p99 = r.quantiles
+    assert p50 is not None and 1 < p50 <= 3
+    assert p99 is not None and 30 < p99 <= 50
+
+
+def test_tcp_only_workloads_report_connections_and_their_mtls() -> None:
+    metrics = ProxyMetrics()
+    labels = metrics.conn("inbound", "10.77.1.30:7000", tls="true", client_id=CLIENT)
+    for _ in range(4):
+        metrics.tcp_open_total.labels(*labels.values()).inc()
+    t = traffic(None, scrape(metrics, 1.0))
+    r = row("store", "1/1", t)
+    assert r.requests == 0 and r.success is None
+    assert r.mtls == 1.0 and r.peers == (CLIENT,)
+
+
+def test_replica_shares_add_up() -> None:
+    a, b = ProxyMetrics(), ProxyMetrics()
+    for _ in range(3):
+        serve(a, 200, 1)
+    serve(b, 200, 60)
+    by_pod = {"api-1": traffic(None, scrape(a, 1)), "api-3": traffic(None, scrape(b, 1))}
+    rows = replica_rows(by_pod, ["api-1", "api-2", "api-3"])
+    assert [(r.name, r.share) for r in rows] == [("api-1", 0.75), ("api-3", 0.25)]
+    assert combine(by_pod.values()).requests == 4
+
+
+def test_quantile_interpolates_within_buckets_as_prometheus_does() -> None:
+    buckets = {1.0: 0.0, 2.0: 10.0, 4.0: 20.0, math.inf: 20.0}
+    assert quantile(0.5, buckets) == pytest.approx(2.0)
+    assert quantile(0.25, buckets) == pytest.approx(1.5)
+    assert quantile(0.75, buckets) == pytest.approx(3.0)
+    assert quantile(0.5, {1.0: 0.0, math.inf: 0.0}) is None
+    assert quantile(0.99, {1.0: 1.0, math.inf: 10.0}) == 1.0  # past the last finite bound
+
+
+@given(st.lists(st.sampled_from([1, 2, 3, 5, 10, 50, 100]), min_size=1, max_size=50),
+       st.floats(min_value=0.01, max_value=0.99))  # fmt: skip
+def test_quantiles_stay_within_the_observed_buckets(values: list[int], q: float) -> None:
+    metrics = ProxyMetrics()
+    for ms in values:
+        serve(metrics, 200, ms)
+    t = traffic(None, scrape(metrics, 1.0))
+    result = row("api", "", t).quantiles
+    assert all(v is not None and 0 <= v <= max(values) for v in result)
+    assert result == tuple(sorted(result, key=lambda v: v or 0))  # p50 <= p95 <= p99
+    assert quantile(q, t.latency) is not None
