@@ -42,7 +42,7 @@ def test_bad_address_exits_64() -> None:
     proc = controller("identity", "--addr", "nowhere")
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 64
-    assert "not an address" in err
+    assert "'nowhere' has no port (host:port)" in err
 
 
 def _status(port: int, path: str) -> int:

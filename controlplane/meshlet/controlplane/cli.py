@@ -12,6 +12,7 @@ import click
 
 from meshlet.api import wellknown
 from meshlet.api.durations import parse_duration
+from meshlet.api.hostport import parse_hostport
 
 EX_CONFIG: Final = 64  # sysexits EX_USAGE: bad configuration
 
@@ -25,11 +26,7 @@ def option(*decls: str, **attrs: Any) -> Callable[[Any], Any]:
 
 def parse_addr(value: str) -> tuple[str, int]:
     """`:8080`, `0.0.0.0:8080`, `[::]:8080` or `127.0.0.1:0` → (host, port)."""
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"{value!r} is not an address of the form [host]:port")
-    host = host.strip("[]") or "0.0.0.0"
-    return host, int(port)
+    return parse_hostport(value, empty_host="0.0.0.0", port_zero=True)
 
 
 class Addr(click.ParamType):  # type: ignore[type-arg]

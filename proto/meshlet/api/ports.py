@@ -9,7 +9,7 @@ belong to their users, not here.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Final
 
@@ -45,8 +45,16 @@ class PortRanges:
 
     ranges: tuple[PortRange, ...] = ()
 
+    @classmethod
+    def of(cls, ports: Iterable[int]) -> PortRanges:
+        """Single ports, sorted (e.g. a frozenset of defaults)."""
+        return cls(tuple(PortRange(p, p) for p in sorted(set(ports))))
+
     def contains(self, port: int) -> bool:
         return any(port in r for r in self.ranges)
+
+    def __contains__(self, port: object) -> bool:
+        return isinstance(port, int) and self.contains(port)
 
     def union(self, other: PortRanges) -> PortRanges:
         """`self`'s ranges, then those of `other` that `self` does not list already."""
@@ -69,6 +77,15 @@ class PortRanges:
 def parse_ports(text: str) -> PortRanges:
     """`"25, 587,4000-4010"` → PortRanges of 25, 587 and 4000-4010. Empty items are ignored;
     ValueError names every bad item."""
+    ranges, errors = scan_ports(text)
+    if errors:
+        raise ValueError("; ".join(errors))
+    return ranges
+
+
+def scan_ports(text: str) -> tuple[PortRanges, tuple[str, ...]]:
+    """The good items of `text` and a description of each bad one, for readers that must not
+    refuse a whole list (an annotation a cluster already holds)."""
     ranges: list[PortRange] = []
     errors: list[str] = []
     for raw in text.split(","):
@@ -87,6 +104,4 @@ def parse_ports(text: str) -> PortRanges:
             errors.append(f"{item!r} is a reversed range (write {last}-{first})")
         else:
             ranges.append(PortRange(first, last))
-    if errors:
-        raise ValueError("; ".join(errors))
-    return PortRanges(tuple(dict.fromkeys(ranges)))
+    return PortRanges(tuple(dict.fromkeys(ranges))), tuple(errors)

@@ -8,6 +8,7 @@ import ipaddress
 import socket
 from collections.abc import Iterable
 
+from meshlet.api.hostport import parse_hostport
 from meshlet.proxy.http.contract import Addr, Endpoint, RouteError
 
 
@@ -30,24 +31,10 @@ class SelfTargets:
 
 def split_authority(authority: str, default_port: int = 80) -> Addr | None:
     """`host:port`, `[v6]:port` or `host` → (host, port); None when malformed."""
-    authority = authority.strip()
-    if not authority or any(c in authority for c in " /\\@\r\n\t"):
+    try:
+        return parse_hostport(authority, default_port=default_port)
+    except ValueError:
         return None
-    if authority.startswith("["):
-        host, sep, rest = authority[1:].partition("]")
-        if not sep:
-            return None
-        port_text = rest[1:] if rest.startswith(":") else ("" if not rest else None)
-    else:
-        host, sep, port_text = authority.rpartition(":")
-        if not sep:
-            host, port_text = authority, ""
-    if port_text is None or (port_text and not port_text.isdigit()) or not host:
-        return None
-    port = int(port_text) if port_text else default_port
-    if not 1 <= port <= 65535:
-        return None
-    return host, port
 
 
 async def resolve(host: str, port: int) -> Addr | None:

@@ -177,7 +177,7 @@ async def test_without_a_control_plane_resolve_gives_up_after_the_profile_timeou
 
 async def test_malformed_targets_are_a_caller_error(plane: Plane) -> None:
     for target in ["10.0.0.1", "fd00::1", "web:http", "[fd00::1]"]:
-        with pytest.raises(ValueError, match="host:port"):
+        with pytest.raises(ValueError, match=r"port"):
             await plane.resolver.resolve(target)
     assert len(plane.resolver) == 0
 

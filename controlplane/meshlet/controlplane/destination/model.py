@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshlet.api import wellknown
+from meshlet.api.ports import PortRanges, scan_ports
 
 log = logging.getLogger(__name__)
 
@@ -15,23 +16,21 @@ Labels = Mapping[str, str]
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 
 
-def parse_port_set(text: str) -> frozenset[int]:
-    """`"3306,5000-5010"` → the ports; junk items are skipped with a log line."""
-    ports: set[int] = set()
-    for item in filter(None, (p.strip() for p in text.split(","))):
-        low, _, high = item.partition("-")
-        if low.isdigit() and (not high or high.isdigit()):
-            lo, hi = int(low), int(high or low)
-            if 1 <= lo <= hi <= 65535 and hi - lo < 65535:
-                ports.update(range(lo, hi + 1))
-                continue
-        log.warning("ignoring %.40r in a port list: not a port or a range", item)
-    return frozenset(ports)
+DEFAULT_OPAQUE_PORTS = PortRanges.of(wellknown.DEFAULT_OPAQUE_PORTS)
 
 
-def _opaque_ports(annotations: Mapping[str, str]) -> frozenset[int]:
+def parse_port_set(text: str) -> PortRanges:
+    """`"3306,5000-5010"` → the ports (the one port-list grammar); junk items are skipped with
+    a log line: a cluster's annotation cannot be refused."""
+    ports, problems = scan_ports(text)
+    for problem in problems:
+        log.warning("ignoring part of a port list: %.120s", problem)
+    return ports
+
+
+def _opaque_ports(annotations: Mapping[str, str]) -> PortRanges:
     text = annotations.get(wellknown.OPAQUE_PORTS_ANNOTATION)
-    return wellknown.DEFAULT_OPAQUE_PORTS if text is None else parse_port_set(text)
+    return DEFAULT_OPAQUE_PORTS if text is None else parse_port_set(text)
 
 
 def _meta(obj: Mapping[str, Any]) -> tuple[str, str, Mapping[str, Any]]:
@@ -53,7 +52,7 @@ class Service:
     cluster_ips: tuple[str, ...]
     ports: tuple[ServicePort, ...]
     selector: tuple[tuple[str, str], ...] | None
-    opaque_ports: frozenset[int]
+    opaque_ports: PortRanges
     external_name: str | None
 
     @property
@@ -104,7 +103,7 @@ class Pod:
     owner_kind: str | None  # "deployment", "statefulset", … (lower case, as metric label)
     owner_name: str | None
     control_plane_ns: str | None  # set on meshed pods
-    opaque_ports: frozenset[int]
+    opaque_ports: PortRanges
     container_ports: tuple[tuple[str, int], ...]  # named ports
     terminating: bool
 

@@ -10,6 +10,7 @@ from meshlet.api import destination_pb2, wellknown
 from meshlet.controlplane.destination import profiles
 from meshlet.controlplane.destination.endpoints import Resolution, endpoint_for, resolve
 from meshlet.controlplane.destination.listener import Listener
+from meshlet.controlplane.destination.model import DEFAULT_OPAQUE_PORTS
 from meshlet.controlplane.destination.paths import IPPort, ServiceName
 from meshlet.controlplane.destination.state import Affected, ClusterState, Key
 from meshlet.controlplane.destination.translator import updates, weighted_addr
@@ -98,7 +99,7 @@ class ProfilePublisher(_Publisher):
         state = self._state
         service = state.services.get(key)
         fqn = f"{key[1]}.{key[0]}.svc.{state.cluster_domain}"
-        opaque = port in (service.opaque_ports if service else wellknown.DEFAULT_OPAQUE_PORTS)
+        opaque = port in (service.opaque_ports if service else DEFAULT_OPAQUE_PORTS)
         spec = state.profile_of(key)
         if spec is None:
             return profiles.default_profile(fqn, opaque=opaque)

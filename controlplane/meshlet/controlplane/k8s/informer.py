@@ -23,6 +23,7 @@ from typing import Any
 
 from kubernetes import client, watch
 
+from meshlet.api.backoff import jittered
 from meshlet.controlplane.k8s.events import Delete, Event, Kind, Sink, Snapshot, Upsert
 
 logger = logging.getLogger(__name__)
@@ -71,10 +72,8 @@ def change_of(kind: Kind, event: Mapping[str, Any]) -> tuple[Event | None, str |
 
 
 def backoff_delay(attempt: int, backoff: tuple[float, float], rng: random.Random) -> float:
-    """Equal jitter: half of min(cap, base * 2**attempt) plus a random share of the other half."""
-    base, cap = backoff
-    ceiling = min(cap, base * 2.0 ** min(attempt, 64))
-    return ceiling / 2 + rng.uniform(0.0, ceiling / 2)
+    """The wait before retry `attempt` (0-based): `meshlet.api.backoff` from base to cap."""
+    return jittered(attempt + 1, *backoff, rng)
 
 
 def watch_seconds(watch_timeout: float, until_resync: float) -> int:

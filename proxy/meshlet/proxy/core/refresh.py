@@ -16,13 +16,13 @@ from __future__ import annotations
 import random
 from typing import Final
 
+from meshlet.api import backoff
+
 RENEW_FRACTION: Final = 0.7
 MIN_REFRESH: Final = 10.0
 MAX_REFRESH: Final = 24 * 3600.0
 FIRST_RETRY: Final = 0.5
 MAX_RETRY: Final = 10.0
-JITTER: Final = 0.5  # a retry waits between (1 - JITTER) and 1 times its ceiling
-_MAX_DOUBLINGS: Final = 32  # far past the cap; keeps 2**n a small float
 
 
 def renew_in(valid_until: float, now: float) -> float:
@@ -35,12 +35,10 @@ def renew_in(valid_until: float, now: float) -> float:
 def retry_ceiling(failures: int) -> float:
     """The longest wait after `failures` consecutive failures (1 → `FIRST_RETRY`, doubling,
     at most `MAX_RETRY`)."""
-    doublings = min(max(failures - 1, 0), _MAX_DOUBLINGS)
-    return min(MAX_RETRY, FIRST_RETRY * 2.0**doublings)
+    return backoff.ceiling(failures, FIRST_RETRY, MAX_RETRY)
 
 
 def retry_in(failures: int, rng: random.Random) -> float:
     """Seconds until the next attempt after `failures` (≥ 1) consecutive failures: a jittered
-    value in [(1 - JITTER) * ceiling, ceiling], so never more than 10 s."""
-    ceiling = retry_ceiling(failures)
-    return ceiling * (1.0 - JITTER * rng.random())
+    value in [ceiling/2, ceiling] (`meshlet.api.backoff`), so never more than 10 s."""
+    return backoff.jittered(failures, FIRST_RETRY, MAX_RETRY, rng)

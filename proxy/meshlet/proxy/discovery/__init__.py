@@ -1,6 +1,7 @@
 """Service discovery: the destination service's streams, shared per outbound target."""
 
-from meshlet.proxy.discovery.client import Backoff, DestinationClient, Received, StreamRefused
+from meshlet.api.backoff import Backoff
+from meshlet.proxy.discovery.client import DestinationClient, Received, StreamRefused
 from meshlet.proxy.discovery.profile import DstOverride, Profile, RetryBudget, Route
 from meshlet.proxy.discovery.resolver import Destination, DestinationClosed, Kind, Resolver
 

@@ -30,6 +30,7 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
 from meshlet.api import destination_grpc, destination_pb2
+from meshlet.api.backoff import Backoff
 from meshlet.proxy.core.endpoints import DecodeError, Update, decode_update
 from meshlet.proxy.discovery.profile import Profile, decode_profile
 from meshlet.proxy.tls.contexts import control_client_context
@@ -38,25 +39,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _BROKEN = (StreamTerminatedError, ProtocolError, OSError, h2.exceptions.H2Error)
-
-
-class Backoff:
-    """Jittered exponential delays (pure apart from the injected rng): after the n-th failure in
-    a row the wait is uniform in [d/2, d] where d = min(cap, base * 2**(n-1))."""
-
-    def __init__(self, base: float, cap: float, rng: random.Random) -> None:
-        if not 0 < base <= cap:
-            raise ValueError(f"backoff needs 0 < base <= cap, got {base}, {cap}")
-        self.base, self.cap, self._rng = base, cap, rng
-        self.failures = 0
-
-    def next(self) -> float:
-        ceiling = min(self.cap, self.base * 2 ** min(self.failures, 64))
-        self.failures += 1
-        return self._rng.uniform(ceiling / 2, ceiling)
-
-    def reset(self) -> None:
-        self.failures = 0
 
 
 @dataclass(frozen=True, slots=True)

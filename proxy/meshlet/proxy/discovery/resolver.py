@@ -36,6 +36,7 @@ from collections.abc import Callable
 from contextlib import aclosing
 from typing import Literal
 
+from meshlet.api.hostport import parse_hostport
 from meshlet.proxy.core.endpoints import Add, Endpoint, EndpointSet, NoEndpoints, Remove, Status
 from meshlet.proxy.discovery.client import DestinationClient, StreamRefused
 from meshlet.proxy.discovery.profile import UNKNOWN, Profile
@@ -56,11 +57,7 @@ class DestinationClosed(RuntimeError):
 
 def target_port(target: str) -> int:
     """The port of `host:port` or `[v6]:port`; ValueError when there is none."""
-    host, _, port = target.rpartition(":")
-    bare_v6 = ":" in host and not (host.startswith("[") and host.endswith("]"))
-    if not host or not port.isdigit() or not 1 <= int(port) <= 65535 or bare_v6:
-        raise ValueError(f"{target!r} is not host:port or [ipv6]:port")
-    return int(port)
+    return parse_hostport(target)[1]
 
 
 class Destination:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Final, Generic, TypeVar
 
+from meshlet.api import backoff
 from meshlet.proxy.core import p2c
 from meshlet.proxy.core.ewma import DEFAULT_DECAY, DEFAULT_RTT, PeakEwma
 
@@ -66,8 +67,8 @@ class Lease(Generic[E]):
         stats = self._stats
         stats.ewma.pending -= 1
         stats.failures += 1
-        backoff = min(MAX_FAILURE_BACKOFF, FAILURE_BACKOFF * 2 ** min(stats.failures - 1, 16))
-        stats.down_until = self._clock() + backoff
+        wait = backoff.ceiling(stats.failures, FAILURE_BACKOFF, MAX_FAILURE_BACKOFF)
+        stats.down_until = self._clock() + wait
         self._on_failure(stats.down_until)
 
     def release(self) -> None:
