@@ -93,7 +93,7 @@ def test_manual_reads_the_clusters_configuration(
     run = meshlet("inject", "--manual", "--kubeconfig", str(kubeconfig), str(APP))
     assert run.code == 0, run.err
     proxy = yaml.safe_load(chunks(run.out)[1])["spec"]["template"]["spec"]["initContainers"][1]
-    assert {"name": wk.PROXY_ENV_LOG, "value": "warn"} in proxy["env"]
+    assert {"name": wk.ProxyEnv.LOG, "value": "warn"} in proxy["env"]
 
 
 @pytest.mark.parametrize(

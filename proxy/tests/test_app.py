@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import http.client
+import json
+import logging
 import socket
 import subprocess
 import sys
+import textwrap
 import urllib.request
 from collections.abc import AsyncIterator
 
@@ -13,6 +17,7 @@ import pytest
 
 from meshlet.proxy.app import Proxy
 from meshlet.proxy.config import load
+from meshlet.proxy.metrics import ProxyMetrics
 
 
 async def http_upstream() -> tuple[asyncio.Server, int]:
@@ -316,3 +321,85 @@ async def test_a_client_trickling_its_first_bytes_gets_408(sent: bytes) -> None:
         writer.close()
     finally:
         await p.shutdown()
+
+
+def test_a_port_in_use_is_one_clear_line_and_exit_1() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "meshlet.proxy.main"],
+            env={"PATH": "/usr/bin:/bin",
+                 "MESHLET_PROXY_OUTBOUND_LISTEN_ADDR": "127.0.0.1:0",
+                 "MESHLET_PROXY_INBOUND_LISTEN_ADDR": f"127.0.0.1:{port}",
+                 "MESHLET_PROXY_ADMIN_LISTEN_ADDR": "127.0.0.1:0"},
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f"meshlet-proxy: cannot listen on 127.0.0.1:{port} (inbound): Address already in use"
+    ]
+
+
+async def test_an_essential_task_that_stops_shuts_the_proxy_down(proxy: Proxy) -> None:
+    """A listener whose socket breaks cannot serve again: the proxy says why and stops, instead
+    of staying up and unready."""
+    proxy.listeners[0].sock.shutdown(socket.SHUT_RDWR)  # accept() now fails with EINVAL
+    async with asyncio.timeout(5):
+        await proxy.closing.wait()
+    assert proxy.failure is not None
+    assert proxy.failure.startswith("the outbound listener stopped (OSError")
+    assert not proxy.ready()
+
+
+def _put(port: int, body: bytes) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    conn.request("PUT", "/proxy-log-level", body=body)
+    response = conn.getresponse()
+    return response.status, response.read()
+
+
+async def test_the_log_level_changes_at_run_time_from_loopback(proxy: Proxy) -> None:
+    root = logging.getLogger()
+    before = root.level
+    try:
+        assert await asyncio.to_thread(_put, proxy.admin_port, b"debug") == (
+            200,
+            b"log level debug\n",
+        )
+        assert root.level == logging.DEBUG
+        status, body = await asyncio.to_thread(_put, proxy.admin_port, b"loud")
+        assert status == 400 and b"unknown log level 'loud'" in body
+        assert root.level == logging.DEBUG
+    finally:
+        root.setLevel(before)
+
+
+def test_only_loopback_may_change_the_log_level() -> None:
+    from meshlet.api.admin import AdminServer
+    from meshlet.proxy import logs
+
+    admin = AdminServer(ProxyMetrics().registry, ready=lambda: True, log_level=logs.set_level)
+    head = b"PUT /proxy-log-level HTTP/1.1\r\nContent-Length: 5\r\n\r\n"
+    assert admin._route(head, "10.0.0.7", b"debug")[0] == "403 Forbidden"
+    assert admin._route(head, "::1", b"error")[0] == "200 OK"
+
+
+def test_json_logs_are_one_object_per_line_with_controls_escaped() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent("""
+            import logging
+            from meshlet.proxy import logs
+            logs.setup("info", "json")
+            logging.getLogger("meshlet.test").warning("sni %r", "evil\\nINFO forged line")
+            logs.setup("info", "plain")
+            logging.getLogger("meshlet.test").warning("host %s", "evil\\r\\nforged\\x1b[31m")
+        """)],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    json_line, plain_line = result.stderr.strip().splitlines()
+    record = json.loads(json_line)
+    assert record["level"] == "WARNING" and record["logger"] == "meshlet.test"
+    assert record["message"] == "sni 'evil\\nINFO forged line'"
+    assert plain_line.endswith("host evil\\x0d\\x0aforged\\x1b[31m")

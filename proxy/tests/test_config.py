@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
 import pytest
 
-from meshlet.proxy.config import ConfigError, ProxyConfig, defaults_table, load
+from meshlet.api import wellknown
+from meshlet.proxy.config import ConfigError, IdentitySettings, ProxyConfig, defaults_table, load
+
+WEB = wellknown.identity_name("web", "emojivoto")
 
 
 def test_defaults() -> None:
@@ -30,7 +38,7 @@ def test_values_are_parsed() -> None:
     )
     assert config.outbound_listen_addr == ("127.0.0.1", 15001)
     assert config.inbound_listen_addr == ("::", 15006)
-    assert config.inbound_ports_disable_protocol_detection == frozenset({25, 5000, 5001, 5002})
+    assert str(config.inbound_ports_disable_protocol_detection) == "25,5000-5002"
     assert config.outbound_connect_timeout == 0.25
     assert config.shutdown_grace_period == 120.0
     assert config.log == "warning"
@@ -55,10 +63,12 @@ def test_every_bad_key_is_named() -> None:
         "INBOUND_PORTS_REQUIRE_IDENTITY",
         "HTTP1_MAX_HEADERS",
         "NO_SUCH_THING: unknown setting",
-        "IDENTITY_LOCAL_NAME go together",
+        "IDENTITY_LOCAL_NAME is required with identity",
+        "IDENTITY_TOKEN_FILE is required with identity",
+        "IDENTITY_TRUST_ANCHORS: the trust anchors (PEM text) are required",
     ):
         assert name in problems
-    assert len(caught.value.problems) == 6
+    assert len(caught.value.problems) == 8
 
 
 def test_defaults_table_lists_every_setting() -> None:
@@ -81,3 +91,98 @@ def test_defaults_are_shown_as_they_are_written_in_the_environment() -> None:
     for name, text in table.items():  # each default parses back to itself
         if text not in ("unset", "none"):
             assert load({name: text}) == ProxyConfig(), name
+
+
+# -- identity and discovery settings: checked by the one loader --------------------------------
+
+E = wellknown.ProxyEnv
+
+
+def test_no_identity_settings_means_no_identity_and_no_discovery() -> None:
+    config = load({})
+    assert config.identity is None and config.destination is None
+
+
+def test_identity_settings_from_the_environment(tmp_path: Path, test_ca: Any) -> None:
+    config = load(
+        {
+            E.IDENTITY_SVC_ADDR: "meshlet-identity.meshlet.svc.cluster.local:8080",
+            E.IDENTITY_LOCAL_NAME: WEB,
+            E.IDENTITY_TOKEN_FILE: "/var/run/secrets/tokens/meshlet-identity-token",
+            E.IDENTITY_TRUST_ANCHORS: test_ca.anchors_pem,
+            E.IDENTITY_DIR: "/var/run/meshlet/identity",
+            E.DESTINATION_SVC_ADDR: "[fd00::10]:8086",
+            E.DESTINATION_SVC_NAME: wellknown.DESTINATION_SERVICE_NAME,
+        }
+    )
+    assert config.identity == IdentitySettings(
+        local_name=WEB,
+        svc_addr=("meshlet-identity.meshlet.svc.cluster.local", 8080),
+        svc_name=wellknown.IDENTITY_SERVICE_NAME,  # the default
+        token_file=Path("/var/run/secrets/tokens/meshlet-identity-token"),
+        trust_anchors_pem=test_ca.anchors_pem,
+        directory=Path("/var/run/meshlet/identity"),
+    )
+    assert config.destination is not None
+    assert config.destination.svc_addr == ("fd00::10", 8086)
+    assert config.destination.trust_anchors_pem == test_ca.anchors_pem
+
+
+def test_every_problem_is_reported_together() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load(
+            {
+                E.IDENTITY_SVC_ADDR: "identity:http",
+                E.IDENTITY_LOCAL_NAME: WEB,
+                E.IDENTITY_TRUST_ANCHORS: "/var/run/meshlet/ca-bundle.crt",
+                E.DESTINATION_SVC_ADDR: "destination",
+                E.INBOUND_PORTS_REQUIRE_IDENTITY: "8080,x,70000",
+                E.LOG_FORMAT: "xml",
+            }
+        )
+    problems = " | ".join(caught.value.problems)
+    assert len(caught.value.problems) == 6, problems
+    assert f"{E.IDENTITY_SVC_ADDR}='identity:http'" in problems and "is not a port" in problems
+    assert f"{E.IDENTITY_TOKEN_FILE} is required" in problems
+    assert f"{E.IDENTITY_TRUST_ANCHORS}: not PEM certificates" in problems
+    assert "holds the certificates themselves, not a path" in problems
+    assert f"{E.DESTINATION_SVC_ADDR}='destination'" in problems and "has no port" in problems
+    assert "'x' is not a port or a range" in problems and "'70000' is outside" in problems
+    assert f"{E.LOG_FORMAT}='xml': expected plain or json" in problems
+
+
+def test_a_destination_name_needs_an_address_and_anchors() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load({E.DESTINATION_SVC_NAME: wellknown.DESTINATION_SERVICE_NAME})
+    assert caught.value.problems == [f"{E.DESTINATION_SVC_NAME} needs {E.DESTINATION_SVC_ADDR}"]
+    with pytest.raises(ConfigError, match="needs MESHLET_PROXY_IDENTITY_TRUST_ANCHORS"):
+        load({E.DESTINATION_SVC_ADDR: "d:8086", E.DESTINATION_SVC_NAME: "x"})
+
+
+def test_port_lists_use_the_one_grammar() -> None:
+    config = load({E.INBOUND_PORTS_DISABLE_PROTOCOL_DETECTION: "25, 4000-4010"})
+    ports = config.inbound_ports_disable_protocol_detection
+    assert 25 in ports and 4005 in ports and 4011 not in ports and 3306 not in ports
+    assert 3306 in load({}).inbound_ports_disable_protocol_detection  # the defaults
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ({E.IDENTITY_SVC_ADDR: "i:8080", E.IDENTITY_LOCAL_NAME: "x",
+          E.IDENTITY_TOKEN_FILE: "/t", E.IDENTITY_TRUST_ANCHORS: "/etc/ca.pem"},
+         "not a path to them"),
+        ({E.DESTINATION_SVC_ADDR: "nowhere"}, "has no port"),
+    ],
+)  # fmt: skip
+def test_the_command_exits_64_naming_the_problem_without_a_traceback(
+    env: dict[str, str], says: str
+) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "meshlet.proxy.main"],
+        env={"PATH": "/usr/bin:/bin", **{str(k): v for k, v in env.items()}},
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert result.returncode == 64
+    assert says in result.stderr
+    assert "Traceback" not in result.stderr

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from meshlet.api import wellknown
@@ -11,10 +13,12 @@ from meshlet.proxy.config import load
 
 
 @pytest.mark.parametrize("mode", list(Mode))
-def test_every_proxy_environment_loads_with_the_proxys_own_loader(mode: Mode) -> None:
+def test_every_proxy_environment_loads_with_the_proxys_own_loader(mode: Mode, test_ca: Any) -> None:
     layout = topology.layout(mode)
     for pod in layout.pods:
-        env = topology.proxy_env(layout, pod, token_file="/t", identity_dir="/d", anchors_pem="x")
+        env = topology.proxy_env(
+            layout, pod, token_file="/t", identity_dir="/d", anchors_pem=test_ca.anchors_pem
+        )
         config = load(env)
         assert config.identity_local_name == pod.identity
         assert config.destination_svc_addr == f"{layout.control_ip}:{wellknown.DESTINATION_PORT}"

@@ -118,7 +118,7 @@ def test_answers_admission_reviews_over_tls(injector: Injector) -> None:
     meshed = jsonpatch.apply_patch(obj, json.loads(base64.b64decode(response["patch"])))
     schema.validate(meshed)
     proxy = next(c for c in meshed["spec"]["initContainers"] if c["name"] == wk.PROXY_CONTAINER)
-    assert {"name": wk.PROXY_ENV_LOG, "value": "debug"} in proxy["env"]  # from --config
+    assert {"name": wk.ProxyEnv.LOG, "value": "debug"} in proxy["env"]  # from --config
 
     status, body = injector.post(
         json.dumps(review(pod({wk.INJECT_ANNOTATION: "disabled"}))).encode()

@@ -14,12 +14,14 @@ import signal
 import socket
 import struct
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from meshlet.api.admin import AdminServer
+from meshlet.api.ports import PortRanges
 from meshlet.api.transport_header import SessionProtocol
+from meshlet.proxy import logs
 from meshlet.proxy.config import ProxyConfig
 from meshlet.proxy.core.detect import NEED_MORE, PEEK_BYTES, Protocol, detect, may_be_http
 from meshlet.proxy.http.contract import (
@@ -58,7 +60,7 @@ class Side:
 
     direction: str
     detect_timeout: float
-    opaque_ports: frozenset[int]
+    opaque_ports: PortRanges
 
 
 class Proxy:
@@ -94,11 +96,13 @@ class Proxy:
         self._h1_pool: H1Pool | None = None
         self._h2_pool: H2Pool | None = None
         self.listeners: list[Listener] = []
-        self._tasks: list[asyncio.Task[None]] = []
+        self._supervisor: asyncio.Task[None] | None = None
+        self.failure: str | None = None  # why an essential task stopped, when one did
         self._admin = AdminServer(
             self.metrics.registry,
             ready=self.ready,
             shutdown=self.request_shutdown if config.admin_shutdown_enabled else None,
+            log_level=logs.set_level,
         )
         self.admin_port = 0
         self.identity = _identity(config, self.metrics)
@@ -112,17 +116,29 @@ class Proxy:
         return bool(self.listeners) and not self.closing.is_set() and identity_ready
 
     async def start(self) -> None:
+        """Binds the listeners and the admin server (ListenError when one cannot), then runs
+        the essential tasks (listeners, identity) under one supervisor: if one stops, the
+        proxy records why (`failure`) and shuts down."""
         cfg = self.config
+        try:
+            for addr, handler, name in (
+                (cfg.outbound_listen_addr, self.handle_outbound, "outbound"),
+                (cfg.inbound_listen_addr, self.handle_inbound, "inbound"),
+            ):
+                self.listeners.append(Listener(_bind(addr, name), handler, name))
+            try:
+                _, self.admin_port = await self._admin.start(*cfg.admin_listen_addr)
+            except OSError as exc:
+                raise ListenError(cfg.admin_listen_addr, "admin", exc) from None
+        except ListenError:
+            for listener in self.listeners:
+                listener.stop_accepting()
+            self.listeners.clear()
+            raise
+        essentials = [(f"the {lst.name} listener", lst.serve()) for lst in self.listeners]
         if self.identity is not None:
-            self._tasks.append(asyncio.create_task(self.identity.run()))
-        for addr, handler, name in (
-            (cfg.outbound_listen_addr, self.handle_outbound, "outbound"),
-            (cfg.inbound_listen_addr, self.handle_inbound, "inbound"),
-        ):
-            listener = Listener(bind(addr), handler, name)
-            self.listeners.append(listener)
-            self._tasks.append(asyncio.create_task(listener.serve()))
-        _, self.admin_port = await self._admin.start(*cfg.admin_listen_addr)
+            essentials.append(("the identity client", self.identity.run()))
+        self._supervisor = asyncio.create_task(self._supervise(essentials))
         # Ports as bound (a configured port 0 is ephemeral): none of them is ever a target.
         self._self = SelfTargets(
             [*(listener.address for listener in self.listeners),
@@ -133,6 +149,23 @@ class Proxy:
             self.listeners[0].address, self.listeners[1].address, self.admin_port,
         )  # fmt: skip
 
+    async def _supervise(self, essentials: list[tuple[str, Coroutine[Any, Any, None]]]) -> None:
+        async with asyncio.TaskGroup() as tasks:
+            for name, work in essentials:
+                tasks.create_task(self._essential(name, work), name=name)
+
+    async def _essential(self, name: str, work: Coroutine[Any, Any, None]) -> None:
+        """Runs `work`; if it ends before shutdown, the proxy cannot do its job: shut down."""
+        try:
+            await work
+            why = "it returned"
+        except Exception as exc:
+            why = f"{type(exc).__name__}: {exc}"
+        if not self.closing.is_set():
+            self.failure = f"{name} stopped ({why})"
+            log.error("%s; the proxy shuts down", self.failure)
+            self.closing.set()
+
     def request_shutdown(self) -> None:
         self.closing.set()
 
@@ -141,9 +174,9 @@ class Proxy:
         self.closing.set()
         for listener in self.listeners:
             listener.stop_accepting()
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            await asyncio.gather(self._supervisor, return_exceptions=True)
         await asyncio.gather(
             *(listener.drain(self.config.shutdown_grace_period) for listener in self.listeners)
         )
@@ -496,38 +529,52 @@ def _reset(sock: socket.socket) -> None:
 
 
 def _identity(config: ProxyConfig, metrics: ProxyMetrics) -> IdentityManager | None:
-    from meshlet.proxy.identity.manager import IdentityManager, settings_from
+    if config.identity is None:
+        return None
+    from meshlet.proxy.identity.manager import IdentityManager
 
-    settings = settings_from(config)
-    return None if settings is None else IdentityManager(settings, metrics)
+    return IdentityManager(config.identity, metrics)
 
 
 def _router(
     config: ProxyConfig, identity: IdentityManager | None, metrics: ProxyMetrics
 ) -> MeshRouter | None:
     """Discovery and balancing, when a destination service is configured."""
-    if not config.destination_svc_addr:
+    settings = config.destination
+    if settings is None:
         return None
-    from meshlet.proxy.config import parse_svc_addr
     from meshlet.proxy.discovery.client import DestinationClient
     from meshlet.proxy.discovery.resolver import Resolver
     from meshlet.proxy.outbound.router import MeshRouter
 
     client = DestinationClient(
-        parse_svc_addr(config.destination_svc_addr),
-        config.destination_svc_name or None,
-        config.identity_trust_anchors or None,
-        config.destination_context,
+        settings.svc_addr, settings.svc_name, settings.trust_anchors_pem, settings.context
     )
     return MeshRouter(
         client, Resolver(client), identity, metrics,
         connect_timeout=config.outbound_connect_timeout, clock=time.monotonic,
-        profile_suffixes=config.destination_profile_suffixes,
+        profile_suffixes=settings.profile_suffixes,
     )  # fmt: skip
 
 
-async def run(config: ProxyConfig) -> None:
-    """Runs until SIGTERM/SIGINT (or POST /shutdown), then drains and returns."""
+class ListenError(OSError):
+    """A listener could not be bound: the one line a user needs."""
+
+    def __init__(self, addr: Addr, name: str, cause: OSError) -> None:
+        why = cause.strerror or str(cause)
+        super().__init__(f"cannot listen on {addr[0]}:{addr[1]} ({name}): {why}")
+
+
+def _bind(addr: Addr, name: str) -> socket.socket:
+    try:
+        return bind(addr)
+    except OSError as exc:
+        raise ListenError(addr, name, exc) from None
+
+
+async def run(config: ProxyConfig) -> int:
+    """Runs until SIGTERM/SIGINT (or POST /shutdown), then drains; the exit code (1 when an
+    essential task stopped)."""
     proxy = Proxy(config)
     await proxy.start()
     loop = asyncio.get_running_loop()
@@ -536,3 +583,4 @@ async def run(config: ProxyConfig) -> None:
     await proxy.closing.wait()
     log.info("shutting down: draining for up to %gs", config.shutdown_grace_period)
     await proxy.shutdown()
+    return 1 if proxy.failure else 0

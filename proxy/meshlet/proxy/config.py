@@ -5,15 +5,18 @@ Every error is collected and reported together; `main` exits 64 on any of them.
 
 from __future__ import annotations
 
-import ipaddress
+import dataclasses
 import re
+import ssl
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 from meshlet.api import wellknown
 from meshlet.api.durations import parse_duration
+from meshlet.api.hostport import parse_hostport
+from meshlet.api.ports import PortRanges, parse_ports
 
 Addr = tuple[str, int]
 PREFIX: Final = wellknown.PROXY_ENV_PREFIX
@@ -26,36 +29,13 @@ class ConfigError(ValueError):
 
 
 def parse_addr(text: str) -> Addr:
-    host, sep, port = text.strip().rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError("expected host:port")
-    host = host.strip("[]")
-    ipaddress.ip_address(host)  # listeners take IP literals only
-    return host, int(port)
+    """A listener's `ip:port` (IP literals only; port 0 picks a free port)."""
+    return parse_hostport(text, names=False, port_zero=True)
 
 
 def parse_svc_addr(text: str) -> tuple[str, int]:
-    """`host:port` or `[v6]:port`, where host may be a DNS name."""
-    host, sep, port = text.strip().rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise ValueError(
-            "expected host:port, e.g. meshlet-destination.meshlet.svc.cluster.local:8086"
-        )
-    return host, int(port)
-
-
-def parse_ports(text: str) -> frozenset[int]:
-    ports: set[int] = set()
-    for item in filter(None, (p.strip() for p in text.split(","))):
-        low, _, high = item.partition("-")
-        if not low.isdigit() or (high and not high.isdigit()):
-            raise ValueError(f"{item!r} is not a port or a range")
-        lo, hi = int(low), int(high or low)
-        if not 1 <= lo <= hi <= 65535:
-            raise ValueError(f"{item!r} is outside 1-65535")
-        ports.update(range(lo, hi + 1))
-    return frozenset(ports)
+    """A service's `host:port` or `[v6]:port`, where host may be a DNS name."""
+    return parse_hostport(text)
 
 
 def parse_suffixes(text: str) -> tuple[str, ...]:
@@ -93,9 +73,35 @@ def _text(text: str) -> str:
     return text
 
 
+_DEFAULT_OPAQUE: Final = PortRanges.of(wellknown.DEFAULT_OPAQUE_PORTS)
+_NO_PORTS: Final = PortRanges()
+
+
+@dataclass(frozen=True, slots=True)
+class IdentitySettings:
+    """How the proxy gets its certificate (all of them, or identity is off)."""
+
+    local_name: str
+    svc_addr: tuple[str, int]  # host (a name or an IP) and port
+    svc_name: str  # the identity service's TLS identity
+    token_file: Path
+    trust_anchors_pem: str
+    directory: Path | None = None  # None: a private temporary folder under /dev/shm
+
+
+@dataclass(frozen=True, slots=True)
+class DestinationSettings:
+    """Where discovery asks (absent: no discovery, traffic goes where it was sent)."""
+
+    svc_addr: tuple[str, int]
+    svc_name: str | None  # its TLS identity; None: plaintext
+    context: str  # the context token (JSON)
+    profile_suffixes: tuple[str, ...]
+    trust_anchors_pem: str | None
+
+
 @dataclass(frozen=True, slots=True)
 class ProxyConfig:
-    # name (without prefix) → parser; the table below is the only place names appear
     inbound_listen_addr: Addr = ("0.0.0.0", wellknown.PROXY_INBOUND_PORT)
     outbound_listen_addr: Addr = ("127.0.0.1", wellknown.PROXY_OUTBOUND_PORT)
     admin_listen_addr: Addr = ("0.0.0.0", wellknown.PROXY_ADMIN_PORT)
@@ -111,9 +117,9 @@ class ProxyConfig:
     identity_token_file: Path | None = None
     identity_trust_anchors: str = ""
     identity_dir: Path | None = None
-    inbound_ports_disable_protocol_detection: frozenset[int] = wellknown.DEFAULT_OPAQUE_PORTS
-    outbound_ports_disable_protocol_detection: frozenset[int] = wellknown.DEFAULT_OPAQUE_PORTS
-    inbound_ports_require_identity: frozenset[int] = frozenset()
+    inbound_ports_disable_protocol_detection: PortRanges = _DEFAULT_OPAQUE
+    outbound_ports_disable_protocol_detection: PortRanges = _DEFAULT_OPAQUE
+    inbound_ports_require_identity: PortRanges = _NO_PORTS
     inbound_detect_timeout: float = wellknown.DETECT_TIMEOUT_SECONDS
     outbound_detect_timeout: float = wellknown.DETECT_TIMEOUT_SECONDS
     outbound_connect_timeout: float = 1.0
@@ -126,82 +132,174 @@ class ProxyConfig:
     shutdown_grace_period: float = 120.0
     admin_shutdown_enabled: bool = False
     log: str = "info"
-    extra: Mapping[str, str] = field(default_factory=dict)  # unknown MESHLET_PROXY_* names
+    log_format: str = "plain"
+    # Derived by `load` from the settings above, checked with them.
+    identity: IdentitySettings | None = None
+    destination: DestinationSettings | None = None
 
 
-_PARSERS: Final[dict[str, Callable[[str], Any]]] = {
-    "inbound_listen_addr": parse_addr,
-    "outbound_listen_addr": parse_addr,
-    "admin_listen_addr": parse_addr,
-    "control_listen_addr": parse_addr,
-    "destination_svc_addr": _text,
-    "destination_svc_name": _text,
-    "destination_context": _text,
-    "destination_profile_suffixes": parse_suffixes,
-    "identity_svc_addr": _text,
-    "identity_svc_name": _text,
-    "identity_local_name": _text,
-    "identity_token_file": _path,
-    "identity_trust_anchors": _text,
-    "identity_dir": _path,
-    "inbound_ports_disable_protocol_detection": parse_ports,
-    "outbound_ports_disable_protocol_detection": parse_ports,
-    "inbound_ports_require_identity": parse_ports,
-    "inbound_detect_timeout": parse_duration,
-    "outbound_detect_timeout": parse_duration,
-    "outbound_connect_timeout": parse_duration,
-    "http1_pool_idle_timeout": parse_duration,
-    "http1_header_read_timeout": parse_duration,
-    "http_idle_timeout": parse_duration,
-    "http1_max_header_bytes": _positive_int,
-    "http1_max_headers": _positive_int,
-    "http2_max_concurrent_streams": _positive_int,
-    "shutdown_grace_period": parse_duration,
-    "admin_shutdown_enabled": lambda t: {"true": True, "false": False}[t.strip().lower()],
-    "log": _log_level,
+def _log_format(text: str) -> str:
+    value = text.strip().lower()
+    if value not in ("plain", "json"):
+        raise ValueError("expected plain or json")
+    return value
+
+
+def _flag(text: str) -> bool:
+    value = text.strip().lower()
+    if value not in ("true", "false"):
+        raise ValueError("expected true or false")
+    return value == "true"
+
+
+E = wellknown.ProxyEnv
+# The one table: each variable, the field it sets and its parser.
+_TABLE: Final[dict[wellknown.ProxyEnv, tuple[str, Callable[[str], Any]]]] = {
+    E.INBOUND_LISTEN_ADDR: ("inbound_listen_addr", parse_addr),
+    E.OUTBOUND_LISTEN_ADDR: ("outbound_listen_addr", parse_addr),
+    E.ADMIN_LISTEN_ADDR: ("admin_listen_addr", parse_addr),
+    E.CONTROL_LISTEN_ADDR: ("control_listen_addr", parse_addr),
+    E.DESTINATION_SVC_ADDR: ("destination_svc_addr", _text),
+    E.DESTINATION_SVC_NAME: ("destination_svc_name", _text),
+    E.DESTINATION_CONTEXT: ("destination_context", _text),
+    E.DESTINATION_PROFILE_SUFFIXES: ("destination_profile_suffixes", parse_suffixes),
+    E.IDENTITY_SVC_ADDR: ("identity_svc_addr", _text),
+    E.IDENTITY_SVC_NAME: ("identity_svc_name", _text),
+    E.IDENTITY_LOCAL_NAME: ("identity_local_name", _text),
+    E.IDENTITY_TOKEN_FILE: ("identity_token_file", _path),
+    E.IDENTITY_TRUST_ANCHORS: ("identity_trust_anchors", _text),
+    E.IDENTITY_DIR: ("identity_dir", _path),
+    E.INBOUND_PORTS_DISABLE_PROTOCOL_DETECTION: (
+        "inbound_ports_disable_protocol_detection",
+        parse_ports,
+    ),
+    E.OUTBOUND_PORTS_DISABLE_PROTOCOL_DETECTION: (
+        "outbound_ports_disable_protocol_detection",
+        parse_ports,
+    ),
+    E.INBOUND_PORTS_REQUIRE_IDENTITY: ("inbound_ports_require_identity", parse_ports),
+    E.INBOUND_DETECT_TIMEOUT: ("inbound_detect_timeout", parse_duration),
+    E.OUTBOUND_DETECT_TIMEOUT: ("outbound_detect_timeout", parse_duration),
+    E.OUTBOUND_CONNECT_TIMEOUT: ("outbound_connect_timeout", parse_duration),
+    E.HTTP1_POOL_IDLE_TIMEOUT: ("http1_pool_idle_timeout", parse_duration),
+    E.HTTP1_HEADER_READ_TIMEOUT: ("http1_header_read_timeout", parse_duration),
+    E.HTTP_IDLE_TIMEOUT: ("http_idle_timeout", parse_duration),
+    E.HTTP1_MAX_HEADER_BYTES: ("http1_max_header_bytes", _positive_int),
+    E.HTTP1_MAX_HEADERS: ("http1_max_headers", _positive_int),
+    E.HTTP2_MAX_CONCURRENT_STREAMS: ("http2_max_concurrent_streams", _positive_int),
+    E.SHUTDOWN_GRACE_PERIOD: ("shutdown_grace_period", parse_duration),
+    E.ADMIN_SHUTDOWN_ENABLED: ("admin_shutdown_enabled", _flag),
+    E.LOG: ("log", _log_level),
+    E.LOG_FORMAT: ("log_format", _log_format),
 }
+_FIELDS: Final = {field_name: env for env, (field_name, _) in _TABLE.items()}
 
 
 def env_name(field_name: str) -> str:
-    return PREFIX + field_name.upper()
+    return str(_FIELDS[field_name])
 
 
 def load(env: Mapping[str, str]) -> ProxyConfig:
     """The configuration from `env` (os.environ or a test's dict); ConfigError lists every
-    bad or unknown variable."""
+    bad or unknown variable, and every identity or discovery setting that cannot work."""
     values: dict[str, Any] = {}
     problems: list[str] = []
-    known = {env_name(name): name for name in _PARSERS}
     for key, raw in sorted(env.items()):
         if not key.startswith(PREFIX):
             continue
-        name = known.get(key)
-        if name is None:
+        try:
+            name, parse = _TABLE[wellknown.ProxyEnv(key)]
+        except ValueError:
             problems.append(f"{key}: unknown setting")
             continue
         try:
-            values[name] = _PARSERS[name](raw)
+            values[name] = parse(raw)
         except (ValueError, KeyError) as exc:
             problems.append(f"{key}={raw[:80]!r}: {exc}")
-    identity = [values.get(n) for n in ("identity_svc_addr", "identity_local_name")]
-    if any(identity) and not all(identity):
-        problems.append(
-            f"{env_name('identity_svc_addr')} and {env_name('identity_local_name')} go together"
-        )
+    config = ProxyConfig(**values)
+    identity = _identity(config, problems)
+    destination = _destination(config, problems)
     if problems:
         raise ConfigError(problems)
-    return ProxyConfig(**values)
+    return dataclasses.replace(config, identity=identity, destination=destination)
+
+
+def _identity(config: ProxyConfig, problems: list[str]) -> IdentitySettings | None:
+    if not config.identity_svc_addr and not config.identity_local_name:
+        return None
+    before = len(problems)
+    svc_addr = ("", 0)
+    if not config.identity_svc_addr:
+        problems.append(f"{E.IDENTITY_SVC_ADDR} is required with identity")
+    else:
+        try:
+            svc_addr = parse_svc_addr(config.identity_svc_addr)
+        except ValueError as exc:
+            problems.append(f"{E.IDENTITY_SVC_ADDR}={config.identity_svc_addr[:80]!r}: {exc}")
+    if not config.identity_local_name:
+        problems.append(f"{E.IDENTITY_LOCAL_NAME} is required with identity")
+    if config.identity_token_file is None:
+        problems.append(
+            f"{E.IDENTITY_TOKEN_FILE} is required with identity: the path of the pod's"
+            " service-account token"
+        )
+    anchors = _anchors_problem(config.identity_trust_anchors)
+    if anchors:
+        problems.append(f"{E.IDENTITY_TRUST_ANCHORS}: {anchors}")
+    if len(problems) > before or config.identity_token_file is None:
+        return None
+    return IdentitySettings(
+        local_name=config.identity_local_name,
+        svc_addr=svc_addr,
+        svc_name=config.identity_svc_name or wellknown.IDENTITY_SERVICE_NAME,
+        token_file=config.identity_token_file,
+        trust_anchors_pem=config.identity_trust_anchors,
+        directory=config.identity_dir,
+    )
+
+
+def _destination(config: ProxyConfig, problems: list[str]) -> DestinationSettings | None:
+    if not config.destination_svc_addr:
+        if config.destination_svc_name:
+            problems.append(f"{E.DESTINATION_SVC_NAME} needs {E.DESTINATION_SVC_ADDR}")
+        return None
+    try:
+        svc_addr = parse_svc_addr(config.destination_svc_addr)
+    except ValueError as exc:
+        problems.append(f"{E.DESTINATION_SVC_ADDR}={config.destination_svc_addr[:80]!r}: {exc}")
+        return None
+    if config.destination_svc_name and not config.identity_trust_anchors:
+        problems.append(
+            f"{E.DESTINATION_SVC_NAME} (TLS to the destination service) needs"
+            f" {E.IDENTITY_TRUST_ANCHORS}"
+        )
+    return DestinationSettings(
+        svc_addr=svc_addr,
+        svc_name=config.destination_svc_name or None,
+        context=config.destination_context,
+        profile_suffixes=config.destination_profile_suffixes,
+        trust_anchors_pem=config.identity_trust_anchors or None,
+    )
+
+
+def _anchors_problem(pem: str) -> str | None:
+    if not pem.strip():
+        return "the trust anchors (PEM text) are required with identity"
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=pem)
+    except (ssl.SSLError, ValueError) as exc:
+        hint = ""
+        if "-----BEGIN" not in pem and ("/" in pem or pem.endswith(".pem")):
+            hint = "; the variable holds the certificates themselves, not a path to them"
+        return f"not PEM certificates ({exc}){hint}"
+    return None
 
 
 def defaults_table() -> list[tuple[str, str]]:
     """(variable, default as it would be written in the environment) for every setting, for
     --help."""
     defaults = ProxyConfig()
-    return [
-        (env_name(f.name), _env_text(getattr(defaults, f.name)))
-        for f in fields(ProxyConfig)
-        if f.name in _PARSERS
-    ]
+    return [(str(env), _env_text(getattr(defaults, name))) for env, (name, _) in _TABLE.items()]
 
 
 def _env_text(value: object) -> str:
@@ -211,8 +309,8 @@ def _env_text(value: object) -> str:
         return str(value).lower()
     if isinstance(value, float):
         return f"{value:g}s"
-    if isinstance(value, frozenset):
-        return ",".join(str(port) for port in sorted(value)) or "none"
+    if isinstance(value, PortRanges):
+        return str(value) or "none"
     if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], int):
         return f"{value[0]}:{value[1]}"
     if isinstance(value, tuple):

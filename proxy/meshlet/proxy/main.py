@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 
+from meshlet.proxy import logs
 from meshlet.proxy.identity import prestart
 
 USAGE = """usage: meshlet-proxy
@@ -39,14 +39,17 @@ def main(argv: list[str] | None = None) -> None:
         for problem in exc.problems:
             sys.stderr.write(f"meshlet-proxy: {problem}\n")
         sys.exit(EX_CONFIG)
-    logging.basicConfig(
-        level=config.log.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logs.setup(config.log, config.log_format)
     import uvloop
 
-    from meshlet.proxy.app import run
+    from meshlet.proxy.app import ListenError, run
 
-    uvloop.run(run(config))
+    try:
+        code = uvloop.run(run(config))
+    except ListenError as exc:
+        sys.stderr.write(f"meshlet-proxy: {exc}\n")
+        sys.exit(1)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

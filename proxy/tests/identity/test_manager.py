@@ -25,15 +25,9 @@ import pytest
 
 from meshlet.api import wellknown
 from meshlet.controlplane.identity.server import IdentityConfig, IdentityServer
-from meshlet.proxy.config import ConfigError, load
+from meshlet.proxy.config import IdentitySettings
 from meshlet.proxy.core import refresh
-from meshlet.proxy.identity.manager import (
-    IdentityManager,
-    IdentitySettings,
-    NoCertificate,
-    PrestartFailed,
-    settings_from,
-)
+from meshlet.proxy.identity.manager import IdentityManager, NoCertificate, PrestartFailed
 from meshlet.proxy.metrics import ProxyMetrics
 from meshlet.proxy.tls import contexts
 
@@ -442,7 +436,8 @@ CHILD = """
 import asyncio, json, sys
 from pathlib import Path
 import uvloop
-from meshlet.proxy.identity.manager import IdentityManager, IdentitySettings
+from meshlet.proxy.config import IdentitySettings
+from meshlet.proxy.identity.manager import IdentityManager
 from meshlet.proxy.metrics import ProxyMetrics
 
 async def main() -> None:
@@ -495,46 +490,3 @@ async def test_the_proxy_process_never_imports_cryptography(
 
 
 # Settings
-
-
-def test_no_identity_settings_means_no_identity() -> None:
-    assert settings_from(load({})) is None
-
-
-def test_settings_from_the_proxy_environment(tmp_path: Path, test_ca: Any) -> None:
-    p = wellknown.PROXY_ENV_PREFIX
-    config = load(
-        {
-            p + "IDENTITY_SVC_ADDR": "meshlet-identity.meshlet.svc.cluster.local:8080",
-            p + "IDENTITY_LOCAL_NAME": WEB,
-            p + "IDENTITY_TOKEN_FILE": "/var/run/secrets/tokens/meshlet-identity-token",
-            p + "IDENTITY_TRUST_ANCHORS": test_ca.anchors_pem,
-            p + "IDENTITY_DIR": "/var/run/meshlet/identity",
-        }
-    )
-    assert settings_from(config) == IdentitySettings(
-        local_name=WEB,
-        svc_addr=("meshlet-identity.meshlet.svc.cluster.local", 8080),
-        svc_name=wellknown.IDENTITY_SERVICE_NAME,  # the default
-        token_file=Path("/var/run/secrets/tokens/meshlet-identity-token"),
-        trust_anchors_pem=test_ca.anchors_pem,
-        directory=Path("/var/run/meshlet/identity"),
-    )
-
-
-def test_incomplete_identity_settings_are_reported_together() -> None:
-    p = wellknown.PROXY_ENV_PREFIX
-    config = load(
-        {
-            p + "IDENTITY_SVC_ADDR": "identity:http",
-            p + "IDENTITY_LOCAL_NAME": WEB,
-            p + "IDENTITY_TRUST_ANCHORS": "-----BEGIN CERTIFICATE-----\nnot base64\n",
-        }
-    )
-    with pytest.raises(ConfigError) as caught:
-        settings_from(config)
-    problems = " | ".join(caught.value.problems)
-    assert len(caught.value.problems) == 3, problems
-    assert p + "IDENTITY_SVC_ADDR='identity:http': expected host:port" in problems
-    assert p + "IDENTITY_TOKEN_FILE is required" in problems
-    assert p + "IDENTITY_TRUST_ANCHORS: not PEM certificates" in problems

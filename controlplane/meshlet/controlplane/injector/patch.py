@@ -66,34 +66,34 @@ def proxy_env(
                                   config.trust_domain)  # fmt: skip
     context = '{"ns":"$(_pod_ns)","nodeName":"$(_pod_nodename)","pod":"$(_pod_name)"}'
     values: list[tuple[str, str]] = [
-        (wk.PROXY_ENV_LOG, settings.log_level),
-        (wk.PROXY_ENV_INBOUND_LISTEN_ADDR, f"0.0.0.0:{wk.PROXY_INBOUND_PORT}"),
-        (wk.PROXY_ENV_OUTBOUND_LISTEN_ADDR, f"127.0.0.1:{wk.PROXY_OUTBOUND_PORT}"),
-        (wk.PROXY_ENV_ADMIN_LISTEN_ADDR, f"0.0.0.0:{wk.PROXY_ADMIN_PORT}"),
-        (wk.PROXY_ENV_CONTROL_LISTEN_ADDR, f"0.0.0.0:{wk.PROXY_CONTROL_PORT}"),
-        (wk.PROXY_ENV_DESTINATION_SVC_ADDR,
+        (wk.ProxyEnv.LOG, settings.log_level),
+        (wk.ProxyEnv.INBOUND_LISTEN_ADDR, f"0.0.0.0:{wk.PROXY_INBOUND_PORT}"),
+        (wk.ProxyEnv.OUTBOUND_LISTEN_ADDR, f"127.0.0.1:{wk.PROXY_OUTBOUND_PORT}"),
+        (wk.ProxyEnv.ADMIN_LISTEN_ADDR, f"0.0.0.0:{wk.PROXY_ADMIN_PORT}"),
+        (wk.ProxyEnv.CONTROL_LISTEN_ADDR, f"0.0.0.0:{wk.PROXY_CONTROL_PORT}"),
+        (wk.ProxyEnv.DESTINATION_SVC_ADDR,
          _svc_addr(wk.DESTINATION_NAME, config, wk.DESTINATION_PORT)),
-        (wk.PROXY_ENV_DESTINATION_SVC_NAME,
+        (wk.ProxyEnv.DESTINATION_SVC_NAME,
          wk.identity_name(wk.DESTINATION_NAME, config.control_ns, config.control_ns,
                           config.trust_domain)),
-        (wk.PROXY_ENV_DESTINATION_CONTEXT, context),
-        (wk.PROXY_ENV_DESTINATION_PROFILE_SUFFIXES, f"svc.{config.cluster_domain}."),
-        (wk.PROXY_ENV_IDENTITY_SVC_ADDR,
+        (wk.ProxyEnv.DESTINATION_CONTEXT, context),
+        (wk.ProxyEnv.DESTINATION_PROFILE_SUFFIXES, f"svc.{config.cluster_domain}."),
+        (wk.ProxyEnv.IDENTITY_SVC_ADDR,
          identity_addr or _svc_addr(wk.IDENTITY_NAME, config, wk.IDENTITY_PORT)),
-        (wk.PROXY_ENV_IDENTITY_SVC_NAME,
+        (wk.ProxyEnv.IDENTITY_SVC_NAME,
          wk.identity_name(wk.IDENTITY_NAME, config.control_ns, config.control_ns,
                           config.trust_domain)),
-        (wk.PROXY_ENV_IDENTITY_LOCAL_NAME, local_name),
-        (wk.PROXY_ENV_IDENTITY_TOKEN_FILE, f"{wk.TOKEN_DIR_PATH}/{wk.TOKEN_FILE}"),
-        (wk.PROXY_ENV_IDENTITY_TRUST_ANCHORS, config.trust_anchors_pem),
-        (wk.PROXY_ENV_IDENTITY_DIR, wk.IDENTITY_DIR_PATH),
-        (wk.PROXY_ENV_INBOUND_OPAQUE_PORTS, settings.opaque_ports),
-        (wk.PROXY_ENV_OUTBOUND_OPAQUE_PORTS, settings.opaque_ports),
+        (wk.ProxyEnv.IDENTITY_LOCAL_NAME, local_name),
+        (wk.ProxyEnv.IDENTITY_TOKEN_FILE, f"{wk.TOKEN_DIR_PATH}/{wk.TOKEN_FILE}"),
+        (wk.ProxyEnv.IDENTITY_TRUST_ANCHORS, config.trust_anchors_pem),
+        (wk.ProxyEnv.IDENTITY_DIR, wk.IDENTITY_DIR_PATH),
+        (wk.ProxyEnv.INBOUND_PORTS_DISABLE_PROTOCOL_DETECTION, settings.opaque_ports),
+        (wk.ProxyEnv.OUTBOUND_PORTS_DISABLE_PROTOCOL_DETECTION, settings.opaque_ports),
     ]  # fmt: skip
     optional = (
-        (wk.PROXY_ENV_INBOUND_PORTS_REQUIRE_IDENTITY, settings.require_identity_ports),
-        (wk.PROXY_ENV_OUTBOUND_CONNECT_TIMEOUT, settings.outbound_connect_timeout),
-        (wk.PROXY_ENV_SHUTDOWN_GRACE_PERIOD, settings.shutdown_grace_period),
+        (wk.ProxyEnv.INBOUND_PORTS_REQUIRE_IDENTITY, settings.require_identity_ports),
+        (wk.ProxyEnv.OUTBOUND_CONNECT_TIMEOUT, settings.outbound_connect_timeout),
+        (wk.ProxyEnv.SHUTDOWN_GRACE_PERIOD, settings.shutdown_grace_period),
     )
     values.extend((name, value) for name, value in optional if value)
     return [
@@ -101,7 +101,7 @@ def proxy_env(
         _field("_pod_ns", "metadata.namespace"),
         _field("_pod_nodename", "spec.nodeName"),
         _field("_pod_sa", "spec.serviceAccountName"),
-        *(EnvVar(name=name, value=value) for name, value in values),
+        *(EnvVar(name=str(name), value=value) for name, value in values),
     ]
 
 

@@ -2,7 +2,7 @@
 
 Use from the app::
 
-    settings = settings_from(config)          # None: identity not configured (no mTLS)
+    settings = config.identity                # None: identity not configured (no mTLS)
     identity = IdentityManager(settings, metrics)
     identity.on_change(pool.drop_idle)        # after each new certificate
     async with asyncio.TaskGroup() as tasks:
@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Final
 
 from meshlet.api import wellknown
-from meshlet.proxy.config import ConfigError, ProxyConfig, env_name, parse_svc_addr
+from meshlet.proxy.config import IdentitySettings
 from meshlet.proxy.core import refresh
 from meshlet.proxy.identity import prestart
 from meshlet.proxy.identity.certify import Certificate, CertifyClient, CertifyFailed
@@ -96,59 +96,6 @@ class RefreshResult(enum.Enum):
     REFUSED = "refused"  # it answered with an error status
     REJECTED = "rejected"  # it returned a certificate that failed our checks
     LOCAL_ERROR = "local_error"  # the token file or identity directory could not be used
-
-
-@dataclass(frozen=True, slots=True)
-class IdentitySettings:
-    local_name: str
-    svc_addr: tuple[str, int]  # host (a name or an IP) and port
-    svc_name: str  # the identity service's TLS identity
-    token_file: Path
-    trust_anchors_pem: str
-    directory: Path | None = None  # None: a private temporary folder under /dev/shm
-
-
-def settings_from(config: ProxyConfig) -> IdentitySettings | None:
-    """Identity settings from the proxy configuration; None when identity is not configured.
-    Raises `ConfigError` listing every missing or bad identity setting."""
-    if not config.identity_svc_addr and not config.identity_local_name:
-        return None
-    problems: list[str] = []
-    svc_addr = ("", 0)
-    try:
-        svc_addr = parse_svc_addr(config.identity_svc_addr)
-    except ValueError as exc:
-        problems.append(f"{env_name('identity_svc_addr')}={config.identity_svc_addr!r}: {exc}")
-    if not config.identity_local_name:
-        problems.append(f"{env_name('identity_local_name')} is required with identity")
-    if config.identity_token_file is None:
-        problems.append(
-            f"{env_name('identity_token_file')} is required with identity: the path of the"
-            " pod's service-account token"
-        )
-    anchors_problem = _anchors_problem(config.identity_trust_anchors)
-    if anchors_problem:
-        problems.append(f"{env_name('identity_trust_anchors')}: {anchors_problem}")
-    if problems or config.identity_token_file is None:
-        raise ConfigError(problems)
-    return IdentitySettings(
-        local_name=config.identity_local_name,
-        svc_addr=svc_addr,
-        svc_name=config.identity_svc_name or wellknown.IDENTITY_SERVICE_NAME,
-        token_file=config.identity_token_file,
-        trust_anchors_pem=config.identity_trust_anchors,
-        directory=config.identity_dir,
-    )
-
-
-def _anchors_problem(pem: str) -> str | None:
-    if not pem.strip():
-        return "the trust anchors (PEM) are required with identity"
-    try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=pem)
-    except (ssl.SSLError, ValueError) as exc:
-        return f"not PEM certificates ({exc})"
-    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,7 +193,7 @@ class IdentityManager:
             log.warning(
                 "identity: cannot use the token file %s (%s); check the service-account token"
                 " volume and %s",
-                settings.token_file, exc, env_name("identity_token_file"),
+                settings.token_file, exc, wellknown.ProxyEnv.IDENTITY_TOKEN_FILE,
             )  # fmt: skip
             return RefreshResult.LOCAL_ERROR
         try:
@@ -309,7 +256,7 @@ class IdentityManager:
         log.warning(
             "identity: the identity service refused to certify %s (%s); check that the token in"
             " %s belongs to the service account named by %s; %s",
-            self.local_name, exc, self._settings.token_file, env_name("identity_local_name"),
+            self.local_name, exc, self._settings.token_file, wellknown.ProxyEnv.IDENTITY_LOCAL_NAME,
             self._keeping(),
         )  # fmt: skip
         return RefreshResult.REFUSED

@@ -8,6 +8,7 @@ through `loop.connect_accepted_socket`, and nothing sent by the client is lost.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import socket
 from collections.abc import Awaitable, Callable
@@ -19,6 +20,10 @@ from meshlet.proxy.io.sockets import Addr, original_dst, peer_closed
 
 log = logging.getLogger(__name__)
 
+# accept() errors that pass (out of descriptors or memory, a client gone before it was taken):
+# the listener waits a moment and goes on; any other error ends `serve`.
+_PASSING: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM,
+                             errno.ECONNABORTED, errno.EPROTO, errno.EPERM})  # fmt: skip
 # After the first bytes arrive, an ambiguous prefix is re-peeked on this schedule.
 _REPEEK_FIRST: Final = 0.001
 _REPEEK_MAX: Final = 0.05
@@ -145,6 +150,8 @@ class Listener:
             except OSError as exc:
                 if self.stopped:
                     return
+                if exc.errno not in _PASSING:
+                    raise  # the listening socket itself is broken: the supervisor decides
                 log.warning("%s: accept failed: %s", self.name, exc)
                 await asyncio.sleep(0.05)  # e.g. EMFILE: let connections drain
                 continue
