@@ -527,8 +527,15 @@ COND_KEYS = "all, any, method, not, pathRegex"
         (
             {"routes": [route_spec(condition={"pathRegex": "/api/(list"})]},
             [
-                f"{R0}.condition.pathRegex: invalid regex '/api/(list': "
-                "missing ), unterminated subpattern"
+                f"{R0}.condition.pathRegex: invalid regex '/api/(list' (RE2 syntax): "
+                "missing ): /api/(list"
+            ],
+        ),
+        (  # look-around: Python's re takes it, RE2 and linkerd2-proxy's engine do not
+            {"routes": [route_spec(condition={"pathRegex": "/api/(?!internal).*"})]},
+            [
+                f"{R0}.condition.pathRegex: invalid regex '/api/(?!internal).*' (RE2 syntax): "
+                "invalid perl operator: (?!"
             ],
         ),
         (
@@ -537,7 +544,10 @@ COND_KEYS = "all, any, method, not, pathRegex"
                     route_spec(condition={"all": [{"method": "GET"}, {"not": {"pathRegex": "*x"}}]})
                 ]
             },
-            [f"{R0}.condition.all[1].not.pathRegex: invalid regex '*x': nothing to repeat"],
+            [
+                f"{R0}.condition.all[1].not.pathRegex: invalid regex '*x' (RE2 syntax): "
+                "no argument for repetition operator: *"
+            ],
         ),
         # response conditions
         (

@@ -21,8 +21,8 @@ ServiceProfile, and the translation follows linkerd2's `profile_translator.go`:
 
 Nothing is partially accepted: any problem raises `ProfileError` naming every problem with its
 path, and `profile_or_default` turns that into the default profile plus the error text. Regexes are
-checked with Python's `re`; the proxy compiles them with its own engine (Rust `regex`), which lacks
-look-around and back-references, so such patterns pass here and are rejected by a linkerd2-proxy.
+checked with RE2, the proxies' engine, whose syntax is linkerd2-proxy's (Rust `regex`): no
+look-around and no back-references, so a pattern accepted here is one every proxy can use.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from typing import Final, Generic, TypeVar
 from google.protobuf import duration_pb2
 
 from meshlet.api import destination_pb2, http_types_pb2
+from meshlet.api.pathregex import compile_path_regex
 
 DEFAULT_RETRY_RATIO: Final = 0.2
 DEFAULT_MIN_RETRIES_PER_SECOND: Final = 10
@@ -463,9 +464,9 @@ def _path_regex(
         problems.append(f"{path}: expected a regular expression string, got {_show(value)}")
         return None
     try:
-        re.compile(value)
-    except (re.error, RecursionError, OverflowError, ValueError) as e:
-        problems.append(f"{path}: invalid regex {_show(value)}: {e}")
+        compile_path_regex(value)
+    except ValueError as e:
+        problems.append(f"{path}: invalid regex {_show(value)} (RE2 syntax): {e}")
         return None
     return destination_pb2.RequestMatch(path=destination_pb2.PathMatch(regex=value))
 

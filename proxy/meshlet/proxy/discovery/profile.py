@@ -160,9 +160,16 @@ def _response_match(msg: destination_pb2.ResponseMatch, depth: int = 0) -> Respo
 def _route(msg: destination_pb2.Route) -> Route:
     if not msg.HasField("condition"):
         raise DecodeError("route without condition")
+    from meshlet.proxy.core.routes import BadRoute, check
+
+    condition = _request_match(msg.condition)
+    try:
+        check(condition)
+    except BadRoute as exc:
+        raise DecodeError(str(exc)) from None
     timeout = _seconds(msg.timeout) if msg.HasField("timeout") else 0.0
     return Route(
-        condition=_request_match(msg.condition),
+        condition=condition,
         response_classes=tuple(
             ResponseClass(_response_match(c.condition), c.is_failure) for c in msg.response_classes
         ),

@@ -1,0 +1,118 @@
+"""ServiceProfile routes (pure): which route a request takes, and how its response is classified.
+
+A request takes the first route whose condition matches its method and path (Linkerd's rule);
+none: the default route (no timeout, no retries, default classification). A path regex matches
+the whole path (anchored). Regexes are compiled with RE2, a linear-time engine: the path is the
+client's, and a backtracking engine lets one request spend seconds of CPU on a pattern such as
+`(a+)+$`. RE2's syntax is Rust `regex`'s (no look-around, no back-references), the engine of
+linkerd2-proxy; a route whose regex RE2 refuses never matches (`compile_route` says why).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from meshlet.api.pathregex import compile_path_regex
+from meshlet.proxy.core.classify import FAILURE, SUCCESS, classify
+from meshlet.proxy.discovery.profile import (
+    AllOf,
+    AnyOf,
+    Method,
+    Not,
+    PathRegex,
+    RequestMatch,
+    ResponseClass,
+    ResponseMatch,
+    Route,
+    StatusRange,
+)
+
+MAX_CACHED_PATTERNS: Final = 1024
+
+
+class BadRoute(ValueError):
+    """A route's condition cannot be compiled."""
+
+
+@functools.lru_cache(maxsize=MAX_CACHED_PATTERNS)
+def _compiled(regex: str) -> Any:
+    try:
+        return compile_path_regex(regex)
+    except ValueError as exc:
+        raise BadRoute(f"path regex {regex[:80]!r}: {exc}") from None
+
+
+def check(condition: RequestMatch) -> None:
+    """BadRoute when a regex of `condition` does not compile."""
+    if isinstance(condition, PathRegex):
+        _compiled(condition.regex)
+    elif isinstance(condition, AllOf | AnyOf):
+        for match in condition.matches:
+            check(match)
+    elif isinstance(condition, Not):
+        check(condition.match)
+
+
+def matches(condition: RequestMatch, method: str, path: str) -> bool:
+    if isinstance(condition, Method):
+        return condition.method == method
+    if isinstance(condition, PathRegex):
+        try:
+            return _compiled(condition.regex).fullmatch(path) is not None
+        except BadRoute:
+            return False
+    if isinstance(condition, AllOf):
+        return all(matches(m, method, path) for m in condition.matches)
+    if isinstance(condition, AnyOf):
+        return any(matches(m, method, path) for m in condition.matches)
+    return not matches(condition.match, method, path)
+
+
+@dataclass(frozen=True, slots=True)
+class RoutePolicy:
+    """What a request's route asks of the proxy: the route's metric name (`rt_route`; empty
+    for the default route), its timeout, whether it may be retried, and its classes."""
+
+    name: str = ""
+    timeout: float | None = None
+    retryable: bool = False
+    classes: tuple[ResponseClass, ...] = ()
+
+
+DEFAULT_ROUTE: Final = RoutePolicy()
+
+
+def policy(route: Route) -> RoutePolicy:
+    name = dict(route.labels).get("route", "")
+    return RoutePolicy(name, route.timeout, route.retryable, route.response_classes)
+
+
+def route_for(routes: Sequence[Route], method: str, path: str) -> Route | None:
+    """The first route matching the request; None: the default route."""
+    path = path.split("?", 1)[0] or "/"
+    for route in routes:
+        if matches(route.condition, method, path):
+            return route
+    return None
+
+
+def _status_matches(condition: ResponseMatch, status: int) -> bool:
+    if isinstance(condition, StatusRange):
+        return condition.min <= status <= condition.max
+    if isinstance(condition, AllOf):
+        return all(_status_matches(m, status) for m in condition.matches)
+    if isinstance(condition, AnyOf):
+        return any(_status_matches(m, status) for m in condition.matches)
+    return not _status_matches(condition.match, status)
+
+
+def classify_response(route: RoutePolicy, status: int, grpc_status: str | None) -> str:
+    """`success` or `failure`: the first of the route's response classes matching `status`
+    decides; none: the default (5xx or a gRPC error is a failure)."""
+    for response_class in route.classes:
+        if _status_matches(response_class.condition, status):
+            return FAILURE if response_class.is_failure else SUCCESS
+    return classify(status, grpc_status)

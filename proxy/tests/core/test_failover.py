@@ -1,0 +1,83 @@
+"""The one failover policy: what to do after each kind of failure."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from meshlet.proxy.core.failover import (
+    MAX_ATTEMPTS,
+    MAX_CONNECTS,
+    Action,
+    Attempt,
+    Failure,
+    decide,
+)
+
+FIRST = Attempt(sends=1, connects_failed=0, stale_retried=False, replayable=True,
+                retryable_route=False, method="POST", responded=False)  # fmt: skip
+
+
+def attempt(**changes: object) -> Attempt:
+    return dataclasses.replace(FIRST, **changes)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("failure", "changes", "action", "status", "budgeted"),
+    [
+        (Failure.CONNECT, {"sends": 0, "connects_failed": 1}, Action.RETRY, 0, False),
+        (Failure.CONNECT, {"sends": 0, "connects_failed": MAX_CONNECTS}, Action.ANSWER, 502,
+         False),
+        (Failure.CONNECT_TIMEOUT, {"sends": 0, "connects_failed": MAX_CONNECTS}, Action.ANSWER,
+         504, False),
+        (Failure.STALE, {}, Action.RETRY_SAME, 0, False),
+        (Failure.STALE, {"stale_retried": True}, Action.ANSWER, 502, False),
+        (Failure.RESET, {}, Action.ANSWER, 502, False),  # POST, default route: not retried
+        (Failure.RESET, {"method": "GET"}, Action.RETRY, 0, True),  # idempotent: once
+        (Failure.RESET, {"method": "GET", "sends": 2}, Action.ANSWER, 502, False),
+        (Failure.RESET, {"retryable_route": True, "sends": 2}, Action.RETRY, 0, True),
+        (Failure.RESET, {"retryable_route": True, "sends": MAX_ATTEMPTS}, Action.ANSWER, 502,
+         False),
+        (Failure.RESET, {"retryable_route": True, "replayable": False}, Action.ANSWER, 502,
+         False),  # a body too large to hold cannot be sent again
+        (Failure.STATUS, {}, Action.PASS, 0, False),
+        (Failure.STATUS, {"method": "GET"}, Action.PASS, 0, False),  # statuses: routes only
+        (Failure.STATUS, {"retryable_route": True}, Action.RETRY, 0, True),
+        (Failure.TIMEOUT, {"retryable_route": True}, Action.ANSWER, 504, False),
+        (Failure.RESET, {"retryable_route": True, "responded": True}, Action.ABORT, 0, False),
+    ],
+)  # fmt: skip
+def test_decisions(
+    failure: Failure, changes: dict[str, object], action: Action, status: int, budgeted: bool
+) -> None:
+    decision = decide(failure, attempt(**changes))
+    assert (decision.action, decision.status, decision.budgeted) == (action, status, budgeted)
+    if budgeted:
+        assert decision.otherwise is not None
+        assert decision.otherwise.action in (Action.ANSWER, Action.PASS)
+
+
+@given(
+    st.sampled_from(list(Failure)),
+    st.builds(Attempt, sends=st.integers(0, 10), connects_failed=st.integers(0, 10),
+              stale_retried=st.booleans(), replayable=st.booleans(),
+              retryable_route=st.booleans(), method=st.sampled_from(["GET", "POST"]),
+              responded=st.booleans()),
+)  # fmt: skip
+def test_invariants(failure: Failure, attempt: Attempt) -> None:
+    decision = decide(failure, attempt)
+    if attempt.responded:  # never anything but a cut once the client got a byte
+        assert decision.action is Action.ABORT
+    if decision.action in (Action.RETRY, Action.RETRY_SAME) and failure not in (
+        Failure.CONNECT,
+        Failure.CONNECT_TIMEOUT,
+    ):
+        assert attempt.replayable  # a request is only sent again when it is held whole
+    if decision.action is Action.RETRY and attempt.sends >= MAX_ATTEMPTS:
+        assert failure in (Failure.CONNECT, Failure.CONNECT_TIMEOUT)
+    if decision.budgeted:
+        assert failure in (Failure.RESET, Failure.STATUS, Failure.STALE)
+    assert decision.action is not Action.ANSWER or decision.status in (502, 504)
