@@ -10,10 +10,19 @@ from typing import Any
 import pytest
 import uvloop
 
-from meshlet.proxy.http.contract import Endpoint, HttpConn, HttpLimits, RouteError
+from meshlet.proxy.core.routes import DEFAULT_ROUTE
+from meshlet.proxy.http.contract import (
+    Endpoint,
+    HttpConn,
+    HttpLimits,
+    RequestTarget,
+    RouteError,
+    RouteTarget,
+)
 from meshlet.proxy.io.connect import tcp_connector
 from meshlet.proxy.io.listener import Accepted, Listener, bind
 from meshlet.proxy.metrics import ProxyMetrics
+from meshlet.proxy.routing import FixedPicker
 
 Engine = Callable[[HttpConn], Awaitable[None]]
 
@@ -34,13 +43,6 @@ class EngineProxy:
     routes: list[str | None] = field(default_factory=list)  # authorities asked for
 
 
-def fixed_route(addr: tuple[str, int]) -> Callable[[str | None], Awaitable[Endpoint]]:
-    async def route(authority: str | None) -> Endpoint:
-        return Endpoint(addr, f"{addr[0]}:{addr[1]}")
-
-    return route
-
-
 @pytest.fixture
 async def engine_proxy() -> AsyncIterator[Callable[..., Awaitable[EngineProxy]]]:
     """`await engine_proxy(engine, upstream_addr, limits=HttpLimits(...))` → EngineProxy.
@@ -57,22 +59,29 @@ async def engine_proxy() -> AsyncIterator[Callable[..., Awaitable[EngineProxy]]]
         closing = asyncio.Event()
         proxy: EngineProxy
 
-        async def route(authority: str | None) -> Endpoint | RouteError:
-            proxy.routes.append(authority)
-            if upstream is not None:
-                return Endpoint(upstream, f"{upstream[0]}:{upstream[1]}")
-            if not authority:
-                return RouteError(400, "no authority")
-            host, _, port = authority.rpartition(":")
-            if not port.isdigit():
-                return RouteError(400, "authority without port")
-            return Endpoint((host.strip("[]"), int(port)), authority)
+        class Router:
+            """Every request to `upstream`, or, without one, to its authority."""
+
+            async def route(self, request: RequestTarget) -> RouteTarget | RouteError:
+                authority = request.authority
+                proxy.routes.append(authority)
+                if upstream is not None:
+                    endpoint = Endpoint(upstream, f"{upstream[0]}:{upstream[1]}")
+                elif not authority:
+                    return RouteError(400, "no authority")
+                else:
+                    host, _, port = authority.rpartition(":")
+                    if not port.isdigit():
+                        return RouteError(400, "authority without port")
+                    endpoint = Endpoint((host.strip("[]"), int(port)), authority)
+                return RouteTarget(endpoint.authority_label, DEFAULT_ROUTE, None,
+                                   FixedPicker(endpoint))  # fmt: skip
 
         async def handle(accepted: Accepted) -> None:
             await engine(
                 HttpConn(
                     sock=accepted.sock,
-                    route=route,
+                    router=Router(),
                     connect=tcp_connector((limits or HttpLimits()).connect_timeout),
                     metrics=metrics,
                     labels=metrics.conn("outbound", f"{accepted.local[0]}:{accepted.local[1]}"),

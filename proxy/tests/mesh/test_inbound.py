@@ -22,7 +22,7 @@ from h2.events import DataReceived, RequestReceived, ResponseReceived, StreamEnd
 from meshlet.api import transport_header, wellknown
 from meshlet.api.transport_header import Header, SessionProtocol
 from meshlet.proxy.core import sni
-from meshlet.proxy.http.contract import CLIENT_ID_HEADER, Endpoint, HttpConn, HttpLimits
+from meshlet.proxy.http.contract import CLIENT_ID_HEADER, HttpConn, HttpLimits
 from meshlet.proxy.http.h1 import serve_h1
 from meshlet.proxy.http.h2server import serve_h2
 from meshlet.proxy.io.connect import tcp_connector
@@ -37,6 +37,7 @@ from meshlet.proxy.mesh import (
     relay,
 )
 from meshlet.proxy.metrics import ProxyMetrics
+from meshlet.proxy.routing import FixedRouter
 from meshlet.proxy.targets import SelfTargets
 from meshlet.proxy.tls import contexts
 
@@ -220,12 +221,9 @@ async def dispatch(
         return
     target = terminated.target
 
-    async def route(authority: str | None) -> Endpoint:
-        return Endpoint(target, f"{target[0]}:{target[1]}")
-
     conn = HttpConn(
         sock=None,
-        route=route,
+        router=FixedRouter(target, metrics),
         connect=tcp_connector(1.0),
         metrics=metrics,
         labels=metrics.conn("inbound", f"{target[0]}:{target[1]}", tls="true"),
@@ -418,13 +416,12 @@ async def test_http1_from_the_outbound_engine_reuses_one_mesh_connection(
     metrics, closing = ProxyMetrics(), asyncio.Event()
     connect = mesh_connect(web_context(pki), DB, pod.app.h1_port, SessionProtocol.HTTP1)
 
-    async def route(authority: str | None) -> Endpoint:
-        return Endpoint((DB_IP, pod.port), "db.emojivoto.svc:80")
+    router = FixedRouter((DB_IP, pod.port), metrics)
 
     async def outbound(accepted: Accepted) -> None:
         labels = metrics.conn("outbound", "db.emojivoto.svc:80")
         await serve_h1(
-            HttpConn(accepted.sock, route, connect, metrics, labels, HttpLimits(), closing)
+            HttpConn(accepted.sock, router, connect, metrics, labels, HttpLimits(), closing)
         )
 
     listener = Listener(bind((WEB_IP, 0)), outbound, "outbound")
@@ -470,13 +467,12 @@ async def test_http2_from_the_outbound_engine(pki: Any, db_pod: StartDb) -> None
     metrics, closing = ProxyMetrics(), asyncio.Event()
     connect = mesh_connect(web_context(pki), DB, pod.app.h2_port, SessionProtocol.HTTP2)
 
-    async def route(authority: str | None) -> Endpoint:
-        return Endpoint((DB_IP, pod.port), "db.emojivoto.svc:80")
+    router = FixedRouter((DB_IP, pod.port), metrics)
 
     async def outbound(accepted: Accepted) -> None:
         labels = metrics.conn("outbound", "db.emojivoto.svc:80")
         await serve_h2(
-            HttpConn(accepted.sock, route, connect, metrics, labels, HttpLimits(), closing)
+            HttpConn(accepted.sock, router, connect, metrics, labels, HttpLimits(), closing)
         )
 
     listener = Listener(bind((WEB_IP, 0)), outbound, "outbound")

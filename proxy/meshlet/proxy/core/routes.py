@@ -13,24 +13,70 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Generic, TypeAlias, TypeVar
 
 from meshlet.api.pathregex import compile_path_regex
 from meshlet.proxy.core.classify import FAILURE, SUCCESS, classify
-from meshlet.proxy.discovery.profile import (
-    AllOf,
-    AnyOf,
-    Method,
-    Not,
-    PathRegex,
-    RequestMatch,
-    ResponseClass,
-    ResponseMatch,
-    Route,
-    StatusRange,
-)
 
 MAX_CACHED_PATTERNS: Final = 1024
+
+# The route model (what `discovery.profile` decodes a profile's routes into).
+
+M = TypeVar("M")
+
+
+@dataclass(frozen=True, slots=True)
+class AllOf(Generic[M]):
+    matches: tuple[M, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AnyOf(Generic[M]):
+    matches: tuple[M, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Not(Generic[M]):
+    match: M
+
+
+@dataclass(frozen=True, slots=True)
+class PathRegex:
+    regex: str  # matches the whole request path
+
+
+@dataclass(frozen=True, slots=True)
+class Method:
+    method: str  # case-sensitive, e.g. "GET"
+
+
+@dataclass(frozen=True, slots=True)
+class StatusRange:
+    min: int
+    max: int  # inclusive
+
+
+RequestMatch: TypeAlias = (
+    "AllOf[RequestMatch] | AnyOf[RequestMatch] | Not[RequestMatch] | PathRegex | Method"
+)
+ResponseMatch: TypeAlias = (
+    "AllOf[ResponseMatch] | AnyOf[ResponseMatch] | Not[ResponseMatch] | StatusRange"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseClass:
+    condition: ResponseMatch
+    is_failure: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    condition: RequestMatch
+    response_classes: tuple[ResponseClass, ...]
+    labels: tuple[tuple[str, str], ...]
+    retryable: bool
+    timeout: float | None  # seconds; None: no timeout
 
 
 class BadRoute(ValueError):

@@ -1,8 +1,9 @@
 """Service discovery: the destination service's streams, shared per outbound target."""
 
 from meshlet.api.backoff import Backoff
+from meshlet.proxy.core.routes import Route
 from meshlet.proxy.discovery.client import DestinationClient, Received, StreamRefused
-from meshlet.proxy.discovery.profile import DstOverride, Profile, RetryBudget, Route
+from meshlet.proxy.discovery.profile import DstOverride, Profile, RetryBudget
 from meshlet.proxy.discovery.resolver import Destination, DestinationClosed, Kind, Resolver
 
 __all__ = [

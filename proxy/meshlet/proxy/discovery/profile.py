@@ -14,69 +14,28 @@ identity.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Generic, NamedTuple, TypeAlias, TypeVar
+from typing import NamedTuple
 
 from google.protobuf import duration_pb2
 
 from meshlet.api import destination_pb2, http_types_pb2
 from meshlet.proxy.core.endpoints import DecodeError, Endpoint, decode_endpoint
+from meshlet.proxy.core.routes import (
+    AllOf,
+    AnyOf,
+    BadRoute,
+    Method,
+    Not,
+    PathRegex,
+    RequestMatch,
+    ResponseClass,
+    ResponseMatch,
+    Route,
+    StatusRange,
+    check,
+)
 
-M = TypeVar("M")
 MAX_DEPTH = 16  # all/any/not levels in one condition, as the control plane allows
-
-
-@dataclass(frozen=True, slots=True)
-class AllOf(Generic[M]):
-    matches: tuple[M, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class AnyOf(Generic[M]):
-    matches: tuple[M, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Not(Generic[M]):
-    match: M
-
-
-@dataclass(frozen=True, slots=True)
-class PathRegex:
-    regex: str  # matches the whole request path
-
-
-@dataclass(frozen=True, slots=True)
-class Method:
-    method: str  # case-sensitive, e.g. "GET"
-
-
-@dataclass(frozen=True, slots=True)
-class StatusRange:
-    min: int
-    max: int  # inclusive
-
-
-RequestMatch: TypeAlias = (
-    "AllOf[RequestMatch] | AnyOf[RequestMatch] | Not[RequestMatch] | PathRegex | Method"
-)
-ResponseMatch: TypeAlias = (
-    "AllOf[ResponseMatch] | AnyOf[ResponseMatch] | Not[ResponseMatch] | StatusRange"
-)
-
-
-@dataclass(frozen=True, slots=True)
-class ResponseClass:
-    condition: ResponseMatch
-    is_failure: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Route:
-    condition: RequestMatch
-    response_classes: tuple[ResponseClass, ...]
-    labels: tuple[tuple[str, str], ...]
-    retryable: bool
-    timeout: float | None  # seconds; None: no timeout
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,8 +119,6 @@ def _response_match(msg: destination_pb2.ResponseMatch, depth: int = 0) -> Respo
 def _route(msg: destination_pb2.Route) -> Route:
     if not msg.HasField("condition"):
         raise DecodeError("route without condition")
-    from meshlet.proxy.core.routes import BadRoute, check
-
     condition = _request_match(msg.condition)
     try:
         check(condition)

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Final, Protocol
 
 from meshlet.api import wellknown
+from meshlet.proxy.core.retry_budget import RetryBudget
+from meshlet.proxy.core.routes import RoutePolicy
 from meshlet.proxy.metrics import ConnLabels, ProxyMetrics, Values
 
 Addr = tuple[str, int]
@@ -59,7 +61,39 @@ class RouteError:
     reason: str
 
 
-Route = Callable[[str | None], Awaitable[Endpoint | RouteError]]
+@dataclass(frozen=True, slots=True)
+class RequestTarget:
+    """What a request names, as its router needs it."""
+
+    authority: str | None  # absolute-form host, Host, or :authority
+    method: str
+    path: str  # with the query
+
+
+class EndpointPicker(Protocol):
+    """Where each attempt of a request goes (a balanced pick, or a fixed endpoint)."""
+
+    async def pick(self) -> Endpoint | RouteError: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RouteTarget:
+    """A request's route: the service it is for (`dst`, a bounded label), the route's policy
+    (timeout, retries, classification, `rt_route`), the service's retry budget (None: no
+    retries but a connection's), and what picks an endpoint for each attempt."""
+
+    dst: str
+    policy: RoutePolicy
+    budget: RetryBudget | None
+    endpoints: EndpointPicker
+
+
+class Router(Protocol):
+    """What an engine asks where requests go; each stack provides one per connection."""
+
+    async def route(self, request: RequestTarget) -> RouteTarget | RouteError: ...
+
+
 # Opens a transport to an endpoint with the given protocol factory (plain TCP by default).
 Connect = Callable[
     [Addr, Callable[[], asyncio.Protocol]], Awaitable[tuple[asyncio.Transport, asyncio.Protocol]]
@@ -109,7 +143,7 @@ class HttpConn:
     """Everything an engine needs for one accepted connection."""
 
     sock: object  # the accepted socket.socket (unused with `handoff`)
-    route: Route
+    router: Router
     connect: Connect
     metrics: ProxyMetrics
     labels: ConnLabels

@@ -45,7 +45,14 @@ from typing import Any, Final, cast
 import httptools
 
 from meshlet.proxy.core.classify import classify
-from meshlet.proxy.http.contract import MAX_CONNECT_ATTEMPTS, Endpoint, HttpConn, RouteError
+from meshlet.proxy.core.failover import Action, Attempt, Failure, decide
+from meshlet.proxy.http.contract import (
+    Endpoint,
+    HttpConn,
+    RequestTarget,
+    RouteError,
+    RouteTarget,
+)
 from meshlet.proxy.http.h1client import H1Upstream
 from meshlet.proxy.http.h1head import (
     MAX_TARGET_BYTES,
@@ -145,6 +152,7 @@ class _Request:
         "replay_size",
         "responded",
         "retried",
+        "route",
         "t0",
         "upstream",
         "values",
@@ -163,6 +171,7 @@ class _Request:
         self.replay_size = 0
         self.retried = False
         self.endpoint: Endpoint | None = None
+        self.route: RouteTarget | None = None
         self.key: PoolKey | None = None
         self.upstream: H1Upstream | None = None
         self.label = ""
@@ -293,7 +302,11 @@ class H1Server(asyncio.Protocol):
                 # Nothing was sent: the balancer skips that endpoint and the request is routed
                 # again, maybe to another endpoint.
                 endpoint.lease.failed()
-                if attempts < MAX_CONNECT_ATTEMPTS:
+                attempt = Attempt(sends=0, connects_failed=attempts, stale_retried=False,
+                                  replayable=True, retryable_route=False,
+                                  method=req.head.method, responded=False)  # fmt: skip
+                failure = Failure.CONNECT_TIMEOUT if status == 504 else Failure.CONNECT
+                if decide(failure, attempt).action is Action.RETRY:
                     req.endpoint = None
                     continue
             if not self._abandoned(req):
@@ -310,9 +323,19 @@ class H1Server(asyncio.Protocol):
         first = req.t0 == 0.0
         if first:
             req.t0 = _perf()
-        authority = req.head.authority
+        head = req.head
+        authority = head.authority
+        target: Endpoint | RouteError
         try:
-            target = await conn.route(authority)
+            route = req.route
+            if route is None:
+                routed = await conn.router.route(RequestTarget(authority, head.method, head.path))
+                if isinstance(routed, RouteError):
+                    target = routed
+                else:
+                    req.route = route = routed
+            if route is not None:
+                target = await route.endpoints.pick()
         except Exception:
             log.exception("routing a request for %r failed", authority)
             target = RouteError(502, "routing failed in the proxy")

@@ -92,6 +92,8 @@ class RequestHead(NamedTuple):
     head_only: bool  # HEAD: the response carries no body
     expect_continue: bool
     upgrade: bool  # a protocol upgrade (never h2c): bytes are relayed after a 101
+    method: str = "GET"
+    path: str = "/"  # origin-form, with the query
 
 
 class ResponseHead(NamedTuple):
@@ -232,6 +234,8 @@ def parse_request(
         method == b"HEAD",
         expect_continue,
         upgrading,
+        method.decode("latin-1"),
+        path.decode("latin-1"),
     )
 
 

@@ -44,6 +44,8 @@ class Request:
     headers: list[Header]
     authority: str | None  # `:authority`, else `host`
     grpc: bool  # content-type application/grpc*
+    method: str = "GET"
+    path: str = "/"
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +137,9 @@ def read_request(
         return Malformed("host differs from :authority")
     out.extend(add)
     named = authority if authority is not None else host
-    return Request(out, named.decode("latin-1") if named is not None else None, grpc)
+    path = pseudo.get(b":path") or b""
+    return Request(out, named.decode("latin-1") if named is not None else None, grpc,
+                   method.decode("latin-1"), path.decode("latin-1"))  # fmt: skip
 
 
 def read_response(block: Sequence[Header]) -> Response | Malformed:

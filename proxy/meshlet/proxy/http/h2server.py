@@ -31,7 +31,8 @@ from h2.exceptions import ProtocolError
 from prometheus_client import Counter, Histogram
 
 from meshlet.proxy.core.classify import FAILURE, classify
-from meshlet.proxy.http.contract import MAX_CONNECT_ATTEMPTS, HttpConn, RouteError
+from meshlet.proxy.core.failover import Action, Attempt, Failure, decide
+from meshlet.proxy.http.contract import HttpConn, RequestTarget, RouteError
 from meshlet.proxy.http.h2conn import Peer, error_name, new_connection
 from meshlet.proxy.http.h2guard import Guard, GuardLimits
 from meshlet.proxy.http.h2headers import Malformed, local_response, read_request, read_trailers
@@ -260,19 +261,27 @@ class H2Server(Peer):
 
     async def _forward(self, stream: ProxyStream) -> None:
         conn = self.conn
+        request = stream.request
         connects = 0
         try:
+            route = await conn.router.route(
+                RequestTarget(request.authority, request.method, request.path)
+            )
+            if _gone(stream):
+                return
+            if isinstance(route, RouteError):
+                self._count_request(conn.metrics.authority_label(request.authority or ""), None)
+                stream.answer(route.status, route.reason)
+                return
             while True:
-                target = await conn.route(stream.request.authority)
-                if stream.closed:
+                target = await route.endpoints.pick()
+                if _gone(stream):
                     if not isinstance(target, RouteError) and target.lease is not None:
                         target.lease.release()
                     return
                 if isinstance(target, RouteError):
                     if stream.endpoint is None:
-                        self._count_request(
-                            conn.metrics.authority_label(stream.request.authority or ""), None
-                        )
+                        self._count_request(route.dst, None)
                     stream.answer(target.status, target.reason)
                     return
                 if stream.endpoint is None:
@@ -284,7 +293,11 @@ class H2Server(Peer):
                 connects += 1
                 if target.lease is not None:
                     target.lease.failed()  # the balancer skips that endpoint for a while
-                if target.lease is None or connects >= MAX_CONNECT_ATTEMPTS:
+                attempt = Attempt(sends=0, connects_failed=connects, stale_retried=False,
+                                  replayable=True, retryable_route=False,
+                                  method=request.method, responded=False)  # fmt: skip
+                decision = decide(Failure.CONNECT, attempt)
+                if target.lease is None or decision.action is not Action.RETRY:
                     stream.answer(502, failed.reason)
                     return
                 # Nothing was sent anywhere: route it again, maybe to another endpoint.
@@ -377,6 +390,11 @@ class H2Server(Peer):
         children[0].inc()
         if stream.latency_ms is not None:
             children[1].observe(stream.latency_ms)
+
+
+def _gone(stream: ProxyStream) -> bool:
+    """Whether the stream closed (read after an await: it may have closed meanwhile)."""
+    return stream.closed
 
 
 H2Server.handlers = {

@@ -23,8 +23,10 @@ from typing import Final
 from meshlet.api.transport_header import SessionProtocol
 from meshlet.proxy.core.endpoints import Endpoint as DiscoveredEndpoint
 from meshlet.proxy.core.endpoints import Status
+from meshlet.proxy.core.retry_budget import RetryBudget
 from meshlet.proxy.discovery.client import DestinationClient
 from meshlet.proxy.discovery.profile import DstOverride
+from meshlet.proxy.discovery.profile import RetryBudget as ProfileBudget
 from meshlet.proxy.discovery.resolver import Destination, Resolver, ResolverFull
 from meshlet.proxy.http.contract import Addr, Connect, Endpoint, RouteError
 from meshlet.proxy.identity.manager import IdentityManager
@@ -65,6 +67,7 @@ class MeshRouter:
         # changes, so that new connections present the new one.
         self._reaches: dict[tuple[Addr, str, int | None, SessionProtocol, str], Endpoint] = {}
         self._targets: dict[str, str | None] = {}  # request authority -> discovery target
+        self._budgets: dict[str, tuple[ProfileBudget, RetryBudget]] = {}  # per service
         if identity is not None:
             identity.on_change(self._reaches.clear)
 
@@ -82,12 +85,10 @@ class MeshRouter:
         except ResolverFull as exc:
             return RouteError(503, str(exc))  # the caller refuses the connection and counts it
 
-    async def pick_authority(
-        self, authority: str, session: SessionProtocol
-    ) -> Endpoint | RouteError | None:
-        """Where a request that was not redirected goes, by its authority: discovery for IP
-        literals and names under the profile suffixes; None for anything else, or what
-        discovery does not know (the caller then resolves the name itself)."""
+    async def destination_for_authority(self, authority: str) -> Destination | RouteError | None:
+        """What discovery says of a request that was not redirected, by its authority: asked
+        for IP literals and names under the profile suffixes; None for anything else (the
+        caller then resolves the name itself)."""
         try:
             target = self._targets[authority]
         except KeyError:
@@ -97,11 +98,26 @@ class MeshRouter:
         if target is None:
             return None
         try:
-            destination = await self.resolver.resolve(target)
+            return await self.resolver.resolve(target)
         except ResolverFull as exc:
             return self._fail_fast(str(exc), "discovery_full")
-        async with destination.use():
-            return await self.pick(destination, session)
+
+    def budget_for(self, destination: Destination) -> RetryBudget | None:
+        """The retry budget of the service `destination` is (shared by every connection to it,
+        renewed when the profile changes it); None for what is not a service."""
+        profile = destination.profile
+        if destination.kind != "service" or profile is None:
+            return None
+        key = f"{profile.fqn}:{destination.port}"
+        settings = profile.retry_budget
+        held = self._budgets.get(key)
+        if held is None or held[0] != settings:
+            if len(self._budgets) >= MAX_CACHED:
+                self._budgets.clear()
+            budget = RetryBudget(settings.ratio, settings.min_per_second,
+                                 min(60.0, max(1.0, settings.ttl)), self._clock())  # fmt: skip
+            held = self._budgets[key] = (settings, budget)
+        return held[1]
 
     def _discovery_target(self, authority: str) -> str | None:
         """`host:port` as discovery is asked for it, or None when discovery is not asked."""

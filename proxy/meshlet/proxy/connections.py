@@ -1,0 +1,208 @@
+"""What both stacks do with a connection once they know where it goes: count it, refuse it, serve
+it with an HTTP engine (pooled upstream connections shared by the process), or relay it as opaque
+TCP, trying endpoints as the failover policy says."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import struct
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING
+
+from meshlet.proxy.core.detect import may_be_http
+from meshlet.proxy.core.failover import Action, Attempt, Failure, decide
+from meshlet.proxy.http.contract import (
+    Connect,
+    EndpointPicker,
+    Handoff,
+    HttpConn,
+    HttpLimits,
+    Lease,
+    RouteError,
+    Router,
+)
+from meshlet.proxy.io import relay
+from meshlet.proxy.io.listener import Accepted
+from meshlet.proxy.metrics import ConnLabels, ProxyMetrics
+
+if TYPE_CHECKING:
+    from meshlet.proxy.http.h1pool import H1Pool
+    from meshlet.proxy.http.h2pool import H2Pool
+
+log = logging.getLogger(__name__)
+
+
+class Connections:
+    """Shared by the inbound and outbound stacks of one proxy."""
+
+    def __init__(
+        self,
+        metrics: ProxyMetrics,
+        limits: HttpLimits,
+        connect: Connect,
+        closing: asyncio.Event,
+    ) -> None:
+        self.metrics = metrics
+        self.limits = limits
+        self.connect = connect  # plain TCP with the connect timeout
+        self.closing = closing
+        # Made when the protocol is first seen, so that an idle proxy never imports the
+        # engines it does not use.
+        self._h1_pool: H1Pool | None = None
+        self._h2_pool: H2Pool | None = None
+
+    async def aclose(self) -> None:
+        if self._h1_pool is not None:
+            self._h1_pool.close()
+        if self._h2_pool is not None:
+            await self._h2_pool.aclose()
+
+    # -- counting and refusing ------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def counted(self, labels: ConnLabels) -> AsyncIterator[None]:
+        values = labels.values()
+        self.metrics.tcp_open_total.labels(*values).inc()
+        gauge = self.metrics.tcp_open_connections.labels(*values)
+        gauge.inc()
+        try:
+            yield
+        finally:
+            gauge.dec()
+            self.metrics.tcp_close_total.labels(*values, "").inc()
+
+    def refuse(self, accepted: Accepted, direction: str, reason: str, why: str) -> None:
+        self.metrics.fail_fast_total.labels(direction, reason).inc()
+        log.warning("%s connection from %s refused: %s", direction, accepted.client, why)
+        accepted.sock.close()
+
+    def detect_timed_out(self, direction: str, timeout: float, port: int | None) -> None:
+        label = str(port) if port is not None else "unknown"
+        self.metrics.detect_timeout_total.labels(direction, label).inc()
+        log.warning(
+            "protocol detection timed out after %gs on port %s (%s); handling it as opaque TCP."
+            " If the server speaks first, mark the port opaque with "
+            "config.meshlet.io/opaque-ports", timeout, label, direction,
+        )  # fmt: skip
+
+    def late_http_guard(self, client: str, port: int, timeout: float) -> relay.Guard:
+        """For an inbound connection relayed as opaque because its client sent nothing within
+        the detection timeout: an HTTP request arriving afterwards would reach the app with no
+        HTTP defence and a client-chosen `meshlet-client-id`, so it is refused."""
+
+        def refused() -> None:
+            self.metrics.fail_fast_total.labels("inbound", "late_http").inc()
+            log.warning(
+                "inbound connection from %s to port %d closed: it sent nothing for %gs, so it "
+                "was relayed as a server-speaks-first protocol, then sent HTTP; HTTP clients "
+                "must send their request within the detection timeout", client, port, timeout,
+            )  # fmt: skip
+
+        return lambda first, final: may_be_http(first, final=final), refused
+
+    # -- HTTP ---------------------------------------------------------------------------
+
+    async def http(
+        self,
+        h2: bool,
+        router: Router,
+        labels: ConnLabels,
+        *,
+        accepted: Accepted | None = None,
+        handoff: Handoff | None = None,
+        add_headers: Sequence[tuple[bytes, bytes]] = (),
+    ) -> None:
+        """Serves the connection (a raw accepted socket, or an established `handoff`) with the
+        HTTP/1 or HTTP/2 engine; requests are routed by `router`."""
+        conn = HttpConn(
+            sock=accepted.sock if accepted is not None else None,
+            router=router,
+            connect=self.connect,
+            metrics=self.metrics,
+            labels=labels,
+            limits=self.limits,
+            closing=self.closing,
+            add_headers=add_headers,
+            handoff=handoff,
+            accepted_at=accepted.at if accepted is not None else None,
+        )
+        if h2:
+            from meshlet.proxy.http.h2pool import H2Pool
+            from meshlet.proxy.http.h2server import serve_h2
+
+            if self._h2_pool is None:
+                self._h2_pool = H2Pool(self.connect, self.limits)
+            await serve_h2(conn, self._h2_pool)
+        else:
+            from meshlet.proxy.http.h1 import serve_h1
+            from meshlet.proxy.http.h1pool import H1Pool
+
+            if self._h1_pool is None:
+                self._h1_pool = H1Pool(self.limits.pool_idle_timeout)
+            await serve_h1(conn, self._h1_pool)
+
+    # -- opaque TCP ---------------------------------------------------------------------
+
+    async def relay(
+        self,
+        accepted: Accepted,
+        endpoints: EndpointPicker,
+        labels: ConnLabels,
+        guard: relay.Guard | None = None,
+    ) -> None:
+        """Relays the connection to the endpoint `endpoints` picks; an endpoint that cannot be
+        reached is skipped and another picked, as the failover policy says (then the client's
+        connection is reset, as a failed connection looks to it). `guard` checks the client's
+        first bytes (`relay.GuardedSide`)."""
+        loop = asyncio.get_running_loop()
+        read = self.metrics.tcp_read_bytes_total.labels(*labels.values())
+        written = self.metrics.tcp_write_bytes_total.labels(*labels.values())
+        client, upstream, done = relay.pair(loop, read.inc, written.inc, guard)
+        lease: Lease | None = None
+        failed = 0
+        while True:
+            endpoint = await endpoints.pick()
+            if isinstance(endpoint, RouteError):  # counted where it was decided
+                log.info("%s connection from %s refused: %s", labels.direction,
+                         accepted.client, endpoint.reason)  # fmt: skip
+                reset(accepted.sock)
+                return
+            lease = endpoint.lease
+            try:
+                await (endpoint.connect or self.connect)(endpoint.addr, lambda: upstream)
+                break
+            except (OSError, TimeoutError) as exc:
+                failed += 1
+                log.info("%s: connect to %s:%d failed: %s", labels.direction, *endpoint.addr, exc)
+                if lease is not None:
+                    lease.failed()
+                kind = Failure.CONNECT_TIMEOUT if isinstance(exc, TimeoutError) else Failure.CONNECT
+                attempt = Attempt(sends=0, connects_failed=failed, stale_retried=False,
+                                  replayable=True, retryable_route=False, method="",
+                                  responded=False)  # fmt: skip
+                if lease is None or decide(kind, attempt).action is not Action.RETRY:
+                    reset(accepted.sock)
+                    return
+        if lease is not None:
+            lease.responded()  # per connection: the connect time is the sample
+        started = time.perf_counter()
+        try:
+            await loop.connect_accepted_socket(lambda: client, sock=accepted.sock)
+            upstream.flush()
+            client.flush()
+            await done
+        finally:
+            if lease is not None:
+                lease.release()
+            log.debug("relay closed after %.3fs", time.perf_counter() - started)
+
+
+def reset(sock: socket.socket) -> None:
+    """Closes `sock` with a TCP reset, as a failed connection looks to the client."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()

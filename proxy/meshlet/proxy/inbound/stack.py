@@ -1,0 +1,202 @@
+"""The inbound stack: what happens to a connection for this pod, stage by stage.
+
+accepted (io/listener)
+  → to the inbound port itself: mutual TLS from another proxy, terminated
+    (mesh/inbound.py: client certificate checked, transport header read) → Session, with
+    the client's identity and the pod's port it asks for; otherwise a plain connection to
+    one of the pod's ports (refused where identity is required)
+  → detected: HTTP/1, HTTP/2 or opaque, from the first bytes; a mesh session's declared
+    protocol is not trusted on ports that are not opaque: it is detected like any other
+  → forwarded to the pod's own address at that port: HTTP through the engines (over mTLS
+    with `meshlet-client-id` set from the verified certificate, any client-sent one
+    removed), opaque TCP through the relay (guarded against HTTP that arrives after a
+    silent start).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from meshlet.api.ports import PortRanges
+from meshlet.api.transport_header import SessionProtocol
+from meshlet.proxy.connections import Connections
+from meshlet.proxy.core.detect import NEED_MORE, PEEK_BYTES, Protocol, detect
+from meshlet.proxy.http.contract import CLIENT_ID_HEADER, Addr, Endpoint
+from meshlet.proxy.io import relay
+from meshlet.proxy.io.listener import Accepted, peek_protocol
+from meshlet.proxy.metrics import ConnLabels
+from meshlet.proxy.routing import FixedPicker, FixedRouter
+from meshlet.proxy.targets import SelfTargets
+
+if TYPE_CHECKING:
+    from meshlet.proxy.identity.manager import IdentityManager
+    from meshlet.proxy.mesh.inbound import Terminated
+
+log = logging.getLogger(__name__)
+DIRECTION = "inbound"
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    """A terminated mesh connection: who the client is and which of the pod's ports it asks."""
+
+    terminated: Terminated
+    client_id: str
+    target: Addr
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """A detected connection, bound for `target` on the pod."""
+
+    protocol: SessionProtocol
+    target: Addr
+    guard: relay.Guard | None  # for opaque TCP whose client sent nothing at first
+
+
+class InboundStack:
+    def __init__(
+        self,
+        connections: Connections,
+        identity: IdentityManager | None,
+        *,
+        detect_timeout: float,
+        opaque_ports: PortRanges,
+        require_identity: PortRanges,
+    ) -> None:
+        self._conns = connections
+        self._identity = identity
+        self._timeout = detect_timeout
+        self._opaque_ports = opaque_ports
+        self._require_identity = require_identity
+        self.self_targets = SelfTargets([])  # the proxy's own ports, once bound
+        self.port = 0  # the inbound listener's port, once bound
+
+    async def handle(self, accepted: Accepted) -> None:
+        target = accepted.target
+        if target[1] == self.port:
+            await self._mesh(accepted)
+            return
+        if target[1] in self._require_identity:
+            self._conns.refuse(accepted, DIRECTION, "identity_required",
+                               f"port {target[1]} accepts only meshed (mTLS) clients")  # fmt: skip
+            return
+        if self.self_targets.loops(target, accepted.local[0]):
+            self._conns.refuse(accepted, DIRECTION, "loop",
+                               f"{target[0]}:{target[1]} is the proxy's own port")  # fmt: skip
+            return
+        await self._plain(accepted, target)
+
+    # -- plain connections to one of the pod's ports ------------------------------------------
+
+    async def _plain(self, accepted: Accepted, target: Addr) -> None:
+        conns = self._conns
+        labels = conns.metrics.conn(DIRECTION, f"{target[0]}:{target[1]}")
+        async with conns.counted(labels):
+            forward = await self._detect_plain(accepted, target)
+            if forward is None:
+                return
+            if forward.protocol is SessionProtocol.OPAQUE:
+                endpoint = Endpoint(target, f"{target[0]}:{target[1]}")
+                await conns.relay(accepted, FixedPicker(endpoint), labels, forward.guard)
+                return
+            h2 = forward.protocol is SessionProtocol.HTTP2
+            router = FixedRouter(target, conns.metrics)
+            await conns.http(h2, router, labels, accepted=accepted)
+
+    async def _detect_plain(self, accepted: Accepted, target: Addr) -> Forward | None:
+        if target[1] in self._opaque_ports:
+            return Forward(SessionProtocol.OPAQUE, target, None)
+        detected = await peek_protocol(accepted, self._timeout)
+        if detected is None:
+            accepted.sock.close()
+            return None
+        if detected.protocol is Protocol.HTTP1:
+            return Forward(SessionProtocol.HTTP1, target, None)
+        if detected.protocol is Protocol.HTTP2:
+            return Forward(SessionProtocol.HTTP2, target, None)
+        guard = None
+        if detected.timed_out:
+            self._conns.detect_timed_out(DIRECTION, self._timeout, target[1])
+            if not detected.first_bytes:
+                client = f"{accepted.client[0]}:{accepted.client[1]}"
+                guard = self._conns.late_http_guard(client, target[1], self._timeout)
+        return Forward(SessionProtocol.OPAQUE, target, guard)
+
+    # -- mutual TLS from another proxy --------------------------------------------------------
+
+    async def _mesh(self, accepted: Accepted) -> None:
+        from meshlet.proxy.mesh.inbound import MeshInbound, PassThrough, Refused
+
+        conns = self._conns
+        identity = self._identity
+        if identity is None or not identity.ready:
+            why = "a mesh connection arrived before this proxy has a certificate"
+            conns.refuse(accepted, DIRECTION, "no_identity", why)
+            return
+        mesh = MeshInbound(identity.server_context(), identity.local_name, self.self_targets,
+                           self._timeout)  # fmt: skip
+        outcome = await mesh.accept(accepted)
+        if isinstance(outcome, Refused):
+            conns.metrics.fail_fast_total.labels(DIRECTION, outcome.reason.value).inc()
+            return
+        if isinstance(outcome, PassThrough):
+            conns.refuse(accepted, DIRECTION, "not_our_identity",
+                         f"TLS for {outcome.sni!r} reached the inbound port")  # fmt: skip
+            return
+        session = Session(outcome, outcome.client_id, outcome.target)
+        target = session.target
+        labels = conns.metrics.conn(
+            DIRECTION, f"{target[0]}:{target[1]}", tls="true", no_tls_reason="",
+            client_id=session.client_id,
+        )  # fmt: skip
+        async with conns.counted(labels):
+            forward = await self._detect_session(session)
+            if forward.protocol is SessionProtocol.OPAQUE:
+                await self._relay_session(session, forward, labels)
+                return
+            await conns.http(
+                forward.protocol is SessionProtocol.HTTP2,
+                FixedRouter(target, conns.metrics),
+                labels,
+                handoff=session.terminated,
+                add_headers=((CLIENT_ID_HEADER, session.client_id.encode()),),
+            )
+
+    async def _detect_session(self, session: Session) -> Forward:
+        """The client proxy's word (the transport header) is not enough: a session declared
+        opaque to a port that is not opaque here is detected, so that HTTP cannot reach the
+        app without the HTTP defences and with a `meshlet-client-id` of the client's own."""
+        declared = session.terminated.header.protocol
+        target = session.target
+        if declared is not SessionProtocol.OPAQUE or target[1] in self._opaque_ports:
+            return Forward(declared, target, None)
+        first = await session.terminated.sniff(_decided, self._timeout)
+        protocol = detect(first, final=True)
+        if protocol is Protocol.HTTP1:
+            return Forward(SessionProtocol.HTTP1, target, None)
+        if protocol is Protocol.HTTP2:
+            return Forward(SessionProtocol.HTTP2, target, None)
+        guard = None
+        if not first:
+            self._conns.detect_timed_out(DIRECTION, self._timeout, target[1])
+            guard = self._conns.late_http_guard(session.client_id, target[1], self._timeout)
+        return Forward(SessionProtocol.OPAQUE, target, guard)
+
+    async def _relay_session(self, session: Session, forward: Forward, labels: ConnLabels) -> None:
+        from meshlet.proxy.mesh.inbound import relay as mesh_relay
+
+        metrics, values = self._conns.metrics, labels.values()
+        read = metrics.tcp_read_bytes_total.labels(*values)
+        written = metrics.tcp_write_bytes_total.labels(*values)
+        try:
+            await mesh_relay(session.terminated, self._conns.connect, read.inc, written.inc,
+                             forward.guard)  # fmt: skip
+        except (OSError, TimeoutError) as exc:
+            log.info("inbound: connect to %s:%d failed: %s", *session.target, exc)
+
+
+def _decided(first: bytes) -> bool:
+    return detect(first, final=len(first) >= PEEK_BYTES) is not NEED_MORE

@@ -1,0 +1,138 @@
+"""The outbound route stage: which ServiceProfile route a request takes, and what picks its
+endpoints.
+
+A connection's logical target is one of: a destination discovery knows (a service, or one pod),
+a redirected address discovery does not know (sent there as is), or nothing (the connection was
+not redirected: each request is routed by its authority, through discovery for cluster names and
+IP literals, else by DNS). For a service the request is matched to the profile's routes (its
+timeout, retries, classification and `rt_route`), retries are budgeted by the service's retry
+budget, and every attempt is balanced (`MeshRouter.pick`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from meshlet.api.transport_header import SessionProtocol
+from meshlet.proxy.core.routes import DEFAULT_ROUTE, policy, route_for
+from meshlet.proxy.http.contract import (
+    Addr,
+    Endpoint,
+    EndpointPicker,
+    RequestTarget,
+    RouteError,
+    RouteTarget,
+)
+from meshlet.proxy.metrics import ProxyMetrics
+from meshlet.proxy.routing import FixedPicker, FixedRouter
+from meshlet.proxy.targets import SelfTargets, by_authority
+
+if TYPE_CHECKING:  # discovery is imported only by proxies that use it
+    from meshlet.proxy.discovery.resolver import Destination
+    from meshlet.proxy.outbound.router import MeshRouter
+
+
+@dataclass(frozen=True, slots=True)
+class DiscoveredPicker:
+    """Each attempt balanced over what discovery says of `destination`; `fallback` picks when
+    it knows nothing (the request then goes where it was sent, or where its name resolves)."""
+
+    mesh: MeshRouter
+    destination: Destination
+    session: SessionProtocol
+    fallback: EndpointPicker | None
+
+    async def pick(self) -> Endpoint | RouteError:
+        picked = await self.mesh.pick(self.destination, self.session)
+        if picked is not None:
+            return picked
+        if self.fallback is not None:
+            return await self.fallback.pick()
+        return RouteError(502, "discovery knows nothing of the request's destination")
+
+
+@dataclass(frozen=True, slots=True)
+class DnsPicker:
+    """The address the request's authority resolves to (looked up when a pick is asked)."""
+
+    authority: str
+    self_targets: SelfTargets
+    local_ip: str
+    metrics: ProxyMetrics
+
+    async def pick(self) -> Endpoint | RouteError:
+        routed = await by_authority(self.authority, self.self_targets, self.local_ip)
+        if isinstance(routed, RouteError):
+            return routed
+        return Endpoint(routed.addr, self.metrics.authority_label(routed.authority_label))
+
+
+class OutboundRouter:
+    """Routes the requests of one outbound connection."""
+
+    def __init__(
+        self,
+        mesh: MeshRouter | None,
+        metrics: ProxyMetrics,
+        session: SessionProtocol,
+        *,
+        destination: Destination | None = None,
+        target: Addr | None = None,
+        self_targets: SelfTargets,
+        local_ip: str,
+    ) -> None:
+        self._mesh = mesh
+        self._metrics = metrics
+        self._session = session
+        self._destination = destination
+        self._self, self._local_ip = self_targets, local_ip
+        self._fixed = FixedRouter(target, metrics) if target is not None else None
+        self._fallback: EndpointPicker | None = None
+        if target is not None:
+            label = metrics.authority_label(f"{target[0]}:{target[1]}")
+            self._fallback = FixedPicker(Endpoint(target, label))
+
+    async def route(self, request: RequestTarget) -> RouteTarget | RouteError:
+        mesh = self._mesh
+        if mesh is not None and self._destination is not None:
+            return self._discovered(mesh, self._destination, request, self._fallback)
+        if self._fixed is not None:
+            return await self._fixed.route(request)
+        return await self._by_authority(request)
+
+    def _discovered(
+        self,
+        mesh: MeshRouter,
+        destination: Destination,
+        request: RequestTarget,
+        fallback: EndpointPicker | None,
+    ) -> RouteTarget:
+        profile = destination.profile
+        route = route_for(profile.routes, request.method, request.path) if profile else None
+        name = profile.fqn if profile is not None and profile.fqn else None
+        dst = f"{name}:{destination.port}" if name else destination.target
+        return RouteTarget(
+            self._metrics.authority_label(dst),
+            policy(route) if route is not None else DEFAULT_ROUTE,
+            mesh.budget_for(destination),
+            DiscoveredPicker(mesh, destination, self._session, fallback),
+        )
+
+    async def _by_authority(self, request: RequestTarget) -> RouteTarget | RouteError:
+        """A connection that was not redirected: discovery for cluster names and IP literals,
+        else the name as DNS resolves it."""
+        authority = request.authority
+        if self._mesh is not None and authority:
+            destination = await self._mesh.destination_for_authority(authority)
+            if isinstance(destination, RouteError):
+                return destination
+            if destination is not None and destination.kind != "unknown":
+                dns = DnsPicker(authority, self._self, self._local_ip, self._metrics)
+                return self._discovered(self._mesh, destination, request, dns)
+        routed = await by_authority(authority, self._self, self._local_ip)
+        if isinstance(routed, RouteError):
+            return routed
+        label = self._metrics.authority_label(routed.authority_label)
+        endpoint = Endpoint(routed.addr, label)
+        return RouteTarget(label, DEFAULT_ROUTE, None, FixedPicker(endpoint))
