@@ -55,6 +55,9 @@ Values = tuple[str, str, str, str, str, str]  # ConnLabels.values(), in _CONN's 
 _CONN: Final = ["direction", "target_addr", "tls", "no_tls_reason", "client_id", "server_id"]
 _REQUEST: Final = [*_CONN, "authority"]
 _RESPONSE: Final = [*_REQUEST, "status_code", "grpc_status", "classification"]
+# Per ServiceProfile route (`rt_route` is the route's name; "" for the default route).
+_ROUTE: Final = ["direction", "dst", "rt_route"]
+_ROUTE_RESPONSE: Final = [*_ROUTE, "status_code", "classification"]
 
 
 class ProxyMetrics:
@@ -68,6 +71,30 @@ class ProxyMetrics:
         self.response_latency_ms = Histogram(
             "response_latency_ms", "Time to the response headers, in milliseconds.",
             _RESPONSE, buckets=LATENCY_BUCKETS_MS, registry=r,
+        )  # fmt: skip
+        self.route_request_total = Counter(
+            "route_request", "HTTP requests, by route.", _ROUTE, registry=r
+        )
+        self.route_response_total = Counter(
+            "route_response", "HTTP responses given to clients, by route.", _ROUTE_RESPONSE,
+            registry=r,
+        )  # fmt: skip
+        self.route_response_latency_ms = Histogram(
+            "route_response_latency_ms",
+            "Time to the response headers given to the client, retries included, by route.",
+            _ROUTE_RESPONSE, buckets=LATENCY_BUCKETS_MS, registry=r,
+        )  # fmt: skip
+        self.route_actual_request_total = Counter(
+            "route_actual_request", "HTTP requests sent upstream (retries included), by route.",
+            _ROUTE, registry=r,
+        )  # fmt: skip
+        self.route_actual_response_total = Counter(
+            "route_actual_response", "HTTP responses from upstream (retried ones included).",
+            _ROUTE_RESPONSE, registry=r,
+        )  # fmt: skip
+        self.retry_skipped_total = Counter(
+            "retry_skipped", "Retries a route wanted and its retry budget refused.", _ROUTE,
+            registry=r,
         )  # fmt: skip
         self.tcp_open_total = Counter("tcp_open", "TCP connections opened.", _CONN, registry=r)
         self.tcp_open_connections = Gauge(

@@ -109,9 +109,9 @@ class Handoff(Protocol):
         that pauses on them stays paused); a close that happened meanwhile is passed on."""
 
 
-# Endpoints tried for one request whose connections fail before anything is sent (each failure
-# makes the balancer skip that endpoint for a while; see outbound/balance.py).
-MAX_CONNECT_ATTEMPTS: Final = 3
+# Request bytes kept, once sent, so that the request can be sent again (a retry, or a stale
+# pooled connection): past this a request is not replayable (ServiceProfile retries say 64 KiB).
+REPLAY_LIMIT: Final = 64 * 1024
 
 PROXY_ERROR_HEADER: Final = wellknown.PROXY_ERROR_HEADER.encode()
 CLIENT_ID_HEADER: Final = wellknown.CLIENT_ID_HEADER.encode()

@@ -27,6 +27,7 @@ CONNECTION_HEADERS: Final = frozenset(
 # Credentials are kept out of the HPACK dynamic table of the (shared) upstream connection.
 SENSITIVE_HEADERS: Final = frozenset({b"authorization", b"proxy-authorization"})
 GRPC_UNAVAILABLE: Final = "14"
+GRPC_DEADLINE_EXCEEDED: Final = "4"
 
 # RFC 9113 §8.2.1: a name is 0x21-0x7e without uppercase and, past a pseudo-header's leading
 # colon, without ':'. Deleting the allowed bytes leaves something only when the name is bad.
@@ -180,15 +181,18 @@ def _grpc_message(text: str) -> bytes:
     )
 
 
-def local_response(status: int, reason: str, grpc: bool) -> list[Header]:
+def local_response(
+    status: int, reason: str, grpc: bool, grpc_status: str = GRPC_UNAVAILABLE
+) -> list[Header]:
     """The head of a response the proxy answers itself (ends the stream). gRPC clients get a
-    trailers-only response (HTTP 200, `grpc-status: 14` UNAVAILABLE) that they understand."""
+    trailers-only response (HTTP 200, `grpc-status`: 14 UNAVAILABLE, or 4 DEADLINE_EXCEEDED for
+    a timeout) that they understand."""
     proxy_error = (PROXY_ERROR_HEADER, error_reason(reason).strip() or b"error")
     if grpc:
         return [
             (b":status", b"200"),
             (b"content-type", b"application/grpc"),
-            (b"grpc-status", GRPC_UNAVAILABLE.encode()),
+            (b"grpc-status", grpc_status.encode()),
             (b"grpc-message", _grpc_message(reason.strip())[:512]),
             proxy_error,
         ]

@@ -28,9 +28,7 @@ from h2.events import (
     WindowUpdated,
 )
 from h2.exceptions import ProtocolError
-from prometheus_client import Counter, Histogram
 
-from meshlet.proxy.core.classify import FAILURE, classify
 from meshlet.proxy.core.failover import Action, Attempt, Failure, decide
 from meshlet.proxy.http.contract import HttpConn, RequestTarget, RouteError
 from meshlet.proxy.http.h2conn import Peer, error_name, new_connection
@@ -38,7 +36,7 @@ from meshlet.proxy.http.h2guard import Guard, GuardLimits
 from meshlet.proxy.http.h2headers import Malformed, local_response, read_request, read_trailers
 from meshlet.proxy.http.h2pool import H2Pool
 from meshlet.proxy.http.h2stream import ProxyStream
-from meshlet.proxy.metrics import Values
+from meshlet.proxy.http.recorder import Recorder
 
 log = logging.getLogger(__name__)
 
@@ -115,9 +113,7 @@ class H2Server(Peer):
         self._draining = False
         self._idle_seen = -1
         self._idle_timer: asyncio.TimerHandle | None = None
-        Key = tuple[Values | None, str, int, str, str]
-        self._responses: dict[Key, tuple[Counter, Histogram]] = {}
-        self._requests: dict[tuple[Values | None, str], Counter] = {}
+        self.recorder = Recorder(conn.metrics, conn.labels)
 
     # -- connection --
 
@@ -260,19 +256,28 @@ class H2Server(Peer):
         task.add_done_callback(self._forwarding.discard)
 
     async def _forward(self, stream: ProxyStream) -> None:
+        """Routes the stream (once) and sends it to the endpoint picked for this attempt;
+        connections that fail before anything was sent are tried elsewhere as the failover
+        policy says."""
         conn = self.conn
         request = stream.request
-        connects = 0
+        recorder = self.recorder
         try:
-            route = await conn.router.route(
-                RequestTarget(request.authority, request.method, request.path)
-            )
-            if _gone(stream):
-                return
-            if isinstance(route, RouteError):
-                self._count_request(conn.metrics.authority_label(request.authority or ""), None)
-                stream.answer(route.status, route.reason)
-                return
+            route = stream.route
+            if route is None:
+                routed = await conn.router.route(
+                    RequestTarget(request.authority, request.method, request.path)
+                )
+                if _gone(stream):
+                    return
+                if isinstance(routed, RouteError):
+                    authority = conn.metrics.authority_label(request.authority or "")
+                    recorder.request(authority, None, None)
+                    stream.counted = True
+                    stream.answer(routed.status, routed.reason)
+                    return
+                stream.routed(routed)
+                route = routed
             while True:
                 target = await route.endpoints.pick()
                 if _gone(stream):
@@ -280,21 +285,27 @@ class H2Server(Peer):
                         target.lease.release()
                     return
                 if isinstance(target, RouteError):
-                    if stream.endpoint is None:
-                        self._count_request(route.dst, None)
+                    if not stream.counted:
+                        recorder.request(route.dst, None, route)
+                        stream.counted = True
                     stream.answer(target.status, target.reason)
                     return
-                if stream.endpoint is None:
-                    self._count_request(target.authority_label, target.labels)
+                if not stream.counted:
+                    recorder.request(target.authority_label, target, route)
+                    stream.counted = True
                 stream.endpoint = target
                 failed = await self.pool.open(target.addr, stream, target.connect)
-                if failed is None or stream.closed:
+                if failed is None:
+                    stream.sends += 1
+                    recorder.attempt(route)
                     return
-                connects += 1
+                if stream.closed:
+                    return
+                stream.connects += 1
                 if target.lease is not None:
                     target.lease.failed()  # the balancer skips that endpoint for a while
-                attempt = Attempt(sends=0, connects_failed=connects, stale_retried=False,
-                                  replayable=True, retryable_route=False,
+                attempt = Attempt(sends=stream.sends, connects_failed=stream.connects,
+                                  stale_retried=False, replayable=True, retryable_route=False,
                                   method=request.method, responded=False)  # fmt: skip
                 decision = decide(Failure.CONNECT, attempt)
                 if target.lease is None or decision.action is not Action.RETRY:
@@ -351,45 +362,24 @@ class H2Server(Peer):
 
     # -- metrics --
 
-    def _count_request(self, authority: str, labels: Values | None) -> None:
-        key = (labels, authority)
-        counter = self._requests.get(key)
-        if counter is None:
-            values = labels or self._labels
-            counter = self.conn.metrics.request_total.labels(*values, authority)
-            self._requests[key] = counter
-        counter.inc()
-
     def count_error(self, status: int | ErrorCodes) -> None:
         """Requests or connections refused for their input, by status sent (or h2 error
         code name for resets and GOAWAYs)."""
         label = error_name(status).lower() if isinstance(status, ErrorCodes) else str(status)
-        self.conn.metrics.http_errors_total.labels(self._direction, label).inc()
+        self.recorder.error(label)
 
     def record(self, stream: ProxyStream, failed: bool) -> None:
         endpoint = stream.endpoint
+        route = stream.route
         authority = (
             endpoint.authority_label
             if endpoint is not None
+            else route.dst
+            if route is not None
             else self.conn.metrics.authority_label(stream.request.authority or "")
         )
-        labels = endpoint.labels if endpoint is not None else None
-        grpc_status = stream.grpc_status or ""
-        classification = FAILURE if failed else classify(stream.status, grpc_status)
-        key = (labels, authority, stream.status, grpc_status, classification)
-        children = self._responses.get(key)
-        if children is None:
-            metrics = self.conn.metrics
-            values = (*(labels or self._labels), authority, str(stream.status), grpc_status,
-                      classification)  # fmt: skip
-            children = (
-                metrics.response_total.labels(*values),
-                metrics.response_latency_ms.labels(*values),
-            )
-            self._responses[key] = children
-        children[0].inc()
-        if stream.latency_ms is not None:
-            children[1].observe(stream.latency_ms)
+        self.recorder.response(authority, endpoint, route, stream.status, stream.grpc_status,
+                               stream.latency_ms, failed)  # fmt: skip
 
 
 def _gone(stream: ProxyStream) -> bool:

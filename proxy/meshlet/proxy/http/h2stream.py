@@ -11,16 +11,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
 from h2.errors import ErrorCodes
 from h2.exceptions import ProtocolError
 
-from meshlet.proxy.http.contract import Endpoint
+from meshlet.proxy.core.classify import FAILURE
+from meshlet.proxy.core.failover import IDEMPOTENT, Action, Attempt, Decision, Failure, decide
+from meshlet.proxy.http.contract import REPLAY_LIMIT, Endpoint, RouteTarget
 from meshlet.proxy.http.h2conn import Peer, error_name
 from meshlet.proxy.http.h2headers import (
+    GRPC_DEADLINE_EXCEEDED,
     GRPC_UNAVAILABLE,
     Header,
     Request,
@@ -35,13 +39,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MAX_ATTEMPTS: Final = 2  # a request the upstream never processed is tried once more
-
 
 class Pipe:
     """One direction of a body: bytes taken from the source and not yet given to the sink."""
 
-    __slots__ = ("chunks", "done", "ended", "size", "trailers")
+    __slots__ = ("chunks", "done", "ended", "kept", "kept_size", "size", "trailers")
 
     def __init__(self) -> None:
         self.chunks: deque[bytes] = deque()
@@ -49,6 +51,17 @@ class Pipe:
         self.ended = False  # the source sent END_STREAM
         self.trailers: list[Header] | None = None
         self.done = False  # END_STREAM given to the sink
+        # Bytes given to the sink, kept for a replay (None: not kept, or too many to keep).
+        self.kept: list[bytes] | None = None
+        self.kept_size = 0
+
+    def replay(self) -> None:
+        """Everything given so far is to be given again (to another sink)."""
+        kept = self.kept or []
+        self.chunks.extendleft(reversed(kept))
+        self.size += self.kept_size
+        self.kept, self.kept_size = [], 0
+        self.done = False
 
     def push(self, data: bytes) -> None:
         self.chunks.append(data)
@@ -84,6 +97,11 @@ class Pipe:
                 self.done = last
                 sent += n
                 window -= n
+                if self.kept is not None:
+                    self.kept.append(chunk)
+                    self.kept_size += n
+                    if self.kept_size > REPLAY_LIMIT:
+                        self.kept = None
             self.size -= sent
         if self.ended and not chunks and not self.done:
             if self.trailers is not None:
@@ -98,9 +116,10 @@ class ProxyStream:
     """A downstream stream and the upstream stream it is relayed to."""
 
     __slots__ = (
-        "attempts",
         "client",
         "closed",
+        "connects",
+        "counted",
         "down_id",
         "endpoint",
         "grpc_status",
@@ -110,10 +129,13 @@ class ProxyStream:
         "request",
         "resp",
         "responded",
+        "route",
+        "sends",
         "server",
         "started",
         "status",
         "task",
+        "timer",
         "up_closed",
         "up_id",
     )
@@ -128,8 +150,12 @@ class ProxyStream:
         self.req = Pipe()  # downstream → upstream
         self.resp = Pipe()  # upstream → downstream
         self.endpoint: Endpoint | None = None
-        self.attempts = 1
-        self.req_sent = 0  # request body bytes given upstream: past 0 it cannot be retried
+        self.route: RouteTarget | None = None
+        self.counted = False  # request_total counted
+        self.sends = 0  # times the request was sent upstream (its head at least)
+        self.connects = 0  # connections that failed before anything was sent
+        self.timer: asyncio.TimerHandle | None = None  # the route's timeout
+        self.req_sent = 0  # request body bytes given to the current upstream stream
         self.responded = False  # a final response head went downstream
         self.up_closed = False  # the upstream stream takes no more request bytes
         self.status = 0
@@ -137,6 +163,19 @@ class ProxyStream:
         self.latency_ms: float | None = None
         self.closed = False
         self.task: asyncio.Task[None] | None = None  # routing and opening it upstream
+
+    def routed(self, route: RouteTarget) -> None:
+        """The request's route is known: its budget counts the request, its timeout starts
+        (from the request's arrival), and, when it may be retried, the body given upstream
+        is kept for a replay."""
+        self.route = route
+        policy = route.policy
+        if route.budget is not None:
+            route.budget.deposit(time.monotonic())
+        if policy.timeout is not None:
+            self.timer = self.server.loop.call_at(self.started + policy.timeout, self._timed_out)
+        if policy.retryable or self.request.method in IDEMPOTENT:
+            self.req.kept = []
 
     # -- downstream events (H2Server) --
 
@@ -182,7 +221,18 @@ class ProxyStream:
         self._send_head(response.headers, end=False)
 
     def on_response(self, response: Response, end: bool) -> None:
+        route = self.route
+        if route is not None:
+            recorder = self.server.recorder
+            classification = recorder.attempt_response(route, response.status,
+                                                       response.grpc_status)  # fmt: skip
+            if classification == FAILURE:
+                decision = self._decision(Failure.STATUS)
+                if decision.action is Action.RETRY:
+                    self._retry()
+                    return
         self.responded = True
+        self._stop_timer()
         if self.endpoint is not None and self.endpoint.lease is not None:
             self.endpoint.lease.responded()
         self.status = response.status
@@ -221,8 +271,7 @@ class ProxyStream:
             if code == ErrorCodes.REFUSED_STREAM:
                 self.up_gone("upstream refused the stream", unprocessed=True)
             else:
-                self._detach()
-                self.answer(502, reason or f"upstream reset the stream ({error_name(code)})")
+                self._after_reset(reason or f"upstream reset the stream ({error_name(code)})")
             return
         self.server.reset(self.down_id, code)
         self._close(failed=True)
@@ -235,21 +284,90 @@ class ProxyStream:
         if self.resp.ended:
             self._upstream_done()
             return
-        self._detach()
         if self.responded:
+            self._detach()
             self.server.reset(self.down_id, ErrorCodes.INTERNAL_ERROR)
             self._close(failed=True)
-        elif unprocessed and self.req_sent == 0 and self.attempts < MAX_ATTEMPTS:
-            self.attempts += 1
-            if self.endpoint is not None and self.endpoint.lease is not None:
-                self.endpoint.lease.release()  # routed again: a new lease
-            self.req.done = False  # the head (and any trailers) go again on the next upstream
-            self.server.forward(self)
         elif unprocessed:
-            self.server.reset(self.down_id, ErrorCodes.REFUSED_STREAM)
-            self._close()
+            # The upstream never acted on it: as a connection that failed, nothing was sent.
+            self.connects += 1
+            attempt = self._attempt()
+            replayable = self.req_sent == 0 or self.req.kept is not None
+            if replayable and decide(Failure.CONNECT, attempt).action is Action.RETRY:
+                self._retry()
+            else:
+                self._detach()
+                self.server.reset(self.down_id, ErrorCodes.REFUSED_STREAM)
+                self._close()
         else:
-            self.answer(502, reason)
+            self._after_reset(reason)
+
+    def _after_reset(self, reason: str) -> None:
+        """The upstream failed after the request was sent, before any response byte."""
+        if self._decision(Failure.RESET).action is Action.RETRY:
+            self._retry()
+            return
+        self._detach()
+        self.answer(502, reason)
+
+    # -- retries and timeouts --
+
+    def _attempt(self) -> Attempt:
+        route = self.route
+        return Attempt(
+            sends=self.sends, connects_failed=self.connects, stale_retried=False,
+            replayable=self.req.kept is not None,
+            retryable_route=route is not None and route.policy.retryable,
+            method=self.request.method, responded=self.responded,
+        )  # fmt: skip
+
+    def _decision(self, failure: Failure) -> Decision:
+        """The failover policy's decision, with the route's budget asked for a retry."""
+        decision = decide(failure, self._attempt())
+        route = self.route
+        budget = route.budget if route is not None else None
+        if decision.budgeted and budget is not None and not budget.withdraw(time.monotonic()):
+            assert route is not None and decision.otherwise is not None
+            self.server.recorder.retry_skipped(route)
+            decision = decision.otherwise
+        return decision
+
+    def _retry(self) -> None:
+        """Sends the request again, from the start, to the endpoint picked next (the upstream
+        stream it was on is cancelled: that upstream sees a RST_STREAM)."""
+        client = self.client
+        if client is not None:
+            client.reset(self.up_id, ErrorCodes.CANCEL)
+            client.flush_soon()
+        self._detach()
+        if self.endpoint is not None and self.endpoint.lease is not None:
+            self.endpoint.lease.release()  # routed again: a new lease
+        self.req.replay()
+        self.req_sent = 0
+        self.up_closed = False
+        self.resp = Pipe()
+        self.server.forward(self)
+
+    def _timed_out(self) -> None:
+        self.timer = None
+        if self.closed or self.responded:
+            return
+        client = self.client
+        if client is not None:
+            client.reset(self.up_id, ErrorCodes.CANCEL)  # the upstream sees the cancel
+            client.flush_soon()
+        elif self.task is not None:
+            self.task.cancel()  # still routing or connecting
+        self._detach()
+        route = self.route
+        timeout = route.policy.timeout if route is not None else None
+        self.answer(504, f"the route's timeout of {timeout:g}s passed" if timeout else
+                    "the route's timeout passed", grpc_status=GRPC_DEADLINE_EXCEEDED)  # fmt: skip
+
+    def _stop_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
     def _upstream_done(self) -> None:
         """The whole response arrived; the upstream takes no more of the request."""
@@ -308,19 +426,21 @@ class ProxyStream:
             if resp.done:
                 self._maybe_finish()
 
-    def answer(self, status: int, reason: str) -> None:
-        """Answers the request from the proxy (routing failed, upstream unreachable...)."""
+    def answer(self, status: int, reason: str, grpc_status: str = GRPC_UNAVAILABLE) -> None:
+        """Answers the request from the proxy (routing failed, upstream unreachable, a
+        timeout...); a gRPC request gets `grpc_status` instead of `status`."""
         if self.closed or self.responded:
             return
         grpc = self.request.grpc
         self.responded = True
+        self._stop_timer()
         self.status = 200 if grpc else status
-        self.grpc_status = GRPC_UNAVAILABLE if grpc else None
+        self.grpc_status = grpc_status if grpc else None
         self.latency_ms = (self.server.loop.time() - self.started) * 1000.0
         self.up_closed = True
         self._drop_request_body()
         self.server.count_error(status)
-        if not self._send_head(local_response(status, reason, grpc), end=True):
+        if not self._send_head(local_response(status, reason, grpc, grpc_status), end=True):
             return
         self.resp.ended = self.resp.done = True
         self._maybe_finish()
@@ -361,6 +481,7 @@ class ProxyStream:
         if self.closed:
             return
         self.closed = True
+        self._stop_timer()
         if self.endpoint is not None and self.endpoint.lease is not None:
             self.endpoint.lease.release()
         self._drop_request_body()
