@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 import socket
 import urllib.request
 from collections import Counter
@@ -76,13 +77,43 @@ async def eventually(condition: Callable[[], bool], within: float = 10.0) -> Non
 # --- the apps --------------------------------------------------------------------------------
 
 
+@dataclass
+class Faults:
+    """What web's apps do on some HTTP/1 paths, all replicas alike: under /flaky/ one attempt
+    in five fails with 500 (a seeded draw: a run is repeatable); under /broken/ every attempt
+    fails with 503; under /slow/ the answer takes 1.5 s, unless the client goes away first."""
+
+    draw: random.Random = field(default_factory=lambda: random.Random(7))
+    attempts: Counter[str] = field(default_factory=Counter)  # by the path's first segment
+    cancelled: int = 0  # /slow/ requests whose client left before the answer
+
+    async def status(self, path: str, reader: asyncio.StreamReader) -> int | None:
+        kind = path.split("/")[1]
+        self.attempts[kind] += 1
+        if kind == "flaky":
+            return 500 if self.draw.random() < 0.2 else 200
+        if kind == "broken":
+            return 503
+        if kind == "slow":
+            try:
+                async with asyncio.timeout(1.5):
+                    await reader.read(1)  # b"" once the client closes the connection
+            except TimeoutError:
+                return 200
+            self.cancelled += 1
+            return None
+        return 200
+
+
 class App:
     """One replica's app: it answers with its pod name and the caller identity its proxy
-    passed in `meshlet-client-id`, after `delay` seconds."""
+    passed in `meshlet-client-id`, after `delay` seconds; on HTTP/1 paths that `Faults`
+    names, it fails or is slow as told."""
 
-    def __init__(self, pod: str, ip: str) -> None:
+    def __init__(self, pod: str, ip: str, faults: Faults) -> None:
         self.pod, self.ip = pod, ip
         self.delay = 0.0
+        self.faults = faults
         self._servers: list[asyncio.Server] = []
         self._writers: set[asyncio.StreamWriter] = set()
         self._grpc: grpc.aio.Server | None = None
@@ -145,9 +176,12 @@ class App:
                 fields = dict(line.lower().split(": ", 1) for line in lines[1:] if line)
                 await reader.readexactly(int(fields.get("content-length", "0")))
                 await asyncio.sleep(self.delay)
+                status = await self.faults.status(lines[0].split()[1], reader)
+                if status is None:  # the client went away before the answer
+                    break
                 body = self.answer(fields.get(wellknown.CLIENT_ID_HEADER))
-                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                             b"content-length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
+                head = b"HTTP/1.1 %d X\r\ncontent-type: application/json\r\n" % status
+                writer.write(head + b"content-length: %d\r\n\r\n%s" % (len(body), body))
                 head = await reader.readuntil(b"\r\n\r\n")
         writer.close()
 
@@ -182,8 +216,10 @@ class H1Client:
     async def connect(cls, addr: tuple[str, int]) -> H1Client:
         return cls(*await asyncio.open_connection(*addr))
 
-    async def get(self, authority: str, *extra: str) -> tuple[int, dict[str, str], bytes]:
-        head = "\r\n".join(("GET / HTTP/1.1", f"Host: {authority}", *extra, "", ""))
+    async def get(
+        self, authority: str, *extra: str, path: str = "/"
+    ) -> tuple[int, dict[str, str], bytes]:
+        head = "\r\n".join((f"GET {path} HTTP/1.1", f"Host: {authority}", *extra, "", ""))
         self.writer.write(head.encode())
         raw = await self.reader.readuntil(b"\r\n\r\n")
         lines = raw.decode().split("\r\n")
@@ -270,6 +306,7 @@ class Mesh:
     identity: IdentityServer | None = None
     destination: DestinationServer | None = None
     pods: dict[str, Pod] = field(default_factory=dict)
+    faults: Faults = field(default_factory=Faults)
 
     @property
     def manifests(self) -> Path:
@@ -354,7 +391,7 @@ class Mesh:
         probe keeps a pod out of its service's endpoints until then)."""
         pod = self.pods[name] = Pod(name, ip, token)
         if app:
-            pod.app = App(name, ip)
+            pod.app = App(name, ip, self.faults)
             await pod.app.start()
         proxy = pod.proxy = Proxy(load(self.env(pod)))
         await proxy.start()
@@ -722,6 +759,100 @@ async def test_dst_overrides_split_traffic_between_services_by_weight(mesh: Mesh
     assert 0.15 < seen["canary"] / 400 < 0.35, seen  # 25 % expected; binomial sd 2.2 %
 
 
+# --- the ServiceProfile's routes: retries, budget, timeouts -------------------------------------
+
+WEB = f"{FQN}:{HTTP_PORT}"
+
+
+def route(name: str, regex: str, **policy: Any) -> dict[str, Any]:
+    return {"name": name, "condition": {"method": "GET", "pathRegex": regex}, **policy}
+
+
+async def profiled(mesh: Mesh, client: H1Client, *routes: dict[str, Any], **spec: Any) -> None:
+    """Puts web's ServiceProfile (its routes, plus `GET /probe`) and waits until the client's
+    proxy matches requests to its routes."""
+    probe = route("GET /probe", "/probe/.*")
+    mesh.put("profile", objects.profile("web", {"routes": [probe, *routes], **spec}))
+    bot = mesh.pods["vote-bot"]
+    async with asyncio.timeout(10):
+        while bot.metric("route_request_total", rt_route="GET /probe") == 0:
+            await client.get(WEB, path="/probe/1")
+            await asyncio.sleep(0.02)
+
+
+async def test_a_retryable_route_succeeds_where_its_twin_fails_one_in_five(mesh: Mesh) -> None:
+    """web fails 20 % of attempts under /flaky/: retried within the default budget, the
+    client sees (almost) none of them; on a route that is not retryable, one in five."""
+    client = await H1Client.connect(mesh.pods["vote-bot"].outbound)
+    ok: Counter[str] = Counter()
+    try:
+        await profiled(mesh, client, route("GET /flaky/retried", "/flaky/retried/.*",
+                                           isRetryable=True),
+                       route("GET /flaky/once", "/flaky/once/.*"))  # fmt: skip
+        for i in range(200):
+            for name in ("retried", "once"):
+                status, _, _ = await client.get(WEB, path=f"/flaky/{name}/{i}")
+                ok[name] += status == 200
+    finally:
+        await client.close()
+    assert ok["retried"] >= 0.97 * 200, ok
+    assert 0.70 * 200 <= ok["once"] <= 0.90 * 200, ok  # 80 % expected; binomial sd 2.8 %
+    bot = mesh.pods["vote-bot"]
+    retried = {"direction": "outbound", "dst": WEB, "rt_route": "GET /flaky/retried"}
+    assert bot.metric("route_request_total", **retried) == 200
+    assert bot.metric("route_response_total", classification="success", **retried) == ok["retried"]
+    attempts = bot.metric("route_actual_request_total", **retried)
+    assert attempts > 200  # the retries, counted as Linkerd counts them
+    assert attempts + 200 == mesh.faults.attempts["flaky"]  # what web's replicas saw
+    assert bot.metric("route_actual_response_total", status_code="500", **retried) >= 20
+    assert bot.metric("route_response_total", rt_route="GET /flaky/once",
+                      status_code="500", classification="failure") == 200 - ok["once"]  # fmt: skip
+    assert bot.metric("retry_skipped_total") == 0
+
+
+async def test_the_retry_budget_caps_retries_when_every_attempt_fails(mesh: Mesh) -> None:
+    """Every attempt under /broken/ fails. The budget (20 % of requests, 1 a second, 10 s)
+    allows 100 requests at most 20 + 10 retries, where unbounded retries would double or
+    triple the load on a failing service."""
+    client = await H1Client.connect(mesh.pods["vote-bot"].outbound)
+    budget = {"retryRatio": 0.2, "minRetriesPerSecond": 1, "ttl": "10s"}
+    try:
+        await profiled(mesh, client, route("GET /broken", "/broken/.*", isRetryable=True),
+                       retryBudget=budget)  # fmt: skip
+        for i in range(100):
+            status, fields, _ = await client.get(WEB, path=f"/broken/{i}")
+            assert status == 503, fields  # web's own answer
+    finally:
+        await client.close()
+    retries = mesh.faults.attempts["broken"] - 100
+    assert 20 <= retries <= 30, mesh.faults.attempts
+    bot = mesh.pods["vote-bot"]
+    assert bot.metric("route_actual_request_total", rt_route="GET /broken") == 100 + retries
+    assert bot.metric("retry_skipped_total", rt_route="GET /broken") >= 100 - retries
+
+
+async def test_a_route_timeout_answers_504_and_cancels_the_upstream_request(mesh: Mesh) -> None:
+    client = await H1Client.connect(mesh.pods["vote-bot"].outbound)
+    loop = asyncio.get_running_loop()
+    try:
+        await profiled(mesh, client, route("GET /slow", "/slow/.*", timeout="200ms"))
+        started = loop.time()
+        status, fields, _ = await client.get(WEB, path="/slow/1")
+        elapsed = loop.time() - started
+        # The connection stays usable after a timeout.
+        assert (await client.get(WEB, path="/probe/2"))[0] == 200
+    finally:
+        await client.close()
+    assert status == 504, fields
+    assert fields[wellknown.PROXY_ERROR_HEADER] == "the route's timeout of 0.2s passed"
+    assert 0.2 <= elapsed < 0.3, elapsed
+    await eventually(lambda: mesh.faults.cancelled == 1, within=1.0)  # long before 1.5 s
+    bot = mesh.pods["vote-bot"]
+    assert bot.metric("route_response_total", rt_route="GET /slow", status_code="504",
+                      classification="failure") == 1  # fmt: skip
+    assert bot.metric("route_response_latency_ms_count", rt_route="GET /slow") == 1
+
+
 async def discovered(client: H1Client, authority: str) -> tuple[int, dict[str, str]]:
     """The first answer for `authority` once the destination service has read the manifest
     naming it (until then the name is unknown and does not resolve)."""
@@ -763,7 +894,7 @@ async def test_a_service_without_endpoints_fails_fast_with_503(mesh: Mesh) -> No
 async def test_what_discovery_does_not_know_is_forwarded_as_is_unmeshed(mesh: Mesh) -> None:
     """An address that is no service and no pod (`no_endpoints{exists: false}`) goes where the
     client sent it, in plaintext."""
-    outside = App("outside", "127.0.0.9")
+    outside = App("outside", "127.0.0.9", mesh.faults)
     await outside.start()
     client = await H1Client.connect(mesh.pods["vote-bot"].outbound)
     try:
