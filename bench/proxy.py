@@ -165,7 +165,7 @@ class Bench:
         run = self.fixed(scenario, host, port, authority, log_file)
         fixed = self._run(run, None, scenario)
         fixed_cpu = fixed_meter.stop() if fixed_meter else None
-        _prove(launched.judge, scenario, probes + saturated.ok + fixed.ok)
+        notes += _prove(launched.judge, scenario, probes + saturated.ok + fixed.ok)
         latencies = proxy_load.latencies_us(log_file.read_text())
         if not latencies:
             raise RuntimeError(fixed.detail or "no request completed at the fixed rate")
@@ -206,8 +206,7 @@ class Bench:
             run = proxy_load.iperf3_client(host, port, seconds=self.args.duration)
             saturated = self._run(run, meter, Scenario.TCP)
             cpu = _cpu(meter, saturated)
-        _prove(launched.judge, Scenario.TCP, saturated.ok)
-        notes = _notes(Scenario.TCP, proxy)
+        notes = _notes(Scenario.TCP, proxy) + _prove(launched.judge, Scenario.TCP, saturated.ok)
         return Row(
             Scenario.TCP,
             proxy,
@@ -339,16 +338,21 @@ def _notes(scenario: Scenario, proxy: str) -> list[str]:
     return notes
 
 
-def _prove(judge: Judge | None, scenario: Scenario, at_least: int) -> None:
+def _prove(judge: Judge | None, scenario: Scenario, at_least: int) -> list[str]:
     """RuntimeError unless the pair's counters show `at_least` requests (bytes) crossed mutual
-    TLS; counters written at connection close get a few seconds."""
+    TLS (counters written at connection close get a few seconds); a note of the TLS
+    connections the server side accepted."""
     if judge is None:
-        return
+        return []
     deadline = time.monotonic() + PROOF_WAIT
-    while why := judge(scenario.port_field, at_least):
+    while (verdict := judge(scenario.port_field, at_least)).why:
         if time.monotonic() > deadline:
-            raise RuntimeError(why)
+            raise RuntimeError(verdict.why)
         time.sleep(0.25)
+    if verdict.tls_connections is None:
+        return []
+    count = verdict.tls_connections
+    return [f"{count} TLS connection{'' if count == 1 else 's'} accepted by the server side"]
 
 
 def _probe(scenario: Scenario, host: str, port: int, authority: str, scratch: Path) -> None:

@@ -27,6 +27,7 @@ from typing import Final
 
 from bench import proxy_configs, proxy_envoy, proxy_evidence, proxy_mesh
 from bench.proxy_configs import Ports
+from bench.proxy_evidence import Verdict
 from bench.proxy_pki import Pki, client_tls, server_tls
 from bench.proxy_procs import Processes, StartError, free_port, wait_for_port, wait_for_ready
 
@@ -37,7 +38,7 @@ CLIENT_HOST: Final = "127.0.0.1"  # the client pod's loopback: its side's listen
 SERVER_HOST: Final = proxy_mesh.SERVER_IP  # the server pod: its side's listeners, the upstreams
 
 Started = tuple[subprocess.Popen[bytes], Path]
-Judge = Callable[[str, int], str]  # (scenario's Ports field, at least) -> "" or why not
+Judge = Callable[[str, int], Verdict]  # (scenario's Ports field, at least) -> the verdict
 
 
 @dataclass
@@ -264,7 +265,7 @@ class Launcher:
             status = f"http://{SERVER_HOST}:{self.nginx_status}/"
             stream_log = self.scratch / proxy_configs.NGINX_STREAM_LOG
 
-            def nginx(scenario: str, at_least: int) -> str:
+            def nginx(scenario: str, at_least: int) -> Verdict:
                 if scenario == "tcp":
                     text = stream_log.read_text() if stream_log.exists() else ""
                     return proxy_evidence.nginx_stream(text, at_least)
@@ -278,12 +279,12 @@ class Launcher:
         )  # fmt: skip
 
 
-def _meshlet_judge(scenario: str, at_least: int) -> str:
+def _meshlet_judge(scenario: str, at_least: int) -> Verdict:
+    server = proxy_mesh.metrics("server")
     if scenario == "tcp":
-        server = proxy_mesh.metrics("server")
         return proxy_evidence.meshlet_bytes(server, proxy_mesh.CLIENT_ID, at_least)
     client = proxy_mesh.metrics("client")
-    return proxy_evidence.meshlet_requests(client, proxy_mesh.SERVER_ID, at_least)
+    return proxy_evidence.meshlet_requests(client, server, proxy_mesh.SERVER_ID, at_least)
 
 
 def _check(name: str, config: Path, envoy: str | None) -> str:
