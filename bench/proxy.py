@@ -18,7 +18,7 @@ the upstream. A pair's row fails unless its own counters show the traffic crosse
 As root, missing tools are installed with apt-get and the whole run happens in a fresh network
 namespace, where an iptables REDIRECT sends the TCP client's connections to the proxy under
 test (bench/proxy_netns.py). Prints a markdown report (bench/proxy_report.py); saves it under
-bench/results/ (a --quick run's as proxy-quick.md).
+bench/results/ (a --quick run's, or one of some scenarios or proxies only, as proxy-partial.md).
 """
 
 from __future__ import annotations
@@ -627,7 +627,13 @@ def main() -> None:
     report = render(rows, _facts(bench))
     print(report)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / ("proxy-quick.md" if args.quick else "proxy.md")).write_text(report)
+    # only a whole run replaces the report kept in git
+    whole = not args.quick and {(r.scenario, r.proxy) for r in rows} == {
+        (s, p) for s in Scenario for p in PROXIES
+    }
+    saved = RESULTS / ("proxy.md" if whole else "proxy-partial.md")
+    saved.write_text(report)
+    print(f"saved as {saved}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ PAIRS: Final = tuple(f"{name}-mesh" for name in ONE_HOP)
 PROXIES: Final = ("direct", *ONE_HOP, *PAIRS)
 CLIENT_HOST: Final = "127.0.0.1"  # the client pod's loopback: its side's listeners
 SERVER_HOST: Final = proxy_mesh.SERVER_IP  # the server pod: its side's listeners, the upstreams
+CONFIG_SUFFIX: Final = {"envoy": "json", "nginx": "conf", "haproxy": "cfg"}
 
 Started = tuple[subprocess.Popen[bytes], Path]
 Judge = Callable[[str, int], Verdict]  # (scenario's Ports field, at least) -> the verdict
@@ -85,6 +86,7 @@ class Launcher:
     meshlet_ports: dict[str, int] = field(default_factory=dict)
     ports: dict[str, Ports] = field(default_factory=dict)  # proxy or side -> its listeners
     admin: dict[str, int] = field(default_factory=dict)  # Envoy side -> admin port
+    nginx_status: int = 0  # the nginx server side's stub_status port
     configs: dict[str, Path] = field(default_factory=dict)
     control_plane: proxy_mesh.ControlPlane | None = None
 
@@ -107,7 +109,7 @@ class Launcher:
         sides = ("client", "server") if pair else ("",)
         for side in sides:
             key = f"{name}-{side}" if side else name
-            path = self.scratch / f"{key}.{ {'envoy': 'json', 'nginx': 'conf'}.get(name, 'cfg') }"
+            path = self.scratch / f"{key}.{CONFIG_SUFFIX[name]}"
             path.write_text(self._config(name, side))
             self.configs[key] = path
             if said := _check(name, path, self.envoy):
