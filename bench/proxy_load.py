@@ -59,8 +59,12 @@ def h2load(
     return [*argv, url]
 
 
-def iperf3_client(port: int | str, seconds: float) -> list[str]:
-    return ["iperf3", "-c", "127.0.0.1", "-p", str(port), "-t", f"{seconds:g}", "-J"]
+def iperf3_client(
+    host: str, port: int | str, *, seconds: float | None = None, size: int | None = None
+) -> list[str]:
+    """One iperf3 stream to `host`:`port` for `seconds`, or until `size` bytes are sent."""
+    amount = ["-n", str(size)] if size is not None else ["-t", f"{seconds:g}"]
+    return ["iperf3", "-c", host, "-p", str(port), *amount, "-J"]
 
 
 def iperf3_server(port: int | str) -> list[str]:
@@ -119,13 +123,13 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
 
 
-def parse_iperf3(text: str) -> Outcome:
-    """Bytes received by the server over the test's seconds."""
+def parse_iperf3(text: str, *, sent: bool = False) -> Outcome:
+    """Bytes received by the server (or `sent` by the client) over the test's seconds."""
     try:  # stderr shares the log: decode from the first brace, ignore what follows
         report, _ = json.JSONDecoder().raw_decode(text, text.index("{"))
     except ValueError:
         raise ValueError(f"iperf3 printed no JSON: {text.strip()[-200:]!r}") from None
     if "error" in report:
         return Outcome(0, 1, 0.0, f"iperf3: {report['error']}")
-    received = report["end"]["sum_received"]
-    return Outcome(int(received["bytes"]), 0, float(received["seconds"]))
+    summary = report["end"]["sum_sent" if sent else "sum_received"]
+    return Outcome(int(summary["bytes"]), 0, float(summary["seconds"]))

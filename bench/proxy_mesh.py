@@ -1,23 +1,28 @@
-"""The proxy benchmark's meshed hop: a local control plane and two meshlet proxies on loopback pods.
+"""The bench's meshed meshlet pair: a local control plane and two proxies on loopback pods.
 
 Pods are loopback addresses (all of 127/8 is local): the client pod 127.0.0.2 and the server pod
-127.0.0.3, each with a meshlet proxy on the mesh's usual ports. The control plane runs as in the
-local mesh: a fresh CA, `meshlet-controller identity` with a tokens file (it signs each proxy's
+127.0.0.3, each with a meshlet proxy on the mesh's usual ports, except that the client proxy's
+outbound listener is on 127.0.0.1:4140, as in a pod (an iptables REDIRECT made in the OUTPUT
+chain always lands on 127.0.0.1). The control plane runs as in the local mesh:
+`meshlet-controller identity` with the bench's CA and a tokens file (it signs each proxy's
 certificate) and `meshlet-controller destination` reading a manifests folder, in plaintext (the
 bench measures the data path, not discovery's transport). The manifests hold Service `bench`,
 one port per HTTP scenario (port = targetPort = the upstream's port), and the two pods, labelled
-meshed, so discovery gives the server pod's identity and opaque-transport port with its address.
+meshed, the server pod with the TCP scenario's port opaque (`config.meshlet.io/opaque-ports`),
+so discovery gives the server pod's identity and opaque-transport port with its address.
+
 So a request for `bench.bench.svc.cluster.local:PORT` sent to the client proxy's outbound
 listener is looked up in discovery, balanced to the server pod and sent over mutual TLS 1.3 to
 that pod's proxy's inbound listener (4143, the opaque-transport port), which forwards it to
-127.0.0.3:PORT; the upstreams listen there too. This is what proxy/tests/mesh/test_component.py
-does in-process, here with real processes.
+127.0.0.3:PORT; the upstreams listen there too. A TCP connection to 127.0.0.3:TCP_PORT is
+redirected by iptables to the client proxy, which looks the original destination up (the
+server pod, opaque) and relays it over mutual TLS the same way. This is what
+proxy/tests/mesh/test_component.py does in-process, here with real processes.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import urllib.request
 from dataclasses import dataclass
@@ -25,9 +30,9 @@ from pathlib import Path
 from typing import Final
 
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from bench.proxy_configs import Ports
+from bench.proxy_pki import Pki
 from bench.proxy_procs import Processes, StartError, free_port, wait_for_ready
 from meshlet.api import wellknown
 from meshlet.controlplane.k8s import objects
@@ -39,7 +44,8 @@ CLIENT_IP: Final = "127.0.0.2"
 SERVER_IP: Final = "127.0.0.3"
 PODS: Final = {"client": CLIENT_IP, "server": SERVER_IP}  # pod name = its service account
 SERVER_ID: Final = wellknown.identity_name("server", NS)
-OUTBOUND_PORT: Final = wellknown.PROXY_OUTBOUND_PORT  # the client proxy's, where load goes
+CLIENT_ID: Final = wellknown.identity_name("client", NS)
+OUTBOUND: Final = ("127.0.0.1", wellknown.PROXY_OUTBOUND_PORT)  # the client proxy's: load goes here
 
 
 def authority(port: int | str) -> str:
@@ -51,17 +57,21 @@ def authority(port: int | str) -> str:
 class ControlPlane:
     """The running identity and destination services, as the proxies are told of them."""
 
-    root: Path  # holds the CA, the tokens and manifests, and one token file per pod
+    root: Path  # holds the tokens and manifests, and one token file per pod
     identity_port: int
     destination_port: int
     anchors_pem: str
+    opaque_port: int  # the TCP scenario's upstream port
 
     def proxy_env(self, pod: str) -> dict[str, str]:
         """Every MESHLET_PROXY_* setting of `pod`'s proxy, on the pod's address."""
         ip, p = PODS[pod], wellknown.PROXY_ENV_PREFIX
+        outbound = OUTBOUND if pod == "client" else (ip, wellknown.PROXY_OUTBOUND_PORT)
         return {
             f"{p}INBOUND_LISTEN_ADDR": f"{ip}:{wellknown.PROXY_INBOUND_PORT}",
-            f"{p}OUTBOUND_LISTEN_ADDR": f"{ip}:{wellknown.PROXY_OUTBOUND_PORT}",
+            f"{p}OUTBOUND_LISTEN_ADDR": f"{outbound[0]}:{outbound[1]}",
+            # as the injector sets it from the pod's opaque-ports annotation
+            wellknown.PROXY_ENV_INBOUND_OPAQUE_PORTS: str(self.opaque_port),
             f"{p}ADMIN_LISTEN_ADDR": f"{ip}:{wellknown.PROXY_ADMIN_PORT}",
             f"{p}CONTROL_LISTEN_ADDR": f"{ip}:{wellknown.PROXY_CONTROL_PORT}",
             f"{p}DESTINATION_SVC_ADDR": f"127.0.0.1:{self.destination_port}",
@@ -80,35 +90,27 @@ def admin_url(pod: str, path: str) -> str:
 
 
 def start_control_plane(
-    procs: Processes, root: Path, upstream: Ports, cpu: int | None, timeout: float
+    procs: Processes, root: Path, pki: Pki, upstream: Ports, cpu: int | None, timeout: float
 ) -> ControlPlane:
-    """Write the control plane's inputs under `root`, then start the identity and destination
-    services on `cpu` and wait until both are ready."""
-    ca, tokens, manifests = _write_inputs(root, upstream)
-    anchors = ca / "trust-anchors.pem"
+    """Write the control plane's inputs under `root`, then start the identity (signing with
+    `pki`'s issuer) and destination services on `cpu` and wait until both are ready."""
+    tokens, manifests = _write_inputs(root, upstream)
     ports = {"identity": free_port(), "destination": free_port()}
     flags = {
-        "identity": ["--trust-anchors", str(anchors), "--issuer-dir", str(ca / "issuer"),
+        "identity": ["--trust-anchors", str(pki.anchors), "--issuer-dir", str(pki.issuer_dir),
                      "--tokens-file", str(tokens)],
         "destination": ["--manifests", str(manifests)],
     }  # fmt: skip
     for kind, port in ports.items():
         _start_controller(procs, kind, port, flags[kind], cpu, timeout)
-    return ControlPlane(root, ports["identity"], ports["destination"], anchors.read_text())
+    anchors = pki.anchors.read_text()
+    return ControlPlane(root, ports["identity"], ports["destination"], anchors, upstream.tcp)
 
 
-def _write_inputs(root: Path, upstream: Ports) -> tuple[Path, Path, Path]:
-    """A fresh CA, the tokens file (with each pod's token file beside it) and the manifests
-    folder, under `root`."""
+def _write_inputs(root: Path, upstream: Ports) -> tuple[Path, Path]:
+    """The tokens file (with each pod's token file beside it) and the manifests folder, under
+    `root`."""
     root.mkdir()
-    ca = root / "ca"
-    created = subprocess.run(
-        [sys.executable, "-m", "meshlet.cli.main", "identity", "ca", "create", "--out", str(ca)],
-        capture_output=True,
-        text=True,
-    )
-    if created.returncode:
-        raise StartError(f"meshlet identity ca create: {created.stderr.strip()[-200:]}")
     tokens = root / "tokens.yaml"
     tokens.write_text(
         yaml.safe_dump({f"tok-{sa}": {"namespace": NS, "serviceaccount": sa} for sa in PODS})
@@ -118,17 +120,26 @@ def _write_inputs(root: Path, upstream: Ports) -> tuple[Path, Path, Path]:
     manifests = root / "manifests"
     manifests.mkdir()
     (manifests / "bench.yaml").write_text(yaml.safe_dump_all(_manifests(upstream)))
-    return ca, tokens, manifests
+    return tokens, manifests
 
 
 def _manifests(upstream: Ports) -> list[objects.Obj]:
-    """Service `bench` (a port per HTTP scenario), its meshed server pod and the client pod."""
+    """Service `bench` (a port per HTTP scenario), its meshed server pod (the TCP port opaque)
+    and the client pod."""
     ports: list[tuple[str, int, int | str]] = [
         (name, getattr(upstream, name), getattr(upstream, name)) for name in ("h1", "h2", "grpc")
     ]
     return [
         objects.service(SERVICE, NS, ports=ports, cluster_ip=CLUSTER_IP),
-        objects.pod("server", SERVER_IP, NS, app=SERVICE, sa="server", owner=None),
+        objects.pod(
+            "server",
+            SERVER_IP,
+            NS,
+            app=SERVICE,
+            sa="server",
+            owner=None,
+            annotations={wellknown.OPAQUE_PORTS_ANNOTATION: str(upstream.tcp)},
+        ),
         objects.pod("client", CLIENT_IP, NS, app="client", sa="client", owner=None),
     ]
 
@@ -147,15 +158,7 @@ def _start_controller(
         raise StartError(f"the {kind} service: {exc}") from None
 
 
-def mtls_requests() -> float:
-    """Requests the client proxy has sent over mutual TLS to the server's identity, as its
-    /metrics counts them (request_total, direction outbound, tls true, server_id)."""
-    with urllib.request.urlopen(admin_url("client", "/metrics"), timeout=5) as response:
-        text = response.read().decode()
-    wanted = {"direction": "outbound", "tls": "true", "server_id": SERVER_ID}.items()
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == "request_total" and wanted <= sample.labels.items()
-    )
+def metrics(pod: str) -> str:
+    """The Prometheus text of `pod`'s proxy."""
+    with urllib.request.urlopen(admin_url(pod, "/metrics"), timeout=5) as response:
+        return str(response.read().decode())

@@ -91,18 +91,23 @@ def own_cpu() -> float:
 
 
 class CpuMeter:
-    """CPU time process trees spend between `__init__` and `stop()`, and their peak RSS, both
-    summed over the trees (one per proxy process: two for the meshed hop)."""
+    """CPU time process trees spend between `__init__` and `stop()`, summed over the trees (one
+    per proxy process: two for a meshed pair), and their peak RSS, summed and of each tree."""
 
     def __init__(self, *roots: int) -> None:
         self.roots = roots
-        self.pids = tree(*roots)
+        self.trees = [tree(root) for root in roots]
+        self.pids = [pid for pids in self.trees for pid in pids]
         self.before = cpu_seconds(self.pids)
-        self.peak_rss_kib = rss_kib(self.pids)
+        self.peak_each = [0] * len(roots)
+        self.peak_rss_kib = 0
+        self.sample()
 
     def sample(self) -> None:
-        """Note the RSS now: cheap (the tree's pids are those found at the start)."""
-        self.peak_rss_kib = max(self.peak_rss_kib, rss_kib(self.pids))
+        """Note the RSS now: cheap (the trees' pids are those found at the start)."""
+        each = [rss_kib(pids) for pids in self.trees]
+        self.peak_each = [max(a, b) for a, b in zip(self.peak_each, each, strict=True)]
+        self.peak_rss_kib = max(self.peak_rss_kib, sum(each))
 
     def stop(self) -> float:
         """Seconds of CPU used since the meter started (children started since count fully)."""
@@ -125,14 +130,16 @@ def pinned(argv: Sequence[str], cpu: int | None) -> list[str]:
     return ["taskset", "-c", str(cpu), *argv]
 
 
-def wait_for_port(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
-    """Until something accepts on 127.0.0.1:`port`; StartError if `proc` exits first."""
+def wait_for_port(
+    port: int, proc: subprocess.Popen[bytes], log: Path, timeout: float, host: str = "127.0.0.1"
+) -> None:
+    """Until something accepts on `host`:`port`; StartError if `proc` exits first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise StartError(f"exited with {proc.returncode}: {log_tail(log, 3)}")
         try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            socket.create_connection((host, port), timeout=0.5).close()
             return
         except OSError:
             time.sleep(0.05)
