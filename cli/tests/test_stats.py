@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import generate_latest
 
-from meshlet.cli.demo.stats import Scrape, combine, parse, quantile, replica_rows, row, traffic
+from meshlet.cli.stats import Scrape, combine, parse, quantile, replica_rows, row, traffic
 from meshlet.proxy.metrics import ProxyMetrics
 
 CLIENT = "web.demo.serviceaccount.identity.meshlet.cluster.local"
