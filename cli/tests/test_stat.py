@@ -1,15 +1,15 @@
-"""`meshlet stat` against the fake API server: Deployments injected by `meshlet inject --manual`,
-their pods, and behind each meshed pod's IP and admin port a proxy metrics registry served by
-the proxy's own admin server, read through the API server's pod proxy. Traffic is recorded as
-the proxy's HTTP engines and relay record it, during the window (the clock is the test's)."""
+"""`meshlet stat` against the fake API server (the `emojivoto` fixture: Deployments meshed by
+`meshlet inject --manual`, their pods, and behind each meshed pod's IP and admin port a proxy
+metrics registry served by the proxy's own admin server, read through the API server's pod
+proxy). Traffic is recorded as the proxy's HTTP engines and relay record it, during the window:
+the clock is the test's."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import socket
 import threading
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,64 +17,13 @@ from typing import Any
 import pytest
 import yaml
 
-from meshlet.api.admin import AdminServer
 from meshlet.cli import stat as stat_command
 from meshlet.proxy.metrics import ProxyMetrics
-from meshlet_testing import pki
-from meshlet_testing.fakeapi import FakeKubeAPI
-from meshlet_testing.workloads import ready_pod
+from meshlet_testing.meshed import NS, PODS, SILENT, Emojivoto
 
 GOLDEN = Path(__file__).parent / "golden"
-APP = Path(__file__).parent / "data" / "stat-app.yaml"
-NS = "emojivoto"
 LOAD_ID = "load.emojivoto.serviceaccount.identity.meshlet.cluster.local"
 WEB_ID = "web.emojivoto.serviceaccount.identity.meshlet.cluster.local"
-PODS = {  # pod → (Deployment, IP)
-    "web-6c8f9d7b5-k2x7q": ("web", "10.42.1.11"),
-    "web-6c8f9d7b5-m4p8z": ("web", "10.42.1.12"),
-    "api-5b7d9c4f8-a1b2c": ("api", "10.42.2.21"),
-    "api-5b7d9c4f8-d3e4f": ("api", "10.42.2.22"),
-    "api-5b7d9c4f8-g5h6j": ("api", "10.42.2.23"),  # its proxy does not answer
-    "store-7f6d8b9c4-q7r8s": ("store", "10.42.3.31"),
-    "legacy-8d9f7c6b5-t9u1v": ("legacy", "10.42.4.41"),  # not meshed
-}
-SILENT = "api-5b7d9c4f8-g5h6j"
-
-
-class Proxies:
-    """Each meshed pod's admin endpoint: a `ProxyMetrics` registry served by `AdminServer` (what
-    `meshlet-proxy` serves on :4191) on 127.0.0.1, behind the pod's IP in the fake API."""
-
-    def __init__(self, api: FakeKubeAPI) -> None:
-        self.api = api
-        self.metrics: dict[str, ProxyMetrics] = {}
-        self.loop = asyncio.new_event_loop()
-        self._servers: list[AdminServer] = []
-        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self._thread.start()
-
-    def serve(self, pod: str, ip: str) -> ProxyMetrics:
-        metrics = ProxyMetrics()
-        server = AdminServer(metrics.registry, ready=lambda: True)
-        start = asyncio.run_coroutine_threadsafe(server.start("127.0.0.1", 0), self.loop)
-        _, port = start.result(timeout=5)
-        self._servers.append(server)
-        self.api.expose(ip, 4191, ("127.0.0.1", port))
-        self.metrics[pod] = metrics
-        return metrics
-
-    def close(self) -> None:
-        for server in self._servers:
-            asyncio.run_coroutine_threadsafe(server.close(), self.loop).result(timeout=5)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=5)
-        self.loop.close()
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def serve(metrics: ProxyMetrics, status: int, ms: float, client_id: str = "") -> None:
@@ -118,54 +67,35 @@ class FakeClock:
         self.t += seconds
 
 
+def traffic_before(world: Emojivoto) -> None:
+    for _ in range(100):  # earlier traffic: not in the window
+        serve(world.proxies.metrics["web-6c8f9d7b5-k2x7q"], 200, 1, LOAD_ID)
+
+
+def traffic_during(world: Emojivoto) -> None:
+    m = world.proxies.metrics
+    for _ in range(10):
+        serve(m["web-6c8f9d7b5-k2x7q"], 200, 3, LOAD_ID)
+    for _ in range(9):
+        serve(m["web-6c8f9d7b5-m4p8z"], 200, 4)  # from a client outside the mesh
+    serve(m["web-6c8f9d7b5-m4p8z"], 503, 1)
+    for i in range(20):
+        serve(m["api-5b7d9c4f8-a1b2c"], 200, 20 + i, WEB_ID)
+        serve(m["api-5b7d9c4f8-d3e4f"], 200 if i else 500, 60, WEB_ID)
+    for i in range(4):
+        connect(m["store-7f6d8b9c4-q7r8s"], WEB_ID, still_open=i < 2)
+
+
 class Mesh:
-    def __init__(self, api: FakeKubeAPI, meshlet: Callable[..., Any], tmp_path: Path) -> None:
-        self.api, self.meshlet = api, meshlet
-        self.kubeconfig = str(api.write_kubeconfig(tmp_path / "kubeconfig"))
-        self.proxies = Proxies(api)
+    """The emojivoto namespace with traffic before the window and during it."""
 
-    def build(self) -> None:
-        self.api.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
-        anchors = str(pki.TRUST_ANCHORS)
-        injected = self.meshlet("inject", "--manual", "--ignore-cluster",
-                                "--identity-trust-anchors-file", anchors, str(APP))  # fmt: skip
-        assert injected.code == 0, injected.err
-        templates = {}
-        for doc in yaml.safe_load_all(injected.out):
-            if doc:
-                self.api.apply(doc)
-                templates[doc["metadata"]["name"]] = doc["spec"]["template"]
-        for pod, (deploy, ip) in PODS.items():
-            self.api.apply(ready_pod(templates[deploy], pod, NS, ip))
-            if deploy == "legacy":
-                continue
-            if pod == SILENT:
-                self.api.expose(ip, 4191, ("127.0.0.1", closed_port()))
-            else:
-                self.proxies.serve(pod, ip)
-        finished = ready_pod(templates["web"], "web-6c8f9d7b5-old01", NS, "10.42.1.9")
-        finished["status"]["phase"] = "Succeeded"  # not counted, not read
-        self.api.apply(finished)
-
-    def traffic_before(self) -> None:
-        for _ in range(100):  # earlier traffic: not in the window
-            serve(self.proxies.metrics["web-6c8f9d7b5-k2x7q"], 200, 1, LOAD_ID)
-
-    def traffic_during(self) -> None:
-        m = self.proxies.metrics
-        for _ in range(10):
-            serve(m["web-6c8f9d7b5-k2x7q"], 200, 3, LOAD_ID)
-        for _ in range(9):
-            serve(m["web-6c8f9d7b5-m4p8z"], 200, 4)  # from a client outside the mesh
-        serve(m["web-6c8f9d7b5-m4p8z"], 503, 1)
-        for i in range(20):
-            serve(m["api-5b7d9c4f8-a1b2c"], 200, 20 + i, WEB_ID)
-            serve(m["api-5b7d9c4f8-d3e4f"], 200 if i else 500, 60, WEB_ID)
-        for i in range(4):
-            connect(m["store-7f6d8b9c4-q7r8s"], WEB_ID, still_open=i < 2)
+    def __init__(self, world: Emojivoto, clock: FakeClock) -> None:
+        self.world, self.api = world, world.api
+        traffic_before(world)
+        clock.during.append(lambda: traffic_during(world))
 
     def stat(self, *args: str) -> Any:
-        return self.meshlet("stat", "--kubeconfig", self.kubeconfig, *args)
+        return self.world.run("stat", *args)
 
 
 @pytest.fixture
@@ -176,17 +106,8 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
 
 
 @pytest.fixture
-def mesh(
-    api: FakeKubeAPI, meshlet: Callable[..., Any], tmp_path: Path, clock: FakeClock
-) -> Iterator[Mesh]:
-    m = Mesh(api, meshlet, tmp_path)
-    try:
-        m.build()
-        m.traffic_before()
-        clock.during.append(m.traffic_during)
-        yield m
-    finally:
-        m.proxies.close()
+def mesh(emojivoto: Emojivoto, clock: FakeClock) -> Mesh:
+    return Mesh(emojivoto, clock)
 
 
 def test_deployments(mesh: Mesh, clock: FakeClock, golden: Callable[[Path, str], None]) -> None:
@@ -236,9 +157,10 @@ def test_json(mesh: Mesh) -> None:
 
 
 def test_namespace_comes_from_the_kubeconfig_context(mesh: Mesh) -> None:
-    doc = yaml.safe_load(Path(mesh.kubeconfig).read_text())
+    kubeconfig = Path(mesh.world.kubeconfig)
+    doc = yaml.safe_load(kubeconfig.read_text())
     doc["contexts"][0]["context"]["namespace"] = NS
-    Path(mesh.kubeconfig).write_text(yaml.safe_dump(doc))
+    kubeconfig.write_text(yaml.safe_dump(doc))
     run = mesh.stat("po", "-o", "json")
     assert run.code == 0, run.err
     assert {row["name"] for row in json.loads(run.out)} == {p for p in PODS if "legacy" not in p}
@@ -291,26 +213,19 @@ def test_unreachable_cluster(meshlet: Callable[..., Any], tmp_path: Path) -> Non
     assert run.code == 1 and run.err.startswith("Error: no usable kubeconfig")
 
 
-def test_a_real_window(api: FakeKubeAPI, meshlet: Callable[..., Any], tmp_path: Path) -> None:
+def test_a_real_window(emojivoto: Emojivoto) -> None:
     """Without the test's clock: two scrapes a real second apart, traffic in between."""
-    m = Mesh(api, meshlet, tmp_path)
-    try:
-        m.build()
-        web = m.proxies.metrics["web-6c8f9d7b5-k2x7q"]
+    web = emojivoto.proxies.metrics["web-6c8f9d7b5-k2x7q"]
 
-        def traffic() -> None:
-            import time
+    def traffic() -> None:
+        time.sleep(0.3)
+        for _ in range(10):
+            serve(web, 200, 2, LOAD_ID)
 
-            time.sleep(0.3)
-            for _ in range(10):
-                serve(web, 200, 2, LOAD_ID)
-
-        thread = threading.Thread(target=traffic)
-        thread.start()
-        run = m.stat("deploy/web", "-n", NS, "-t", "1s", "-o", "json")
-        thread.join()
-        assert run.code == 0, run.err
-        (row,) = json.loads(run.out)
-        assert 7 <= row["rps"] <= 11 and row["success"] == 1.0 and row["mtls"] == 1.0
-    finally:
-        m.proxies.close()
+    thread = threading.Thread(target=traffic)
+    thread.start()
+    run = emojivoto.run("stat", "deploy/web", "-n", NS, "-t", "1s", "-o", "json")
+    thread.join()
+    assert run.code == 0, run.err
+    (row,) = json.loads(run.out)
+    assert 7 <= row["rps"] <= 11 and row["success"] == 1.0 and row["mtls"] == 1.0
