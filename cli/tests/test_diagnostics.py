@@ -307,5 +307,10 @@ def test_endpoints_from_a_destination_address_over_tls(
     assert run.code == 1
     assert run.err.startswith("Error: cannot reach the destination service: ")
     assert f"[{addr}]" in run.err and "Traceback" not in run.err
+    run = meshlet("diagnostics", "endpoints", "api.demo.svc.cluster.local:9090", "--timeout",
+                  "2s", "--destination-addr", addr)  # fmt: skip
+    assert run.code == 1  # plaintext to a TLS server
+    assert run.err.rstrip().endswith("if it serves TLS (the local mesh's destination does), give"
+                                      " --destination-ca")  # fmt: skip
     run = meshlet("diagnostics", "endpoints", "api", "--destination-ca", anchors)
     assert run.code == 64 and "--destination-ca goes with --destination-addr" in run.err

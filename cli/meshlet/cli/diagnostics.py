@@ -185,6 +185,10 @@ def endpoints(
         except ep.DestinationError as exc:
             said = getattr(forward, "errors", [])
             more = f" ({'; '.join(dict.fromkeys(said))})" if said else ""
+            if destination_addr is not None and ca is None and str(exc).startswith("cannot"):
+                more += (
+                    "; if it serves TLS (the local mesh's destination does), give --destination-ca"
+                )
             raise ClusterError(f"{exc} [{where}]{more}") from None
     if output == "json":
         sys.stdout.write(ep.as_json(answers))
