@@ -167,6 +167,20 @@ def test_namespace_comes_from_the_kubeconfig_context(mesh: Mesh) -> None:
     assert all(row["status"] == "Running" for row in json.loads(run.out))
 
 
+def test_a_user_confined_to_namespaces(mesh: Mesh) -> None:
+    """Without the right to read Namespace objects, the namespace is not checked; without the
+    right to list pods, the refusal is named."""
+    mesh.api.forbidden.add("namespaces")
+    run = mesh.stat("deploy/web", "-n", NS, "-o", "json")
+    assert run.code == 0, run.err
+    assert [row["name"] for row in json.loads(run.out)] == ["web"]
+    mesh.api.forbidden.add("pods")
+    run = mesh.stat("deploy/web", "-n", NS)
+    assert run.code == 1
+    assert run.err == "Error: the Kubernetes API refused to read pods (403 Forbidden); check the" \
+        " kubeconfig's user and its RBAC permissions\n"  # fmt: skip
+
+
 def test_nothing_meshed(mesh: Mesh) -> None:
     mesh.api.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "empty"}})
     run = mesh.stat("deploy", "-n", "empty")

@@ -279,6 +279,7 @@ class FakeKubeAPI:
         self.token = BEARER_TOKEN
         self.bookmark_interval = bookmark_interval
         self.fail_token_reviews = False
+        self.forbidden: set[str] = set()  # resource plurals the token may not read (403)
         self.version: dict[str, str] = dict(VERSION)
         self._resources = {(r.group, r.version, r.plural): r for r in resources}
         self._kinds = {(r.api_version, r.kind): r for r in resources}
@@ -753,6 +754,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self._port_forward(namespace, name, parse_qs(url.query))
                 return
             route = _route(api, url.path)
+            if route.resource.plural in api.forbidden:
+                raise _forbidden(route)
             if method == "GET" and route.name is None and query.get("watch", "") in _TRUE:
                 self._watch(route, query)
                 return
@@ -969,6 +972,18 @@ def _route(api: FakeKubeAPI, path: str) -> _Route:
         msg = "the server could not find the requested resource"
         raise StatusError(404, "NotFound", msg, {})
     return _Route(res, namespace, name)
+
+
+def _forbidden(route: _Route) -> StatusError:
+    res = route.resource
+    verb = "list" if route.name is None else "get"
+    what = f'{res.plural} "{route.name}"' if route.name else res.plural
+    where = f'in the namespace "{route.namespace}"' if route.namespace else "at the cluster scope"
+    message = (
+        f'{what} is forbidden: User "system:serviceaccount:default:fake" cannot {verb} '
+        f'resource "{res.plural}" in API group "{res.group}" {where}'
+    )
+    return StatusError(403, "Forbidden", message, {"name": route.name or "", "kind": res.plural})
 
 
 def _key(res: Resource, ns: str, name: str) -> tuple[Resource, str, str]:

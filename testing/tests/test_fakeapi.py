@@ -719,3 +719,16 @@ def test_port_forward_reports_what_the_kubelet_would(
     assert sock.recv(10) == b""  # the pod side refused: the port's socket is closed
     sock.close()
     assert "error forwarding port 8086 to pod web-1" in (forward.error(8086) or "")
+
+
+def test_forbidden_resources_answer_403(api: FakeKubeAPI, v1: client.CoreV1Api) -> None:
+    api.forbidden.add("namespaces")
+    with pytest.raises(client.ApiException) as refused:
+        v1.read_namespace("default")
+    assert refused.value.status == 403
+    message = json.loads(refused.value.body)["message"]
+    assert message == (
+        'namespaces "default" is forbidden: User "system:serviceaccount:default:fake" cannot get'
+        ' resource "namespaces" in API group "" at the cluster scope'
+    )
+    assert v1.list_namespaced_pod(NS).items == []  # other resources still answer

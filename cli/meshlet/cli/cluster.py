@@ -35,6 +35,10 @@ class NotFound(ClusterError):
     """The object asked for does not exist (exit 1)."""
 
 
+class Forbidden(ClusterError):
+    """The kubeconfig's user may not read it (exit 1)."""
+
+
 def default_namespace(kubeconfig: Path | None, context: str | None = None) -> str:
     """The namespace of the kubeconfig's context, as kubectl uses it; `default` without one."""
     from kubernetes import config
@@ -63,7 +67,7 @@ def read_json(what: str, call: Callable[..., Any], *args: Any, **kwargs: Any) ->
         if exc.status == 404:
             raise NotFound(f"{what} not found") from None
         if exc.status in (401, 403):
-            raise ClusterError(
+            raise Forbidden(
                 f"the Kubernetes API refused to read {what} ({exc.status} {exc.reason});"
                 " check the kubeconfig's user and its RBAC permissions"
             ) from None

@@ -177,7 +177,7 @@ def _workloads(
     """The rows asked for; NotFound for a namespace or a name that does not exist."""
     from kubernetes import client as k8s
 
-    from meshlet.cli.cluster import NotFound, read_json
+    from meshlet.cli.cluster import Forbidden, NotFound, read_json
     from meshlet.cli.workloads import deployments, pod_of, pod_workloads
 
     core, apps = k8s.CoreV1Api(api), k8s.AppsV1Api(api)
@@ -188,6 +188,8 @@ def _workloads(
             raise NotFound(
                 f"namespace {namespace!r} not found; list them with kubectl get namespaces"
             ) from None
+        except Forbidden:
+            pass  # a user confined to namespaces may not read Namespace objects: the lists tell
         pod_list = read_json("pods", core.list_namespaced_pod, namespace)
     else:
         pod_list = read_json("pods", core.list_pod_for_all_namespaces)
