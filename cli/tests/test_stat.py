@@ -16,8 +16,11 @@ from typing import Any
 
 import pytest
 import yaml
+from prometheus_client import generate_latest
 
 from meshlet.cli import stat as stat_command
+from meshlet.cli.scrape import Failure, Metrics
+from meshlet.cli.workloads import Kind, Workload, pod_of
 from meshlet.proxy.metrics import ProxyMetrics
 from meshlet_testing.meshed import NS, PODS, SILENT, Emojivoto
 
@@ -243,3 +246,23 @@ def test_a_real_window(emojivoto: Emojivoto) -> None:
     assert run.code == 0, run.err
     (row,) = json.loads(run.out)
     assert 7 <= row["rps"] <= 11 and row["success"] == 1.0 and row["mtls"] == 1.0
+
+
+def test_measure_leaves_out_what_it_cannot_read() -> None:
+    """Pure: a failed read, and a port that answers something other than Prometheus text."""
+    meta = {"namespace": NS, "labels": {"meshlet.io/control-plane-ns": "meshlet"}}
+    pods = [pod_of({"metadata": {**meta, "name": n}, "status": {"phase": "Running"}})
+            for n in ("a", "b", "c")]  # fmt: skip
+    good = ProxyMetrics()
+    serve(good, 200, 5, LOAD_ID)
+    text = generate_latest(good.registry).decode()
+    first = {pods[0].key: Metrics(pods[0], "", 0.0), pods[1].key: Failure(pods[1], "503 no"),
+             pods[2].key: Metrics(pods[2], "<html>", 0.0)}  # fmt: skip
+    second = {pods[0].key: Metrics(pods[0], text, 2.0), pods[1].key: Metrics(pods[1], text, 2.0),
+              pods[2].key: Metrics(pods[2], "<html>", 2.0)}  # fmt: skip
+    (result,) = stat_command.measure([Workload(Kind.DEPLOYMENT, NS, "w", tuple(pods))], first,
+                                     second)  # fmt: skip
+    assert result.row is not None and result.row.rps == 0.5 and result.row.success == 1.0
+    assert result.unreachable["b"] == "503 no"
+    assert result.unreachable["c"].startswith("its admin port did not answer Prometheus text")
+    assert "could not read 2 of 3 proxies" in stat_command.unreachable_report([result])
