@@ -118,3 +118,33 @@ def test_demo_is_meshed_with_mtls_and_balanced(cluster: None) -> None:
         return json.dumps(counts)
 
     eventually("mTLS traffic balanced away from the slow replica", served)
+
+
+def test_stat_and_diagnostics(cluster: None) -> None:
+    """meshlet stat reads the web replicas' proxies through the API server; endpoints asks the
+    destination through a port-forward; proxy-metrics prints what the proxies count."""
+    sh("kubectl", "apply", "-f", str(HERE / "demo.yaml"))
+    sh("kubectl", "wait", "-n", "demo", "--for=condition=Available", "deploy", "--all",
+       "--timeout=300s")  # fmt: skip
+
+    def stat() -> str:
+        out = sh(MESHLET, "stat", "deploy", "-n", "demo", "-t", "10s", "-o", "json")
+        rows = {row["name"]: row for row in json.loads(out)}
+        web = rows.get("web")
+        assert web is not None and web["meshed"] == "2/2", rows
+        assert web["rps"] and web["rps"] > 5 and web["success"] == 1.0, web
+        assert web["mtls"] == 1.0 and not web["unreachable"], web
+        return out
+
+    eventually("meshlet stat showing mTLS traffic to web", stat)
+    table = sh(MESHLET, "stat", "pods", "-n", "demo", "-t", "2s")
+    assert table.splitlines()[0].split()[:3] == ["NAME", "STATUS", "MESHED"], table
+    endpoints = json.loads(sh(MESHLET, "diagnostics", "endpoints",
+                              "web.demo.svc.cluster.local:80", "-o", "json"))  # fmt: skip
+    assert len(endpoints) == 3, endpoints
+    assert {e["identity"] for e in endpoints} == {
+        "web.demo.serviceaccount.identity.meshlet.cluster.local"
+    }
+    assert all(e["protocol"] == "h2" and e["opaque_transport_port"] == 4143 for e in endpoints)
+    raw = sh(MESHLET, "diagnostics", "proxy-metrics", "-n", "demo", "deploy/web")
+    assert raw.count("# POD web-") == 2 and 'direction="inbound"' in raw

@@ -1,13 +1,18 @@
-"""Running the `meshlet` command in-process, as a user would from a shell."""
+"""Running the `meshlet` command in-process, as a user would from a shell; a meshed namespace
+in the fake API server with proxies behind its pods, for the commands that read them."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from meshlet.cli.main import main
+from meshlet_testing.background import BackgroundLoop
+from meshlet_testing.fakeapi import FakeKubeAPI
+from meshlet_testing.meshed import Emojivoto, Proxies
 
 
 @dataclass(frozen=True)
@@ -30,3 +35,23 @@ def meshlet(capsys: pytest.CaptureFixture[str]) -> Callable[..., Run]:
         return Run(code, captured.out, captured.err)
 
     return run
+
+
+@pytest.fixture
+def background() -> Iterator[BackgroundLoop]:
+    with BackgroundLoop() as loop:
+        yield loop
+
+
+@pytest.fixture
+def emojivoto(
+    api: FakeKubeAPI, meshlet: Callable[..., Run], tmp_path: Path, background: BackgroundLoop
+) -> Iterator[Emojivoto]:
+    """Namespace emojivoto of `meshlet_testing.meshed`, built with this `meshlet`."""
+    kubeconfig = str(api.write_kubeconfig(tmp_path / "kubeconfig"))
+    world = Emojivoto(api, meshlet, kubeconfig, Proxies(api, background))
+    try:
+        world.build()
+        yield world
+    finally:
+        world.proxies.close()

@@ -4,7 +4,6 @@ the real `kubernetes` client reads it all through the real protocol."""
 from __future__ import annotations
 
 import base64
-import copy
 import datetime as dt
 import json
 from collections.abc import Callable
@@ -17,34 +16,12 @@ import yaml
 from meshlet.api import wellknown as wk
 from meshlet.controlplane.identity import ca
 from meshlet_testing.fakeapi import FakeKubeAPI
+from meshlet_testing.workloads import ready_pod
 
 GOLDEN = Path(__file__).parent / "golden"
 APP = Path(__file__).parent / "data" / "app.yaml"
 Obj = dict[str, Any]
 CROSS = "\u00d7"  # what a failed check starts with
-
-
-def ready_pod(template: Obj, name: str, namespace: str, ip: str = "10.42.0.9") -> Obj:
-    """The pod a Deployment's ReplicaSet would run, with the kubelet's status: ready."""
-    spec = copy.deepcopy(template["spec"])
-    statuses = [{"name": c["name"], "ready": True, "restartCount": 0, "image": c["image"],
-                 "imageID": "", "state": {"running": {}}} for c in spec["containers"]]  # fmt: skip
-    inits = [{"name": c["name"], "ready": c.get("restartPolicy") == "Always", "restartCount": 0,
-              "image": c["image"], "imageID": "", "state": {"running": {}}}
-             for c in spec.get("initContainers", [])]  # fmt: skip
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {**copy.deepcopy(template["metadata"]), "name": name, "namespace": namespace},
-        "spec": spec,
-        "status": {
-            "phase": "Running",
-            "podIP": ip,
-            "conditions": [{"type": "Ready", "status": "True"}],
-            "containerStatuses": statuses,
-            "initContainerStatuses": inits,
-        },
-    }
 
 
 class Cluster:

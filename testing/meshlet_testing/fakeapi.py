@@ -3,15 +3,20 @@
 `FakeKubeAPI` speaks enough of the real HTTP protocol for the unmodified `kubernetes` client:
 JSON objects and `Status` errors, one global resourceVersion, list/get/create/replace/delete,
 chunked watch streams with replay, bookmarks, 410 Expired after compaction, bearer-token
-authentication and TokenReview; GET /version; the pods/proxy subresource (forwarded to the pod's
-IP). Tests drive changes through its thread-safe Python API.
+authentication and TokenReview; GET /version; the pods/proxy subresource (a GET forwarded to the
+pod's IP) and pods/portforward (the WebSocket channel protocol `v4.channel.k8s.io` that
+`kubernetes.stream.portforward` speaks, carried to the pod's IP). `expose()` stands in for the pod
+network: it sends a pod IP and port to a test's server. Tests drive changes through its
+thread-safe Python API.
 """
 
 from __future__ import annotations
 
+import base64
 import bisect
 import contextlib
 import copy
+import hashlib
 import json
 import logging
 import os
@@ -118,6 +123,10 @@ VERSION: dict[str, str] = {
     "platform": "linux/amd64",
 }
 _POD_PROXY = re.compile(r"/api/v1/namespaces/([^/]+)/pods/([^/:]+):(\d+)/proxy(/[^?]*)?")
+_PORT_FORWARD = re.compile(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)/portforward")
+_WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"  # RFC 6455 §1.3
+_WS_PROTOCOL = "v4.channel.k8s.io"  # the kubelet's port-forward protocol over WebSocket
+_WS_MAX_FRAME = 1 << 24
 
 
 class WatchEvent(TypedDict):
@@ -258,6 +267,7 @@ class _State:
     break_graceful: bool = False
     bookmark_epoch: int = 0
     stopping: bool = False
+    network: dict[tuple[str, int], tuple[str, int]] = field(default_factory=dict)
 
 
 class FakeKubeAPI:
@@ -269,6 +279,7 @@ class FakeKubeAPI:
         self.token = BEARER_TOKEN
         self.bookmark_interval = bookmark_interval
         self.fail_token_reviews = False
+        self.forbidden: set[str] = set()  # resource plurals the token may not read (403)
         self.version: dict[str, str] = dict(VERSION)
         self._resources = {(r.group, r.version, r.plural): r for r in resources}
         self._kinds = {(r.api_version, r.kind): r for r in resources}
@@ -392,6 +403,12 @@ class FakeKubeAPI:
         with self._cond:
             self._state.bookmark_epoch += 1
             self._cond.notify_all()
+
+    def expose(self, pod_ip: str, port: int, address: tuple[str, int]) -> None:
+        """Makes `pod_ip:port`, as pods/proxy and pods/portforward reach it, lead to `address`
+        (a server the test runs for that pod's container: tests cannot bind every pod IP)."""
+        with self._cond:
+            self._state.network[(pod_ip, port)] = address
 
     def add_token(
         self,
@@ -652,7 +669,8 @@ class FakeKubeAPI:
                 else StatusError(503, "ServiceUnavailable", f"pod {name} has no IP")
             )
             return status.code, json.dumps(status.status()).encode(), "application/json"
-        url = f"http://{ip}:{port}{path or '/'}" + (f"?{query}" if query else "")
+        host, mapped = self._pod_address(ip, int(port))
+        url = f"http://{host}:{mapped}{path or '/'}" + (f"?{query}" if query else "")
         try:
             with urllib.request.urlopen(url, timeout=5) as response:
                 body = response.read()
@@ -662,6 +680,21 @@ class FakeKubeAPI:
         except OSError as exc:
             error = StatusError(503, "ServiceUnavailable", f"error trying to reach service: {exc}")
             return 503, json.dumps(error.status()).encode(), "application/json"
+
+    def _pod_address(self, ip: str, port: int) -> tuple[str, int]:
+        with self._cond:
+            return self._state.network.get((ip, port), (ip, port))
+
+    def _running_pod_ip(self, namespace: str, name: str) -> str:
+        with self._cond:
+            pod = self._state.objects.get(_key(self._kind("v1", "Pod"), namespace, name))
+        if pod is None:
+            raise _not_found(self._kind("v1", "Pod"), name)
+        status = pod.get("status") or {}
+        if status.get("phase") != "Running" or not status.get("podIP"):
+            phase = status.get("phase") or "Pending"
+            raise _bad_request(f"pod {name} is not running and cannot be port-forwarded: {phase}")
+        return str(status["podIP"])
 
     def _close_watch(self) -> None:
         with self._cond:
@@ -716,7 +749,13 @@ class _Handler(BaseHTTPRequestHandler):
                 namespace, name, port, path = proxied.groups()
                 self._send(*api._pod_proxy(namespace, name, port, path, url.query))
                 return
+            if (forward := _PORT_FORWARD.fullmatch(url.path)) and method == "GET":
+                namespace, name = forward.groups()
+                self._port_forward(namespace, name, parse_qs(url.query))
+                return
             route = _route(api, url.path)
+            if route.resource.plural in api.forbidden:
+                raise _forbidden(route)
             if method == "GET" and route.name is None and query.get("watch", "") in _TRUE:
                 self._watch(route, query)
                 return
@@ -755,6 +794,33 @@ class _Handler(BaseHTTPRequestHandler):
             raise _bad_request("a body needs a valid Content-Length")
         return self.rfile.read(length)
 
+    def _port_forward(self, namespace: str, name: str, query: Mapping[str, list[str]]) -> None:
+        """pods/portforward over WebSocket: per port, channel 2i carries data and 2i+1 errors;
+        each channel's first frame is the port (u16, little-endian), then bytes as they come."""
+        ip = self.api._running_pod_ip(namespace, name)
+        ports: list[int] = []
+        for text in ",".join(query.get("ports", [])).split(","):
+            if not text.strip().isdigit() or not 0 < int(text) < 65536:
+                raise _bad_request(f"invalid port {text!r} in ports={','.join(query['ports'])}")
+            ports.append(int(text))
+        if not ports:
+            raise _bad_request("at least one port must be given in ports")
+        offered = [p.strip() for p in self.headers.get("Sec-WebSocket-Protocol", "").split(",")]
+        key = self.headers.get("Sec-WebSocket-Key")
+        if self.headers.get("Upgrade", "").lower() != "websocket" or not key:
+            raise _bad_request("Upgrade request required")
+        if _WS_PROTOCOL not in offered:
+            raise _bad_request(f"no supported port-forward protocol in {offered} ({_WS_PROTOCOL})")
+        accept = base64.b64encode(hashlib.sha1((key + _WS_GUID).encode()).digest()).decode()
+        self.send_response(101, "Switching Protocols")
+        self.send_header("Upgrade", "websocket")
+        self.send_header("Connection", "Upgrade")
+        self.send_header("Sec-WebSocket-Accept", accept)
+        self.send_header("Sec-WebSocket-Protocol", _WS_PROTOCOL)
+        self.end_headers()
+        self.close_connection = True
+        _PortForward(self, name, ip, ports).run()
+
     def _watch(self, route: _Route, query: Mapping[str, str]) -> None:
         watch, batch, ending = self.api._open_watch(route, query)
         outcome: Literal["more", "end", "abort"] = "end" if ending else "more"
@@ -787,6 +853,104 @@ class _Handler(BaseHTTPRequestHandler):
             _shutdown(self.connection)
 
 
+class _PortForward:
+    """One upgraded port-forward connection: client frames go to the pods' sockets, whatever
+    those send comes back as frames; it ends when the client closes or every port has ended."""
+
+    def __init__(self, handler: _Handler, pod: str, ip: str, ports: list[int]) -> None:
+        self._handler, self._pod, self._ports = handler, pod, ports
+        self._addresses = [handler.api._pod_address(ip, port) for port in ports]
+        self._write_lock = threading.Lock()
+        self._upstreams: list[socket.socket | None] = [None] * len(ports)
+
+    def _send(self, opcode: int, payload: bytes) -> None:
+        n = len(payload)
+        if n < 126:
+            size = bytes([n])
+        elif n < 1 << 16:
+            size = bytes([126]) + n.to_bytes(2, "big")
+        else:
+            size = bytes([127]) + n.to_bytes(8, "big")
+        with self._write_lock:
+            self._handler.wfile.write(bytes([0x80 | opcode]) + size + payload)
+            self._handler.wfile.flush()
+
+    def _read(self) -> tuple[int, bytes] | None:
+        rfile = self._handler.rfile
+        head = rfile.read(2)
+        if len(head) < 2:
+            return None
+        opcode, n = head[0] & 0x0F, head[1] & 0x7F
+        if n >= 126:
+            n = int.from_bytes(rfile.read(2 if n == 126 else 8), "big")
+        if n > _WS_MAX_FRAME:
+            return None
+        mask = rfile.read(4) if head[1] & 0x80 else b"\0\0\0\0"
+        data = rfile.read(n)
+        if len(data) < n:
+            return None
+        key = (mask * (n // 4 + 1))[:n]
+        return opcode, (int.from_bytes(data, "big") ^ int.from_bytes(key, "big")).to_bytes(n, "big")
+
+    def _pump(self, index: int, upstream: socket.socket) -> None:
+        channel = bytes([2 * index])
+        try:
+            while data := upstream.recv(65536):
+                self._send(0x2, channel + data)
+        except OSError:
+            pass
+        self._upstreams[index] = None
+        if not any(self._upstreams):
+            with contextlib.suppress(OSError):
+                self._send(0x8, (1000).to_bytes(2, "big"))
+            _shutdown(self._handler.connection)
+
+    def run(self) -> None:
+        for i, port in enumerate(self._ports):
+            for channel in (2 * i, 2 * i + 1):
+                self._send(0x2, bytes([channel]) + port.to_bytes(2, "little"))
+        threads = []
+        for i, (port, address) in enumerate(zip(self._ports, self._addresses, strict=True)):
+            try:
+                upstream = socket.create_connection(address, timeout=5)
+            except OSError as exc:
+                message = (
+                    f"error forwarding port {port} to pod {self._pod}: failed to connect to "
+                    f"localhost:{port} inside the pod: {exc}"
+                )
+                self._send(0x2, bytes([2 * i + 1]) + message.encode())
+                continue
+            upstream.settimeout(None)
+            self._upstreams[i] = upstream
+            threads.append(threading.Thread(target=self._pump, args=(i, upstream), daemon=True))
+        if not any(self._upstreams):
+            self._send(0x8, (1011).to_bytes(2, "big"))
+            return
+        for thread in threads:
+            thread.start()
+        try:
+            while (frame := self._read()) is not None:
+                opcode, data = frame
+                if opcode == 0x8:
+                    break
+                if opcode == 0x9:
+                    self._send(0xA, data)
+                elif opcode in (0x0, 0x2) and data and data[0] % 2 == 0:
+                    index = data[0] // 2
+                    target = self._upstreams[index] if index < len(self._ports) else None
+                    if target is not None:
+                        target.sendall(data[1:])
+        except OSError:
+            pass
+        finally:
+            for left in self._upstreams:
+                if left is not None:
+                    _shutdown(left)
+                    left.close()
+            for thread in threads:
+                thread.join(timeout=5)
+
+
 def _route(api: FakeKubeAPI, path: str) -> _Route:
     parts = [p for p in path.split("/") if p]
     if parts[:2] == ["api", "v1"]:
@@ -808,6 +972,18 @@ def _route(api: FakeKubeAPI, path: str) -> _Route:
         msg = "the server could not find the requested resource"
         raise StatusError(404, "NotFound", msg, {})
     return _Route(res, namespace, name)
+
+
+def _forbidden(route: _Route) -> StatusError:
+    res = route.resource
+    verb = "list" if route.name is None else "get"
+    what = f'{res.plural} "{route.name}"' if route.name else res.plural
+    where = f'in the namespace "{route.namespace}"' if route.namespace else "at the cluster scope"
+    message = (
+        f'{what} is forbidden: User "system:serviceaccount:default:fake" cannot {verb} '
+        f'resource "{res.plural}" in API group "{res.group}" {where}'
+    )
+    return StatusError(403, "Forbidden", message, {"name": route.name or "", "kind": res.plural})
 
 
 def _key(res: Resource, ns: str, name: str) -> tuple[Resource, str, str]:

@@ -69,6 +69,29 @@ def deployment(annotations: dict[str, str] | None = None) -> Obj:
     }
 
 
+def ready_pod(template: Obj, name: str, namespace: str, ip: str = "10.42.0.9") -> Obj:
+    """The pod a Deployment's ReplicaSet would run, with the kubelet's status: ready."""
+    spec = copy.deepcopy(template["spec"])
+    statuses = [{"name": c["name"], "ready": True, "restartCount": 0, "image": c["image"],
+                 "imageID": "", "state": {"running": {}}} for c in spec["containers"]]  # fmt: skip
+    inits = [{"name": c["name"], "ready": c.get("restartPolicy") == "Always", "restartCount": 0,
+              "image": c["image"], "imageID": "", "state": {"running": {}}}
+             for c in spec.get("initContainers", [])]  # fmt: skip
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {**copy.deepcopy(template["metadata"]), "name": name, "namespace": namespace},
+        "spec": spec,
+        "status": {
+            "phase": "Running",
+            "podIP": ip,
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "containerStatuses": statuses,
+            "initContainerStatuses": inits,
+        },
+    }
+
+
 def review(obj: Obj | None, *, namespace: str = "emojivoto", operation: str = "CREATE") -> Obj:
     kind = obj["kind"] if obj else "Pod"
     group, _, version = (obj or {"apiVersion": "v1"})["apiVersion"].rpartition("/")

@@ -616,3 +616,119 @@ def test_pod_proxy_reaches_the_pods_port(api: FakeKubeAPI, api_client: client.Ap
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_pod_proxy_follows_the_pod_network(api: FakeKubeAPI, api_client: client.ApiClient) -> None:
+    """`expose` sends a pod IP and port to a test's server, as the pod network would."""
+    import http.server
+
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b"request_total 1\n"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        api.apply({**pod("web-1"), "status": {"phase": "Running", "podIP": "10.42.0.7"}})
+        api.expose("10.42.0.7", 4191, ("127.0.0.1", server.server_address[1]))
+        body = client.CoreV1Api(api_client).connect_get_namespaced_pod_proxy_with_path(
+            "web-1:4191", NS, "metrics"
+        )
+        assert body == "request_total 1\n"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def echo_server() -> tuple[Any, int]:
+    import socketserver
+
+    class Echo(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            while data := self.request.recv(65536):
+                self.request.sendall(data.upper())
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Echo)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, server.server_address[1]
+
+
+def recv_exactly(sock: Any, n: int) -> bytes:
+    data = b""
+    while len(data) < n and (chunk := sock.recv(n - len(data))):
+        data += chunk
+    return data
+
+
+def test_port_forward_carries_bytes_both_ways(
+    api: FakeKubeAPI, api_client: client.ApiClient
+) -> None:
+    from kubernetes.stream import portforward
+
+    server, port = echo_server()
+    try:
+        api.apply({**pod("web-1"), "status": {"phase": "Running", "podIP": "10.42.0.7"}})
+        api.expose("10.42.0.7", 8086, ("127.0.0.1", port))
+        forward = portforward(
+            client.CoreV1Api(api_client).connect_get_namespaced_pod_portforward,
+            "web-1", NS, ports="8086",
+        )  # fmt: skip
+        sock = forward.socket(8086)
+        sock.settimeout(5)
+        big = b"x" * 200_000  # several frames, 64-bit lengths
+        sock.sendall(b"hello " + big)
+        assert recv_exactly(sock, 6 + len(big)) == b"HELLO " + big.upper()
+        sock.close()
+        assert forward.error(8086) is None
+        assert ("GET", f"/api/v1/namespaces/{NS}/pods/web-1/portforward?ports=8086") in api.requests
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_port_forward_reports_what_the_kubelet_would(
+    api: FakeKubeAPI, api_client: client.ApiClient
+) -> None:
+    from kubernetes.stream import portforward
+
+    v1 = client.CoreV1Api(api_client)
+    with pytest.raises(client.ApiException) as missing:
+        portforward(v1.connect_get_namespaced_pod_portforward, "nope", NS, ports="8086")
+    assert "404" in str(missing.value.reason)
+    api.apply({**pod("pending"), "status": {"phase": "Pending"}})
+    with pytest.raises(client.ApiException) as pending:
+        portforward(v1.connect_get_namespaced_pod_portforward, "pending", NS, ports="8086")
+    assert "400" in str(pending.value.reason)
+
+    api.apply({**pod("web-1"), "status": {"phase": "Running", "podIP": "10.42.0.7"}})
+    server, port = echo_server()
+    server.shutdown()
+    server.server_close()  # nothing listens there any more
+    api.expose("10.42.0.7", 8086, ("127.0.0.1", port))
+    forward = portforward(v1.connect_get_namespaced_pod_portforward, "web-1", NS, ports="8086")
+    sock = forward.socket(8086)
+    sock.settimeout(5)
+    assert sock.recv(10) == b""  # the pod side refused: the port's socket is closed
+    sock.close()
+    assert "error forwarding port 8086 to pod web-1" in (forward.error(8086) or "")
+
+
+def test_forbidden_resources_answer_403(api: FakeKubeAPI, v1: client.CoreV1Api) -> None:
+    api.forbidden.add("namespaces")
+    with pytest.raises(client.ApiException) as refused:
+        v1.read_namespace("default")
+    assert refused.value.status == 403
+    message = json.loads(refused.value.body)["message"]
+    assert message == (
+        'namespaces "default" is forbidden: User "system:serviceaccount:default:fake" cannot get'
+        ' resource "namespaces" in API group "" at the cluster scope'
+    )
+    assert v1.list_namespaced_pod(NS).items == []  # other resources still answer

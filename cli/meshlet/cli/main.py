@@ -9,9 +9,11 @@ import click
 from meshlet.cli.check import check
 from meshlet.cli.completion import completion
 from meshlet.cli.demo import demo
+from meshlet.cli.diagnostics import diagnostics
 from meshlet.cli.identity import identity
 from meshlet.cli.inject import inject
 from meshlet.cli.install import install
+from meshlet.cli.stat import stat
 from meshlet.cli.uninstall import uninstall
 from meshlet.cli.version import version
 
@@ -29,6 +31,8 @@ cli.add_command(demo)
 cli.add_command(install)
 cli.add_command(inject)
 cli.add_command(check)
+cli.add_command(stat)
+cli.add_command(diagnostics)
 cli.add_command(uninstall)
 cli.add_command(version)
 cli.add_command(completion)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from meshlet.api import wellknown
-from meshlet.cli.demo.stats import Scrape, traffic
+from meshlet.cli.stats import Scrape, traffic
 
 DRILLS: Final = ("kill-destination", "kill-replica", "restart-identity", "slow-replica")
 # The issuance lifetime restart-identity uses unless one is given: renewals come at 70 % of
@@ -120,7 +120,7 @@ def perform(step: Step, demo: Any) -> list[Step]:
 
 def _destination_streams(demo: Any) -> float:
     """How many Get/GetProfile streams the destination serves now (0 when unreachable)."""
-    from meshlet.cli.demo.stats import parse
+    from meshlet.cli.stats import parse
 
     url = f"http://{demo.layout.control_ip}:{wellknown.DESTINATION_ADMIN_PORT}/metrics"
     try:

@@ -30,8 +30,6 @@ from rich.live import Live
 
 from meshlet.api import wellknown
 from meshlet.cli.demo import drills, network, topology
-from meshlet.cli.demo.stats import QUANTILES, Scrape, Traffic, combine, parse, row, traffic
-from meshlet.cli.demo.stats import replica_rows as make_replica_rows
 from meshlet.cli.demo.supervisor import (
     Process,
     Record,
@@ -43,6 +41,8 @@ from meshlet.cli.demo.supervisor import (
 )
 from meshlet.cli.demo.topology import Layout, Mode, Pod
 from meshlet.cli.demo.view import Client, Snapshot, render
+from meshlet.cli.stats import QUANTILES, Scrape, Traffic, combine, parse, row, traffic
+from meshlet.cli.stats import replica_rows as make_replica_rows
 
 WINDOW: Final = 10.0  # seconds the live view's rates and quantiles cover
 WARMUP: Final = 5.0  # seconds of load before the summary's "after warm-up" numbers start
@@ -389,7 +389,7 @@ class Demo:
         stats = self._load_stats()
         if stats is None:
             return None
-        from meshlet.cli.demo.stats import quantile
+        from meshlet.cli.stats import quantile
 
         bounds = [*(float(b) for b in stats["latency_buckets_ms"]), float("inf")]
         cumulative, running = {}, 0.0

@@ -12,7 +12,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from meshlet.cli.demo.stats import QUANTILES, Row
+from meshlet.cli.stats import QUANTILES, Row
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import generate_latest
 
-from meshlet.cli.demo.stats import Scrape, combine, parse, quantile, replica_rows, row, traffic
+from meshlet.cli.stats import Scrape, combine, parse, quantile, replica_rows, row, traffic
 from meshlet.proxy.metrics import ProxyMetrics
 
 CLIENT = "web.demo.serviceaccount.identity.meshlet.cluster.local"
@@ -61,6 +61,26 @@ def test_tcp_only_workloads_report_connections_and_their_mtls() -> None:
     r = row("store", "1/1", t)
     assert r.requests == 0 and r.success is None
     assert r.mtls == 1.0 and r.peers == (CLIENT,)
+
+
+def test_open_connections_are_a_level_and_bytes_a_rate() -> None:
+    metrics = ProxyMetrics()
+    inbound = metrics.conn("inbound", "10.77.1.30:7000", tls="true", client_id=CLIENT).values()
+    outbound = metrics.conn("outbound", "10.77.1.21:9090").values()
+    metrics.tcp_open_connections.labels(*inbound).set(3)
+    metrics.tcp_read_bytes_total.labels(*inbound).inc(100)
+    metrics.tcp_open_connections.labels(*outbound).set(7)  # the pod's own calls: not counted
+    metrics.tcp_read_bytes_total.labels(*outbound).inc(10_000)
+    before = scrape(metrics, 10.0)
+    metrics.tcp_open_connections.labels(*inbound).dec()
+    metrics.tcp_read_bytes_total.labels(*inbound).inc(400)
+    metrics.tcp_write_bytes_total.labels(*inbound).inc(2_000)
+    t = traffic(before, scrape(metrics, 12.0))
+    assert (t.open_connections, t.read_bytes, t.write_bytes) == (2, 400, 2_000)
+    r = row("store", "1/1", t)
+    assert (r.open_connections, r.read_bytes_per_s, r.write_bytes_per_s) == (2, 200, 1_000)
+    both = combine([t, t])
+    assert (both.open_connections, both.read_bytes, both.write_bytes) == (4, 800, 4_000)
 
 
 def test_replica_shares_add_up() -> None:

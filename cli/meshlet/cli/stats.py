@@ -103,6 +103,9 @@ class Traffic:
     connections: float  # inbound TCP connections opened
     mtls_connections: float
     peers: dict[str, float]  # client identities over mTLS: requests + connections
+    open_connections: float = 0.0  # inbound TCP connections open at the second scrape
+    read_bytes: float = 0.0  # inbound bytes read from clients
+    write_bytes: float = 0.0  # inbound bytes written to clients
 
 
 def traffic(old: Scrape | None, new: Scrape) -> Traffic:
@@ -130,6 +133,9 @@ def traffic(old: Scrape | None, new: Scrape) -> Traffic:
         connections=diff("tcp_open_total", **inbound),
         mtls_connections=diff("tcp_open_total", tls="true", **inbound),
         peers=peers,
+        open_connections=_sum(after, "tcp_open_connections", **inbound),
+        read_bytes=diff("tcp_read_bytes_total", **inbound),
+        write_bytes=diff("tcp_write_bytes_total", **inbound),
     )
 
 
@@ -150,6 +156,9 @@ def combine(parts: Iterable[Traffic]) -> Traffic:
         connections=sum(p.connections for p in parts),
         mtls_connections=sum(p.mtls_connections for p in parts),
         peers=peers,
+        open_connections=sum(p.open_connections for p in parts),
+        read_bytes=sum(p.read_bytes for p in parts),
+        write_bytes=sum(p.write_bytes for p in parts),
     )
 
 
@@ -167,6 +176,9 @@ class Row:
     connections_per_s: float | None
     peers: tuple[str, ...]
     share: float | None = None  # of its workload's requests (replicas)
+    open_connections: float = 0.0
+    read_bytes_per_s: float | None = None
+    write_bytes_per_s: float | None = None
 
 
 def row(name: str, meshed: str, t: Traffic, share: float | None = None) -> Row:
@@ -188,6 +200,9 @@ def row(name: str, meshed: str, t: Traffic, share: float | None = None) -> Row:
         connections_per_s=rate(t.connections),
         peers=tuple(sorted(peer for peer, n in t.peers.items() if n > 0)),
         share=share,
+        open_connections=t.open_connections,
+        read_bytes_per_s=rate(t.read_bytes),
+        write_bytes_per_s=rate(t.write_bytes),
     )
 
 

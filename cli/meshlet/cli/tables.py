@@ -1,0 +1,22 @@
+"""Plain-text tables as kubectl and linkerd print them: a header row, columns three spaces
+apart, names left-aligned and numbers right-aligned (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+GAP = "   "
+
+
+def render(header: Sequence[str], rows: Sequence[Sequence[str]], left: Collection[str]) -> str:
+    """The table; columns whose header is in `left` are left-aligned, the others right-aligned.
+    Lines carry no trailing spaces."""
+    widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
+    lines = []
+    for cells in (header, *rows):
+        parts = [
+            cell.ljust(width) if name in left else cell.rjust(width)
+            for name, cell, width in zip(header, cells, widths, strict=True)
+        ]
+        lines.append(GAP.join(parts).rstrip())
+    return "\n".join(lines) + "\n"
