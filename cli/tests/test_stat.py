@@ -43,13 +43,13 @@ def serve(metrics: ProxyMetrics, status: int, ms: float, client_id: str = "") ->
 def connect(metrics: ProxyMetrics, client_id: str, *, still_open: bool) -> None:
     """One inbound opaque TCP connection over mTLS, as the relay records it."""
     conn = metrics.conn("inbound", "10.42.3.31:7000", tls="true", client_id=client_id).values()
-    metrics.tcp_open_total.labels(*conn).inc()
-    metrics.tcp_read_bytes_total.labels(*conn).inc(300)
-    metrics.tcp_write_bytes_total.labels(*conn).inc(1200)
-    if still_open:
-        metrics.tcp_open_connections.labels(*conn).inc()
-    else:
-        metrics.tcp_close_total.labels(*conn, "").inc()
+    accepted = metrics.tcp.conn("src", conn)
+    app = metrics.dst_conn("inbound", ("10.42.3.31", 7000), None)
+    for tcp in (accepted, app):
+        tcp.open()
+        tcp.read, tcp.written = 300, 1200
+        if not still_open:
+            tcp.close()
 
 
 @dataclass

@@ -56,8 +56,10 @@ def test_tcp_only_workloads_report_connections_and_their_mtls() -> None:
     metrics = ProxyMetrics()
     labels = metrics.conn("inbound", "10.77.1.30:7000", tls="true", client_id=CLIENT)
     for _ in range(4):
-        metrics.tcp_open_total.labels(*labels.values()).inc()
+        metrics.tcp.conn("src", labels.values()).open()
+        metrics.dst_conn("inbound", ("10.77.1.30", 7000), None).open()  # to the app: not counted
     t = traffic(None, scrape(metrics, 1.0))
+    assert t.connections == 4
     r = row("store", "1/1", t)
     assert r.requests == 0 and r.success is None
     assert r.mtls == 1.0 and r.peers == (CLIENT,)
@@ -67,14 +69,20 @@ def test_open_connections_are_a_level_and_bytes_a_rate() -> None:
     metrics = ProxyMetrics()
     inbound = metrics.conn("inbound", "10.77.1.30:7000", tls="true", client_id=CLIENT).values()
     outbound = metrics.conn("outbound", "10.77.1.21:9090").values()
-    metrics.tcp_open_connections.labels(*inbound).set(3)
-    metrics.tcp_read_bytes_total.labels(*inbound).inc(100)
-    metrics.tcp_open_connections.labels(*outbound).set(7)  # the pod's own calls: not counted
-    metrics.tcp_read_bytes_total.labels(*outbound).inc(10_000)
+    conns = [metrics.tcp.conn("src", inbound) for _ in range(3)]
+    for conn in conns:
+        conn.open()
+    conns[0].read = 100
+    calls = [metrics.tcp.conn("src", outbound) for _ in range(7)]  # the pod's own: not counted
+    for call in calls:
+        call.open()
+        call.read = 10_000
+    app = metrics.dst_conn("inbound", ("10.77.1.30", 7000), None)  # the proxy's, to the app
+    app.open()
+    app.read = 5_000
     before = scrape(metrics, 10.0)
-    metrics.tcp_open_connections.labels(*inbound).dec()
-    metrics.tcp_read_bytes_total.labels(*inbound).inc(400)
-    metrics.tcp_write_bytes_total.labels(*inbound).inc(2_000)
+    conns[0].close()
+    conns[1].read, conns[1].written = 400, 2_000
     t = traffic(before, scrape(metrics, 12.0))
     assert (t.open_connections, t.read_bytes, t.write_bytes) == (2, 400, 2_000)
     r = row("store", "1/1", t)

@@ -70,18 +70,28 @@ def outbound_port(p: Proxy) -> int:
 async def test_unredirected_http_is_routed_by_authority(proxy: Proxy) -> None:
     server, port = await http_upstream()
     reader, writer = await asyncio.open_connection("127.0.0.1", outbound_port(proxy))
+    sent = received = 0
     for path in (b"/a", b"/b"):  # keep-alive: two requests on one connection
-        writer.write(b"GET %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % (path, port))
+        request = b"GET %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % (path, port)
+        writer.write(request)
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
         assert head.startswith(b"HTTP/1.1 200")
         assert await reader.readexactly(len(b"hello from ") + 2) == b"hello from " + path
+        sent, received = sent + len(request), received + len(head) + len(b"hello from /a")
     writer.close()
     server.close()
-    assert proxy.metrics.registry.get_sample_value(
-        "tcp_open_total",
-        {"direction": "outbound", "target_addr": "authority", "tls": "no_identity",
-         "no_tls_reason": "not_provided_by_remote", "client_id": "", "server_id": ""},
-    ) == 1.0  # fmt: skip
+    metrics = proxy.metrics.registry
+    src = {"peer": "src", "direction": "outbound", "target_addr": "authority",
+           "tls": "no_identity", "no_tls_reason": "not_provided_by_remote"}  # fmt: skip
+    assert metrics.get_sample_value("tcp_open_total", src) == 1.0
+    # The client connection's bytes, counted as the HTTP engine reads and writes them.
+    assert metrics.get_sample_value("tcp_read_bytes_total", src) == sent
+    assert metrics.get_sample_value("tcp_write_bytes_total", src) == received
+    # The connection the proxy opened to the upstream (one, reused).
+    dst = {"peer": "dst", "direction": "outbound", "target_addr": f"127.0.0.1:{port}",
+           "tls": "no_identity", "no_tls_reason": "not_provided_by_service_discovery"}  # fmt: skip
+    assert metrics.get_sample_value("tcp_open_total", dst) == 1.0
+    assert metrics.get_sample_value("tcp_read_bytes_total", dst) > 0
 
 
 async def test_request_to_the_proxy_itself_is_refused(proxy: Proxy) -> None:

@@ -118,24 +118,25 @@ def traffic(old: Scrape | None, new: Scrape) -> Traffic:
         return max(0.0, _sum(after, name, **match) - _sum(before, name, **match))
 
     inbound = {"direction": "inbound"}
+    accepted = {"direction": "inbound", "peer": "src"}  # not the proxy's connections to the app
     latency_new, latency_old = _latency(after, **inbound), _latency(before, **inbound)
     latency = {le: v - latency_old.get(le, 0.0) for le, v in latency_new.items()}
     peers: dict[str, float] = {}
-    for name in ("response_total", "tcp_open_total"):
-        _add(peers, _delta(_by(after, name, "client_id", tls="true", **inbound),
-                           _by(before, name, "client_id", tls="true", **inbound)))  # fmt: skip
+    for name, match in (("response_total", inbound), ("tcp_open_total", accepted)):
+        _add(peers, _delta(_by(after, name, "client_id", tls="true", **match),
+                           _by(before, name, "client_id", tls="true", **match)))  # fmt: skip
     return Traffic(
         seconds=seconds,
         requests=diff("response_total", **inbound),
         successes=diff("response_total", classification="success", **inbound),
         latency=latency,
         mtls_requests=diff("response_total", tls="true", **inbound),
-        connections=diff("tcp_open_total", **inbound),
-        mtls_connections=diff("tcp_open_total", tls="true", **inbound),
+        connections=diff("tcp_open_total", **accepted),
+        mtls_connections=diff("tcp_open_total", tls="true", **accepted),
         peers=peers,
-        open_connections=_sum(after, "tcp_open_connections", **inbound),
-        read_bytes=diff("tcp_read_bytes_total", **inbound),
-        write_bytes=diff("tcp_write_bytes_total", **inbound),
+        open_connections=_sum(after, "tcp_open_connections", **accepted),
+        read_bytes=diff("tcp_read_bytes_total", **accepted),
+        write_bytes=diff("tcp_write_bytes_total", **accepted),
     )
 
 

@@ -27,7 +27,7 @@ from meshlet.proxy.http.contract import (
 )
 from meshlet.proxy.io import relay
 from meshlet.proxy.io.listener import Accepted
-from meshlet.proxy.metrics import ConnLabels, ProxyMetrics
+from meshlet.proxy.metrics import ConnLabels, ProxyMetrics, TcpConn
 
 if TYPE_CHECKING:
     from meshlet.proxy.http.h1pool import H1Pool
@@ -64,16 +64,15 @@ class Connections:
     # -- counting and refusing ------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def counted(self, labels: ConnLabels) -> AsyncIterator[None]:
-        values = labels.values()
-        self.metrics.tcp_open_total.labels(*values).inc()
-        gauge = self.metrics.tcp_open_connections.labels(*values)
-        gauge.inc()
+    async def counted(self, labels: ConnLabels) -> AsyncIterator[TcpConn]:
+        """An accepted connection (`peer="src"`), open while the block runs; whoever serves it
+        counts its bytes on the TcpConn (and may close it first, with the error it ended in)."""
+        tcp = self.metrics.tcp.conn("src", labels.values())
+        tcp.open()
         try:
-            yield
+            yield tcp
         finally:
-            gauge.dec()
-            self.metrics.tcp_close_total.labels(*values, "").inc()
+            tcp.close()
 
     def refuse(self, accepted: Accepted, direction: str, reason: str, why: str) -> None:
         self.metrics.fail_fast_total.labels(direction, reason).inc()
@@ -111,6 +110,7 @@ class Connections:
         h2: bool,
         router: Router,
         labels: ConnLabels,
+        tcp: TcpConn,
         *,
         accepted: Accepted | None = None,
         handoff: Handoff | None = None,
@@ -129,6 +129,7 @@ class Connections:
             add_headers=add_headers,
             handoff=handoff,
             accepted_at=accepted.at if accepted is not None else None,
+            tcp=tcp,
         )
         if h2:
             from meshlet.proxy.http.h2pool import H2Pool
@@ -152,6 +153,7 @@ class Connections:
         accepted: Accepted,
         endpoints: EndpointPicker,
         labels: ConnLabels,
+        tcp: TcpConn,
         guard: relay.Guard | None = None,
     ) -> None:
         """Relays the connection to the endpoint `endpoints` picks; an endpoint that cannot be
@@ -159,9 +161,7 @@ class Connections:
         connection is reset, as a failed connection looks to it). `guard` checks the client's
         first bytes (`relay.GuardedSide`)."""
         loop = asyncio.get_running_loop()
-        read = self.metrics.tcp_read_bytes_total.labels(*labels.values())
-        written = self.metrics.tcp_write_bytes_total.labels(*labels.values())
-        client, upstream, done = relay.pair(loop, read.inc, written.inc, guard)
+        client, upstream, done = relay.pair(loop, tcp, guard)
         lease: Lease | None = None
         failed = 0
         while True:
@@ -172,8 +172,10 @@ class Connections:
                 reset(accepted.sock)
                 return
             lease = endpoint.lease
+            upstream.tcp = self.metrics.dst_conn(labels.direction, endpoint.addr, endpoint.labels)
             try:
                 await (endpoint.connect or self.connect)(endpoint.addr, lambda: upstream)
+                upstream.tcp.open()
                 break
             except (OSError, TimeoutError) as exc:
                 failed += 1

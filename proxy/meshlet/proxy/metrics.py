@@ -1,15 +1,38 @@
 """The proxy's Prometheus metrics, named and labelled as Linkerd's, on a registry it owns.
 
+HTTP metrics are `series` children, looked up once per label set by their recorder. TCP
+metrics (`tcp_*`) are counted in plain attributes of one `TcpConn` per connection, with no
+lookup per read or write, and summed when the registry is scraped: `peer="src"` for
+connections the proxy accepted, `peer="dst"` for those it opened (to an endpoint or to the
+app). On the outbound side, endpoints carry the destination service's metric labels as
+`dst_<name>` (`dst_namespace`, `dst_service`, `dst_pod`, `dst_deployment`, ...).
+
 Label values a client can choose (authority, target address) are bounded: past `MAX_VALUES`
-distinct values of one label, new ones are reported as `overflow`.
+distinct values of one label, new ones are reported as `overflow`. No series has a `_created`
+twin: the proxy's counters start with the process (`process_start_time_seconds`), and labels
+with no value are left out.
 """
 
 from __future__ import annotations
 
+import errno
+import importlib.metadata
+import platform
+import time
+from collections import Counter as Tally
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Gauge, ProcessCollector
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from meshlet.proxy.series import Counter, Histogram, labels_of
 
 MAX_VALUES: Final = 500
 OVERFLOW: Final = "overflow"
@@ -17,6 +40,15 @@ LATENCY_BUCKETS_MS: Final = (
     1, 2, 3, 4, 5, 10, 20, 30, 40, 50, 100, 200, 300, 400, 500,
     1000, 2000, 3000, 4000, 5000, 10000, 20000, 30000, 40000, 50000,
 )  # fmt: skip
+DURATION_BUCKETS_MS: Final = (1, 10, 100, 1000, 10_000, 100_000, 1_000_000, 10_000_000)
+# The destination service's metric labels the proxy reports (as dst_<name>); others are
+# dropped, so that what a controller sends cannot grow the label set.
+DST_LABELS: Final = (
+    "namespace", "service", "pod", "serviceaccount", "zone",
+    "deployment", "statefulset", "daemonset", "replicaset", "job",
+)  # fmt: skip
+_DST_INDEX: Final = {name: i for i, name in enumerate(DST_LABELS)}
+NO_DST: Final = ("",) * len(DST_LABELS)
 
 
 class BoundedValues:
@@ -35,6 +67,16 @@ class BoundedValues:
         return value
 
 
+def dst_values(labels: Iterable[tuple[str, str]]) -> tuple[str, ...]:
+    """The destination's metric labels of an endpoint, in DST_LABELS order ("" when absent)."""
+    values = list(NO_DST)
+    for name, value in labels:
+        index = _DST_INDEX.get(name)
+        if index is not None:
+            values[index] = value
+    return tuple(values)
+
+
 @dataclass(frozen=True, slots=True)
 class ConnLabels:
     """Labels of a connection: direction, peer, TLS (Linkerd's tcp_* and request_* labels)."""
@@ -45,19 +87,134 @@ class ConnLabels:
     no_tls_reason: str = "not_provided_by_remote"
     client_id: str = ""  # inbound over mTLS: the client's identity
     server_id: str = ""  # outbound over mTLS: the server's identity
+    dst: tuple[str, ...] = NO_DST  # outbound to a discovered endpoint: `dst_values`
 
     def values(self) -> Values:
         return (self.direction, self.target_addr, self.tls, self.no_tls_reason, self.client_id,
-                self.server_id)  # fmt: skip
+                self.server_id, *self.dst)  # fmt: skip
 
 
-Values = tuple[str, str, str, str, str, str]  # ConnLabels.values(), in _CONN's order
-_CONN: Final = ["direction", "target_addr", "tls", "no_tls_reason", "client_id", "server_id"]
+Values = tuple[str, ...]  # ConnLabels.values(), in _CONN's order
+_CONN: Final = [
+    "direction", "target_addr", "tls", "no_tls_reason", "client_id", "server_id",
+    *(f"dst_{name}" for name in DST_LABELS),
+]  # fmt: skip
 _REQUEST: Final = [*_CONN, "authority"]
 _RESPONSE: Final = [*_REQUEST, "status_code", "grpc_status", "classification"]
 # Per ServiceProfile route (`rt_route` is the route's name; "" for the default route).
 _ROUTE: Final = ["direction", "dst", "rt_route"]
 _ROUTE_RESPONSE: Final = [*_ROUTE, "status_code", "classification"]
+_TCP: Final = ["peer", *_CONN]
+_TCP_CLOSE: Final = [*_TCP, "errno"]
+_DURATION_LES: Final = [*(str(bound) for bound in DURATION_BUCKETS_MS), "+Inf"]
+TcpKey = tuple[str, ...]  # (peer, *Values)
+
+
+class TcpConn:
+    """One TCP connection's counts. Whoever reads or writes adds to `read` / `written`; the
+    connection counts as open from `open()` (once established) until `close()`."""
+
+    __slots__ = ("_tcp", "key", "opened_at", "read", "written")
+
+    def __init__(self, tcp: TcpMetrics | None, key: TcpKey) -> None:
+        self.read = 0
+        self.written = 0
+        self.key = key
+        self.opened_at = 0.0  # 0: not open yet; -1: closed
+        self._tcp = tcp
+
+    @classmethod
+    def uncounted(cls) -> TcpConn:
+        """For a connection no metric is kept of."""
+        return cls(None, ())
+
+    def open(self) -> None:
+        if self._tcp is not None and self.opened_at == 0.0:
+            self._tcp.opened(self)
+
+    def close(self, exc: BaseException | None = None) -> None:
+        """Counted once; a close before `open` counts nothing."""
+        if self._tcp is not None and self.opened_at > 0:
+            self._tcp.closed(self, exc)
+
+
+class TcpMetrics:
+    """tcp_open_total, tcp_open_connections, tcp_read_bytes_total, tcp_write_bytes_total,
+    tcp_close_total and tcp_connection_duration_ms, as a collector: live connections' counts
+    are added at each scrape."""
+
+    def __init__(self) -> None:
+        self._live: set[TcpConn] = set()
+        self._opened: Tally[TcpKey] = Tally()
+        self._closed: Tally[tuple[TcpKey, str]] = Tally()
+        self._read: Tally[TcpKey] = Tally()  # of closed connections
+        self._written: Tally[TcpKey] = Tally()
+        self._durations: dict[TcpKey, list[float]] = {}  # per bucket, then +Inf, then the sum
+
+    def conn(self, peer: str, values: Values) -> TcpConn:
+        return TcpConn(self, (peer, *values))
+
+    def opened(self, conn: TcpConn) -> None:
+        conn.opened_at = time.monotonic()
+        self._live.add(conn)
+        self._opened[conn.key] += 1
+
+    def closed(self, conn: TcpConn, exc: BaseException | None) -> None:
+        key = conn.key
+        self._live.discard(conn)
+        self._read[key] += conn.read
+        self._written[key] += conn.written
+        code = exc.errno if isinstance(exc, OSError) else None
+        self._closed[key, errno.errorcode.get(code, str(code)) if code else ""] += 1
+        ms = (time.monotonic() - conn.opened_at) * 1000
+        conn.opened_at = -1.0
+        counts = self._durations.get(key)
+        if counts is None:
+            counts = self._durations[key] = [0.0] * (len(DURATION_BUCKETS_MS) + 2)
+        for i, bound in enumerate(DURATION_BUCKETS_MS):
+            if ms <= bound:
+                counts[i] += 1
+                break
+        else:
+            counts[-2] += 1
+        counts[-1] += ms
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())  # collected on each scrape: label sets are not known in advance
+
+    def collect(self) -> Iterator[Metric]:
+        live: Tally[TcpKey] = Tally()
+        read, written = self._read.copy(), self._written.copy()
+        for conn in self._live:
+            live[conn.key] += 1
+            read[conn.key] += conn.read
+            written[conn.key] += conn.written
+        opened = CounterMetricFamily("tcp_open", "TCP connections opened.")
+        now = GaugeMetricFamily("tcp_open_connections", "TCP connections open now.")
+        reads = CounterMetricFamily("tcp_read_bytes", "Bytes read from peers.")
+        writes = CounterMetricFamily("tcp_write_bytes", "Bytes written to peers.")
+        for key, count in self._opened.items():
+            labels = labels_of(_TCP, key)
+            opened.add_sample("tcp_open_total", labels, count)
+            now.add_sample("tcp_open_connections", labels, live[key])
+            reads.add_sample("tcp_read_bytes_total", labels, read[key])
+            writes.add_sample("tcp_write_bytes_total", labels, written[key])
+        closes = CounterMetricFamily("tcp_close", "TCP connections closed, by error.")
+        for (key, code), count in self._closed.items():
+            closes.add_sample("tcp_close_total", labels_of(_TCP_CLOSE, (*key, code)), count)
+        durations = HistogramMetricFamily(
+            "tcp_connection_duration_ms", "How long connections were open, in milliseconds."
+        )
+        for key, counts in self._durations.items():
+            labels = labels_of(_TCP, key)
+            cumulative = 0.0
+            for le, n in zip(_DURATION_LES, counts, strict=False):
+                cumulative += n
+                durations.add_sample("tcp_connection_duration_ms_bucket", {**labels, "le": le},
+                                     cumulative)  # fmt: skip
+            durations.add_sample("tcp_connection_duration_ms_count", labels, cumulative)
+            durations.add_sample("tcp_connection_duration_ms_sum", labels, counts[-1])
+        yield from (opened, now, reads, writes, closes, durations)
 
 
 class ProxyMetrics:
@@ -70,7 +227,7 @@ class ProxyMetrics:
         self.response_total = Counter("response", "HTTP responses.", _RESPONSE, registry=r)
         self.response_latency_ms = Histogram(
             "response_latency_ms", "Time to the response headers, in milliseconds.",
-            _RESPONSE, buckets=LATENCY_BUCKETS_MS, registry=r,
+            _RESPONSE, registry=r, buckets=LATENCY_BUCKETS_MS,
         )  # fmt: skip
         self.route_request_total = Counter(
             "route_request", "HTTP requests, by route.", _ROUTE, registry=r
@@ -82,7 +239,7 @@ class ProxyMetrics:
         self.route_response_latency_ms = Histogram(
             "route_response_latency_ms",
             "Time to the response headers given to the client, retries included, by route.",
-            _ROUTE_RESPONSE, buckets=LATENCY_BUCKETS_MS, registry=r,
+            _ROUTE_RESPONSE, registry=r, buckets=LATENCY_BUCKETS_MS,
         )  # fmt: skip
         self.route_actual_request_total = Counter(
             "route_actual_request", "HTTP requests sent upstream (retries included), by route.",
@@ -96,19 +253,12 @@ class ProxyMetrics:
             "retry_skipped", "Retries a route wanted and its retry budget refused.", _ROUTE,
             registry=r,
         )  # fmt: skip
-        self.tcp_open_total = Counter("tcp_open", "TCP connections opened.", _CONN, registry=r)
-        self.tcp_open_connections = Gauge(
-            "tcp_open_connections", "TCP connections open now.", _CONN, registry=r
-        )
-        self.tcp_read_bytes_total = Counter(
-            "tcp_read_bytes", "Bytes read from peers.", _CONN, registry=r
-        )
-        self.tcp_write_bytes_total = Counter(
-            "tcp_write_bytes", "Bytes written to peers.", _CONN, registry=r
-        )
-        self.tcp_close_total = Counter(
-            "tcp_close", "TCP connections closed.", [*_CONN, "errno"], registry=r
-        )
+        self.tcp = TcpMetrics()
+        r.register(self.tcp)
+        ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes…
+        build = Gauge("proxy_build_info", "The proxy's build.", ["version", "vendor", "python"],
+                      registry=r)  # fmt: skip
+        build.labels(_version(), "meshlet", platform.python_version()).set(1)
         self.detect_timeout_total = Counter(
             "protocol_detect_timeout",
             "Connections whose protocol detection timed out (then handled as opaque TCP).",
@@ -140,8 +290,25 @@ class ProxyMetrics:
             ["result"], registry=r,
         )  # fmt: skip
 
-    def conn(self, direction: str, target_addr: str, **tls: str) -> ConnLabels:
-        return ConnLabels(direction, self.target(target_addr), **tls)
+    def conn(
+        self, direction: str, target_addr: str, dst: tuple[str, ...] = NO_DST, **tls: str
+    ) -> ConnLabels:
+        return ConnLabels(direction, self.target(target_addr), dst=dst, **tls)
+
+    def dst_conn(self, direction: str, addr: tuple[str, int], labels: Values | None) -> TcpConn:
+        """A connection the proxy opens (`peer="dst"`): to an endpoint with its `labels`, or,
+        without, a plain one (inbound: to the app on the pod's own address)."""
+        if labels is None:
+            reason = "loopback" if direction == "inbound" else "not_provided_by_service_discovery"
+            labels = self.conn(direction, f"{addr[0]}:{addr[1]}", no_tls_reason=reason).values()
+        return self.tcp.conn("dst", labels)
 
     def authority_label(self, authority: str) -> str:
         return self.authority(authority)
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("meshlet")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"

@@ -812,17 +812,14 @@ async def test_metrics_count_requests_responses_and_local_errors(
         "target_addr": f"127.0.0.1:{proxy.port}",
         "tls": "no_identity",
         "no_tls_reason": "not_provided_by_remote",
-        "client_id": "",
-        "server_id": "",
         "authority": f"{host}:{port}",
-    }
+    }  # labels without a value (client_id, server_id, dst_*, grpc_status) are left out
     assert registry.get_sample_value("request_total", labels) == 4
 
     def responses(code: str, classification: str) -> float | None:
         values = {
             **labels,
             "status_code": code,
-            "grpc_status": "",
             "classification": classification,
         }
         return registry.get_sample_value("response_total", values)
@@ -830,7 +827,7 @@ async def test_metrics_count_requests_responses_and_local_errors(
     assert responses("200", "success") == 2
     assert responses("404", "success") == 1
     assert responses("503", "failure") == 1
-    latency = {**labels, "status_code": "200", "grpc_status": "", "classification": "success"}
+    latency = {**labels, "status_code": "200", "classification": "success"}
     assert registry.get_sample_value("response_latency_ms_count", latency) == 2
     errors = {"direction": "outbound", "status_code": "400"}
     assert registry.get_sample_value("http_client_errors_total", errors) == 1

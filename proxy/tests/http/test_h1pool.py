@@ -11,6 +11,7 @@ import pytest
 from meshlet.proxy.http.contract import HttpLimits
 from meshlet.proxy.http.h1pool import H1Pool, PoolKey
 from meshlet.proxy.io.connect import tcp_connector
+from meshlet.proxy.metrics import TcpConn
 
 
 class Server:
@@ -47,7 +48,7 @@ async def test_most_recent_idle_connection_first_and_at_most_max_idle(
 ) -> None:
     srv, key = server
     pool = H1Pool(idle_timeout=10, max_idle=2)
-    a, b, c = [await pool.open(key, HttpLimits()) for _ in range(3)]
+    a, b, c = [await pool.open(key, HttpLimits(), TcpConn.uncounted()) for _ in range(3)]
     for upstream in (a, b, c):
         pool.give(key, upstream)
     assert c.closed  # over max_idle
@@ -66,7 +67,7 @@ async def test_connection_closed_by_the_peer_while_idle_is_dropped(
 ) -> None:
     srv, key = server
     pool = H1Pool(idle_timeout=10)
-    upstream = await pool.open(key, HttpLimits())
+    upstream = await pool.open(key, HttpLimits(), TcpConn.uncounted())
     pool.give(key, upstream)
     srv.writers[0].close()
     await settle(lambda: upstream.closed)
@@ -79,7 +80,7 @@ async def test_idle_timeout_closes_and_use_restarts_the_clock(
 ) -> None:
     srv, key = server
     pool = H1Pool(idle_timeout=0.3)
-    upstream = await pool.open(key, HttpLimits())
+    upstream = await pool.open(key, HttpLimits(), TcpConn.uncounted())
     pool.give(key, upstream)
     await asyncio.sleep(0.2)
     assert pool.take(key) is upstream  # in use: the timer does not close it

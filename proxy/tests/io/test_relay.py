@@ -7,12 +7,14 @@ import contextlib
 import socket
 import struct
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 
 import pytest
 
 from meshlet.proxy.core.detect import Protocol, may_be_http
 from meshlet.proxy.io import relay
 from meshlet.proxy.io.listener import Accepted, Listener, bind, peek_protocol
+from meshlet.proxy.metrics import TcpConn
 
 
 async def echo_server() -> tuple[asyncio.Server, int]:
@@ -28,20 +30,31 @@ async def echo_server() -> tuple[asyncio.Server, int]:
     return server, server.sockets[0].getsockname()[1]
 
 
+@dataclass
+class Counts:
+    """The relayed connections' byte counts: (client side, upstream side) per connection."""
+
+    conns: list[tuple[TcpConn, TcpConn]] = field(default_factory=list)
+
+    def read(self, side: int) -> int:
+        return sum(pair[side].read for pair in self.conns)
+
+    def written(self, side: int) -> int:
+        return sum(pair[side].written for pair in self.conns)
+
+
 @pytest.fixture
-async def relay_proxy() -> AsyncIterator[tuple[int, int, dict[str, int]]]:
+async def relay_proxy() -> AsyncIterator[tuple[int, int, Counts]]:
     """A listener relaying every connection to an echo server; yields (proxy port,
     upstream port, byte counts)."""
     server, upstream = await echo_server()
-    counts = {"client": 0, "upstream": 0}
+    counts = Counts()
     loop = asyncio.get_running_loop()
 
     async def handle(accepted: Accepted) -> None:
-        client_side, upstream_side, done = relay.pair(
-            loop,
-            lambda n: counts.__setitem__("client", counts["client"] + n),
-            lambda n: counts.__setitem__("upstream", counts["upstream"] + n),
-        )
+        client_tcp, upstream_tcp = TcpConn.uncounted(), TcpConn.uncounted()
+        counts.conns.append((client_tcp, upstream_tcp))
+        client_side, upstream_side, done = relay.pair(loop, client_tcp, None, upstream_tcp)
         await loop.create_connection(lambda: upstream_side, "127.0.0.1", upstream)
         await loop.connect_accepted_socket(lambda: client_side, sock=accepted.sock)
         upstream_side.flush()
@@ -57,7 +70,7 @@ async def relay_proxy() -> AsyncIterator[tuple[int, int, dict[str, int]]]:
     server.close()
 
 
-async def test_bytes_both_ways_and_half_close(relay_proxy: tuple[int, int, dict[str, int]]) -> None:
+async def test_bytes_both_ways_and_half_close(relay_proxy: tuple[int, int, Counts]) -> None:
     port, _, counts = relay_proxy
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     payload = bytes(range(256)) * 4096  # 1 MiB
@@ -66,12 +79,13 @@ async def test_bytes_both_ways_and_half_close(relay_proxy: tuple[int, int, dict[
     received = await asyncio.wait_for(reader.read(-1), 10)
     assert received == payload + b"<eof seen>"
     writer.close()
-    assert counts["client"] == len(payload)
-    assert counts["upstream"] == len(payload) + len(b"<eof seen>")
+    client, upstream = 0, 1
+    assert counts.read(client) == counts.written(upstream) == len(payload)
+    assert counts.read(upstream) == counts.written(client) == len(payload) + len(b"<eof seen>")
 
 
 async def test_a_slow_reader_bounds_the_relay_buffers(
-    relay_proxy: tuple[int, int, dict[str, int]],
+    relay_proxy: tuple[int, int, Counts],
 ) -> None:
     port, _, counts = relay_proxy
     sock = socket.create_connection(("127.0.0.1", port))
@@ -92,7 +106,7 @@ async def test_a_slow_reader_bounds_the_relay_buffers(
     sock.close()
     assert stalled_for >= 1.0, f"sent {sent} bytes without stalling: the relay never pushed back"
     assert sent < 64 * 1024 * 1024  # kernel buffers on both hops, plus the relay's bound
-    assert counts["client"] <= sent
+    assert counts.read(0) <= sent
 
 
 async def test_detection_on_a_real_socket() -> None:
@@ -171,10 +185,6 @@ async def test_a_reset_during_detection_is_no_connection() -> None:
     listener_sock.close()
 
 
-def ignore(_: int) -> None:
-    pass
-
-
 @pytest.fixture
 async def guarded_proxy() -> AsyncIterator[tuple[int, list[bytes], list[str]]]:
     """A relay whose client side is guarded against HTTP to a server that speaks first; yields
@@ -203,7 +213,7 @@ async def guarded_proxy() -> AsyncIterator[tuple[int, list[bytes], list[str]]]:
     )
 
     async def handle(accepted: Accepted) -> None:
-        client_side, upstream_side, done = relay.pair(loop, ignore, ignore, guard)
+        client_side, upstream_side, done = relay.pair(loop, None, guard)
         await loop.create_connection(lambda: upstream_side, "127.0.0.1", upstream)
         await loop.connect_accepted_socket(lambda: client_side, sock=accepted.sock)
         upstream_side.flush()
@@ -280,7 +290,7 @@ async def test_what_waited_for_the_client_side_goes_first() -> None:
         writer.close()
 
     server = await asyncio.start_server(banner, "127.0.0.1", 0)
-    client_side, upstream_side, done = relay.pair(loop, ignore, ignore)
+    client_side, upstream_side, done = relay.pair(loop)
     await loop.create_connection(lambda: upstream_side, *server.sockets[0].getsockname()[:2])
     listener_sock = bind(("127.0.0.1", 0))
     reader, writer = await asyncio.open_connection(*listener_sock.getsockname()[:2])

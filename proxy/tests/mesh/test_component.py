@@ -490,6 +490,19 @@ async def test_http1_across_mtls_is_balanced_per_request_and_carries_the_callers
         authority=f"{FQN}:{HTTP_PORT}",
     ) == 30  # fmt: skip
     assert bot.metric("response_total", direction="outbound", tls="true", status_code="200") == 30
+    # Each endpoint's labels from discovery, as dst_*: the replica that answered.
+    for pod, answered in seen.items():
+        dst = {"dst_namespace": NS, "dst_service": "web", "dst_serviceaccount": "web"}
+        assert bot.metric("request_total", direction="outbound", dst_pod=pod, **dst) == answered
+    # TCP on both sides of each proxy: the app's connection (src), the mTLS one (dst).
+    assert bot.metric("tcp_open_total", peer="src", direction="outbound") >= 1
+    assert bot.metric("tcp_open_total", peer="dst", tls="true", server_id=WEB_ID,
+                      dst_service="web") >= 2  # fmt: skip
+    assert bot.metric("tcp_read_bytes_total", peer="dst", tls="true") > 30 * len(b"HTTP/1.1 200")
+    assert mesh.replicas_metric("tcp_open_total", peer="src", direction="inbound",
+                                tls="true", client_id=BOT_ID) >= 2  # fmt: skip
+    assert mesh.replicas_metric("tcp_open_total", peer="dst", direction="inbound",
+                                no_tls_reason="loopback") >= 2  # fmt: skip
     # The server side labels requests by their authority too (not by the pod's address).
     assert mesh.replicas_metric("request_total", direction="inbound", tls="true",
                                 client_id=BOT_ID, authority=f"{FQN}:{HTTP_PORT}") == 30  # fmt: skip

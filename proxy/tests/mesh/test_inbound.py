@@ -36,7 +36,7 @@ from meshlet.proxy.mesh import (
     mesh_connect,
     relay,
 )
-from meshlet.proxy.metrics import ProxyMetrics
+from meshlet.proxy.metrics import ProxyMetrics, TcpConn
 from meshlet.proxy.routing import FixedRouter
 from meshlet.proxy.targets import SelfTargets
 from meshlet.proxy.tls import contexts
@@ -132,7 +132,7 @@ class DbPod:
     passed: asyncio.Event = field(default_factory=asyncio.Event)
     decided: asyncio.Event = field(default_factory=asyncio.Event)
     hold: bool = False  # keep Terminated connections undispatched, for the test to adopt
-    relayed: collections.Counter[str] = field(default_factory=collections.Counter)
+    relayed: list[tuple[TcpConn, TcpConn]] = field(default_factory=list)  # (client, app)
 
     async def next_outcome(self) -> Outcome:
         async with asyncio.timeout(TIMEOUT):
@@ -213,11 +213,9 @@ async def dispatch(
 ) -> None:
     """What the app does with a terminated connection, by the header's session protocol."""
     if terminated.header.protocol is SessionProtocol.OPAQUE:
-
-        def count(side: str) -> Callable[[int], None]:
-            return lambda n: pod.relayed.update({side: n})
-
-        await relay(terminated, tcp_connector(1.0), count("client"), count("app"))
+        client, app = TcpConn.uncounted(), TcpConn.uncounted()
+        pod.relayed.append((client, app))
+        await relay(terminated, tcp_connector(1.0), client, app)
         return
     target = terminated.target
 
@@ -375,7 +373,9 @@ async def test_opaque_bytes_cross_both_ways_behind_the_header(pki: Any, db_pod: 
     assert outcome.client_id == WEB
     assert outcome.target == (DB_IP, pod.app.opaque_port)  # the pod's own IP
     assert pod.app.opaque_received == b"hello over mtls, quit"
-    assert pod.relayed == {"client": 21, "app": 9 + 21 + 4}
+    ((client, app),) = pod.relayed  # bytes read from each side, written to the other
+    assert (client.read, app.written) == (21, 21)
+    assert (app.read, client.written) == (9 + 21 + 4, 9 + 21 + 4)
 
 
 async def test_bytes_sent_with_the_header_reach_the_app(pki: Any, db_pod: StartDb) -> None:

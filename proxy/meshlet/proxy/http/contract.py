@@ -19,7 +19,7 @@ from typing import Final, Protocol
 from meshlet.api import wellknown
 from meshlet.proxy.core.retry_budget import RetryBudget
 from meshlet.proxy.core.routes import RoutePolicy
-from meshlet.proxy.metrics import ConnLabels, ProxyMetrics, Values
+from meshlet.proxy.metrics import ConnLabels, ProxyMetrics, TcpConn, Values
 
 Addr = tuple[str, int]
 
@@ -157,6 +157,8 @@ class HttpConn:
     # The loop time the client connected: the first request head is due `header_read_timeout`
     # after it, however long detection waited (None: from when the engine starts).
     accepted_at: float | None = None
+    # The client connection's counts (`Connections.counted`); None: not counted.
+    tcp: TcpConn | None = None
 
 
 def error_reason(text: str) -> bytes:

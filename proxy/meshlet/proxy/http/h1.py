@@ -44,6 +44,7 @@ from meshlet.proxy.http.h1exchange import Exchange, H1Machine
 from meshlet.proxy.http.h1pool import H1Pool
 from meshlet.proxy.http.recorder import Recorder
 from meshlet.proxy.io import relay
+from meshlet.proxy.metrics import TcpConn
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,7 @@ class H1Shell(asyncio.Protocol):
         self._waiter: asyncio.Future[_Event] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._tunnel: asyncio.Transport | None = None  # the upstream, after an upgrade
+        self._tcp = conn.tcp or TcpConn.uncounted()
 
     # -- the task: routing and connecting, one exchange at a time ------------------------
 
@@ -173,7 +175,9 @@ class H1Shell(asyncio.Protocol):
                 host, port = endpoint.addr
                 limits = conn.limits
                 try:
-                    upstream = await self._pool.open(key, limits)
+                    tcp = conn.metrics.dst_conn(conn.labels.direction, endpoint.addr,
+                                                endpoint.labels)  # fmt: skip
+                    upstream = await self._pool.open(key, limits, tcp)
                 except TimeoutError:
                     why = f"connecting to {host}:{port} timed out after {limits.connect_timeout}s"
                     if machine.connect_failed(ex, Failure.CONNECT_TIMEOUT, why):
@@ -204,6 +208,7 @@ class H1Shell(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         assert self.machine is not None
+        self._tcp.read += len(data)
         self.machine.data(data)
 
     def eof_received(self) -> bool:
@@ -211,6 +216,7 @@ class H1Shell(asyncio.Protocol):
         return self.machine is not None and self.machine.eof()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._tcp.close(exc)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -247,6 +253,7 @@ class H1Shell(asyncio.Protocol):
         return self._loop.time()
 
     def write(self, chunks: list[bytes]) -> None:
+        self._tcp.written += sum(map(len, chunks))
         self._transport.writelines(chunks)
 
     def close(self, linger: float) -> None:
@@ -294,13 +301,14 @@ class H1Shell(asyncio.Protocol):
         server = upstream.transport
         if server is None:
             return
-        client_side, upstream_side, done = relay.pair(self._loop, _ignore, _ignore)
+        client_side, upstream_side, done = relay.pair(self._loop, self._tcp, None, upstream.tcp)
         client = self._transport
         client_side.connection_made(client)
         upstream_side.connection_made(server)
         client.set_protocol(client_side)
         server.set_protocol(upstream_side)
         if rest:
+            self._tcp.written += len(rest)
             client.write(rest)
         client.resume_reading()
         server.resume_reading()
@@ -309,7 +317,3 @@ class H1Shell(asyncio.Protocol):
             self._timer.cancel()
             self._timer = None
         self._signal(done)
-
-
-def _ignore(_: int) -> None:
-    pass  # tcp_* byte counts are the caller's concern

@@ -9,13 +9,14 @@ sits in an `H1Pool`; one that closes or speaks while idle is dropped from it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, cast
 
 import httptools
 
 from meshlet.proxy.http.contract import HttpLimits
 from meshlet.proxy.http.h1head import Body, Header
+from meshlet.proxy.metrics import TcpConn
 
 
 class UpstreamError(Exception):
@@ -50,8 +51,9 @@ class ResponseSink(Protocol):
 class H1Upstream(asyncio.Protocol):
     """One connection to an endpoint. `begin` hands it a sink for the next response."""
 
-    def __init__(self, limits: HttpLimits) -> None:
+    def __init__(self, limits: HttpLimits, tcp: TcpConn | None = None) -> None:
         self.transport: asyncio.Transport | None = None
+        self.tcp = tcp or TcpConn.uncounted()
         self.loop = asyncio.get_running_loop()
         self.closed = False
         self.reused = False
@@ -92,10 +94,12 @@ class H1Upstream(asyncio.Protocol):
 
     def write(self, data: bytes) -> None:
         if not self.closed and self.transport is not None:
+            self.tcp.written += len(data)
             self.transport.write(data)
 
-    def writelines(self, data: Iterable[bytes]) -> None:
+    def writelines(self, data: Sequence[bytes]) -> None:
         if not self.closed and self.transport is not None:
+            self.tcp.written += sum(map(len, data))
             self.transport.writelines(data)
 
     def pause_reading(self) -> None:
@@ -128,6 +132,7 @@ class H1Upstream(asyncio.Protocol):
         self.transport.set_write_buffer_limits(high, high // 4)
 
     def data_received(self, data: bytes) -> None:
+        self.tcp.read += len(data)
         sink = self._sink
         if sink is None:  # bytes while idle: the connection cannot be trusted
             self.abort()
@@ -150,6 +155,7 @@ class H1Upstream(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.tcp.close(exc)
         sink = self._sink
         if sink is None:
             if self.on_idle_lost is not None:

@@ -12,6 +12,7 @@ from typing import Final
 
 from meshlet.proxy.http.contract import Addr, Connect, HttpLimits
 from meshlet.proxy.http.h1client import H1Upstream
+from meshlet.proxy.metrics import TcpConn
 
 PoolKey = tuple[Connect, Addr]
 
@@ -40,11 +41,13 @@ class H1Pool:
                 return upstream
         return None
 
-    async def open(self, key: PoolKey, limits: HttpLimits) -> H1Upstream:
-        """A new connection to `key`'s endpoint (the connector applies its connect timeout)."""
+    async def open(self, key: PoolKey, limits: HttpLimits, tcp: TcpConn) -> H1Upstream:
+        """A new connection to `key`'s endpoint (the connector applies its connect timeout),
+        counted by `tcp` once established."""
         connect, addr = key
-        _, protocol = await connect(addr, lambda: H1Upstream(limits))
+        _, protocol = await connect(addr, lambda: H1Upstream(limits, tcp))
         assert isinstance(protocol, H1Upstream)
+        tcp.open()
         return protocol
 
     def give(self, key: PoolKey, upstream: H1Upstream) -> None:

@@ -72,6 +72,7 @@ class H2Client(Peer):
         self._idle_timer = self.loop.call_later(self._idle_timeout, self._idle_tick)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.tcp.close(exc)
         self._fail(f"upstream connection lost: {exc}" if exc else "upstream closed the connection")
 
     # -- streams --

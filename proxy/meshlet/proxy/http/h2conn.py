@@ -33,6 +33,7 @@ from hyperframe.frame import Frame, GoAwayFrame, RstStreamFrame
 
 from meshlet.proxy.http.h2guard import Guard
 from meshlet.proxy.http.h2hpack import Decoder, Encoder
+from meshlet.proxy.metrics import TcpConn
 
 if TYPE_CHECKING:
     from meshlet.proxy.http.h2stream import ProxyStream
@@ -165,6 +166,7 @@ class Peer(asyncio.Protocol):
         self.activity = 0  # reads so far; the idle timer compares it across ticks
         self._conn_window = conn_window
         self._flush_scheduled = False
+        self.tcp = TcpConn.uncounted()  # the connection's counts, set by the owner
 
     # asyncio.Protocol
 
@@ -192,6 +194,7 @@ class Peer(asyncio.Protocol):
         if self.transport is None or self.transport.is_closing():
             return  # closed by the proxy: nothing more is read
         self.activity += 1
+        self.tcp.read += len(data)
         try:
             events = self.h2.receive_data(data)
         except ProtocolError as exc:
@@ -225,6 +228,7 @@ class Peer(asyncio.Protocol):
         data = self.h2.data_to_send()
         transport = self.transport
         if data and not self.closed and transport is not None and not transport.is_closing():
+            self.tcp.written += len(data)
             transport.write(data)
 
     def flush_soon(self) -> None:
@@ -255,7 +259,9 @@ class Peer(asyncio.Protocol):
     def write_goaway(self, last_stream_id: int, code: ErrorCodes, debug: bytes = b"") -> None:
         self.flush()
         if self.transport is not None and not self.closed:
-            self.transport.write(goaway_frame(last_stream_id, code, debug))
+            frame = goaway_frame(last_stream_id, code, debug)
+            self.tcp.written += len(frame)
+            self.transport.write(frame)
 
     def close_transport(self) -> None:
         """Closes after the queued bytes are written: at once when the peer is not reading,

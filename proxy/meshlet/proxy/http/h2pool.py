@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Final
@@ -18,6 +19,7 @@ from meshlet.proxy.http.contract import Addr, Connect, HttpLimits
 from meshlet.proxy.http.h2client import H2Client
 from meshlet.proxy.http.h2guard import GuardLimits
 from meshlet.proxy.http.h2stream import ProxyStream
+from meshlet.proxy.metrics import TcpConn
 
 PoolKey = tuple[Connect, Addr]  # how (the connector) and where
 
@@ -72,11 +74,15 @@ class H2Pool:
         self._keys.clear()
 
     async def open(
-        self, addr: Addr, stream: ProxyStream, connect: Connect | None = None
+        self,
+        addr: Addr,
+        stream: ProxyStream,
+        connect: Connect | None = None,
+        tcp: Callable[[], TcpConn] = TcpConn.uncounted,
     ) -> ConnectFailed | None:
         """Opens `stream` upstream on the connection to `addr` (made with `connect`, by default
-        the pool's), connecting when there is none and waiting while the upstream's
-        concurrency limit is reached."""
+        the pool's, and counted by what `tcp` makes), connecting when there is none and waiting
+        while the upstream's concurrency limit is reached."""
         key = (connect or self._connect, addr)
         dials = 0
         while not stream.closed:
@@ -85,7 +91,7 @@ class H2Pool:
                 if dials == _MAX_DIALS:
                     return ConnectFailed(f"connections to {addr[0]}:{addr[1]} keep closing")
                 dials += 1
-                got = await self._client(key)
+                got = await self._client(key, tcp)
                 if isinstance(got, ConnectFailed):
                     return got
                 continue
@@ -95,31 +101,38 @@ class H2Pool:
                 await client.slot()
         return None
 
-    async def _client(self, key: PoolKey) -> H2Client | ConnectFailed:
+    async def _client(self, key: PoolKey, tcp: Callable[[], TcpConn]) -> H2Client | ConnectFailed:
         task = self._connecting.get(key)
         if task is None:
-            task = asyncio.create_task(self._dial(key))  # owned: `aclose` ends it
+            task = asyncio.create_task(self._dial(key, tcp()))  # owned: `aclose` ends it
             self._connecting[key] = task
         # One waiter's cancellation (its client went away) must not cancel the shared attempt.
         return await asyncio.shield(task)
 
-    async def _dial(self, key: PoolKey) -> H2Client | ConnectFailed:
+    async def _dial(self, key: PoolKey, tcp: TcpConn) -> H2Client | ConnectFailed:
         try:
-            return await self._handshake(key)
+            return await self._handshake(key, tcp)
         finally:
             self._connecting.pop(key, None)
 
-    async def _handshake(self, key: PoolKey) -> H2Client | ConnectFailed:
+    async def _handshake(self, key: PoolKey, tcp: TcpConn) -> H2Client | ConnectFailed:
         """Connects, then waits for the upstream's SETTINGS (its stream limit, its windows)."""
         connect, addr = key
         limits, guard = self._limits, self._guard
         where = f"{addr[0]}:{addr[1]}"
+
+        def client() -> H2Client:
+            made = H2Client(addr, limits, guard, self._retire)
+            made.tcp = tcp
+            return made
+
         try:
-            _, protocol = await connect(addr, lambda: H2Client(addr, limits, guard, self._retire))
+            _, protocol = await connect(addr, client)
         except Exception as exc:  # refused, timed out, TLS failed: all mean "unreachable"
             log.info("connect to %s failed: %r", where, exc)
             return ConnectFailed(f"connect to {where} failed: {str(exc) or repr(exc)}")
         assert isinstance(protocol, H2Client)  # our factory's
+        tcp.open()
         try:
             async with asyncio.timeout(limits.connect_timeout):
                 await protocol.settled

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+from functools import partial
 from typing import Any, Final
 
 from h2.errors import ErrorCodes
@@ -114,6 +115,8 @@ class H2Server(Peer):
         self._idle_seen = -1
         self._idle_timer: asyncio.TimerHandle | None = None
         self.recorder = Recorder(conn.metrics, conn.labels)
+        if conn.tcp is not None:
+            self.tcp = conn.tcp
 
     # -- connection --
 
@@ -125,6 +128,7 @@ class H2Server(Peer):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.tcp.close(exc)
         if self._idle_timer is not None:
             self._idle_timer.cancel()
         for stream in list(self.streams.values()):
@@ -294,7 +298,9 @@ class H2Server(Peer):
                     recorder.request(target.authority_label, target, route)
                     stream.counted = True
                 stream.endpoint = target
-                failed = await self.pool.open(target.addr, stream, target.connect)
+                failed = await self.pool.open(target.addr, stream, target.connect,
+                                              partial(conn.metrics.dst_conn, self._direction,
+                                                      target.addr, target.labels))  # fmt: skip
                 if failed is None:
                     stream.sends += 1
                     recorder.attempt(route)

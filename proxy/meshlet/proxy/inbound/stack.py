@@ -26,7 +26,7 @@ from meshlet.proxy.core.detect import NEED_MORE, PEEK_BYTES, Protocol, detect
 from meshlet.proxy.http.contract import CLIENT_ID_HEADER, Addr, Endpoint
 from meshlet.proxy.io import relay
 from meshlet.proxy.io.listener import Accepted, peek_protocol
-from meshlet.proxy.metrics import ConnLabels
+from meshlet.proxy.metrics import TcpConn
 from meshlet.proxy.routing import FixedPicker, FixedRouter
 from meshlet.proxy.targets import SelfTargets
 
@@ -94,17 +94,17 @@ class InboundStack:
     async def _plain(self, accepted: Accepted, target: Addr) -> None:
         conns = self._conns
         labels = conns.metrics.conn(DIRECTION, f"{target[0]}:{target[1]}")
-        async with conns.counted(labels):
+        async with conns.counted(labels) as tcp:
             forward = await self._detect_plain(accepted, target)
             if forward is None:
                 return
             if forward.protocol is SessionProtocol.OPAQUE:
                 endpoint = Endpoint(target, f"{target[0]}:{target[1]}")
-                await conns.relay(accepted, FixedPicker(endpoint), labels, forward.guard)
+                await conns.relay(accepted, FixedPicker(endpoint), labels, tcp, forward.guard)
                 return
             h2 = forward.protocol is SessionProtocol.HTTP2
             router = FixedRouter(target, conns.metrics)
-            await conns.http(h2, router, labels, accepted=accepted)
+            await conns.http(h2, router, labels, tcp, accepted=accepted)
 
     async def _detect_plain(self, accepted: Accepted, target: Addr) -> Forward | None:
         if target[1] in self._opaque_ports:
@@ -152,15 +152,16 @@ class InboundStack:
             DIRECTION, f"{target[0]}:{target[1]}", tls="true", no_tls_reason="",
             client_id=session.client_id,
         )  # fmt: skip
-        async with conns.counted(labels):
+        async with conns.counted(labels) as tcp:
             forward = await self._detect_session(session)
             if forward.protocol is SessionProtocol.OPAQUE:
-                await self._relay_session(session, forward, labels)
+                await self._relay_session(session, forward, tcp)
                 return
             await conns.http(
                 forward.protocol is SessionProtocol.HTTP2,
                 FixedRouter(target, conns.metrics),
                 labels,
+                tcp,
                 handoff=session.terminated,
                 add_headers=((CLIENT_ID_HEADER, session.client_id.encode()),),
             )
@@ -185,15 +186,12 @@ class InboundStack:
             guard = self._conns.late_http_guard(session.client_id, target[1], self._timeout)
         return Forward(SessionProtocol.OPAQUE, target, guard)
 
-    async def _relay_session(self, session: Session, forward: Forward, labels: ConnLabels) -> None:
+    async def _relay_session(self, session: Session, forward: Forward, tcp: TcpConn) -> None:
         from meshlet.proxy.mesh.inbound import relay as mesh_relay
 
-        metrics, values = self._conns.metrics, labels.values()
-        read = metrics.tcp_read_bytes_total.labels(*values)
-        written = metrics.tcp_write_bytes_total.labels(*values)
+        app = self._conns.metrics.dst_conn(DIRECTION, session.target, None)
         try:
-            await mesh_relay(session.terminated, self._conns.connect, read.inc, written.inc,
-                             forward.guard)  # fmt: skip
+            await mesh_relay(session.terminated, self._conns.connect, tcp, app, forward.guard)
         except (OSError, TimeoutError) as exc:
             log.info("inbound: connect to %s:%d failed: %s", *session.target, exc)
 

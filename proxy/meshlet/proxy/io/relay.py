@@ -12,6 +12,8 @@ import asyncio
 from collections.abc import Callable
 from typing import Final, cast
 
+from meshlet.proxy.metrics import TcpConn
+
 HIGH_WATER: Final = 256 * 1024
 LOW_WATER: Final = 64 * 1024
 GUARD_BYTES: Final = 512  # held at most by a GuardedSide before it must decide
@@ -20,9 +22,12 @@ Guard = tuple[Callable[[bytes, bool], bool | None], Callable[[], None]]
 
 
 class RelaySide(asyncio.Protocol):
-    def __init__(self, done: asyncio.Future[None], count: Callable[[int], None]) -> None:
+    """One side's connection; `tcp` counts its bytes (read here, written by the peer) and is
+    closed with it."""
+
+    def __init__(self, done: asyncio.Future[None], tcp: TcpConn) -> None:
         self._done = done
-        self._count = count  # bytes read from this side
+        self.tcp = tcp
         self.transport: asyncio.Transport | None = None
         self.peer: RelaySide | None = None
         self._pending = bytearray()  # bytes read before the peer was attached
@@ -58,7 +63,8 @@ class RelaySide(asyncio.Protocol):
             data = bytes(self._pending) + data
             self._pending.clear()
         if data:
-            self._count(len(data))
+            self.tcp.read += len(data)
+            peer.tcp.written += len(data)
             peer.transport.write(data)
 
     def eof_received(self) -> bool:
@@ -92,6 +98,7 @@ class RelaySide(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.tcp.close(exc)
         peer = self.peer
         if peer is not None and peer.transport is not None and not peer.transport.is_closing():
             if exc is None:
@@ -114,8 +121,8 @@ class GuardedSide(RelaySide):
     and the side relays as any other. Used where detection was skipped after a silent client (a
     server-speaks-first protocol), so that an HTTP request arriving late is not relayed."""
 
-    def __init__(self, done: asyncio.Future[None], count: Callable[[int], None], guard: Guard):
-        super().__init__(done, count)
+    def __init__(self, done: asyncio.Future[None], tcp: TcpConn, guard: Guard):
+        super().__init__(done, tcp)
         self._refuse, self._refused = guard
         self._held: bytearray | None = bytearray()
 
@@ -152,19 +159,18 @@ class GuardedSide(RelaySide):
 
 
 def pair(
-    loop: asyncio.AbstractEventLoop, read_client: Callable[[int], None],
-    read_upstream: Callable[[int], None],
+    loop: asyncio.AbstractEventLoop,
+    client_tcp: TcpConn | None = None,
     guard: Guard | None = None,
-) -> tuple[RelaySide, RelaySide, asyncio.Future[None]]:  # fmt: skip
+    upstream_tcp: TcpConn | None = None,
+) -> tuple[RelaySide, RelaySide, asyncio.Future[None]]:
     """Two linked sides and a future resolved once both connections are closed. Once both
     transports are connected, call `flush()` on both. With a `guard`, the client side is a
-    GuardedSide."""
+    GuardedSide. Connections without a TcpConn are not counted (the upstream's can be set
+    until it connects)."""
     done: asyncio.Future[None] = loop.create_future()
-    client: RelaySide
-    if guard is None:
-        client = RelaySide(done, read_client)
-    else:
-        client = GuardedSide(done, read_client, guard)
-    upstream = RelaySide(done, read_upstream)
+    client_tcp = client_tcp or TcpConn.uncounted()
+    client = RelaySide(done, client_tcp) if guard is None else GuardedSide(done, client_tcp, guard)
+    upstream = RelaySide(done, upstream_tcp or TcpConn.uncounted())
     client.peer, upstream.peer = upstream, client
     return client, upstream, done

@@ -40,6 +40,7 @@ from meshlet.proxy.io import relay as relay_sides
 from meshlet.proxy.io.listener import Accepted
 from meshlet.proxy.io.sockets import peer_closed
 from meshlet.proxy.mesh.refusal import Refusal, check_session, classify_tls_error, describe
+from meshlet.proxy.metrics import TcpConn
 from meshlet.proxy.targets import SelfTargets
 from meshlet.proxy.tls.contexts import peer_identity
 
@@ -351,28 +352,22 @@ class _HeaderReader(asyncio.Protocol):
 async def relay(
     terminated: Terminated,
     connect: Connect,
-    count_client: Callable[[int], None] | None = None,
-    count_upstream: Callable[[int], None] | None = None,
+    client_tcp: TcpConn | None = None,
+    upstream_tcp: TcpConn | None = None,
     guard: relay_sides.Guard | None = None,
 ) -> None:
     """Relays an opaque mesh connection to its target until both sides close. Raises what
     `connect` raises (OSError, TimeoutError) when the target cannot be reached, after closing
     the mesh connection (the client proxy sees it closed). With `guard`, the client's first
-    bytes are checked as `relay.GuardedSide` does."""
-    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    count = count_client or _ignore
-    client = (
-        relay_sides.RelaySide(done, count)
-        if guard is None
-        else relay_sides.GuardedSide(done, count, guard)
-    )
-    upstream = relay_sides.RelaySide(done, count_upstream or _ignore)
-    client.peer, upstream.peer = upstream, client
+    bytes are checked as `relay.GuardedSide` does. `upstream_tcp` is opened once connected."""
+    loop = asyncio.get_running_loop()
+    client, upstream, done = relay_sides.pair(loop, client_tcp, guard, upstream_tcp)
     try:
         await connect(terminated.target, lambda: upstream)
     except BaseException:
         terminated.close()
         raise
+    upstream.tcp.open()
     terminated.adopt(client)
     upstream.flush()
     client.flush()
@@ -383,7 +378,3 @@ async def relay(
             if side.transport is not None:
                 side.transport.abort()
         raise
-
-
-def _ignore(_: int) -> None:
-    pass

@@ -31,7 +31,7 @@ from meshlet.proxy.discovery.resolver import Destination, Resolver, ResolverFull
 from meshlet.proxy.http.contract import Addr, Connect, Endpoint, RouteError
 from meshlet.proxy.identity.manager import IdentityManager
 from meshlet.proxy.mesh.outbound import MeshConnectError, mesh_connect
-from meshlet.proxy.metrics import ProxyMetrics
+from meshlet.proxy.metrics import ProxyMetrics, dst_values
 from meshlet.proxy.outbound.balance import Balancer, Lease, NoEndpoints
 from meshlet.proxy.targets import split_authority
 
@@ -226,8 +226,9 @@ class MeshRouter:
         where = f"{endpoint.addr[0]}:{endpoint.addr[1]}"
         if identity is None or endpoint.opaque_transport_port is None:
             labels = self._metrics.conn(
-                "outbound", where, no_tls_reason="not_provided_by_service_discovery"
-            ).values()
+                "outbound", where, dst_values(endpoint.labels),
+                no_tls_reason="not_provided_by_service_discovery",
+            ).values()  # fmt: skip
             return Endpoint(endpoint.addr, label, labels=labels)
         assert self._identity is not None  # `_reach` checked it
         proxy_addr = (endpoint.addr[0], endpoint.opaque_transport_port)
@@ -238,8 +239,9 @@ class MeshRouter:
             )
         )  # fmt: skip
         labels = self._metrics.conn(
-            "outbound", where, tls="true", no_tls_reason="", server_id=identity.name
-        ).values()
+            "outbound", where, dst_values(endpoint.labels), tls="true", no_tls_reason="",
+            server_id=identity.name,
+        ).values()  # fmt: skip
         return Endpoint(proxy_addr, label, connect, labels=labels)
 
     def _counted(self, connect: Connect) -> Connect:

@@ -92,9 +92,9 @@ class OutboundStack:
         conns = self._conns
         labels = conns.metrics.conn(DIRECTION, f"{target[0]}:{target[1]}" if target else
                                     "authority")  # fmt: skip
-        async with conns.counted(labels):
+        async with conns.counted(labels) as tcp:
             if logical.opaque:
-                await conns.relay(accepted, self._endpoints(logical), labels)
+                await conns.relay(accepted, self._endpoints(logical), labels, tcp)
                 return
             detected = await peek_protocol(accepted, self._timeout)
             if detected is None:
@@ -103,7 +103,8 @@ class OutboundStack:
             if detected.protocol in (Protocol.HTTP1, Protocol.HTTP2):
                 h2 = detected.protocol is Protocol.HTTP2
                 session = SessionProtocol.HTTP2 if h2 else SessionProtocol.HTTP1
-                await conns.http(h2, self._router(logical, session), labels, accepted=accepted)
+                await conns.http(h2, self._router(logical, session), labels, tcp,
+                                 accepted=accepted)  # fmt: skip
                 return
             if detected.timed_out:
                 conns.detect_timed_out(DIRECTION, self._timeout, target[1] if target else None)
@@ -115,7 +116,7 @@ class OutboundStack:
                 )  # fmt: skip
                 return
             # The destination's own inbound proxy checks what reaches its app: no guard here.
-            await conns.relay(accepted, self._endpoints(logical), labels)
+            await conns.relay(accepted, self._endpoints(logical), labels, tcp)
 
     def _endpoints(self, logical: Logical) -> EndpointPicker:
         """What picks the endpoint of an opaque connection."""
