@@ -17,6 +17,7 @@ connection. Candidates:
 
     h2lib     the `h2` library, as the engine uses it today (with the project's own HPACK)
     own       a lean sans-IO codec written for a proxy (the prototype below)
+    engine    the codec the engine was then built on (meshlet.proxy.http.h2codec), every check in
     own-mypyc the same module compiled with mypyc (`--mypyc`: needs a C compiler and the
               Python headers; the HPACK codec it calls stays pure Python)
     nghttp2   libnghttp2 (the C library under curl and nginx) through cffi, ABI mode
@@ -175,20 +176,43 @@ class Candidate(Protocol):
 
 
 class H2Lib:
-    """The `h2` library as the engine uses it (h2conn.new_connection: the project's HPACK)."""
+    """The `h2` library as the engine used it: validation off (the engine checks headers once),
+    the project's HPACK codec swapped in."""
 
     name = "h2lib"
 
     def __init__(self, shape: Shape) -> None:
         from h2 import events
 
-        from meshlet.proxy.http.h2conn import new_connection
-
         self.ev = events
-        self.server = new_connection(False, 256 * 1024, 65536, 100)
-        self.client = new_connection(True, 256 * 1024, 65536)
+        self.server = self._connection(False, 100)
+        self.client = self._connection(True, None)
         self.shape = shape
         self.next_up = 1
+
+    @staticmethod
+    def _connection(client_side: bool, max_streams: int | None) -> Any:
+        from h2.config import H2Configuration
+        from h2.connection import H2Connection
+        from h2.settings import SettingCodes, Settings
+
+        from meshlet.proxy.http.h2hpack import Decoder, Encoder
+
+        h2 = H2Connection(
+            H2Configuration(
+                client_side=client_side, header_encoding=None, validate_inbound_headers=False,
+                normalize_inbound_headers=False, validate_outbound_headers=False,
+                normalize_outbound_headers=False,
+            )
+        )  # fmt: skip
+        settings = {SettingCodes.ENABLE_PUSH: 0, SettingCodes.INITIAL_WINDOW_SIZE: 256 * 1024,
+                    SettingCodes.MAX_HEADER_LIST_SIZE: 65536}  # fmt: skip
+        if max_streams is not None:
+            settings[SettingCodes.MAX_CONCURRENT_STREAMS] = max_streams
+        h2.local_settings = Settings(client=client_side, initial_values=settings)
+        h2.encoder = Encoder()
+        h2.decoder = Decoder(max_header_list_size=65536)
+        return h2
 
     def setup(self, client_start: bytes, upstream_start: bytes) -> tuple[bytes, bytes]:
         self.server.initiate_connection()
@@ -283,6 +307,73 @@ class Own:
         return server.take(), client.take()
 
 
+class Engine:
+    """The engine's codec (meshlet.proxy.http.h2codec), with its checks."""
+
+    name = "engine"
+
+    def __init__(self, shape: Shape) -> None:
+        from meshlet.proxy.http.h2codec import Codec
+
+        self.got: list[Any] = []
+        self.closed = False
+        self.server = Codec(self, False, 256 * 1024, 1024 * 1024, 65536, 100)
+        self.client = Codec(self, True, 256 * 1024, 2**31 - 1, 65536)
+
+    # the handler: the codec calls these
+    def on_head(self, sid: int, headers: Any, end: bool) -> None:
+        self.got.append(headers)
+
+    def on_trailers(self, sid: int, headers: Any) -> None:
+        self.got.append(headers)
+
+    def on_informational(self, sid: int, headers: Any) -> None:
+        self.got.append(headers)
+
+    def on_data(self, sid: int, data: bytes, flow_len: int, end: bool) -> None:
+        self.got.append(data)
+
+    def on_reset(self, sid: int, code: int) -> None:
+        raise AssertionError(f"stream {sid} reset: {code}")
+
+    def on_window(self, sid: int) -> None: ...
+    def on_settings(self) -> None: ...
+    def on_control(self) -> None: ...
+    def on_goaway(self, code: int, last_sid: int, debug: bytes) -> None: ...
+
+    def setup(self, client_start: bytes, upstream_start: bytes) -> tuple[bytes, bytes]:
+        self.server.start()
+        self.client.start()
+        self.server.receive(client_start)
+        self.client.receive(upstream_start)
+        self.got.clear()
+        return self.server.take(), self.client.take()
+
+    def relay(self, client_chunk: bytes, upstream_chunk: bytes) -> tuple[bytes, bytes]:
+        server, client, got = self.server, self.client, self.got
+        server.receive(client_chunk)
+        request = got[0]
+        down = server.last_peer_sid
+        up = client.next_stream_id()
+        if len(got) > 1:
+            client.send_headers(up, request, False)
+            client.send_data(up, got[1], True)
+            server.acknowledge(down, len(got[1]))
+        else:
+            client.send_headers(up, request, True)
+        got.clear()
+        client.receive(upstream_chunk)
+        server.send_headers(down, got[0], False)
+        client.acknowledge(up, len(got[1]))
+        if len(got) > 2:
+            server.send_data(down, got[1], False)
+            server.send_headers(down, got[2], True)
+        else:
+            server.send_data(down, got[1], True)
+        got.clear()
+        return server.take(), client.take()
+
+
 class Nghttp2:
     """libnghttp2 through cffi (ABI mode: the shared library, no headers needed)."""
 
@@ -305,6 +396,7 @@ class Nghttp2:
 def candidates(shape: Shape) -> list[tuple[str, Callable[[], Candidate]]]:
     found: list[tuple[str, Callable[[], Candidate]]] = [("h2lib", lambda: H2Lib(shape))]
     found.append(("own", lambda: Own(shape, "bench.h2spike_codec", "own")))
+    found.append(("engine", lambda: Engine(shape)))
     try:
         compiled = importlib.import_module("h2spike_codec_mypyc")
         if not str(compiled.__file__).endswith(".py"):

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import datetime
 import hashlib
+import shutil
 import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -48,7 +49,6 @@ from hyperframe.frame import (
 )
 
 from meshlet.proxy.http.contract import HttpLimits
-from meshlet.proxy.http.h2conn import Connection
 from meshlet.proxy.http.h2guard import GuardLimits
 from meshlet.proxy.http.h2pool import H2Pool
 from meshlet.proxy.http.h2server import serve_h2
@@ -76,6 +76,20 @@ def request_headers(
 
 
 # -- a raw client --
+
+
+class Connection(H2Connection):
+    """h2's connection that, after a graceful GOAWAY (NO_ERROR), keeps reading the streams the
+    GOAWAY let finish (h2 would fail every later frame with PROTOCOL_ERROR)."""
+
+    def _receive_goaway_frame(self, frame: GoAwayFrame) -> tuple[list[Any], list[Any]]:
+        if frame.error_code != ErrorCodes.NO_ERROR:
+            return super()._receive_goaway_frame(frame)  # type: ignore[no-any-return]
+        event = ConnectionTerminated()
+        event.error_code = ErrorCodes.NO_ERROR
+        event.last_stream_id = frame.last_stream_id
+        event.additional_data = frame.additional_data or None
+        return [], [event]
 
 
 @dataclass
@@ -132,7 +146,6 @@ class Client:
         **config: Any,
     ) -> Client:
         reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=tls)
-        # The proxy's h2 subclass: unlike h2, it keeps reading streams after a graceful GOAWAY.
         h2 = Connection(H2Configuration(client_side=True, header_encoding=None, **config))
         h2.initiate_connection()
         if settings:
@@ -1221,3 +1234,61 @@ async def test_tls_is_terminated_when_the_connection_carries_a_context(
     got = await client.get(proxy.port, body=b"over tls")
     assert got.status == 200 and bytes(got.body) == b"over tls"
     assert client.writer.get_extra_info("ssl_object").selected_alpn_protocol() == "h2"
+
+
+# -- other implementations as clients: curl and nghttp2's tools (libnghttp2) --
+
+
+async def run_tool(*argv: str) -> tuple[int, bytes, bytes]:
+    tool = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(tool.communicate(), 30)
+    assert tool.returncode is not None
+    return tool.returncode, out, err
+
+
+def needs(tool: str) -> pytest.MarkDecorator:
+    return pytest.mark.skipif(shutil.which(tool) is None, reason=f"{tool} is not installed")
+
+
+@needs("curl")
+async def test_curl_gets_the_body_and_sends_one(h2proxy, upstream) -> None:
+    up, addr = await upstream(echo)
+    proxy = await h2proxy(addr)
+    code, out, err = await run_tool(
+        "curl", "-sS", "--http2-prior-knowledge", "--data-binary", "x" * 100_000,
+        f"http://127.0.0.1:{proxy.port}/curl",
+    )  # fmt: skip
+    assert code == 0, err
+    assert out == b"x" * 100_000
+    assert up.requests[0].header(b":path") == b"/curl"
+
+
+@needs("nghttp")
+async def test_nghttp_relays_trailers_and_large_bodies(h2proxy, upstream, tmp_path) -> None:
+    _, addr = await upstream(echo)
+    proxy = await h2proxy(addr)
+    upload = tmp_path / "upload"
+    upload.write_bytes(bytes(range(256)) * 4096)  # 1 MiB: many windows' worth
+    code, out, err = await run_tool(
+        "nghttp", "-v", "-d", str(upload), f"http://127.0.0.1:{proxy.port}/nghttp"
+    )
+    assert code == 0, err
+    text = out.decode(errors="replace")
+    digest = hashlib.sha256(upload.read_bytes()).hexdigest()
+    assert f"x-body-sha256: {digest}" in text  # the trailers, after the whole echoed body
+    assert "GOAWAY" in text and "error_code=NO_ERROR" in text
+
+
+@needs("h2load")
+async def test_h2load_finds_every_request_answered(h2proxy, upstream) -> None:
+    _, addr = await upstream(echo)
+    proxy = await h2proxy(addr)
+    code, out, err = await run_tool(
+        "h2load", "-n", "2000", "-c", "4", "-m", "16", f"http://127.0.0.1:{proxy.port}/load"
+    )
+    assert code == 0, err
+    text = out.decode()
+    assert "2000 succeeded, 0 failed, 0 errored" in text, text
+    assert "status codes: 2000 2xx" in text, text

@@ -11,26 +11,20 @@ elsewhere (or refused), the others finish.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable
-
-from h2.errors import ErrorCodes
-from h2.events import (
-    ConnectionTerminated,
-    DataReceived,
-    InformationalResponseReceived,
-    RemoteSettingsChanged,
-    ResponseReceived,
-    StreamReset,
-    TrailersReceived,
-    WindowUpdated,
-)
-from h2.exceptions import NoAvailableStreamIDError, ProtocolError, TooManyStreamsError
+from collections.abc import Callable, Sequence
 
 from meshlet.proxy.http.contract import Addr, HttpLimits
-from meshlet.proxy.http.h2conn import MAX_WINDOW, Peer, error_name, new_connection
+from meshlet.proxy.http.h2codec import (
+    MAX_WINDOW,
+    ErrorCode,
+    Header,
+    NoStreamIds,
+    ProtocolError,
+    error_name,
+)
+from meshlet.proxy.http.h2conn import Peer
 from meshlet.proxy.http.h2guard import Guard, GuardLimits
 from meshlet.proxy.http.h2headers import Malformed, read_response, read_trailers
 from meshlet.proxy.http.h2stream import ProxyStream
@@ -49,11 +43,11 @@ class H2Client(Peer):
         guard: GuardLimits,
         retire: Callable[[H2Client], None],
     ) -> None:
-        h2 = new_connection(True, limits.max_body_buffer, limits.max_header_bytes)
         loop = asyncio.get_running_loop()
         # The connection window is the largest allowed: a downstream client that stops reading
         # holds back at most its streams' windows, never the whole shared connection.
-        super().__init__(h2, Guard(guard, loop.time()), MAX_WINDOW)
+        super().__init__(Guard(guard, loop.time()), True, limits.max_body_buffer, MAX_WINDOW,
+                         limits.max_header_bytes)  # fmt: skip
         self.addr = addr
         self.streams: dict[int, ProxyStream] = {}
         self.usable = False  # takes new streams
@@ -83,18 +77,16 @@ class H2Client(Peer):
         h2 = self.h2
         if not self.usable:
             return False
-        if len(self.streams) >= h2.remote_settings.max_concurrent_streams:
+        if len(self.streams) >= h2.peer_max_streams:
             return False
         req = stream.req
         end = req.ended and not req.chunks and req.trailers is None
         try:
-            up_id = h2.get_next_available_stream_id()
-            h2.send_headers(up_id, stream.request.headers, end_stream=end)
-        except TooManyStreamsError:
-            return False
-        except NoAvailableStreamIDError:
+            up_id = h2.next_stream_id()
+        except NoStreamIds:
             self._retire_now()
             return False
+        h2.send_headers(up_id, stream.request.headers, end)
         self.streams[up_id] = stream
         self.guard.stream_opened()
         stream.attach(self, up_id, end)
@@ -129,78 +121,75 @@ class H2Client(Peer):
     def _broken(self, exc: ProtocolError) -> None:
         self._fail(f"upstream broke HTTP/2: {exc}")
 
-    def _on_response(self, event: ResponseReceived) -> None:
-        stream = self.streams.get(event.stream_id)
+    def on_head(self, sid: int, headers: Sequence[Header], end: bool) -> None:
+        stream = self.streams.get(sid)
         if stream is None:
             return
-        response = read_response(event.headers)
+        response = read_response(headers)
         if isinstance(response, Malformed):
-            self.reset(event.stream_id, ErrorCodes.PROTOCOL_ERROR)
+            self.reset(sid, ErrorCode.PROTOCOL_ERROR)
             stream.on_up_reset(
-                ErrorCodes.PROTOCOL_ERROR, f"bad upstream response: {response.reason}"
+                ErrorCode.PROTOCOL_ERROR, f"bad upstream response: {response.reason}"
             )
             return
-        stream.on_response(response, event.stream_ended is not None)
+        stream.on_response(response, end)
 
-    def _on_informational(self, event: InformationalResponseReceived) -> None:
-        stream = self.streams.get(event.stream_id)
-        response = read_response(event.headers)
+    def on_informational(self, sid: int, headers: Sequence[Header]) -> None:
+        stream = self.streams.get(sid)
+        response = read_response(headers)
         if stream is not None and not isinstance(response, Malformed):
             stream.on_informational(response)
 
-    def _on_data(self, event: DataReceived) -> None:
-        ended = event.stream_ended is not None
-        if not event.data and not ended:
+    def on_data(self, sid: int, data: bytes, flow_len: int, end: bool) -> None:
+        if not data and not end:
             self._calm(self.guard.data_frame(empty=True) or self.guard.control_frame(self._now()))
-        stream = self.streams.get(event.stream_id)
+        stream = self.streams.get(sid)
         if stream is None:
-            self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            self.h2.acknowledge(sid, flow_len)
             return
-        stream.on_response_data(event.data, event.flow_controlled_length, ended)
+        stream.on_response_data(data, flow_len, end)
 
-    def _on_trailers(self, event: TrailersReceived) -> None:
-        stream = self.streams.get(event.stream_id)
+    def on_trailers(self, sid: int, headers: Sequence[Header]) -> None:
+        stream = self.streams.get(sid)
         if stream is None:
             return
-        trailers = read_trailers(event.headers)
+        trailers = read_trailers(headers)
         if isinstance(trailers, Malformed):
-            self.reset(event.stream_id, ErrorCodes.PROTOCOL_ERROR)
+            self.reset(sid, ErrorCode.PROTOCOL_ERROR)
             stream.on_up_reset(
-                ErrorCodes.PROTOCOL_ERROR, f"bad upstream trailers: {trailers.reason}"
+                ErrorCode.PROTOCOL_ERROR, f"bad upstream trailers: {trailers.reason}"
             )
             return
         stream.on_response_trailers(trailers)
 
-    def _on_reset(self, event: StreamReset) -> None:
-        stream = self.streams.get(event.stream_id)
+    def on_reset(self, sid: int, code: int) -> None:
+        stream = self.streams.get(sid)
         if stream is not None:
-            stream.on_up_reset(event.error_code)
+            stream.on_up_reset(code)
 
-    def _on_window(self, event: WindowUpdated) -> None:
+    def on_window(self, sid: int) -> None:
         self._calm(self.guard.control_frame(self._now()))
-        if event.stream_id:
-            stream = self.waiting.get(event.stream_id)
+        if sid:
+            stream = self.waiting.get(sid)
             if stream is not None:
                 stream.pump_request()
         else:
             self.pump_waiting()
 
-    def _on_settings(self, event: RemoteSettingsChanged) -> None:
+    def on_settings(self) -> None:
         if not self.settled.done():
             self.settled.set_result(None)
         self._calm(self.guard.control_frame(self._now()))
         self.pump_waiting()  # the initial window may have grown
         self._free_slot()  # ...and the stream limit
 
-    def _on_goaway(self, event: ConnectionTerminated) -> None:
-        last = event.last_stream_id or 0
-        code = event.error_code or 0
+    def on_goaway(self, code: int, last_sid: int, debug: bytes) -> None:
         log.info("upstream %s:%d sent GOAWAY %s", *self.addr, error_name(code))
         self._retire_now()
         for up_id, stream in list(self.streams.items()):
-            if up_id > last:
+            if up_id > last_sid:
                 stream.up_gone("upstream went away", unprocessed=True)
-        if code != ErrorCodes.NO_ERROR:
+        if code != ErrorCode.NO_ERROR:
             self._fail(f"upstream sent GOAWAY {error_name(code)}")
         elif not self.streams:
             self.close_transport()
@@ -214,8 +203,7 @@ class H2Client(Peer):
         if reason is None or self.closed:
             return
         log.warning("upstream %s:%d: %s; closing it", *self.addr, reason)
-        with contextlib.suppress(ProtocolError):
-            self.h2.close_connection(ErrorCodes.ENHANCE_YOUR_CALM)
+        self.h2.goaway(0, ErrorCode.ENHANCE_YOUR_CALM)
         self.flush()
         self._fail(f"upstream misbehaved: {reason}")
 
@@ -244,8 +232,7 @@ class H2Client(Peer):
     def close(self) -> None:
         """Closes now (the pool is closing); streams in flight fail."""
         if not self.closed:
-            with contextlib.suppress(ProtocolError):
-                self.h2.close_connection()
+            self.h2.goaway(0, ErrorCode.NO_ERROR)
             self.flush()
             self._fail("proxy shutting down")
 
@@ -258,15 +245,3 @@ class H2Client(Peer):
             return
         self._idle_seen = self.activity
         self._idle_timer = self.loop.call_later(self._idle_timeout, self._idle_tick)
-
-
-H2Client.handlers = {
-    ResponseReceived: H2Client._on_response,
-    InformationalResponseReceived: H2Client._on_informational,
-    DataReceived: H2Client._on_data,
-    TrailersReceived: H2Client._on_trailers,
-    StreamReset: H2Client._on_reset,
-    WindowUpdated: H2Client._on_window,
-    RemoteSettingsChanged: H2Client._on_settings,
-    ConnectionTerminated: H2Client._on_goaway,
-}

@@ -4,7 +4,7 @@ stream to the endpoint its authority routes to over the pooled upstream connecti
 Hostile clients are bounded here: streams past `max_concurrent_streams` are refused
 (REFUSED_STREAM, the connection lives), malformed requests reset their stream (PROTOCOL_ERROR),
 and rapid resets, control-frame floods, empty-frame floods or a client that stops reading while
-its output piles up close the connection with GOAWAY ENHANCE_YOUR_CALM (`h2guard`). h2 itself caps
+its output piles up close the connection with GOAWAY ENHANCE_YOUR_CALM (`h2guard`). The codec caps
 CONTINUATION frames and HPACK header lists (GOAWAY). At shutdown (`conn.closing`) the server sends
 GOAWAY with the last stream it took, finishes those, then closes.
 """
@@ -12,27 +12,16 @@ GOAWAY with the last stream it took, finishes those, then closes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import socket
+from collections.abc import Sequence
 from functools import partial
 from typing import Any, Final
 
-from h2.errors import ErrorCodes
-from h2.events import (
-    ConnectionTerminated,
-    DataReceived,
-    RemoteSettingsChanged,
-    RequestReceived,
-    StreamReset,
-    TrailersReceived,
-    WindowUpdated,
-)
-from h2.exceptions import ProtocolError
-
 from meshlet.proxy.core.failover import Action, Attempt, Failure, decide
 from meshlet.proxy.http.contract import HttpConn, RequestTarget, RouteError
-from meshlet.proxy.http.h2conn import Peer, error_name, new_connection
+from meshlet.proxy.http.h2codec import ErrorCode, Header, ProtocolError, error_name
+from meshlet.proxy.http.h2conn import Peer
 from meshlet.proxy.http.h2guard import Guard, GuardLimits
 from meshlet.proxy.http.h2headers import Malformed, local_response, read_request, read_trailers
 from meshlet.proxy.http.h2pool import H2Pool
@@ -94,13 +83,10 @@ class H2Server(Peer):
         self, conn: HttpConn, pool: H2Pool, tasks: asyncio.TaskGroup, guard: GuardLimits
     ) -> None:
         limits = conn.limits
-        h2 = new_connection(
-            False, limits.max_body_buffer, limits.max_header_bytes, limits.max_concurrent_streams
-        )
         loop = asyncio.get_running_loop()
-        super().__init__(
-            h2, Guard(guard, loop.time()), CONN_WINDOW_STREAMS * limits.max_body_buffer
-        )
+        super().__init__(Guard(guard, loop.time()), False, limits.max_body_buffer,
+                         CONN_WINDOW_STREAMS * limits.max_body_buffer, limits.max_header_bytes,
+                         limits.max_concurrent_streams)  # fmt: skip
         self.conn = conn
         self.pool = pool
         self.done: asyncio.Future[None] = loop.create_future()
@@ -144,11 +130,11 @@ class H2Server(Peer):
 
     def shutdown(self) -> None:
         """Graceful: GOAWAY naming the last stream taken; those finish, then the connection
-        closes. (h2 would stop in-flight streams too, so the frame is written around it.)"""
+        closes."""
         if self._draining or self.closed:
             return
         self._draining = True
-        self.write_goaway(self._last_taken, ErrorCodes.NO_ERROR)
+        self.write_goaway(self._last_taken, ErrorCode.NO_ERROR)
         if not self.streams:
             self.close_transport()
 
@@ -164,85 +150,82 @@ class H2Server(Peer):
 
     def _broken(self, exc: ProtocolError) -> None:
         log.info("HTTP/2 client broke the protocol: %s", exc)
-        self.count_error(ErrorCodes(exc.error_code))
-        self.closed = True  # h2 takes no more input
+        self.count_error(exc.code)
+        self.closed = True  # the codec takes no more input
         for stream in list(self.streams.values()):
             stream.down_gone()
         self.close_transport()
 
-    def _on_request(self, event: RequestReceived) -> None:
-        stream_id = event.stream_id
+    def on_head(self, sid: int, headers: Sequence[Header], end: bool) -> None:
         if self._draining or len(self.streams) >= self._max_streams:
-            self.count_error(ErrorCodes.REFUSED_STREAM)
-            self._refuse(stream_id, ErrorCodes.REFUSED_STREAM)
+            self.count_error(ErrorCode.REFUSED_STREAM)
+            self._refuse(sid, ErrorCode.REFUSED_STREAM)
             return
         self.guard.stream_opened()
-        self._last_taken = stream_id
-        request = read_request(event.headers, self.conn.add_headers, self.conn.limits.max_headers)
+        self._last_taken = sid
+        request = read_request(headers, self.conn.add_headers, self.conn.limits.max_headers)
         if isinstance(request, Malformed):
-            log.debug("malformed request on stream %d: %s", stream_id, request.reason)
+            log.debug("malformed request on stream %d: %s", sid, request.reason)
             self.count_error(request.status)
             if request.status == 431:  # well-formed, only too big: say so
-                self.h2.send_headers(
-                    stream_id, local_response(431, request.reason, False), end_stream=True
-                )
-                if event.stream_ended is None:
-                    self.reset(stream_id, ErrorCodes.NO_ERROR)
+                self.h2.send_headers(sid, local_response(431, request.reason, False), True)
+                if not end:
+                    self.reset(sid, ErrorCode.NO_ERROR)
+                self.flush_soon()
             else:
-                self._refuse(stream_id, ErrorCodes.PROTOCOL_ERROR)
+                self._refuse(sid, ErrorCode.PROTOCOL_ERROR)
             return
-        stream = ProxyStream(self, stream_id, request, self.loop.time())
-        stream.req.ended = event.stream_ended is not None
-        self.streams[stream_id] = stream
+        stream = ProxyStream(self, sid, request, self.loop.time())
+        stream.req.ended = end
+        self.streams[sid] = stream
         self.forward(stream)
 
-    def _on_data(self, event: DataReceived) -> None:
-        ended = event.stream_ended is not None
-        if not event.data and not ended:
+    def on_data(self, sid: int, data: bytes, flow_len: int, end: bool) -> None:
+        if not data and not end:
             self._calm(self.guard.data_frame(empty=True) or self.guard.control_frame(self._now()))
         else:
             self.guard.data_frame(empty=False)
-        stream = self.streams.get(event.stream_id)
+        stream = self.streams.get(sid)
         if stream is None:  # answered or reset already: credit the bytes and drop them
-            self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            self.h2.acknowledge(sid, flow_len)
             return
-        stream.on_request_data(event.data, event.flow_controlled_length, ended)
+        stream.on_request_data(data, flow_len, end)
 
-    def _on_trailers(self, event: TrailersReceived) -> None:
-        stream = self.streams.get(event.stream_id)
+    def on_trailers(self, sid: int, headers: Sequence[Header]) -> None:
+        stream = self.streams.get(sid)
         if stream is None:
             return
-        trailers = read_trailers(event.headers)
+        trailers = read_trailers(headers)
         if isinstance(trailers, Malformed):
             self.count_error(400)
-            self.reset(stream.down_id, ErrorCodes.PROTOCOL_ERROR)
-            stream.on_down_reset(ErrorCodes.PROTOCOL_ERROR)
+            self.reset(stream.down_id, ErrorCode.PROTOCOL_ERROR)
+            stream.on_down_reset(ErrorCode.PROTOCOL_ERROR)
             self._calm(self.guard.stream_reset(self._now()))
             return
         stream.on_request_trailers(list(trailers.headers))
 
-    def _on_reset(self, event: StreamReset) -> None:
-        stream = self.streams.get(event.stream_id)
+    def on_reset(self, sid: int, code: int) -> None:
+        stream = self.streams.get(sid)
         if stream is not None:  # an early reset: the stream had not finished
-            stream.on_down_reset(event.error_code or 0)
+            stream.on_down_reset(code)
             self._calm(self.guard.stream_reset(self._now()))
 
-    def _on_window(self, event: WindowUpdated) -> None:
+    def on_window(self, sid: int) -> None:
         self._calm(self.guard.control_frame(self._now()))
-        if event.stream_id:
-            stream = self.waiting.get(event.stream_id)
+        if sid:
+            stream = self.waiting.get(sid)
             if stream is not None:
                 stream.pump_response()
         else:
             self.pump_waiting()
 
-    def _on_settings(self, event: RemoteSettingsChanged) -> None:
+    def on_settings(self) -> None:
         self._calm(self.guard.control_frame(self._now()))
         self.pump_waiting()  # the initial window may have grown
 
-    def _on_goaway(self, event: ConnectionTerminated) -> None:
-        if event.error_code:
-            log.info("HTTP/2 client closed with %s", error_name(event.error_code))
+    def on_goaway(self, code: int, last_sid: int, debug: bytes) -> None:
+        if code:
+            log.info("HTTP/2 client closed with %s", error_name(code))
             self.close_transport()
             return
         self._draining = True  # the client opens no more streams; finish what is in flight
@@ -329,7 +312,7 @@ class H2Server(Peer):
             self.flush()
             self.close_transport()
 
-    def _refuse(self, stream_id: int, code: ErrorCodes) -> None:
+    def _refuse(self, stream_id: int, code: ErrorCode) -> None:
         self.reset(stream_id, code)
         self._calm(self.guard.stream_reset(self._now()))
 
@@ -342,11 +325,10 @@ class H2Server(Peer):
         if reason is None or self.closed:
             return
         log.warning("HTTP/2 client %s: %s; closing the connection", self._peer(), reason)
-        self.count_error(ErrorCodes.ENHANCE_YOUR_CALM)
+        self.count_error(ErrorCode.ENHANCE_YOUR_CALM)
         for stream in list(self.streams.values()):
             stream.down_gone()
-        with contextlib.suppress(ProtocolError):
-            self.h2.close_connection(ErrorCodes.ENHANCE_YOUR_CALM, last_stream_id=self._last_taken)
+        self.h2.goaway(self._last_taken, ErrorCode.ENHANCE_YOUR_CALM)
         self.flush()
         self.closed = True  # nothing more is read or written
         self.close_transport()
@@ -368,10 +350,10 @@ class H2Server(Peer):
 
     # -- metrics --
 
-    def count_error(self, status: int | ErrorCodes) -> None:
-        """Requests or connections refused for their input, by status sent (or h2 error
+    def count_error(self, status: int | ErrorCode) -> None:
+        """Requests or connections refused for their input, by status sent (or HTTP/2 error
         code name for resets and GOAWAYs)."""
-        label = error_name(status).lower() if isinstance(status, ErrorCodes) else str(status)
+        label = error_name(status).lower() if isinstance(status, ErrorCode) else str(status)
         self.recorder.error(label)
 
     def record(self, stream: ProxyStream, failed: bool) -> None:
@@ -391,14 +373,3 @@ class H2Server(Peer):
 def _gone(stream: ProxyStream) -> bool:
     """Whether the stream closed (read after an await: it may have closed meanwhile)."""
     return stream.closed
-
-
-H2Server.handlers = {
-    RequestReceived: H2Server._on_request,
-    DataReceived: H2Server._on_data,
-    TrailersReceived: H2Server._on_trailers,
-    StreamReset: H2Server._on_reset,
-    WindowUpdated: H2Server._on_window,
-    RemoteSettingsChanged: H2Server._on_settings,
-    ConnectionTerminated: H2Server._on_goaway,
-}

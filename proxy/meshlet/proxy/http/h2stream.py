@@ -1,7 +1,7 @@
 """One request relayed from a downstream HTTP/2 stream to an upstream one, and its response back.
 
 Bodies flow under end-to-end flow control: bytes read from one side are credited back to that
-side (`acknowledge_received_data`) only once they were given to the other side's h2, so a stream
+side (`acknowledge`) only once they were given to the other side's h2, so a stream
 never holds more than the window the proxy granted its source. Trailers follow the body; resets
 cross over with their code; a stream whose upstream fails before the response is answered by the
 proxy (502, or gRPC UNAVAILABLE), after it is reset (never a truncated body passed off as whole).
@@ -16,13 +16,11 @@ from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from h2.errors import ErrorCodes
-from h2.exceptions import ProtocolError
-
 from meshlet.proxy.core.classify import FAILURE
 from meshlet.proxy.core.failover import IDEMPOTENT, Action, Attempt, Decision, Failure, decide
 from meshlet.proxy.http.contract import REPLAY_LIMIT, Endpoint, RouteTarget
-from meshlet.proxy.http.h2conn import Peer, error_name
+from meshlet.proxy.http.h2codec import ErrorCode, StreamClosed, error_name
+from meshlet.proxy.http.h2conn import Peer
 from meshlet.proxy.http.h2headers import (
     GRPC_DEADLINE_EXCEEDED,
     GRPC_UNAVAILABLE,
@@ -75,15 +73,15 @@ class Pipe:
     def give(self, sink: Peer, stream_id: int) -> int:
         """Gives the sink what its flow-control windows and its transport allow, then the end
         of the body (trailers or END_STREAM) once everything is given. Returns the bytes given.
-        Raises h2's ProtocolError when h2 already closed the sink's stream."""
+        Raises StreamClosed when the sink's stream is already closed."""
         chunks = self.chunks
         sent = 0
         if chunks:
             if not sink.writable:
                 return 0
             h2 = sink.h2
-            window = h2.local_flow_control_window(stream_id)
-            frame_max = h2.max_outbound_frame_size
+            window = h2.window(stream_id)
+            frame_max = h2.peer_max_frame
             while chunks and window > 0:
                 chunk = chunks[0]
                 n = min(len(chunk), window, frame_max)
@@ -93,7 +91,7 @@ class Pipe:
                 else:
                     chunks.popleft()
                 last = not chunks and self.ended and self.trailers is None
-                h2.send_data(stream_id, chunk, end_stream=last)
+                h2.send_data(stream_id, chunk, last)
                 self.done = last
                 sent += n
                 window -= n
@@ -105,7 +103,7 @@ class Pipe:
             self.size -= sent
         if self.ended and not chunks and not self.done:
             if self.trailers is not None:
-                sink.h2.send_headers(stream_id, self.trailers, end_stream=True)
+                sink.h2.send_headers(stream_id, self.trailers, True)
             else:
                 sink.h2.end_stream(stream_id)
             self.done = True
@@ -181,7 +179,7 @@ class ProxyStream:
 
     def on_request_data(self, data: bytes, flow_len: int, end: bool) -> None:
         if flow_len > len(data):  # padding is not relayed: credit it at once
-            self.server.h2.acknowledge_received_data(flow_len - len(data), self.down_id)
+            self.server.h2.acknowledge(self.down_id, flow_len - len(data))
         if data:
             self.req.push(data)
         if end:
@@ -205,7 +203,7 @@ class ProxyStream:
 
     def down_gone(self) -> None:
         """The downstream connection is gone."""
-        self.on_down_reset(ErrorCodes.CANCEL)
+        self.on_down_reset(ErrorCode.CANCEL)
 
     # -- upstream side (H2Client) --
 
@@ -246,7 +244,7 @@ class ProxyStream:
 
     def on_response_data(self, data: bytes, flow_len: int, end: bool) -> None:
         if flow_len > len(data) and self.client is not None:
-            self.client.h2.acknowledge_received_data(flow_len - len(data), self.up_id)
+            self.client.h2.acknowledge(self.up_id, flow_len - len(data))
         if data:
             self.resp.push(data)
         if end:
@@ -268,7 +266,7 @@ class ProxyStream:
             self._upstream_done()
             return
         if not self.responded:
-            if code == ErrorCodes.REFUSED_STREAM:
+            if code == ErrorCode.REFUSED_STREAM:
                 self.up_gone("upstream refused the stream", unprocessed=True)
             else:
                 self._after_reset(reason or f"upstream reset the stream ({error_name(code)})")
@@ -286,7 +284,7 @@ class ProxyStream:
             return
         if self.responded:
             self._detach()
-            self.server.reset(self.down_id, ErrorCodes.INTERNAL_ERROR)
+            self.server.reset(self.down_id, ErrorCode.INTERNAL_ERROR)
             self._close(failed=True)
         elif unprocessed:
             # The upstream never acted on it: as a connection that failed, nothing was sent.
@@ -297,7 +295,7 @@ class ProxyStream:
                 self._retry()
             else:
                 self._detach()
-                self.server.reset(self.down_id, ErrorCodes.REFUSED_STREAM)
+                self.server.reset(self.down_id, ErrorCode.REFUSED_STREAM)
                 self._close()
         else:
             self._after_reset(reason)
@@ -337,7 +335,7 @@ class ProxyStream:
         stream it was on is cancelled: that upstream sees a RST_STREAM)."""
         client = self.client
         if client is not None:
-            client.reset(self.up_id, ErrorCodes.CANCEL)
+            client.reset(self.up_id, ErrorCode.CANCEL)
             client.flush_soon()
         self._detach()
         if self.endpoint is not None and self.endpoint.lease is not None:
@@ -354,7 +352,7 @@ class ProxyStream:
             return
         client = self.client
         if client is not None:
-            client.reset(self.up_id, ErrorCodes.CANCEL)  # the upstream sees the cancel
+            client.reset(self.up_id, ErrorCode.CANCEL)  # the upstream sees the cancel
             client.flush_soon()
         elif self.task is not None:
             self.task.cancel()  # still routing or connecting
@@ -386,13 +384,13 @@ class ProxyStream:
         was_done = req.done
         try:
             sent = req.give(client, self.up_id)
-        except ProtocolError:
-            return  # h2 closed the upstream stream; its reset event is on its way
+        except StreamClosed:
+            return  # the upstream stream is closed; its reset is on its way
         if sent:
             self.req_sent += sent
             client.guard.data_sent(1 + sent // 16384)
             server = self.server
-            server.h2.acknowledge_received_data(sent, self.down_id)
+            server.h2.acknowledge(self.down_id, sent)
             server.flush_soon()
         if sent or req.done != was_done:
             client.flush_soon()
@@ -409,12 +407,12 @@ class ProxyStream:
         was_done = resp.done
         try:
             sent = resp.give(server, self.down_id)
-        except ProtocolError:
-            return  # h2 closed the downstream stream; its reset event is on its way
+        except StreamClosed:
+            return  # the downstream stream is closed; its reset is on its way
         if sent:
             client = self.client
             if client is not None:
-                client.h2.acknowledge_received_data(sent, self.up_id)
+                client.h2.acknowledge(self.up_id, sent)
                 client.flush_soon()
             server.guard.data_sent(1 + sent // 16384)
         if sent or resp.done != was_done:
@@ -448,9 +446,9 @@ class ProxyStream:
     def _send_head(self, headers: Iterable[Header], end: bool) -> bool:
         server = self.server
         try:
-            server.h2.send_headers(self.down_id, headers, end_stream=end)
-        except ProtocolError:
-            return False  # h2 closed the downstream stream; its reset event is on its way
+            server.h2.send_headers(self.down_id, headers, end)
+        except StreamClosed:
+            return False  # the downstream stream is closed; its reset is on its way
         server.flush_soon()
         return True
 
@@ -458,13 +456,13 @@ class ProxyStream:
         if self.closed or not self.resp.done or not (self.req.done or self.up_closed):
             return
         if not self.req.ended:  # a complete response: the rest of the upload is not wanted
-            self.server.reset(self.down_id, ErrorCodes.NO_ERROR)
+            self.server.reset(self.down_id, ErrorCode.NO_ERROR)
         self._close(record=True)
 
     def _drop_request_body(self) -> None:
         req = self.req
         if req.size:
-            self.server.h2.acknowledge_received_data(req.size, self.down_id)
+            self.server.h2.acknowledge(self.down_id, req.size)
             self.server.flush_soon()
         req.chunks.clear()
         req.size = 0
@@ -475,7 +473,7 @@ class ProxyStream:
             client.forget(self)
             self.client = None
             if self.resp.size:
-                client.h2.acknowledge_received_data(self.resp.size, self.up_id)
+                client.h2.acknowledge(self.up_id, self.resp.size)
 
     def _close(self, record: bool = False, failed: bool = False) -> None:
         if self.closed:
