@@ -212,8 +212,10 @@ class H1Shell(asyncio.Protocol):
         self.machine.data(data)
 
     def eof_received(self) -> bool:
-        # A client that half-closes after a complete request still gets its response.
-        return self.machine is not None and self.machine.eof()
+        # A client that half-closes after a complete request still gets its response; over
+        # TLS the transport closes whatever this returns (asyncio's TLS cannot half-close).
+        tls = self._transport.get_extra_info("ssl_object") is not None
+        return self.machine is not None and self.machine.eof() and not tls
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._tcp.close(exc)

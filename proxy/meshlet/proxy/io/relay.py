@@ -70,7 +70,9 @@ class RelaySide(asyncio.Protocol):
     def eof_received(self) -> bool:
         self._eof = True
         self._pass_eof()
-        return True  # keep our write side open for the other direction
+        # Keep our write side open for the other direction; over TLS the transport closes
+        # whatever this returns (asyncio's TLS cannot half-close).
+        return self.transport is None or self.transport.get_extra_info("ssl_object") is None
 
     def _pass_eof(self) -> None:
         """Passes our FIN on once, after the bytes before it (no peer yet: `flush` will)."""
