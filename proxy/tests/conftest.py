@@ -1,15 +1,19 @@
-"""Proxy tests run on uvloop, as the proxy does; `engine_proxy` serves an HTTP engine."""
+"""Proxy tests run on uvloop, as the proxy does; `engine_proxy` serves an HTTP engine;
+`accept` and `connections` let a stack handle real accepted connections while recording how
+it has them served."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 import uvloop
 
+from meshlet.proxy.connections import Connections
 from meshlet.proxy.core.routes import DEFAULT_ROUTE
 from meshlet.proxy.http.contract import (
     Endpoint,
@@ -21,7 +25,7 @@ from meshlet.proxy.http.contract import (
 )
 from meshlet.proxy.io.connect import tcp_connector
 from meshlet.proxy.io.listener import Accepted, Listener, bind
-from meshlet.proxy.metrics import ProxyMetrics
+from meshlet.proxy.metrics import ConnLabels, ProxyMetrics, TcpConn
 from meshlet.proxy.routing import FixedPicker
 
 Engine = Callable[[HttpConn], Awaitable[None]]
@@ -102,3 +106,94 @@ async def engine_proxy() -> AsyncIterator[Callable[..., Awaitable[EngineProxy]]]
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await proxy.listener.drain(grace=1.0)
+
+
+@dataclass
+class Served:
+    """How a stack had a connection served: `http/1`, `h2` or `opaque`, with what routes it
+    (a Router for HTTP, an EndpointPicker for opaque TCP), its labels and its relay guard."""
+
+    how: str
+    routing: Any
+    labels: ConnLabels
+    guard: Any = None
+    add_headers: Sequence[tuple[bytes, bytes]] = ()
+
+
+class ServingRecorded(Connections):
+    """The connections shared by the stacks, serving nothing: each connection a stack hands to
+    an engine or the relay is recorded (and closed); counting and refusing are the real ones."""
+
+    def __init__(self) -> None:
+        async def no_connect(addr: Any, factory: Any) -> Any:
+            raise AssertionError("nothing is connected: serving is recorded")
+
+        super().__init__(ProxyMetrics(), HttpLimits(), no_connect, asyncio.Event())
+        self.served: list[Served] = []
+
+    async def http(
+        self, h2: bool, router: Any, labels: ConnLabels, tcp: TcpConn, *,
+        accepted: Accepted | None = None, handoff: Any = None,
+        add_headers: Sequence[tuple[bytes, bytes]] = (),
+    ) -> None:  # fmt: skip
+        self.served.append(Served("h2" if h2 else "http/1", router, labels, None, add_headers))
+        if accepted is not None:
+            accepted.sock.close()
+
+    async def relay(
+        self, accepted: Accepted, endpoints: Any, labels: ConnLabels, tcp: TcpConn,
+        guard: Any = None,
+    ) -> None:  # fmt: skip
+        self.served.append(Served("opaque", endpoints, labels, guard))
+        accepted.sock.close()
+
+    def counter(self, name: str, **labels: str) -> float:
+        """The sum of `name`'s samples whose labels include `labels`."""
+        return sum(
+            sample.value
+            for metric in self.metrics.registry.collect()
+            for sample in metric.samples
+            if sample.name == name and labels.items() <= sample.labels.items()
+        )
+
+
+@pytest.fixture
+def connections() -> ServingRecorded:
+    return ServingRecorded()
+
+
+Accept = Callable[..., Awaitable[tuple[Accepted, socket.socket]]]
+
+
+@pytest.fixture
+async def accept() -> AsyncIterator[Accept]:
+    """`await accept(first_bytes, original_dst=None, close=False, local=None)` → (Accepted,
+    the client's socket): a real loopback connection whose client sent `first_bytes` (and
+    half-closed with `close`), accepted as a listener accepts it, with the original destination
+    given (and the local address, as a pod's proxy sees it, when given)."""
+    listening = bind(("127.0.0.1", 0))
+    opened: list[socket.socket] = []
+
+    async def connect(
+        first: bytes = b"",
+        original_dst: tuple[str, int] | None = None,
+        close: bool = False,
+        local: tuple[str, int] | None = None,
+    ) -> tuple[Accepted, socket.socket]:
+        loop = asyncio.get_running_loop()
+        client = socket.create_connection(listening.getsockname()[:2])
+        opened.append(client)
+        if first:
+            client.sendall(first)
+        if close:
+            client.shutdown(socket.SHUT_WR)
+        sock, addr = await loop.sock_accept(listening)
+        opened.append(sock)
+        sock.setblocking(False)
+        here = local or sock.getsockname()[:2]
+        return Accepted(sock, addr[:2], here, original_dst, loop.time()), client
+
+    yield connect
+    for sock in opened:
+        sock.close()
+    listening.close()

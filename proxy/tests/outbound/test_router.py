@@ -1,0 +1,206 @@
+"""The mesh router over a scripted destination service: what discovery is asked, which endpoint
+each pick takes (a pod, a balanced service endpoint, a traffic split), how it is reached, and
+when it fails fast. Fixtures: outbound/conftest.py."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from meshlet.api.transport_header import SessionProtocol
+from meshlet.proxy.discovery.profile import DstOverride, Profile, RetryBudget
+from meshlet.proxy.discovery.resolver import Destination
+from meshlet.proxy.http.contract import Endpoint, RouteError
+from meshlet.proxy.metrics import dst_values
+from meshlet.proxy.outbound.router import MeshRouter
+
+HTTP1 = SessionProtocol.HTTP1
+NAME = "web.emojivoto.svc.cluster.local"
+WEB = f"{NAME}:80"  # the service, as its profile names it
+CLUSTER_IP = ("10.96.0.10", 80)
+
+
+async def picked(mesh: MeshRouter, destination: Destination | RouteError) -> Endpoint:
+    assert isinstance(destination, Destination)
+    chosen = await mesh.pick(destination, HTTP1)
+    assert isinstance(chosen, Endpoint)
+    return chosen
+
+
+async def test_a_redirected_address_is_looked_up_as_it_is(discovery: Any) -> None:
+    ep = discovery.endpoint
+    assert discovery.client.service("web", 80, ep("10.1.0.1"), cluster_ip="10.96.0.10") == WEB
+    mesh = discovery.mesh()
+    destination = await mesh.destination(CLUSTER_IP)
+    assert isinstance(destination, Destination)
+    assert (destination.kind, destination.target) == ("service", "10.96.0.10:80")
+    assert destination.profile is not None and destination.profile.fqn == NAME
+    assert discovery.client.asked == ["10.96.0.10:80"]
+
+
+async def test_what_discovery_does_not_know_is_picked_as_nothing(discovery: Any) -> None:
+    mesh = discovery.mesh()
+    destination = await mesh.destination(("192.0.2.1", 443))
+    assert isinstance(destination, Destination) and destination.kind == "unknown"
+    assert await mesh.pick(destination, HTTP1) is None  # the caller sends it where it was going
+
+
+async def test_a_full_resolver_refuses_new_destinations(discovery: Any) -> None:
+    mesh = discovery.mesh(max_destinations=1)
+    assert isinstance(await mesh.destination(("192.0.2.1", 80)), Destination)
+    refused = await mesh.destination(("192.0.2.2", 80))
+    assert isinstance(refused, RouteError) and refused.status == 503
+    assert "discovery already follows 1 destinations" in refused.reason
+    by_name = await mesh.destination_for_authority(WEB)
+    assert isinstance(by_name, RouteError) and by_name.status == 503
+    # A request refused is counted here; a connection refused, by the stack that refuses it.
+    assert discovery.fail_fast("discovery_full") == 1
+
+
+async def test_a_pod_named_by_its_address_is_that_endpoint_unbalanced(discovery: Any) -> None:
+    pod = discovery.endpoint("10.1.0.9", 9090, pod="web-9")
+    discovery.client.profiles_of["10.1.0.9:9090"] = Profile(endpoint=pod)
+    mesh = discovery.mesh()
+    destination = await mesh.destination(("10.1.0.9", 9090))
+    assert isinstance(destination, Destination) and destination.kind == "endpoint"
+    chosen = await picked(mesh, destination)
+    assert chosen.addr == ("10.1.0.9", 9090) and chosen.lease is None
+    assert chosen.authority_label == "10.1.0.9:9090" and chosen.connect is None
+
+
+async def test_a_service_endpoint_is_reached_in_plaintext_with_its_own_labels(
+    discovery: Any,
+) -> None:
+    one = discovery.endpoint("10.1.0.1", pod="web-1")
+    discovery.client.service("web", 80, one, cluster_ip="10.96.0.10")
+    mesh = discovery.mesh()
+    chosen = await picked(mesh, await mesh.destination(CLUSTER_IP))
+    assert chosen.addr == ("10.1.0.1", 8080) and chosen.connect is None  # plain TCP
+    assert chosen.authority_label == WEB  # the service, not the address asked
+    assert chosen.lease is not None  # balanced: the request holds a lease
+    assert chosen.labels == discovery.metrics.conn(
+        "outbound", "10.1.0.1:8080", dst_values(one.labels),
+        no_tls_reason="not_provided_by_service_discovery",
+    ).values()  # fmt: skip
+
+
+async def test_requests_in_flight_are_balanced_over_the_services_endpoints(
+    discovery: Any,
+) -> None:
+    ep = discovery.endpoint
+    three = (ep("10.1.0.1"), ep("10.1.0.2"), ep("10.1.0.3"))
+    discovery.client.service("web", 80, *three, cluster_ip="10.96.0.10")
+    mesh = discovery.mesh()
+    destination = await mesh.destination(CLUSTER_IP)
+    seen: Counter[str] = Counter()
+    for _ in range(30):  # each holds its lease: the endpoints it loads are picked less
+        seen[(await picked(mesh, destination)).addr[0]] += 1
+    assert set(seen) == {"10.1.0.1", "10.1.0.2", "10.1.0.3"}
+    assert max(seen.values()) - min(seen.values()) <= 2
+
+
+async def test_a_service_without_endpoints_fails_fast_with_503(discovery: Any) -> None:
+    discovery.client.service("web", 80, cluster_ip="10.96.0.10")
+    mesh = discovery.mesh()
+    destination = await mesh.destination(CLUSTER_IP)
+    assert await mesh.pick(destination, HTTP1) == RouteError(503, f"{WEB} has no endpoints")
+    assert discovery.fail_fast("no_endpoints") == 1
+
+
+async def test_a_meshed_endpoint_without_a_certificate_fails_closed_never_plaintext(
+    discovery: Any,
+) -> None:
+    meshed = discovery.endpoint("10.1.0.1", meshed=True)
+    discovery.client.service("web", 80, meshed, cluster_ip="10.96.0.10")
+    mesh = discovery.mesh()  # no identity
+    failed = await mesh.pick(await mesh.destination(CLUSTER_IP), HTTP1)
+    assert isinstance(failed, RouteError) and failed.status == 503
+    assert "has no certificate yet: not sending it in plaintext" in failed.reason
+    assert discovery.fail_fast("no_endpoints") == 1
+
+
+@pytest.mark.parametrize(
+    ("weights", "expected"),
+    [
+        ((0, 10_000), {"10.2.0.1"}),  # all to the canary
+        ((10_000, 0), {"10.1.0.1"}),
+        ((0, 0), {"10.1.0.1"}),  # nothing weighs: the first override
+        ((5_000, 5_000), {"10.1.0.1", "10.2.0.1"}),
+    ],
+)
+async def test_dst_overrides_split_traffic_between_services_by_weight(
+    discovery: Any, weights: tuple[int, int], expected: set[str]
+) -> None:
+    ep = discovery.endpoint
+    canary = discovery.client.service("web-canary", 80, ep("10.2.0.1"))
+    overrides = (DstOverride(WEB, weights[0]), DstOverride(canary, weights[1]))
+    discovery.client.service("web", 80, ep("10.1.0.1"), cluster_ip="10.96.0.10",
+                             dst_overrides=overrides)  # fmt: skip
+    mesh = discovery.mesh()
+    destination = await mesh.destination(CLUSTER_IP)
+    labels: dict[str, str] = {}
+    for _ in range(40):
+        chosen = await picked(mesh, destination)
+        labels[chosen.addr[0]] = chosen.authority_label
+    assert set(labels) == expected
+    assert labels.get("10.2.0.1", canary) == canary  # labelled by the service it went to
+    assert labels.get("10.1.0.1", WEB) == WEB
+
+
+@pytest.mark.parametrize(
+    ("authority", "asked"),
+    [
+        (WEB, WEB),
+        ("WEB.emojivoto.svc.cluster.local.:80", WEB),  # case and a final dot do not matter
+        (NAME, WEB),  # the default port
+        ("10.96.0.10:80", "10.96.0.10:80"),  # IP literals are always asked
+        ("[fd00::1]:8080", "[fd00::1]:8080"),
+        ("example.com:80", None),  # outside the cluster: resolved by DNS instead
+        ("svc.cluster.local.evil.example:80", None),
+        ("web:http", None),  # malformed
+    ],
+)
+async def test_which_authorities_discovery_is_asked_about(
+    discovery: Any, authority: str, asked: str | None
+) -> None:
+    discovery.client.service("web", 80, discovery.endpoint("10.1.0.1"))
+    mesh = discovery.mesh()
+    destination = await mesh.destination_for_authority(authority)
+    if asked is None:
+        assert destination is None and discovery.client.asked == []
+    else:
+        assert isinstance(destination, Destination) and destination.target == asked
+        assert discovery.client.asked == [asked]
+
+
+async def test_a_services_retry_budget_is_shared_and_follows_its_profile(discovery: Any) -> None:
+    settings = RetryBudget(ratio=0.5, min_per_second=10, ttl=100.0)
+    discovery.client.service("web", 80, discovery.endpoint("10.1.0.1"), cluster_ip="10.96.0.10",
+                             retry_budget=settings)  # fmt: skip
+    mesh = discovery.mesh()
+    by_ip = await mesh.destination(CLUSTER_IP)
+    by_name = await mesh.destination_for_authority(WEB)
+    assert isinstance(by_ip, Destination) and isinstance(by_name, Destination)
+    budget = mesh.budget_for(by_ip)
+    assert budget is not None and budget is mesh.budget_for(by_name)  # one per service
+    assert budget.ratio == 0.5
+    assert budget.balance(discovery.now) == 600  # 10/s over a ttl clamped to 60 s
+    # The profile changes the budget: a destination that carries the change renews it.
+    changed = Profile(fqn=NAME, retry_budget=RetryBudget(0.1, 1, 10.0))
+    discovery.client.profiles_of[WEB] = changed
+    fresh = await discovery.mesh().destination_for_authority(WEB)  # a new stream sees it
+    assert isinstance(fresh, Destination)
+    renewed = mesh.budget_for(fresh)
+    assert renewed is not None and renewed is not budget and renewed.ratio == 0.1
+
+
+async def test_only_services_have_a_retry_budget(discovery: Any) -> None:
+    pod = discovery.endpoint("10.1.0.9", 9090)
+    discovery.client.profiles_of["10.1.0.9:9090"] = Profile(endpoint=pod)
+    mesh = discovery.mesh()
+    for target in (("10.1.0.9", 9090), ("192.0.2.1", 80)):
+        destination = await mesh.destination(target)
+        assert isinstance(destination, Destination)
+        assert mesh.budget_for(destination) is None

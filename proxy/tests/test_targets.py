@@ -1,0 +1,102 @@
+"""Targets: which addresses loop back into the proxy, how an authority splits into host and
+port, and the endpoint an un-redirected request's authority names (IP literals and `localhost`
+only: no lookup leaves the machine)."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshlet.proxy.http.contract import Addr, Endpoint, RouteError
+from meshlet.proxy.targets import SelfTargets, by_authority, resolve, split_authority
+
+POD_IP = "10.0.0.7"
+NO_AUTHORITY = RouteError(400, "the request names no authority (Host or absolute URI)")
+LOOP = RouteError(403, "the request targets the proxy itself (a routing loop)")
+PROXY = SelfTargets([("0.0.0.0", 4140), ("0.0.0.0", 4143), ("127.0.0.1", 4191)])
+
+
+@pytest.mark.parametrize(
+    ("target", "loops"),
+    [
+        (("127.0.0.1", 4140), True),
+        (("127.0.0.53", 4143), True),  # the whole loopback range
+        (("::1", 4191), True),
+        (("0.0.0.0", 4140), True),  # unspecified: this host
+        (("::", 4143), True),
+        ((POD_IP, 4143), True),  # the pod's own address
+        (("10.0.0.8", 4143), False),  # another pod's proxy: a destination like any other
+        ((POD_IP, 8080), False),  # the app's port
+        (("127.0.0.1", 8080), False),
+        (("web.ns.svc", 4140), False),  # a name is not an address the proxy listens on
+    ],
+)
+def test_only_the_proxys_own_ports_on_this_host_loop(target: Addr, loops: bool) -> None:
+    assert PROXY.loops(target, POD_IP) is loops
+
+
+def test_nothing_loops_before_the_proxy_has_bound_its_ports() -> None:
+    assert not SelfTargets([]).loops(("127.0.0.1", 4140), POD_IP)
+
+
+@pytest.mark.parametrize(
+    ("authority", "addr"),
+    [
+        ("web:8080", ("web", 8080)),
+        ("web", ("web", 80)),  # the default port
+        ("10.1.2.3:443", ("10.1.2.3", 443)),
+        ("[fd00::1]:8080", ("fd00::1", 8080)),
+        ("[fd00::1]", ("fd00::1", 80)),
+        ("web:0", None),
+        ("web:65536", None),
+        ("web:http", None),
+        ("web/x:80", None),
+        ("user@web:80", None),
+        ("", None),
+        ("[fd00::1:80", None),
+    ],
+)
+def test_an_authority_splits_into_host_and_port(authority: str, addr: Addr | None) -> None:
+    assert split_authority(authority) == addr
+
+
+async def test_ip_literals_are_not_looked_up_and_names_are() -> None:
+    assert await resolve("10.1.2.3", 80) == ("10.1.2.3", 80)
+    assert await resolve("fd00::1", 80) == ("fd00::1", 80)
+    host, port = await resolve("localhost", 8080) or ("", 0)
+    assert host in ("127.0.0.1", "::1") and port == 8080
+
+
+@pytest.mark.parametrize(
+    ("authority", "outcome"),
+    [
+        (None, NO_AUTHORITY),
+        ("", NO_AUTHORITY),
+        ("web:http", RouteError(400, "the request's authority is malformed")),
+        (
+            "127.0.0.1:4140",
+            RouteError(403, "the request targets the proxy itself (a routing loop)"),
+        ),
+        (
+            f"{POD_IP}:4143",
+            RouteError(403, "the request targets the proxy itself (a routing loop)"),
+        ),
+        ("10.1.2.3", Endpoint(("10.1.2.3", 80), "10.1.2.3:80")),
+        ("10.1.2.3:8080", Endpoint(("10.1.2.3", 8080), "10.1.2.3:8080")),
+        ("127.0.0.1:8080", Endpoint(("127.0.0.1", 8080), "127.0.0.1:8080")),
+    ],
+)
+async def test_by_authority_names_the_endpoint_or_says_why_not(
+    authority: str | None, outcome: Endpoint | RouteError
+) -> None:
+    assert await by_authority(authority, PROXY, POD_IP) == outcome
+
+
+async def test_a_name_is_labelled_as_written_and_sent_where_it_resolves() -> None:
+    endpoint = await by_authority("localhost:8080", PROXY, POD_IP)
+    assert isinstance(endpoint, Endpoint)
+    assert endpoint.authority_label == "localhost:8080"
+    assert endpoint.addr in (("127.0.0.1", 8080), ("::1", 8080))
+
+
+async def test_a_name_resolving_to_the_proxy_itself_is_a_loop() -> None:
+    assert await by_authority("localhost:4191", PROXY, POD_IP) == LOOP
