@@ -5,6 +5,7 @@ the numbers the screen shows) and checks that nothing it made is left on the mac
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import subprocess
@@ -47,18 +48,39 @@ class MachineState:
         )  # fmt: skip
 
 
+PR_SET_CHILD_SUBREAPER = 36
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _subreaper() -> None:
+    """Processes the demo leaves behind are re-parented to this test process (not to init),
+    so that the leak check counts the demo's own and never another program's on the machine."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+
+
 def _meshlet_processes() -> set[int]:
-    found = set()
+    """Live meshlet processes descending from this test process."""
+    parents: dict[int, int] = {}
+    commands: dict[int, bytes] = {}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            cmdline = (proc / "cmdline").read_bytes()
+            stat = (proc / "stat").read_text()
+            commands[int(proc.name)] = (proc / "cmdline").read_bytes()
         except OSError:
             continue
-        if b"meshlet" in cmdline and int(proc.name) != os.getpid():
-            found.add(int(proc.name))
-    return found
+        parents[int(proc.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    ours = {os.getpid()}
+    grew = True
+    while grew:
+        more = {pid for pid, parent in parents.items() if parent in ours} - ours
+        ours |= more
+        grew = bool(more)
+    # zombies have an empty command line: reaped or not, they are not running
+    return {pid for pid in ours - {os.getpid()} if b"meshlet" in commands.get(pid, b"")}
 
 
 def _counters(iptables_save: str) -> str:
@@ -116,7 +138,9 @@ def test_the_demo_runs_a_meshed_application_and_leaves_nothing(run_demo: Any) ->
     assert summary["workloads"]["web"]["peers"] == [topology.layout(topology.Mode.NETNS)
                                                     .pod("load-1").identity]  # fmt: skip
     assert summary["workloads"]["store"]["connections_per_s"] > 10  # opaque TCP, meshed too
-    assert client["store_first_byte_max_ms"] < 100  # opaque port: no detection wait
+    # An opaque port: no detection wait (that would be DETECT_TIMEOUT_SECONDS, 10 s); the
+    # bound leaves room for a busy 2-core machine (~35 ms typical, 120 ms seen).
+    assert client["store_first_byte_max_ms"] < 500
 
 
 @pytest.mark.netns
