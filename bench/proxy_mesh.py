@@ -65,23 +65,24 @@ class ControlPlane:
 
     def proxy_env(self, pod: str) -> dict[str, str]:
         """Every MESHLET_PROXY_* setting of `pod`'s proxy, on the pod's address."""
-        ip, p = PODS[pod], wellknown.PROXY_ENV_PREFIX
+        ip, e = PODS[pod], wellknown.ProxyEnv
         outbound = OUTBOUND if pod == "client" else (ip, wellknown.PROXY_OUTBOUND_PORT)
-        return {
-            f"{p}INBOUND_LISTEN_ADDR": f"{ip}:{wellknown.PROXY_INBOUND_PORT}",
-            f"{p}OUTBOUND_LISTEN_ADDR": f"{outbound[0]}:{outbound[1]}",
+        settings = {
+            e.INBOUND_LISTEN_ADDR: f"{ip}:{wellknown.PROXY_INBOUND_PORT}",
+            e.OUTBOUND_LISTEN_ADDR: f"{outbound[0]}:{outbound[1]}",
             # as the injector sets it from the pod's opaque-ports annotation
-            wellknown.PROXY_ENV_INBOUND_OPAQUE_PORTS: str(self.opaque_port),
-            f"{p}ADMIN_LISTEN_ADDR": f"{ip}:{wellknown.PROXY_ADMIN_PORT}",
-            f"{p}CONTROL_LISTEN_ADDR": f"{ip}:{wellknown.PROXY_CONTROL_PORT}",
-            f"{p}DESTINATION_SVC_ADDR": f"127.0.0.1:{self.destination_port}",
-            f"{p}DESTINATION_CONTEXT": json.dumps({"ns": NS, "nodeName": "node-1"}),
-            f"{p}IDENTITY_SVC_ADDR": f"127.0.0.1:{self.identity_port}",
-            f"{p}IDENTITY_SVC_NAME": wellknown.IDENTITY_SERVICE_NAME,
-            f"{p}IDENTITY_LOCAL_NAME": wellknown.identity_name(pod, NS),
-            f"{p}IDENTITY_TOKEN_FILE": str(self.root / f"{pod}.token"),
-            f"{p}IDENTITY_TRUST_ANCHORS": self.anchors_pem,
+            e.INBOUND_PORTS_DISABLE_PROTOCOL_DETECTION: str(self.opaque_port),
+            e.ADMIN_LISTEN_ADDR: f"{ip}:{wellknown.PROXY_ADMIN_PORT}",
+            e.CONTROL_LISTEN_ADDR: f"{ip}:{wellknown.PROXY_CONTROL_PORT}",
+            e.DESTINATION_SVC_ADDR: f"127.0.0.1:{self.destination_port}",
+            e.DESTINATION_CONTEXT: json.dumps({"ns": NS, "nodeName": "node-1"}),
+            e.IDENTITY_SVC_ADDR: f"127.0.0.1:{self.identity_port}",
+            e.IDENTITY_SVC_NAME: wellknown.IDENTITY_SERVICE_NAME,
+            e.IDENTITY_LOCAL_NAME: wellknown.identity_name(pod, NS),
+            e.IDENTITY_TOKEN_FILE: str(self.root / f"{pod}.token"),
+            e.IDENTITY_TRUST_ANCHORS: self.anchors_pem,
         }
+        return {str(name): value for name, value in settings.items()}
 
 
 def admin_url(pod: str, path: str) -> str:
