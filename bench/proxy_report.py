@@ -3,7 +3,9 @@
 Pure: rows and the facts of the run in, text out. A row is one proxy (or meshed pair) in one
 scenario; its CPU and RSS under load are summed over the pair. `compare` puts meshlet beside
 Envoy, nginx and haproxy for one figure, one hop and meshed pair apart, with the ratios
-meshlet/Envoy and meshlet/nginx; `aims` states the figures the proxy-speed issue quotes.
+meshlet/Envoy and meshlet/nginx; `aims` states the figures the proxy-speed issue quotes;
+`versus` puts meshlet beside a previous revision of itself (`meshlet@REV`, --baseline), every
+figure with its ratio now/then.
 """
 
 from __future__ import annotations
@@ -68,6 +70,8 @@ class RunFacts:
     noise: str  # what else the machine was doing meanwhile
     commands: Sequence[str]
     quick: bool = False
+    baseline: str = ""  # the previous revision's rows' name, meshlet@REV; "" when none ran
+    baseline_about: str = ""  # which revision that is and how its proxy ran
 
 
 def _num(value: float | None, spec: str) -> str:
@@ -165,6 +169,41 @@ def compare(rows: Sequence[Row], figure: str) -> list[str]:
     return lines
 
 
+# figure -> its column in `versus` ({rate}: the fixed rate) and how its values are written
+VERSUS_COLUMNS: dict[str, tuple[str, str]] = {
+    "rate": ("req/s saturated (TCP: MiB/s)", ",.0f"),
+    "cpu": ("CPU µs/req saturated (TCP: per MiB)", ",.1f"),
+    "fixed_cpu": ("CPU µs/req @ {rate}/s", ",.1f"),
+    "p50": ("added p50 ms @ {rate}/s", "+.2f"),
+    "rss": ("RSS load MiB", ",.1f"),
+}
+
+
+def versus(rows: Sequence[Row], baseline: str, rate: float) -> list[str]:
+    """meshlet beside `baseline` (meshlet@REV): a line per scenario and path, each figure as
+    `now / then → now÷then`."""
+    heads = [head.format(rate=f"{rate:,.0f}") for head, _ in VERSUS_COLUMNS.values()]
+    lines = [
+        "| scenario | path | " + " | ".join(heads) + " |",
+        "| --- | --- |" + " ---: |" * len(heads),
+    ]
+    for scenario in Scenario:
+        for suffix, path in (("", "one hop"), ("-mesh", "meshed pair (mTLS 1.3)")):
+            now, then = (_find(rows, scenario, p + suffix) for p in ("meshlet", baseline))
+            cells, measured = [scenario.value, path], False
+            for figure, (_, spec) in VERSUS_COLUMNS.items():
+                _, value, floor = FIGURES[figure]
+                a, b = value(rows, now), value(rows, then)
+                if a is None and b is None:
+                    cells.append("—")
+                    continue
+                measured = True
+                cells.append(f"{_num(a, spec)} / {_num(b, spec)} → {_ratio(a, b, floor)}")
+            if measured:
+                lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def aims(rows: Sequence[Row], rate: float) -> list[str]:
     """The figures the proxy-speed issue's aims name, from this run."""
 
@@ -214,6 +253,23 @@ def _span(kibs: Sequence[int]) -> str:
         return "—"
     low, high = _mib(min(kibs)), _mib(max(kibs))
     return low if low == high else f"{low} to {high}"
+
+
+def _versus_section(rows: Sequence[Row], f: RunFacts) -> list[str]:
+    if not f.baseline:
+        return []
+    then = f.baseline.removeprefix("meshlet@")
+    return [
+        f"## meshlet now ÷ {f.baseline}",
+        "",
+        f"{f.baseline}: {f.baseline_about}. Each cell: this tree's figure / {then}'s → the "
+        f"ratio; over 1x means more now (faster for req/s, costlier for CPU, latency and RSS). "
+        "Both from this run, each of meshlet's rows measured next to its baseline row, in "
+        "alternating order; quote these ratios, not figures from separate runs.",
+        "",
+        *versus(rows, f.baseline, f.rate),
+        "",
+    ]
 
 
 def render(rows: Sequence[Row], facts: RunFacts) -> str:
@@ -267,6 +323,7 @@ def render(rows: Sequence[Row], facts: RunFacts) -> str:
         "the load CPU, which also caps the direct and fastest-proxy figures",
         f"- {f.noise}",
         "",
+        *_versus_section(rows, f),
         "## The issue's aims",
         "",
         *aims(rows, f.rate),

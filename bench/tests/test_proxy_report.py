@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 
-from bench.proxy_report import Row, RunFacts, Scenario, aims, compare, render
+from bench.proxy_report import Row, RunFacts, Scenario, aims, compare, render, versus
 
 H1, H2 = Scenario.H1, Scenario.H2
 ROWS = [
@@ -74,3 +75,50 @@ def test_a_failed_row_shows_no_figures() -> None:
     cells = [cell.strip() for cell in line.strip("|").split("|")]
     assert set(cells[2:-1]) == {"—"}
     assert cells[-1].startswith("failed: TLS probe")
+
+
+THEN = "meshlet@abc1234"
+VERSUS = [
+    *ROWS,
+    Row(H1, THEN, 8_000.0, 1.0, cpu_us=125.0, p50_ms=1.65, fixed_cpu_us=150.0,
+        rss_load_sum_kib=32 * 1024),
+    Row(H1, f"{THEN}-mesh", notes=("failed: probe: HTTP/1.1 answered 502 b''",)),
+    Row(H2, f"{THEN}-mesh", cpu_us=500.0, p50_ms=5.3),
+]  # fmt: skip
+
+
+def test_meshlet_beside_its_previous_revision_with_the_ratio_now_then() -> None:
+    lines = versus(VERSUS, THEN, 1000.0)
+    assert lines[0] == (
+        "| scenario | path | req/s saturated (TCP: MiB/s) | CPU µs/req saturated (TCP: per MiB) "
+        "| CPU µs/req @ 1,000/s | added p50 ms @ 1,000/s | RSS load MiB |"
+    )
+    assert (
+        "| HTTP/1.1 keep-alive | one hop | 10,000 / 8,000 → **1.25x** | 100.0 / 125.0 → **0.80x** "
+        "| 150.0 / 150.0 → **1.00x** | +1.00 / +1.25 → **0.80x** | 40.0 / 32.0 → **1.25x** |"
+        in lines
+    )
+    # the baseline's pair failed: its figures are missing, so there is no ratio
+    assert (
+        "| HTTP/1.1 keep-alive | meshed pair (mTLS 1.3) | 4,000 / — → — | 300.0 / — → — "
+        "| 400.0 / — → — | +2.00 / — → — | 85.0 / — → — |" in lines
+    )
+    assert (
+        "| HTTP/2 (h2c) | meshed pair (mTLS 1.3) | — | 600.0 / 500.0 → **1.20x** | — "
+        "| +4.00 / +5.00 → **0.80x** | — |" in lines
+    )
+    assert len(lines) == 5  # nothing measured in the other scenarios and paths
+
+
+def test_the_report_opens_with_the_baseline_only_when_one_ran() -> None:
+    facts = RunFacts(
+        when=dt.datetime(2026, 1, 1, tzinfo=dt.UTC), machine="m", placement="p", duration=8,
+        rate=1000, rate_clients=10, h1_connections=32, h2_clients=8, h2_streams=16,
+        meshlet_command="", noise="n", commands=[],
+    )  # fmt: skip
+    assert "## meshlet now ÷" not in render(ROWS, facts)
+    with_baseline = dataclasses.replace(facts, baseline=THEN, baseline_about="revision abc1234")
+    text = render(VERSUS, with_baseline)
+    assert "## meshlet now ÷ meshlet@abc1234\n\nmeshlet@abc1234: revision abc1234. " in text
+    assert text.index("## meshlet now ÷") < text.index("## The issue's aims")
+    assert "| HTTP/1.1 keep-alive | meshlet@abc1234 | 8,000 |" in text  # among every row
