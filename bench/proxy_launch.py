@@ -8,7 +8,8 @@ run (`envoy --mode validate`, `nginx -t`, `haproxy -c`): a proxy whose config is
 rows skipped with the tool's words. `Launcher.start` returns a `Launched`: the processes, where
 the load goes, where the TCP client connects (an iptables REDIRECT takes it to `redirect_port`),
 what the TLS probe through the pair must answer, and the pair's judge of its own counters
-(bench/proxy_evidence.py).
+(bench/proxy_evidence.py). meshlet's rows may run under other names too (`meshlet@REV`, a previous
+revision's proxy, bench/proxy_baseline.py): `Launcher.meshlet_commands` says how to start each.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from bench.proxy_configs import Ports
 from bench.proxy_evidence import Verdict
 from bench.proxy_pki import Pki, client_tls, server_tls
 from bench.proxy_procs import Processes, StartError, free_port, wait_for_port, wait_for_ready
+from meshlet.api.wellknown import PROXY_ENV_PREFIX, ProxyEnv
 
 ONE_HOP: Final = ("meshlet", "envoy", "nginx", "haproxy")
 PAIRS: Final = tuple(f"{name}-mesh" for name in ONE_HOP)
@@ -37,6 +39,15 @@ PROXIES: Final = ("direct", *ONE_HOP, *PAIRS)
 CLIENT_HOST: Final = "127.0.0.1"  # the client pod's loopback: its side's listeners
 SERVER_HOST: Final = proxy_mesh.SERVER_IP  # the server pod: its side's listeners, the upstreams
 CONFIG_SUFFIX: Final = {"envoy": "json", "nginx": "conf", "haproxy": "cfg"}
+# every meshlet proxy's settings besides its listeners (and the pair's discovery and identity);
+# a short grace period, as nothing is in flight when a row stops it
+MESHLET_ENV: Final[dict[str, str]] = {ProxyEnv.LOG: "warn", ProxyEnv.SHUTDOWN_GRACE_PERIOD: "1s"}
+MESHLET_LISTEN_ENV: Final[dict[str, str]] = {
+    "outbound": ProxyEnv.OUTBOUND_LISTEN_ADDR,
+    "inbound": ProxyEnv.INBOUND_LISTEN_ADDR,
+    "admin": ProxyEnv.ADMIN_LISTEN_ADDR,
+    "control": ProxyEnv.CONTROL_LISTEN_ADDR,
+}
 
 Started = tuple[subprocess.Popen[bytes], Path]
 Judge = Callable[[str, int], Verdict]  # (scenario's Ports field, at least) -> the verdict
@@ -79,7 +90,7 @@ class Launcher:
     pki: Pki
     cpu: int | None  # the proxy CPU
     load_cpu: int | None  # the control plane's
-    meshlet_command: str  # with {python}
+    meshlet_commands: dict[str, str]  # "meshlet" (or "meshlet@REV") -> its command, with {python}
     envoy: str | None
     nginx_stream: bool
     timeout: float
@@ -103,7 +114,7 @@ class Launcher:
     def check(self, proxy: str) -> str:
         """Write `proxy`'s configs and have the proxy itself check them; "" or what it said."""
         name = proxy.removesuffix("-mesh")
-        if name in ("direct", "meshlet"):
+        if name == "direct" or name in self.meshlet_commands:
             return ""
         pair = proxy.endswith("-mesh")
         sides = ("client", "server") if pair else ("",)
@@ -166,11 +177,9 @@ class Launcher:
         """`proxy` started fresh and serving; StartError (with its log's words) if it is not."""
         if proxy == "direct":
             return Launched([], "127.0.0.1", self.upstream, _local, "127.0.0.1", None)
-        if proxy == "meshlet":
-            return self._meshlet()
-        if proxy == "meshlet-mesh":
-            return self._meshlet_pair()
         name = proxy.removesuffix("-mesh")
+        if name in self.meshlet_commands:
+            return self._meshlet_pair(name) if proxy.endswith("-mesh") else self._meshlet(name)
         if not proxy.endswith("-mesh"):
             ports = self.ports[name]
             alone = [self._start_side(name, "", ports)]
@@ -208,16 +217,13 @@ class Launcher:
             wait_for_port(port, proc, log, self.timeout, host=host)
         return proc, log
 
-    def _meshlet(self) -> Launched:
-        listen = {
-            f"MESHLET_PROXY_{name.upper()}_LISTEN_ADDR": _local(port)
-            for name, port in self.meshlet_ports.items()
-        }
+    def _meshlet(self, name: str) -> Launched:
+        listen = {MESHLET_LISTEN_ENV[k]: _local(port) for k, port in self.meshlet_ports.items()}
         out = self.meshlet_ports["outbound"]
-        started = [self._start_meshlet("meshlet", listen)]
+        started = [self._start_meshlet(name, name, listen)]
         return Launched(started, "127.0.0.1", Ports(out, out, out, out), _local, "127.0.0.1", out)
 
-    def _meshlet_pair(self) -> Launched:
+    def _meshlet_pair(self, name: str) -> Launched:
         """The control plane (once), then the server pod's proxy and the client pod's."""
         if self.control_plane is None:
             self.control_plane = proxy_mesh.start_control_plane(
@@ -228,7 +234,7 @@ class Launcher:
         try:
             for pod in ("server", "client"):
                 settings = self.control_plane.proxy_env(pod)
-                started.insert(0, self._start_meshlet(f"meshlet-{pod}", settings))
+                started.insert(0, self._start_meshlet(name, f"{name}-{pod}", settings))
         except StartError:
             for proc, _ in started:
                 self.procs.stop(proc)
@@ -240,17 +246,16 @@ class Launcher:
             judge=_meshlet_judge,
         )  # fmt: skip
 
-    def _start_meshlet(self, name: str, settings: dict[str, str]) -> Started:
-        """One meshlet proxy with `settings` (MESHLET_PROXY_* names, the listeners' addresses
-        among them), once its admin listener answers /ready: at once without identity, with
-        identity once the proxy holds its certificate."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith("MESHLET_PROXY_")}
-        env["MESHLET_PROXY_LOG"] = "warn"
-        env["MESHLET_PROXY_SHUTDOWN_GRACE_PERIOD"] = "1s"  # nothing is in flight when it stops
+    def _start_meshlet(self, name: str, process: str, settings: dict[str, str]) -> Started:
+        """One meshlet proxy (`name`'s command) with MESHLET_ENV and `settings` (the listeners'
+        addresses among them), once its admin listener answers /ready: at once without
+        identity, with identity once the proxy holds its certificate."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(PROXY_ENV_PREFIX)}
+        env.update(MESHLET_ENV)
         env.update(settings)
-        argv = shlex.split(self.meshlet_command.replace("{python}", sys.executable))
-        proc, log = self.procs.start(name, argv, cpu=self.cpu, env=env)
-        admin = settings["MESHLET_PROXY_ADMIN_LISTEN_ADDR"]
+        argv = shlex.split(self.meshlet_commands[name].replace("{python}", sys.executable))
+        proc, log = self.procs.start(process, argv, cpu=self.cpu, env=env)
+        admin = settings[ProxyEnv.ADMIN_LISTEN_ADDR]
         wait_for_ready(f"http://{admin}/ready", proc, log, self.timeout)
         return proc, log
 
@@ -279,6 +284,13 @@ class Launcher:
             _haproxy_command(sock, "show info"), _haproxy_command(sock, "show stat"), scenario,
             at_least,
         )  # fmt: skip
+
+
+def meshlet_env_names() -> frozenset[str]:
+    """Every MESHLET_PROXY_* name the bench sets for a meshlet proxy, alone or in the pair."""
+    placeholder = proxy_mesh.ControlPlane(Path(), 0, 0, "", 0)
+    pods = (placeholder.proxy_env(pod) for pod in proxy_mesh.PODS)
+    return frozenset({*MESHLET_ENV, *MESHLET_LISTEN_ENV.values()}.union(*pods))
 
 
 def _meshlet_judge(scenario: str, at_least: int) -> Verdict:
