@@ -121,9 +121,10 @@ def _table_row(rows: Sequence[Row], row: Row) -> str:
 
 
 def _ratio(mine: float | None, theirs: float | None, floor: float = 0.0) -> str:
-    """mine/theirs in bold; "—" without both, or when `theirs` is within `floor` of zero (an
-    added latency below what the measurement resolves)."""
-    if mine is None or theirs is None or not mine or abs(theirs) <= floor:
+    """mine/theirs in bold; "—" without both, or when `theirs` is `floor` or less (an added
+    latency below what the measurement resolves, or below zero: a row faster than going direct,
+    which is noise)."""
+    if mine is None or theirs is None or not mine or theirs <= floor:
         return "—"
     return f"**{mine / theirs:.2f}x**"
 

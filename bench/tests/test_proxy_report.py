@@ -48,6 +48,12 @@ def test_added_latency_is_over_going_direct() -> None:
     assert "| HTTP/1.1 keep-alive | one hop | 1.00 | 0.80 | 0.05 | — | **1.25x** | — |" in lines
 
 
+def test_no_ratio_over_an_added_latency_below_zero() -> None:
+    rows = [Row(H2, "direct", p50_ms=0.30), Row(H2, "meshlet", p50_ms=4.30),
+            Row(H2, "nginx", p50_ms=0.20)]  # fmt: skip
+    assert "| HTTP/2 (h2c) | one hop | 4.00 | — | -0.10 | — | — | — |" in compare(rows, "p50")
+
+
 def test_the_aims_quote_the_meshed_pairs() -> None:
     text = "\n".join(aims(ROWS, 1000.0))
     assert "HTTP/2 meshed pair, CPU per request, meshlet ÷ Envoy: **4.00x** at saturation" in text
