@@ -676,6 +676,7 @@ def main() -> None:
             baseline = stack.enter_context(proxy_baseline.checked_out(REPO, args.baseline))
             print(f"{baseline.name}: checked out in {baseline.path}", file=sys.stderr)
             proxy_baseline.check(baseline, meshlet_env_names())
+            proxy_baseline.compile_sources(proxy_baseline.source_roots(REPO))  # as REV's were
         bench, rows = _measure_all(args, missing, baseline)
     report = render(rows, _facts(bench))
     print(report)

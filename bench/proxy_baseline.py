@@ -79,18 +79,32 @@ def resolve(repo: Path, rev: str) -> tuple[str, str, str]:
 
 @contextlib.contextmanager
 def checked_out(repo: Path, rev: str) -> Iterator[Baseline]:
-    """`rev` of `repo` in a fresh temporary worktree, its modules compiled, for the `with` block;
-    the worktree is removed afterwards, also when the block fails or is interrupted."""
+    """`rev` of `repo` in a fresh temporary worktree (its modules compiled as `compile_sources`
+    says) for the `with` block; removed afterwards, also when the block fails or is
+    interrupted."""
     commit, short, subject = resolve(repo, rev)
     path = Path(tempfile.mkdtemp(prefix=f"meshlet-bench-{short}-"))
     try:
         _git(repo, "worktree", "add", "--detach", "--quiet", str(path), commit)
-        roots = tuple(sorted(p.parent for p in path.glob("*/meshlet")))
-        # as this tree's are: no row of REV's pays for compiling its modules
-        subprocess.run([sys.executable, "-m", "compileall", "-q", *map(str, roots)], check=True)
+        roots = source_roots(path)
+        compile_sources(roots)
         yield Baseline(commit, short, subject, path, roots)
     finally:
         _remove(repo, path)
+
+
+def source_roots(tree: Path) -> tuple[Path, ...]:
+    """The folders of `tree` holding a `meshlet` package (proxy, proto, ...)."""
+    return tuple(sorted(p.parent for p in tree.glob("*/meshlet")))
+
+
+def compile_sources(roots: Iterable[Path]) -> None:
+    """Bytecode for every module under `roots`, so that no proxy compiles its modules when it
+    starts (which leaves the compiler's memory in its RSS), unless Python is told to write none
+    (PYTHONDONTWRITEBYTECODE): then no tree gets any, and every proxy compiles alike. Both trees
+    go through here, so that the two revisions start the same way."""
+    if not sys.dont_write_bytecode:
+        subprocess.run([sys.executable, "-m", "compileall", "-q", *map(str, roots)], check=True)
 
 
 def _remove(repo: Path, path: Path) -> None:

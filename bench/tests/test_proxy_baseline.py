@@ -4,11 +4,20 @@ that prints its settings table, as `meshlet-proxy --help` does."""
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from bench.proxy_baseline import BaselineError, check, checked_out, order, settings_in_help
+from bench.proxy_baseline import (
+    BaselineError,
+    check,
+    checked_out,
+    compile_sources,
+    order,
+    settings_in_help,
+    source_roots,
+)
 
 OLD, NEW = "MESHLET_PROXY_LOG", "MESHLET_PROXY_SHUTDOWN_GRACE_PERIOD"
 
@@ -105,6 +114,22 @@ def test_a_revision_whose_help_lists_no_settings_is_refused(repo: Path) -> None:
     with checked_out(repo, "HEAD") as baseline, pytest.raises(BaselineError) as refused:
         check(baseline, [OLD])
     assert "`meshlet-proxy --help` lists no MESHLET_PROXY_* settings" in str(refused.value)
+
+
+def test_bytecode_is_compiled_ahead_only_where_python_writes_bytecode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "proxy" / "meshlet").mkdir(parents=True)
+    (tmp_path / "proxy" / "meshlet" / "m.py").write_text("x = 1\n")
+    (tmp_path / "testing").mkdir()
+    roots = source_roots(tmp_path)
+    assert roots == (tmp_path / "proxy",)
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)  # PYTHONDONTWRITEBYTECODE
+    compile_sources(roots)
+    assert not list(tmp_path.rglob("*.pyc"))
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    compile_sources(roots)
+    assert [p.name.partition(".")[0] for p in tmp_path.rglob("*.pyc")] == ["m"]
 
 
 def test_the_settings_table_of_help() -> None:
