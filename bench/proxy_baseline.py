@@ -4,7 +4,8 @@
 REV's, which `checked_out` puts in a temporary directory (`git worktree add --detach`) and
 removes when the run ends, however it ends. REV's proxy runs from that checkout's sources on this
 venv's packages (`env PYTHONPATH=<checkout>/cli:…:<checkout>/proxy python -m meshlet.proxy.main`);
-its protobuf modules are committed, so nothing is generated. It gets the same MESHLET_PROXY_*
+its protobuf modules are committed, so nothing is generated, and its modules are compiled as
+this tree's are (`compile_sources`), so both start alike. It gets the same MESHLET_PROXY_*
 environment as this tree's proxy, so `check` asks REV's own `meshlet-proxy --help` which settings
 it reads and refuses a revision that would not read every name the bench writes.
 
