@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 import yaml
-from prometheus_client import generate_latest
 
 from meshlet.cli import stat as stat_command
 from meshlet.cli.scrape import Failure, Metrics
@@ -255,7 +254,7 @@ def test_measure_leaves_out_what_it_cannot_read() -> None:
             for n in ("a", "b", "c")]  # fmt: skip
     good = ProxyMetrics()
     serve(good, 200, 5, LOAD_ID)
-    text = generate_latest(good.registry).decode()
+    text = good.registry.render().decode()
     first = {pods[0].key: Metrics(pods[0], "", 0.0), pods[1].key: Failure(pods[1], "503 no"),
              pods[2].key: Metrics(pods[2], "<html>", 0.0)}  # fmt: skip
     second = {pods[0].key: Metrics(pods[0], text, 2.0), pods[1].key: Metrics(pods[1], text, 2.0),

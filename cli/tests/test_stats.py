@@ -7,7 +7,6 @@ import math
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from prometheus_client import generate_latest
 
 from meshlet.cli.stats import Scrape, combine, parse, quantile, replica_rows, row, traffic
 from meshlet.proxy.metrics import ProxyMetrics
@@ -25,7 +24,7 @@ def serve(metrics: ProxyMetrics, status: int, ms: float, *, tls: bool = True) ->
 
 
 def scrape(metrics: ProxyMetrics, at: float) -> Scrape:
-    return Scrape("api-1", at, parse(generate_latest(metrics.registry).decode()))
+    return Scrape("api-1", at, parse(metrics.registry.render().decode()))
 
 
 def test_a_window_counts_only_what_happened_in_it() -> None:

@@ -390,7 +390,9 @@ def test_only_loopback_may_change_the_log_level() -> None:
     from meshlet.api.admin import AdminServer
     from meshlet.proxy import logs
 
-    admin = AdminServer(ProxyMetrics().registry, ready=lambda: True, log_level=logs.set_level)
+    admin = AdminServer(
+        ProxyMetrics().registry.render, ready=lambda: True, log_level=logs.set_level
+    )
     head = b"PUT /proxy-log-level HTTP/1.1\r\nContent-Length: 5\r\n\r\n"
     assert admin._route(head, "10.0.0.7", b"debug")[0] == "403 Forbidden"
     assert admin._route(head, "::1", b"error")[0] == "200 OK"

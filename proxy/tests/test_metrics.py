@@ -7,7 +7,6 @@ import errno
 import time
 
 import pytest
-from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from meshlet.proxy.metrics import DST_LABELS, ProxyMetrics, TcpConn, dst_values
@@ -16,7 +15,7 @@ from meshlet.proxy.metrics import DST_LABELS, ProxyMetrics, TcpConn, dst_values
 def scrape(metrics: ProxyMetrics) -> dict[str, list[tuple[dict[str, str], float]]]:
     """What a scrape reads, parsed back from the text exposition: samples by name."""
     samples: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for family in text_string_to_metric_families(generate_latest(metrics.registry).decode()):
+    for family in text_string_to_metric_families(metrics.registry.render().decode()):
         for sample in family.samples:
             samples.setdefault(sample.name, []).append((sample.labels, sample.value))
     return samples

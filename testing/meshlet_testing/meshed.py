@@ -32,7 +32,7 @@ class Proxies:
 
     def serve(self, pod: str, ip: str) -> ProxyMetrics:
         metrics = ProxyMetrics()
-        server = AdminServer(metrics.registry, ready=lambda: True)
+        server = AdminServer(metrics.registry.render, ready=lambda: True)
         _, port = self.background.run(server.start("127.0.0.1", 0))
         self._servers.append(server)
         self.api.expose(ip, wk.PROXY_ADMIN_PORT, ("127.0.0.1", port))

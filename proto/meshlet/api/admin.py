@@ -9,12 +9,11 @@ import logging
 from collections.abc import Callable
 from typing import Final
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-
 log = logging.getLogger(__name__)
 
 MAX_REQUEST_HEAD: Final = 8192
 READ_TIMEOUT: Final = 5.0
+METRICS_CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class AdminServer:
@@ -22,12 +21,12 @@ class AdminServer:
 
     def __init__(
         self,
-        registry: CollectorRegistry,
+        metrics: Callable[[], bytes],
         ready: Callable[[], bool],
         shutdown: Callable[[], None] | None = None,
         log_level: Callable[[str], str] | None = None,
     ) -> None:
-        self._registry = registry
+        self._metrics = metrics  # renders /metrics in Prometheus' text format
         self._ready = ready
         self._shutdown = shutdown  # None: /shutdown is disabled
         # Sets the level from a request body and returns it, or raises ValueError; None:
@@ -57,7 +56,7 @@ class AdminServer:
         except ConnectionError:
             writer.close()
             return
-        content_type = CONTENT_TYPE_LATEST if body.startswith(b"#") else "text/plain"
+        content_type = METRICS_CONTENT_TYPE if body.startswith(b"#") else "text/plain"
         writer.write(
             f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}"
             "\r\nConnection: close\r\n\r\n".encode()
@@ -82,7 +81,7 @@ class AdminServer:
         if method != b"GET":
             return "405 Method Not Allowed", b"only GET\n"
         if target == b"/metrics":
-            return "200 OK", generate_latest(self._registry)
+            return "200 OK", self._metrics()
         if target == b"/live":
             return "200 OK", b"live\n"
         if target == b"/ready":

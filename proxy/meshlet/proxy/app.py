@@ -68,7 +68,7 @@ class Proxy:
         self._supervisor: asyncio.Task[None] | None = None
         self.failure: str | None = None  # why an essential task stopped, when one did
         self._admin = AdminServer(
-            self.metrics.registry,
+            self.metrics.registry.render,
             ready=self.ready,
             shutdown=self.request_shutdown if config.admin_shutdown_enabled else None,
             log_level=logs.set_level,

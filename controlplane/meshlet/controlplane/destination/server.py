@@ -6,10 +6,11 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import grpc
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -106,7 +107,7 @@ class DestinationServer:
         )
         self.registry.register(_SourceCounters(config.source))
         self._grpc: grpc.aio.Server | None = None
-        self._admin = AdminServer(self.registry, ready=self.ready)
+        self._admin = AdminServer(partial(generate_latest, self.registry), ready=self.ready)
         self._source_task: asyncio.Task[None] | None = None
 
     def ready(self) -> bool:

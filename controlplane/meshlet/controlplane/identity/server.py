@@ -6,11 +6,12 @@ import asyncio
 import datetime as dt
 import logging
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import grpc
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 
 from meshlet.api import identity_pb2_grpc, wellknown
 from meshlet.api.admin import AdminServer
@@ -73,7 +74,7 @@ class IdentityServer:
         self.grpc_port = 0
         self.admin_port = 0
         self._grpc: grpc.aio.Server | None = None
-        self._admin = AdminServer(self.registry, ready=self.ready)
+        self._admin = AdminServer(partial(generate_latest, self.registry), ready=self.ready)
         self._tasks: list[asyncio.Task[None]] = []
 
     def ready(self) -> bool:

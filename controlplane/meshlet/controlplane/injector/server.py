@@ -7,11 +7,12 @@ import logging
 import socket
 import ssl
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 
 from meshlet.api.admin import AdminServer
 from meshlet.controlplane.cli import serve_until_signalled
@@ -66,7 +67,7 @@ class InjectorServer:
         self._context = server_context(config.tls_cert, config.tls_key)
         self._stamp = self._cert_stamp()
         self._runner: web.AppRunner | None = None
-        self._admin = AdminServer(self.registry, ready=self.ready)
+        self._admin = AdminServer(partial(generate_latest, self.registry), ready=self.ready)
         self._reload: asyncio.Task[None] | None = None
         self.port = 0
         self.admin_port = 0
