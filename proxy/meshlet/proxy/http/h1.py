@@ -44,6 +44,7 @@ from meshlet.proxy.http.h1exchange import Exchange, H1Machine
 from meshlet.proxy.http.h1pool import H1Pool
 from meshlet.proxy.http.recorder import Recorder
 from meshlet.proxy.io import relay
+from meshlet.proxy.io.sockets import write_pieces
 from meshlet.proxy.metrics import TcpConn
 
 log = logging.getLogger(__name__)
@@ -255,8 +256,7 @@ class H1Shell(asyncio.Protocol):
         return self._loop.time()
 
     def write(self, chunks: list[bytes]) -> None:
-        self._tcp.written += sum(map(len, chunks))
-        self._transport.writelines(chunks)
+        self._tcp.written += write_pieces(self._transport, chunks)
 
     def close(self, linger: float) -> None:
         transport = self._transport

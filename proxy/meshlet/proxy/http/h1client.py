@@ -16,6 +16,7 @@ import httptools
 
 from meshlet.proxy.http.contract import HttpLimits
 from meshlet.proxy.http.h1head import Body, Header
+from meshlet.proxy.io.sockets import write_pieces
 from meshlet.proxy.metrics import TcpConn
 
 
@@ -99,8 +100,7 @@ class H1Upstream(asyncio.Protocol):
 
     def writelines(self, data: Sequence[bytes]) -> None:
         if not self.closed and self.transport is not None:
-            self.tcp.written += sum(map(len, data))
-            self.transport.writelines(data)
+            self.tcp.written += write_pieces(self.transport, data)
 
     def pause_reading(self) -> None:
         if not self._reading_paused and not self.closed and self.transport is not None:
