@@ -7,6 +7,7 @@ from hpack import NeverIndexedHeaderTuple
 from hypothesis import given
 from hypothesis import strategies as st
 
+from meshlet.proxy.http import h2headers
 from meshlet.proxy.http.h2headers import (
     CONNECTION_HEADERS,
     Malformed,
@@ -145,3 +146,16 @@ def test_local_responses() -> None:
     assert grpc[b":status"] == b"200" and grpc[b"grpc-status"] == b"14"
     assert grpc[b"grpc-message"] == b"connect to 10.0.0.1:80 failed: 100%25 down"
     assert grpc[b"meshlet-proxy-error"] == b"connect to 10.0.0.1:80 failed: 100% down"
+
+
+def test_fields_checked_once_are_remembered_and_bad_ones_never_are() -> None:
+    h2headers._VALID.clear()
+    good = (b"user-agent", b"h2load nghttp2/1.52.0")
+    bad = (b"x-bad", b"a\r\nb")
+    for _ in range(2):  # the second time from the memory of checked fields
+        assert h2headers._field_error(*good) is None
+        assert h2headers._field_error(*bad) == "invalid value for header b'x-bad'"
+    assert good in h2headers._VALID and bad not in h2headers._VALID
+    for i in range(h2headers._VALID_ENTRIES + 5):
+        assert h2headers._field_error(b"x-n", str(i).encode()) is None
+    assert len(h2headers._VALID) <= h2headers._VALID_ENTRIES

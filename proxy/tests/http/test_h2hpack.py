@@ -9,6 +9,7 @@ from hpack.exceptions import HPACKDecodingError, InvalidTableSizeError, Oversize
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from meshlet.proxy.http import h2hpack
 from meshlet.proxy.http.h2hpack import Decoder, Encoder
 
 # Names and values drawn from a small pool, so that blocks repeat fields (the table is used),
@@ -124,3 +125,27 @@ def test_a_peer_offering_a_huge_table_does_not_get_us_to_keep_one() -> None:
     assert decoder.header_table_size <= 4096  # what the encoder announced and used
     entries = decoder.header_table.dynamic_entries
     assert sum(len(n) + len(v) + 32 for n, v in entries) <= 4096
+
+
+def test_huffman_literals_a_peer_repeats_decode_the_same_from_the_cache() -> None:
+    """nginx sends its response headers as Huffman-coded literals, never indexed: the same
+    strings again and again, decoded once and then looked up."""
+    fields = [(b"server", b"nginx/1.22.1"), (b"date", b"Mon, 23 Nov 2026 20:40:00 GMT")]
+    block = hpack.Encoder().encode([NeverIndexedHeaderTuple(k, v) for k, v in fields])
+    decoder = Decoder()
+    first, again = decoder.decode(block), decoder.decode(block)
+    assert [tuple(h) for h in first] == [tuple(h) for h in again] == fields
+    assert b"nginx/1.22.1" in h2hpack._HUFFMAN_CACHE.values()
+
+
+def test_the_huffman_cache_is_bounded() -> None:
+    h2hpack._HUFFMAN_CACHE.clear()
+    encoder = hpack.Encoder()
+    for i in range(h2hpack._HUFFMAN_CACHE_ENTRIES + 10):
+        value = f"value-{i}".encode()
+        got = Decoder().decode(encoder.encode([NeverIndexedHeaderTuple(b"x-n", value)]))
+        assert got[0][1] == value
+    assert len(h2hpack._HUFFMAN_CACHE) <= h2hpack._HUFFMAN_CACHE_ENTRIES
+    long = b"v" * 200  # past the cached length: decoded, not kept
+    got = Decoder().decode(encoder.encode([NeverIndexedHeaderTuple(b"x-long", long)]))
+    assert got[0][1] == long and long not in h2hpack._HUFFMAN_CACHE.values()

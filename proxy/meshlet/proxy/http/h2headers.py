@@ -72,7 +72,26 @@ class Malformed:
     status: int = 400
 
 
+# Fields that passed `_field_error` lately: a connection's peers repeat the same few (HPACK
+# hands them out from its tables), so each is checked once. Bounded, forgotten all at once.
+_VALID: Final[dict[tuple[bytes, bytes], None]] = {}
+_VALID_ENTRIES: Final = 4096
+_VALID_LENGTH: Final = 256  # name and value: longer fields are checked every time
+
+
 def _field_error(name: bytes, value: bytes) -> str | None:
+    field = (name, value)
+    if field in _VALID:
+        return None
+    error = _check_field(name, value)
+    if error is None and len(name) + len(value) <= _VALID_LENGTH:
+        if len(_VALID) >= _VALID_ENTRIES:
+            _VALID.clear()
+        _VALID[field] = None
+    return error
+
+
+def _check_field(name: bytes, value: bytes) -> str | None:
     if not name or name.translate(None, _NAME_BYTES):
         return f"invalid header name {name[:64]!r}"
     if _BAD_VALUE.search(value) is not None:

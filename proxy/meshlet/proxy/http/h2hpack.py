@@ -40,6 +40,24 @@ for _i, (_name, _value) in enumerate(HeaderTable.STATIC_TABLE, start=1):
     _STATIC_FIELDS.setdefault((_name, _value), _i)
     _STATIC_NAMES.setdefault(_name, _i)
 _MAX_INT_SHIFT: Final = 28  # integers past 2**28 are refused (no legitimate use)
+# Huffman-coded strings decoded lately: peers that do not index (nginx sends every response
+# header as a literal) repeat the same few, and hpack's decoder walks them bit by bit. Bounded:
+# short strings only, and forgotten all at once when full.
+_HUFFMAN_CACHE: Final[dict[bytes, bytes]] = {}
+_HUFFMAN_CACHE_ENTRIES: Final = 1024
+_HUFFMAN_CACHE_LENGTH: Final = 64
+
+
+def _huffman(coded: bytes) -> bytes:
+    cached = _HUFFMAN_CACHE.get(coded)
+    if cached is not None:
+        return cached
+    decoded: bytes = decode_huffman(coded)
+    if len(coded) <= _HUFFMAN_CACHE_LENGTH:
+        if len(_HUFFMAN_CACHE) >= _HUFFMAN_CACHE_ENTRIES:
+            _HUFFMAN_CACHE.clear()
+        _HUFFMAN_CACHE[coded] = decoded
+    return decoded
 
 
 def _integer(data: bytes, pos: int, value: int) -> tuple[int, int]:
@@ -127,7 +145,7 @@ class Decoder:
         if end > len(data):
             raise HPACKDecodingError("truncated string")
         if byte & 0x80:
-            return decode_huffman(data[pos:end]), end
+            return _huffman(data[pos:end]), end
         return data[pos:end], end
 
     def decode(self, data: bytes | memoryview, raw: bool = True) -> list[HeaderTuple]:
