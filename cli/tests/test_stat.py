@@ -265,3 +265,11 @@ def test_measure_leaves_out_what_it_cannot_read() -> None:
     assert result.unreachable["b"] == "503 no"
     assert result.unreachable["c"].startswith("its admin port did not answer Prometheus text")
     assert "could not read 2 of 3 proxies" in stat_command.unreachable_report([result])
+
+
+def test_when_no_proxy_can_be_read_the_command_fails(mesh: Mesh) -> None:
+    run = mesh.stat(f"po/{SILENT}", "-n", NS)
+    assert run.code == 1
+    assert run.err.startswith("could not read 1 of 1 proxies")
+    assert "Traceback" not in run.err
+    assert mesh.stat(f"po/{SILENT}", "-n", NS, "-o", "json").code == 1

@@ -293,3 +293,6 @@ def stat(
         where = f"in namespace {ns}" if ns is not None else "in any namespace"
         click.echo(f"No meshed {wanted.kind.value}s {where}.", err=True)
     sys.stderr.write(unreachable_report(rows))
+    if pods and not any(isinstance(got, Metrics) for got in second.values()):
+        # Not one proxy could be read: the rows are empty, not a result to act on.
+        raise SystemExit(1)
