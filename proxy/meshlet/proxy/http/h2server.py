@@ -100,6 +100,7 @@ class H2Server(Peer):
         self._draining = False
         self._idle_seen = -1
         self._idle_timer: asyncio.TimerHandle | None = None
+        self._rate_timer: asyncio.TimerHandle | None = None
         self.recorder = Recorder(conn.metrics, conn.labels)
         if conn.tcp is not None:
             self.tcp = conn.tcp
@@ -108,15 +109,18 @@ class H2Server(Peer):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        self._idle_timer = self.loop.call_later(self.conn.limits.idle_timeout, self._idle_tick)
+        limits = self.conn.limits
+        self._idle_timer = self.loop.call_later(limits.idle_timeout, self._idle_tick)
+        self._rate_timer = self.loop.call_later(limits.body_rate_window, self._rate_tick)
         if self.conn.closing.is_set():
             self.shutdown()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.tcp.close(exc)
-        if self._idle_timer is not None:
-            self._idle_timer.cancel()
+        for timer in (self._idle_timer, self._rate_timer):
+            if timer is not None:
+                timer.cancel()
         for stream in list(self.streams.values()):
             stream.down_gone()
         for task in self._forwarding:
@@ -347,6 +351,31 @@ class H2Server(Peer):
             return
         self._idle_seen = self.activity
         self._idle_timer = self.loop.call_later(self.conn.limits.idle_timeout, self._idle_tick)
+
+    def _rate_tick(self) -> None:
+        """Every `body_rate_window`: a request body older than `body_rate_grace` must have
+        brought `body_min_bytes` since the last tick, unless the proxy itself holds the client
+        back (body bytes not yet taken upstream, or no upstream stream yet)."""
+        if self.closed:
+            return
+        limits = self.conn.limits
+        now = self.loop.time()
+        for stream in list(self.streams.values()):
+            if stream.req.ended or stream.closed:
+                continue
+            arrived = stream.body_received - stream.body_mark
+            stream.body_mark = stream.body_received
+            held_back = stream.client is None or stream.req.holding
+            if now - stream.started < limits.body_rate_grace or held_back:
+                continue
+            if arrived < limits.body_min_bytes:
+                reason = (
+                    f"request body slower than {limits.body_min_bytes} bytes per "
+                    f"{limits.body_rate_window:g}s after {limits.body_rate_grace:g}s"
+                )
+                log.debug("stream %d: %s", stream.down_id, reason)
+                stream.body_too_slow(reason)
+        self._rate_timer = self.loop.call_later(limits.body_rate_window, self._rate_tick)
 
     # -- metrics --
 

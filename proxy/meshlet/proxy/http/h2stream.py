@@ -114,6 +114,8 @@ class ProxyStream:
     """A downstream stream and the upstream stream it is relayed to."""
 
     __slots__ = (
+        "body_mark",
+        "body_received",
         "client",
         "closed",
         "connects",
@@ -161,6 +163,8 @@ class ProxyStream:
         self.latency_ms: float | None = None
         self.closed = False
         self.task: asyncio.Task[None] | None = None  # routing and opening it upstream
+        self.body_received = 0  # request body bytes from the client so far
+        self.body_mark = 0  # ...at the last body-rate check
 
     def routed(self, route: RouteTarget) -> None:
         """The request's route is known: its budget counts the request, its timeout starts
@@ -178,6 +182,7 @@ class ProxyStream:
     # -- downstream events (H2Server) --
 
     def on_request_data(self, data: bytes, flow_len: int, end: bool) -> None:
+        self.body_received += flow_len
         if flow_len > len(data):  # padding is not relayed: credit it at once
             self.server.h2.acknowledge(self.down_id, flow_len - len(data))
         if data:
@@ -361,6 +366,24 @@ class ProxyStream:
         timeout = route.policy.timeout if route is not None else None
         self.answer(504, f"the route's timeout of {timeout:g}s passed" if timeout else
                     "the route's timeout passed", grpc_status=GRPC_DEADLINE_EXCEEDED)  # fmt: skip
+
+    def body_too_slow(self, reason: str) -> None:
+        """The client sent its request body slower than the minimum rate: the upstream stream
+        is cancelled and the client gets 408 (or, with the response begun, a reset)."""
+        if self.closed:
+            return
+        client = self.client
+        if client is not None:
+            client.reset(self.up_id, ErrorCode.CANCEL)
+            client.flush_soon()
+        elif self.task is not None:
+            self.task.cancel()
+        self._detach()
+        if self.responded:
+            self.server.reset(self.down_id, ErrorCode.CANCEL)
+            self._close(failed=True)
+            return
+        self.answer(408, reason)
 
     def _stop_timer(self) -> None:
         if self.timer is not None:
