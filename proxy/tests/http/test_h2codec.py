@@ -425,6 +425,21 @@ def test_bad_window_updates_are_connection_errors(frame: Frame, code: ErrorCode)
     Server().fails(wire(frame), code)
 
 
+def test_windows_refused_past_2_31_minus_1_are_left_as_they_were() -> None:
+    """A window the peer tries to push too far is never applied, even on the way to the
+    connection error: nothing reads a window past 2^31-1 afterwards."""
+    server = Server()
+    server.feed(server.headers(1, flags=["END_HEADERS", "END_STREAM"]))
+    server.feed(wire(WindowUpdateFrame(1, window_increment=2**31 - 1 - 65535)))
+    server.fails(wire(SettingsFrame(0, settings={4: 65536})), ErrorCode.FLOW_CONTROL_ERROR)
+    assert server.codec.streams[1].send_window == 2**31 - 1
+    assert server.codec.peer_initial == 65535
+    server = Server()
+    server.fails(wire(WindowUpdateFrame(0, window_increment=2**31 - 1)),
+                 ErrorCode.FLOW_CONTROL_ERROR)  # fmt: skip
+    assert server.codec.send_window == 65535
+
+
 def test_a_window_update_of_zero_on_a_stream_resets_it() -> None:
     server = Server()
     server.feed(server.headers(1, flags=["END_HEADERS"]))

@@ -554,9 +554,9 @@ class Codec:
         if sid == 0:
             if increment == 0:
                 self._fail(ErrorCode.PROTOCOL_ERROR, "a WINDOW_UPDATE of 0")
-            self.send_window += increment
-            if self.send_window > MAX_WINDOW:
+            if self.send_window > MAX_WINDOW - increment:
                 self._fail(ErrorCode.FLOW_CONTROL_ERROR, "the connection window past 2^31-1")
+            self.send_window += increment
             self.handler.on_window(0)
             return
         stream = self.streams.get(sid)
@@ -568,10 +568,10 @@ class Codec:
         if increment == 0:
             self._stream_error(sid, ErrorCode.PROTOCOL_ERROR)
             return
-        stream.send_window += increment
-        if stream.send_window > MAX_WINDOW:
+        if stream.send_window > MAX_WINDOW - increment:
             self._stream_error(sid, ErrorCode.FLOW_CONTROL_ERROR)
             return
+        stream.send_window += increment
         self.handler.on_window(sid)
 
     def _rst_stream(self, sid: int, payload: bytes) -> None:
@@ -603,11 +603,12 @@ class Codec:
                 if value > MAX_WINDOW:
                     self._fail(ErrorCode.FLOW_CONTROL_ERROR, "an initial window past 2^31-1")
                 delta = value - self.peer_initial
+                streams = self.streams.values()
+                if delta > 0 and any(s.send_window > MAX_WINDOW - delta for s in streams):
+                    self._fail(ErrorCode.FLOW_CONTROL_ERROR, "a stream window past 2^31-1")
                 self.peer_initial = value
-                for stream in self.streams.values():
+                for stream in streams:
                     stream.send_window += delta
-                    if stream.send_window > MAX_WINDOW:
-                        self._fail(ErrorCode.FLOW_CONTROL_ERROR, "a stream window past 2^31-1")
             elif key == MAX_FRAME_SIZE_SETTING:
                 if not MIN_FRAME_SIZE <= value <= MAX_FRAME_SIZE:
                     self._fail(ErrorCode.PROTOCOL_ERROR, f"a maximum frame size of {value}")
