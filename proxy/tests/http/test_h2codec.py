@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import struct
+import time
 from typing import Any
 
 import pytest
@@ -26,11 +28,13 @@ from hyperframe.frame import (
 from meshlet.proxy.http.h2codec import (
     MAX_CONTINUATIONS,
     PREFACE,
+    SETTINGS,
     Codec,
     ErrorCode,
     NoStreamIds,
     ProtocolError,
     StreamClosed,
+    frame,
 )
 
 WINDOW = 65536
@@ -635,3 +639,36 @@ def test_an_h2_library_client_gets_its_response() -> None:
     kinds = [type(e) for e in events]
     assert ResponseReceived in kinds and DataReceived in kinds
     assert TrailersReceived in kinds and StreamEnded in kinds
+
+
+def test_initial_windows_in_one_frame_are_applied_once_and_checked_each() -> None:
+    server = Server()
+    for sid in (1, 3):
+        server.feed(server.headers(sid, flags=["END_HEADERS", "END_STREAM"]))
+    server.feed(wire(WindowUpdateFrame(0, window_increment=10**6)))
+    server.feed(wire(SettingsFrame(0, settings={4: 10})) + wire(SettingsFrame(0)))
+    # 70,000 then 100 in one frame: the last one counts
+    payload = struct.pack(">HLHL", 4, 70_000, 4, 100)
+    server.feed(frame(SETTINGS, 0, 0, payload))
+    streams = server.codec.streams
+    assert streams[1].send_window == streams[3].send_window == 100
+    server.feed(wire(WindowUpdateFrame(1, window_increment=2**31 - 1 - 100)))
+    # one value in the frame would take stream 1 past 2^31-1, even if the last one would not
+    payload = struct.pack(">HLHL", 4, 101, 4, 100)
+    server.fails(frame(SETTINGS, 0, 0, payload), ErrorCode.FLOW_CONTROL_ERROR)
+    assert streams[1].send_window == 2**31 - 1 and server.codec.peer_initial == 100
+
+
+def test_a_settings_frame_full_of_initial_windows_costs_one_pass_over_the_streams() -> None:
+    """2,730 entries in a 16 KiB SETTINGS frame with 100 streams open: once per entry that
+    was 273,000 window updates (~20 ms) per frame, 1,000 frames per 10 s within the flood
+    guard's budget: a client kept the proxy's loop busy with 1.6 MB/s."""
+    server = Server()
+    for i in range(100):
+        server.feed(server.headers(2 * i + 1, flags=["END_HEADERS", "END_STREAM"]))
+    entries = b"".join(struct.pack(">HL", 4, 65535 + i % 2) for i in range(16384 // 6))
+    flood = frame(SETTINGS, 0, 0, entries) * 50
+    started = time.process_time()
+    server.feed(flood)
+    assert time.process_time() - started < 0.3  # was over 1 s
+    assert server.codec.streams[1].send_window == 65535 + (16384 // 6 - 1) % 2

@@ -597,18 +597,13 @@ class Codec:
         if len(payload) % 6:
             self._fail(ErrorCode.FRAME_SIZE_ERROR, "SETTINGS not a multiple of 6 bytes")
         self._settings_seen = True
+        initial = highest = -1  # the frame's last and highest SETTINGS_INITIAL_WINDOW_SIZE
         for at in range(0, len(payload), 6):
             key, value = _SETTING.unpack_from(payload, at)
             if key == INITIAL_WINDOW_SIZE:
                 if value > MAX_WINDOW:
                     self._fail(ErrorCode.FLOW_CONTROL_ERROR, "an initial window past 2^31-1")
-                delta = value - self.peer_initial
-                streams = self.streams.values()
-                if delta > 0 and any(s.send_window > MAX_WINDOW - delta for s in streams):
-                    self._fail(ErrorCode.FLOW_CONTROL_ERROR, "a stream window past 2^31-1")
-                self.peer_initial = value
-                for stream in streams:
-                    stream.send_window += delta
+                initial, highest = value, max(highest, value)
             elif key == MAX_FRAME_SIZE_SETTING:
                 if not MIN_FRAME_SIZE <= value <= MAX_FRAME_SIZE:
                     self._fail(ErrorCode.PROTOCOL_ERROR, f"a maximum frame size of {value}")
@@ -620,8 +615,25 @@ class Codec:
             elif key == ENABLE_PUSH and (value > 1 or (value == 1 and self.client_side)):
                 self._fail(ErrorCode.PROTOCOL_ERROR, f"SETTINGS_ENABLE_PUSH of {value}")
             # others (MAX_HEADER_LIST_SIZE is advisory, unknown ones) are ignored
+        if initial >= 0:
+            self._initial_window(initial, highest)
         self._out.append(frame(SETTINGS, ACK, 0))
         self.handler.on_settings()
+
+    def _initial_window(self, value: int, highest: int) -> None:
+        """A new SETTINGS_INITIAL_WINDOW_SIZE, applied to the open streams once per frame
+        (`value`, the frame's last), not once per entry: a frame can hold 2,730 of them. The
+        frame is refused as a whole if any of its values, taken in turn, would have taken a
+        window past 2^31-1 (`highest` is the one that goes furthest)."""
+        streams = self.streams.values()
+        rise = highest - self.peer_initial
+        if rise > 0 and any(stream.send_window > MAX_WINDOW - rise for stream in streams):
+            self._fail(ErrorCode.FLOW_CONTROL_ERROR, "a stream window past 2^31-1")
+        delta = value - self.peer_initial
+        self.peer_initial = value
+        if delta:
+            for stream in streams:
+                stream.send_window += delta
 
     def _ping(self, sid: int, flags: int, payload: bytes) -> None:
         if sid != 0:
