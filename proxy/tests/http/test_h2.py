@@ -925,6 +925,18 @@ def goaway_code(received: bytes) -> int | None:
     return code
 
 
+def raw_goaway_code(received: bytes) -> int | None:
+    """The error code of the last GOAWAY, read off the frames alone (h2 would stop reading at
+    a frame for a stream it never opened, such as a RST_STREAM for a refused raw one)."""
+    code, pos = None, 0
+    while pos + 9 <= len(received):
+        length = int.from_bytes(received[pos : pos + 3], "big")
+        if received[pos + 3] == 0x7 and pos + 9 + length <= len(received):
+            code = int.from_bytes(received[pos + 13 : pos + 17], "big")
+        pos += 9 + length
+    return code
+
+
 def encode_request(port: int, stream_id: int, end: bool = True) -> bytes:
     block = Encoder().encode(request_headers(port))
     frame = HeadersFrame(stream_id, block, flags=["END_HEADERS", *(["END_STREAM"] if end else [])])
@@ -1364,3 +1376,263 @@ async def test_a_client_the_proxy_holds_back_is_not_cut_for_its_rate(
     await asyncio.sleep(1.0)  # five rate windows without a byte from the client
     assert not client.streams[sid].done
     assert proxy.sample("http_client_errors_total", status_code="408") == 0
+
+
+# -- a hostile client, end to end --
+
+
+async def held_unless(path: bytes, release: asyncio.Event, request: UpstreamRequest) -> None:
+    """Requests for `path` wait for `release` (or the proxy's reset); the rest are echoed."""
+    if request.header(b":path") != path:
+        await echo(request)
+        return
+    await asyncio.wait_for(release.wait(), TIMEOUT)
+    if request.reset is None:
+        request.respond(200, end=True)
+
+
+async def test_frames_on_a_refused_stream_are_dropped_and_the_connection_lives(
+    h2proxy, upstream, clients
+) -> None:
+    release = asyncio.Event()
+    up, addr = await upstream(partial(held_unless, b"/held", release))
+    proxy = await h2proxy(addr, limits=HttpLimits(max_concurrent_streams=1))
+    client = await clients(proxy.port)
+    await client.until(lambda: client.h2.remote_settings.max_concurrent_streams == 1)
+    client.h2.remote_settings[SettingCodes.MAX_CONCURRENT_STREAMS] = 100
+    client.h2.remote_settings.acknowledge()
+    held = client.request(request_headers(proxy.port, b"/held"))
+    refused = client.request(request_headers(proxy.port, b"/refused"), end=False)
+    assert (await client.response(refused)).reset == ErrorCodes.REFUSED_STREAM
+    # The client goes on as if it had not heard: body, trailers, credit, priority, reset.
+    trailers = client.h2.encoder.encode([(b"x-trailer", b"1")])
+    client.write(
+        DataFrame(refused, b"x" * 16000).serialize()
+        + DataFrame(refused, b"y" * 100, flags=["PADDED"], pad_length=50).serialize()
+        + HeadersFrame(refused, trailers, flags=["END_HEADERS", "END_STREAM"]).serialize()
+        + WindowUpdateFrame(refused, window_increment=1000).serialize()
+        + PriorityFrame(refused, depends_on=0, stream_weight=16).serialize()
+        + RstStreamFrame(refused, error_code=ErrorCodes.CANCEL).serialize()
+    )
+    release.set()
+    assert (await client.response(held)).status == 200
+    got = await client.get(proxy.port, b"/after", b"body")
+    assert got.status == 200 and bytes(got.body) == b"body"
+    assert client.goaway is None and not client.eof
+    assert [r.header(b":path") for r in up.requests] == [b"/held", b"/after"]
+    await assert_proxy_serves(proxy, clients)
+
+
+async def test_data_past_a_stream_window_resets_only_that_stream(
+    h2proxy, upstream, clients
+) -> None:
+    release = asyncio.Event()
+    up, addr = await upstream(partial(held_unless, b"/held", release))
+    up.ack = False  # the upstream takes 64 KiB of the body and no more
+    proxy = await h2proxy(addr, limits=HttpLimits(max_body_buffer=16384))
+    client = await clients(proxy.port)
+    sid = client.request(request_headers(proxy.port, b"/held", b"POST"), end=False)
+    # 100 KB at once: past the proxy's 16 KiB window plus what the upstream took.
+    client.write(b"".join(DataFrame(sid, b"x" * 10000).serialize() for _ in range(10)))
+    assert (await client.response(sid)).reset == ErrorCodes.FLOW_CONTROL_ERROR
+    release.set()
+    assert (await client.get(proxy.port, b"/after")).status == 200
+    # whether it had been sent upstream or not, the stream is gone there too
+    assert all(r.reset is not None for r in up.requests if r.header(b":path") == b"/held")
+    assert client.goaway is None and not client.eof
+    await assert_proxy_serves(proxy, clients)
+
+
+async def test_data_past_the_connection_window_is_a_flow_control_goaway(
+    h2proxy, upstream, clients
+) -> None:
+    release = asyncio.Event()
+    up, addr = await upstream(partial(held_unless, b"/", release))
+    up.ack = False
+    proxy = await h2proxy(addr, limits=HttpLimits(max_body_buffer=16384))
+    sock = await raw_connection(proxy.port)
+    reader = asyncio.create_task(read_until_closed(sock))
+    frames = bytearray(PREFACE)
+    encoder = Encoder()
+    for sid in range(1, 21, 2):  # 10 streams, each within its own 16 KiB window: 160 KiB
+        block = encoder.encode(request_headers(proxy.port, method=b"POST"))
+        frames += HeadersFrame(sid, block, flags=["END_HEADERS"]).serialize()
+        frames += DataFrame(sid, b"x" * 16384).serialize()
+    # ...past the connection's 64 KiB plus the 64 KiB the upstream took
+    await send_all(sock, bytes(frames))
+    assert goaway_code(await reader) == ErrorCodes.FLOW_CONTROL_ERROR
+    release.set()
+    await assert_proxy_serves(proxy, clients)
+
+
+async def test_an_initial_window_shrunk_to_0_mid_response_stops_it_until_it_grows(
+    h2proxy, upstream, clients
+) -> None:
+    body = bytes(range(256)) * 4096  # 1 MiB
+
+    async def big(request: UpstreamRequest) -> None:
+        request.respond(200)
+        await request.send(body, end=True)
+
+    _, addr = await upstream(big)
+    proxy = await h2proxy(addr, limits=HttpLimits(max_body_buffer=64 * 1024))
+    client = await clients(proxy.port)
+    client.h2.increment_flow_control_window(1 << 24)  # only the stream's window binds
+    sid = client.request(request_headers(proxy.port))
+    await client.until(lambda: len(client.streams[sid].body) >= 100_000)
+    client.ack = False
+    client.h2.update_settings({SettingCodes.INITIAL_WINDOW_SIZE: 0})
+    client.flush()
+    await client.until(lambda: client.h2.local_settings.initial_window_size == 0)
+    stopped_at = len(client.streams[sid].body)
+    await asyncio.sleep(0.3)
+    # h2 fails the connection for any byte past the window; nothing more arrived either.
+    assert len(client.streams[sid].body) == stopped_at < len(body)
+    assert not client.eof and client.goaway is None
+    client.ack = True
+    client.h2.update_settings({SettingCodes.INITIAL_WINDOW_SIZE: 1 << 20})
+    client.flush()
+    got = await client.response(sid)
+    assert got.ended and bytes(got.body) == body
+    assert (await client.get(proxy.port, b"/after")).status == 200
+
+
+async def test_a_max_frame_size_change_mid_response_is_followed(h2proxy, upstream, clients) -> None:
+    body = bytes(range(256)) * 8192  # 2 MiB
+
+    async def big(request: UpstreamRequest) -> None:
+        request.respond(200)
+        await request.send(body, end=True)
+
+    _, addr = await upstream(big)
+    proxy = await h2proxy(addr)
+    client = await clients(proxy.port)
+    client.h2.increment_flow_control_window(1 << 24)
+    sid = client.request(request_headers(proxy.port))
+    await client.until(lambda: len(client.streams[sid].body) >= 200_000)
+    client.h2.update_settings({SettingCodes.MAX_FRAME_SIZE: 1 << 20})
+    client.flush()
+    await client.until(lambda: len(client.streams[sid].body) >= 1_000_000)
+    client.h2.update_settings({SettingCodes.MAX_FRAME_SIZE: 16384})  # h2 checks every frame
+    client.flush()
+    got = await client.response(sid)
+    assert got.ended and bytes(got.body) == body
+    assert (await client.get(proxy.port, b"/after")).status == 200
+    client.write(SettingsFrame(0, settings={SettingCodes.MAX_FRAME_SIZE: 16383}).serialize())
+    await client.until(lambda: client.eof)
+    assert client.goaway is not None and client.goaway.error_code == ErrorCodes.PROTOCOL_ERROR
+    await assert_proxy_serves(proxy, clients)
+
+
+@pytest.mark.parametrize("wave", [50, 100, 250])
+async def test_streams_opened_and_reset_in_waves_are_rapid_reset(
+    h2proxy, upstream, clients, wave
+) -> None:
+    """1,000 streams, opened a wave at a time and reset once the wave is in: a client pacing
+    its resets is still found out."""
+    _, addr = await upstream(echo_unless_reset)
+    proxy = await h2proxy(addr)
+    sock = await raw_connection(proxy.port)
+    reader = asyncio.create_task(read_until_closed(sock))
+    encoder = Encoder()
+    await send_all(sock, PREFACE)
+    for first in range(0, 1000, wave):
+        sids = [2 * i + 1 for i in range(first, first + wave)]
+        opened = b"".join(
+            HeadersFrame(sid, encoder.encode(request_headers(proxy.port, method=b"POST")),
+                         flags=["END_HEADERS"]).serialize()
+            for sid in sids
+        )  # fmt: skip
+        resets = b"".join(RstStreamFrame(s, error_code=ErrorCodes.CANCEL).serialize() for s in sids)
+        try:  # the reader closes the socket once the proxy closed the connection
+            if reader.done() or not await send_all(sock, opened + resets):
+                break
+        except OSError:
+            break
+        await asyncio.sleep(0.02)
+    assert raw_goaway_code(await reader) == ErrorCodes.ENHANCE_YOUR_CALM
+    assert proxy.sample("http_client_errors_total", status_code="enhance_your_calm") == 1
+    await assert_proxy_serves(proxy, clients)
+
+
+def split_head(client: Client, sid: int, headers: Headers, pieces: int) -> bytes:
+    """The request head h2 would send on `sid`, its block cut into HEADERS and `pieces` - 1
+    CONTINUATION frames (h2's stream state and HPACK table follow as if it had sent it)."""
+    client.flush()
+    client.h2.send_headers(sid, headers, end_stream=True)
+    client.streams[sid] = Received()
+    data = client.h2.data_to_send()
+    assert data[3] == 0x1 and len(data) == 9 + int.from_bytes(data[:3], "big")
+    block = data[9:]
+    size = -(-len(block) // pieces)
+    chunks = [block[at : at + size] for at in range(0, len(block), size)]
+    chunks += [b""] * (pieces - len(chunks))
+    out = HeadersFrame(sid, chunks[0], flags=["END_STREAM"]).serialize()
+    for i, chunk in enumerate(chunks[1:], start=2):
+        flags = ["END_HEADERS"] if i == pieces else []
+        out += ContinuationFrame(sid, chunk, flags=flags).serialize()
+    return out
+
+
+async def test_header_blocks_in_many_continuations_within_the_limit_are_served(
+    h2proxy, upstream, clients
+) -> None:
+    up, addr = await upstream(echo)
+    proxy = await h2proxy(addr)
+    client = await clients(proxy.port)
+    headers = [
+        *request_headers(proxy.port, b"/split"),
+        *[(b"x-h%d" % i, b"v" * 50) for i in range(40)],
+    ]
+    for pieces in (2, 17, 33):  # up to HEADERS and 32 CONTINUATIONs
+        sid = client.h2.get_next_available_stream_id()
+        client.write(split_head(client, sid, headers, pieces))
+        got = await client.response(sid)
+        assert got.status == 200, pieces
+    big = client.request([*request_headers(proxy.port, b"/big"), (b"x-big", b"b" * 40_000)])
+    assert (await client.response(big)).status == 200  # h2 cuts it at 16 KiB frames
+    assert up.requests[-1].header(b"x-big") == b"b" * 40_000
+    sid = client.h2.get_next_available_stream_id()
+    client.write(split_head(client, sid, headers, 34))  # one CONTINUATION too many
+    await client.until(lambda: client.eof)
+    assert client.goaway is not None and client.goaway.error_code == ErrorCodes.PROTOCOL_ERROR
+    await assert_proxy_serves(proxy, clients)
+
+
+async def test_a_client_that_never_reads_stops_the_upstream_whatever_its_windows(
+    h2proxy, upstream, clients
+) -> None:
+    """Windows wide open, socket never read: the write buffer's high-water mark stops the
+    relay, the upstream gets no more credit, and what the proxy holds stays bounded."""
+    body = bytes(range(256)) * 65536  # 16 MiB
+    finished = asyncio.Event()
+
+    async def big(request: UpstreamRequest) -> None:
+        request.respond(200)
+        with contextlib.suppress(TimeoutError):
+            await request.send(body, end=True)
+            finished.set()
+
+    up, addr = await upstream(big)
+    limits = HttpLimits(max_body_buffer=64 * 1024)
+    proxy = await h2proxy(addr, limits=limits)
+    proxy.engine.listener.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)
+    sock = await raw_connection(proxy.port, rcvbuf=4096)
+    window = SettingsFrame(0, settings={SettingCodes.INITIAL_WINDOW_SIZE: 2**31 - 1})
+    await send_all(
+        sock,
+        PREFACE
+        + window.serialize()
+        + WindowUpdateFrame(0, window_increment=2**31 - 1 - 65535).serialize()
+        + encode_request(proxy.port, 1),
+    )
+    await eventually(lambda: bool(up.requests) and up.requests[0].sent > 0)
+    await asyncio.sleep(0.5)
+    sent = up.requests[0].sent
+    await asyncio.sleep(0.5)
+    assert up.requests[0].sent == sent  # stopped, not trickling
+    # kernel buffers + the transport's high-water mark + the stream's window, with room
+    assert sent < 2 * 1024 * 1024, sent
+    assert not finished.is_set()
+    sock.close()
+    await assert_proxy_serves(proxy, clients)
