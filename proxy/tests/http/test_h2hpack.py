@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import time
+
 import hpack
+import hpack.huffman
+import hpack.huffman_constants
 import pytest
 from hpack import HeaderTuple, NeverIndexedHeaderTuple
 from hpack.exceptions import HPACKDecodingError, InvalidTableSizeError, OversizedHeaderListError
@@ -149,3 +153,32 @@ def test_the_huffman_cache_is_bounded() -> None:
     long = b"v" * 200  # past the cached length: decoded, not kept
     got = Decoder().decode(encoder.encode([NeverIndexedHeaderTuple(b"x-long", long)]))
     assert got[0][1] == long and long not in h2hpack._HUFFMAN_CACHE.values()
+
+
+def test_a_huffman_literal_too_long_to_fit_is_refused_before_it_is_decoded() -> None:
+    """437 KB of Huffman code (`a` is 5 bits: 700,000 octets) took ~170 ms to decode before
+    the header list's limit refused it: a peer could buy that CPU with every connection."""
+    eight = hpack.huffman.HuffmanEncoder(
+        hpack.huffman_constants.REQUEST_CODES, hpack.huffman_constants.REQUEST_CODES_LENGTH
+    ).encode(b"a" * 8)
+    coded = eight * 87_500  # 5 bytes for 8 octets, on byte boundaries
+    block = bytearray([0x00, 0x01]) + b"x"  # a literal, not indexed, with a new name "x"
+    h2hpack._put_integer(block, len(coded), 0x7F, 0x80)
+    block += coded
+    started = time.process_time()
+    with pytest.raises(OversizedHeaderListError):
+        Decoder(max_header_list_size=65536).decode(bytes(block))
+    assert time.process_time() - started < 0.05
+
+
+def test_the_least_a_huffman_literal_decodes_to_is_a_lower_bound() -> None:
+    """No literal that fits is refused early: the longest codes (30 bits) decode to the
+    fewest octets, and a value exactly at the limit still decodes."""
+    value = bytes([10, 13, 22]) * 100  # among the 30-bit codes
+    block = Encoder().encode([(b"x", value)])
+    coded = hpack.Encoder().encode([(b"x", value)], huffman=True)
+    limit = len(b"x") + len(value) + 32
+    assert Decoder(max_header_list_size=limit).decode(coded) == [(b"x", value)]
+    assert Decoder(max_header_list_size=limit).decode(block) == [(b"x", value)]
+    with pytest.raises(OversizedHeaderListError):
+        Decoder(max_header_list_size=limit - 1).decode(coded)

@@ -40,6 +40,7 @@ for _i, (_name, _value) in enumerate(HeaderTable.STATIC_TABLE, start=1):
     _STATIC_FIELDS.setdefault((_name, _value), _i)
     _STATIC_NAMES.setdefault(_name, _i)
 _MAX_INT_SHIFT: Final = 28  # integers past 2**28 are refused (no legitimate use)
+_HUFFMAN_MAX_BITS: Final = 30  # the longest Huffman code: n coded bytes hold >= 8n/30 octets
 # Huffman-coded strings decoded lately: peers that do not index (nginx sends every response
 # header as a literal) repeat the same few, and hpack's decoder walks them bit by bit. Bounded:
 # short strings only, and forgotten all at once when full.
@@ -133,7 +134,9 @@ class Decoder:
             old = entries.pop()
             self._size -= len(old[0]) + len(old[1]) + ENTRY_OVERHEAD
 
-    def _string(self, data: bytes, pos: int) -> tuple[bytes, int]:
+    def _string(self, data: bytes, pos: int, room: int) -> tuple[bytes, int]:
+        """A string literal at `pos`; refused unread when it cannot fit in `room` bytes (a
+        Huffman-coded one by the least it can decode to: decoding is the costly part)."""
         if pos >= len(data):
             raise HPACKDecodingError("truncated string")
         byte = data[pos]
@@ -144,6 +147,10 @@ class Decoder:
         end = pos + length
         if end > len(data):
             raise HPACKDecodingError("truncated string")
+        if (length * 8 // _HUFFMAN_MAX_BITS if byte & 0x80 else length) > room:
+            raise OversizedHeaderListError(
+                f"a header list larger than {self.max_header_list_size} bytes"
+            )
         if byte & 0x80:
             return _huffman(data[pos:end]), end
         return data[pos:end], end
@@ -177,11 +184,12 @@ class Decoder:
                 pos += 1
                 if index == mask:
                     index, pos = _integer(data, pos, index)
+                room = limit - size - ENTRY_OVERHEAD
                 if index:
                     name = self._get(index)[0]
                 else:
-                    name, pos = self._string(data, pos)
-                value, pos = self._string(data, pos)
+                    name, pos = self._string(data, pos, room)
+                value, pos = self._string(data, pos, room - len(name))
                 header = kind(name, value)
                 if mask == 0x3F:
                     self._add(header)
