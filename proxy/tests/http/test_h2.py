@@ -49,6 +49,7 @@ from hyperframe.frame import (
 )
 
 from meshlet.proxy.http.contract import HttpLimits
+from meshlet.proxy.http.h2conn import HIGH_WATER
 from meshlet.proxy.http.h2guard import GuardLimits
 from meshlet.proxy.http.h2pool import H2Pool
 from meshlet.proxy.http.h2server import serve_h2
@@ -1631,8 +1632,8 @@ async def test_a_client_that_never_reads_stops_the_upstream_whatever_its_windows
     sent = up.requests[0].sent
     await asyncio.sleep(0.5)
     assert up.requests[0].sent == sent  # stopped, not trickling
-    # kernel buffers + the transport's high-water mark + the stream's window, with room
-    assert sent < 2 * 1024 * 1024, sent
+    # the transport's high-water mark + the stream's window + kernel buffers (~390 KB here)
+    assert sent < HIGH_WATER + limits.max_body_buffer + 512 * 1024, sent
     assert not finished.is_set()
     sock.close()
     await assert_proxy_serves(proxy, clients)
