@@ -33,6 +33,7 @@ from meshlet.proxy.http.h2codec import (
     ErrorCode,
     ProtocolError,
 )
+from meshlet_testing.h2handler import RecordingHandler
 
 WINDOW = 65536
 FUZZ_STREAM_WINDOW = 16384  # small: a peer overruns it within a few frames
@@ -50,20 +51,19 @@ REQUEST = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/"),
            (b":authority", b"web:80")]  # fmt: skip
 
 
-class Acting:
+class Acting(RecordingHandler):
     """The codec's handler: records every call and acts on some as the engine does (credits
     body bytes back, except on streams 5 and 13, whose bytes it holds until they are reset;
     answers or refuses streams by their id), so that the same calls mean the same output
     whatever the split."""
 
     def __init__(self) -> None:
-        self.calls: list[tuple[Any, ...]] = []
-        self.closed = False
+        super().__init__()
         self.codec: Codec | None = None
         self.held: dict[int, int] = {}  # bytes passed on and not acknowledged, by stream
 
     def on_head(self, sid: int, headers: Any, end: bool) -> None:
-        self.calls.append(("head", sid, list(headers), end))
+        super().on_head(sid, headers, end)
         codec = self.codec
         assert codec is not None
         if codec.client_side:
@@ -73,15 +73,9 @@ class Acting:
         else:
             codec.send_headers(sid, [(b":status", b"200")], False)
 
-    def on_informational(self, sid: int, headers: Any) -> None:
-        self.calls.append(("informational", sid, list(headers)))
-
-    def on_trailers(self, sid: int, headers: Any) -> None:
-        self.calls.append(("trailers", sid, list(headers)))
-
     def on_data(self, sid: int, data: bytes, flow_len: int, end: bool) -> None:
         assert flow_len >= len(data), (flow_len, len(data))
-        self.calls.append(("data", sid, data, flow_len, end))
+        super().on_data(sid, data, flow_len, end)
         assert self.codec is not None
         if sid % 8 == 5:
             self.held[sid] = self.held.get(sid, 0) + flow_len
@@ -89,21 +83,9 @@ class Acting:
             self.codec.acknowledge(sid, flow_len)
 
     def on_reset(self, sid: int, code: int) -> None:
-        self.calls.append(("reset", sid, code))
+        super().on_reset(sid, code)
         assert self.codec is not None
         self.codec.acknowledge(sid, self.held.pop(sid, 0))
-
-    def on_window(self, sid: int) -> None:
-        self.calls.append(("window", sid))
-
-    def on_settings(self) -> None:
-        self.calls.append(("settings",))
-
-    def on_goaway(self, code: int, last_sid: int, debug: bytes) -> None:
-        self.calls.append(("goaway", code, last_sid, debug))
-
-    def on_control(self) -> None:
-        self.calls.append(("control",))
 
 
 def codec_for(client_side: bool) -> tuple[Codec, Acting]:
