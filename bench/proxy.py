@@ -2,11 +2,11 @@
 
 For HTTP/1.1 keep-alive, HTTP/2 (h2c), gRPC unary and TCP bulk, each proxy (or pair) is started
 fresh, checked with one real request, then driven (1) at saturation for a fixed time (wrk,
-h2load, iperf3) and (2) at a fixed request rate (h2load --rps, per-request log). The proxies'
-CPU is utime+stime of their process trees from /proc before and after each run, divided by the
-requests (or MiB) completed; RSS is VmRSS of each tree, idle after start and peak under load.
-Load generators, upstreams, the control plane and this script share CPU 0; the proxies under
-test have CPU 1.
+h2load, iperf3) and (2) at a fixed request rate (h2load --rps, arrivals evenly spaced,
+per-request log). The proxies' CPU is utime+stime of their process trees from /proc before and
+after each run, divided by the requests (or MiB) completed; RSS is VmRSS of each tree, idle
+after start and peak under load. Load generators, upstreams, the control plane and this
+script share CPU 0; the proxies under test have CPU 1.
 
 Proxies (bench/proxy_launch.py): `direct` (none), one hop (`meshlet`, `envoy`, `nginx`,
 `haproxy`) and meshed pairs (`meshlet-mesh`, `envoy-mesh`, `nginx-mesh`, `haproxy-mesh`): a

@@ -43,8 +43,21 @@ def h2load(
     body_file: str | None = None,
     headers: Sequence[str] = (),
 ) -> list[str]:
-    """h2load for `seconds` (timing-based, no warm-up); `body_file` makes it a POST."""
-    argv = ["h2load", "-t1", f"-c{clients}", f"-m{streams}", f"-D{seconds:g}"]
+    """h2load for `seconds` (no warm-up); `body_file` makes it a POST.
+
+    At saturation the run is timing-based (-D). At a fixed rate (`rps_per_client`) the clients'
+    request timers must not tick together: h2load starts every client at once, so each tick
+    would send `clients` requests in one burst and measure the queue that burst makes behind
+    a one-core proxy rather than the proxy's latency. So the clients are started one by one,
+    1 / (clients * rps) apart (-r1 --rate-period, to the millisecond), and their requests then
+    arrive evenly spaced; the run is counted in requests (-n: -r excludes -D)."""
+    argv = ["h2load", "-t1", f"-c{clients}", f"-m{streams}"]
+    if rps_per_client is None:
+        argv.append(f"-D{seconds:g}")
+    else:
+        rate = clients * rps_per_client  # h2load's periods are whole milliseconds
+        starts, period_ms = (1, round(1000 / rate)) if rate <= 1000 else (round(rate / 1000), 1)
+        argv += [f"-n{round(rate * seconds)}", f"-r{starts}", f"--rate-period={period_ms}ms"]
     argv += ["-H", f":authority: {authority}"]
     for header in headers:
         argv += ["-H", header]

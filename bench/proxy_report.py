@@ -285,7 +285,8 @@ def render(rows: Sequence[Row], facts: RunFacts) -> str:
         f"- every run lasts {f.duration:g} s.{quick} Saturation: wrk -c{f.h1_connections} "
         f"(HTTP/1.1), h2load -c{f.h2_clients} -m{f.h2_streams} (h2, gRPC), one iperf3 stream "
         f"(TCP). Fixed rate: **{rate} req/s** for every HTTP scenario (h2load --rps over "
-        f"{f.rate_clients} connections, one request in flight each; p50/p99 from its "
+        f"{f.rate_clients} connections, one request in flight each, the connections started "
+        "one by one so that requests arrive evenly spaced, not in bursts; p50/p99 from its "
         "per-request log; *added* = minus going direct's)",
         "- proxy CPU: utime+stime of the proxies' process trees (/proc/<pid>/stat; every "
         "worker and thread) over the run, divided by the requests completed (TCP: by MiB "
