@@ -86,11 +86,13 @@ class Resp(enum.Enum):
     DONE = "done"
 
 
-class Pause(enum.Flag):
-    NONE = 0
-    UPSTREAM_FULL = enum.auto()  # the upstream's write buffer is full
-    BACKLOG = enum.auto()  # body bytes wait for an upstream
-    INBOX = enum.auto()  # bytes of a next request wait for the current response
+class Pause:
+    """Bits of a set (plain ints: `enum.Flag`'s operators are Python code, on every request)."""
+
+    NONE: Final = 0
+    UPSTREAM_FULL: Final = 1  # the upstream's write buffer is full
+    BACKLOG: Final = 2  # body bytes wait for an upstream
+    INBOX: Final = 4  # bytes of a next request wait for the current response
 
 
 class Reject(Exception):
@@ -223,7 +225,7 @@ class H1Machine:
         self._parser: Any = httptools.HttpRequestParser(self)
         self.conn = Conn.OPEN
         self.parse = Parse.IDLE
-        self._pause = Pause.NONE
+        self._pause: int = Pause.NONE
         self._write_paused = False
         self._eof = False  # the client half-closed
         self._lost = False  # the client connection is gone
@@ -816,12 +818,12 @@ class H1Machine:
 
     # -- flow control ----------------------------------------------------------------------
 
-    def _pause_reading(self, reason: Pause) -> None:
+    def _pause_reading(self, reason: int) -> None:
         if not self._pause and not self._closed():
             self.io.pause_reading()
         self._pause |= reason
 
-    def _resume_reading(self, reason: Pause) -> None:
+    def _resume_reading(self, reason: int) -> None:
         if self._pause & reason:
             self._pause &= ~reason
             if not self._pause and not self._closed():
