@@ -19,6 +19,7 @@ from meshlet.proxy.io.connect import tcp_connector
 from meshlet.proxy.io.listener import Accepted
 from meshlet.proxy.metrics import ProxyMetrics
 from meshlet.proxy.routing import FixedPicker
+from meshlet_testing.lease import RecordingLease
 
 
 def count(metrics: ProxyMetrics, name: str, **labels: str) -> float:
@@ -55,31 +56,17 @@ async def echo() -> AsyncIterator[Addr]:
     await server.wait_closed()
 
 
-class Lease:
-    def __init__(self) -> None:
-        self.events: list[str] = []
-
-    def responded(self) -> None:
-        self.events.append("responded")
-
-    def release(self) -> None:
-        self.events.append("release")
-
-    def failed(self) -> None:
-        self.events.append("failed")
-
-
 class Script:
     """Picks each endpoint of `addrs` in turn, each with its own lease."""
 
     def __init__(self, *addrs: Addr) -> None:
         self.addrs = list(addrs)
-        self.leases: list[Lease] = []
+        self.leases: list[RecordingLease] = []
 
     async def pick(self) -> Endpoint | RouteError:
         if not self.addrs:
             return RouteError(503, "no endpoints left")
-        lease = Lease()
+        lease = RecordingLease()
         self.leases.append(lease)
         addr = self.addrs.pop(0)
         return Endpoint(addr, f"{addr[0]}:{addr[1]}", lease=lease)

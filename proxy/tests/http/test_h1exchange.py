@@ -35,6 +35,7 @@ from meshlet.proxy.http.h1exchange import (
 from meshlet.proxy.http.recorder import Recorder
 from meshlet.proxy.metrics import ProxyMetrics
 from meshlet.proxy.routing import FixedPicker
+from meshlet_testing.lease import RecordingLease
 
 POD: Addr = ("10.0.0.7", 8080)
 LIMITS = HttpLimits()
@@ -126,22 +127,6 @@ class Upstream:
         return bytes(self.transport.sent)
 
 
-class Lease:
-    """A balancer's lease, as the machine reports to it."""
-
-    def __init__(self) -> None:
-        self.events: list[str] = []
-
-    def responded(self) -> None:
-        self.events.append("responded")
-
-    def release(self) -> None:
-        self.events.append("release")
-
-    def failed(self) -> None:
-        self.events.append("failed")
-
-
 class Client:
     """One client connection to the machine. The `Io` side records the machine's effects; the
     methods below play the shell's part, one event at a time."""
@@ -231,7 +216,7 @@ class Client:
         self,
         policy: RoutePolicy = DEFAULT_ROUTE,
         budget: RetryBudget | None = None,
-        lease: Lease | None = None,
+        lease: RecordingLease | None = None,
         reused: bool = False,
     ) -> Upstream:
         """Routes (the first time), picks (when no endpoint is held) and attaches the exchange
@@ -662,7 +647,7 @@ async def test_a_request_is_replayed_only_when_its_body_fits_the_replay_limit(
 async def test_nothing_is_retried_once_a_response_byte_went_to_the_client() -> None:
     client = Client()
     client.send(get())
-    lease = Lease()
+    lease = RecordingLease()
     upstream = client.connect(retryable(), generous(), lease)
     upstream.respond(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhalf")
     upstream.lost(ConnectionResetError())
@@ -698,7 +683,7 @@ async def test_a_stale_pooled_connection_is_retried_once_on_a_fresh_one_to_the_s
 ):
     client = Client()
     client.send(post(b"once"))
-    lease = Lease()
+    lease = RecordingLease()
     stale = client.connect(lease=lease, reused=True)
     stale.lost(None)  # closed before any byte: the pool had kept a dead connection
     ex = client.exchange
@@ -771,7 +756,7 @@ async def test_a_balanced_endpoint_that_cannot_be_reached_is_skipped_up_to_the_l
     leases = []
     again = []
     for _ in range(MAX_CONNECTS):
-        lease = Lease()
+        lease = RecordingLease()
         leases.append(lease)
         client.machine.picked(ex, Endpoint(POD, "web:80", lease=lease))
         again.append(client.machine.connect_failed(ex, Failure.CONNECT, "refused"))
@@ -842,7 +827,7 @@ async def test_a_bad_chunk_after_the_head_was_forwarded_aborts_the_upstream() ->
 async def test_a_lost_client_aborts_the_upstream_and_releases_the_lease() -> None:
     client = Client()
     client.send(get())
-    lease = Lease()
+    lease = RecordingLease()
     upstream = client.connect(lease=lease)
     client.machine.lost()
     assert upstream.transport.aborted and lease.events == ["release"]

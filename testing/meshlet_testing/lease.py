@@ -1,0 +1,19 @@
+"""A balancer's lease that records what the proxy tells it (http/contract.py's `Lease`)."""
+
+from __future__ import annotations
+
+
+class RecordingLease:
+    """Each call, in order: "responded", "release", "failed"."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    def responded(self) -> None:
+        self.events.append("responded")
+
+    def release(self) -> None:
+        self.events.append("release")
+
+    def failed(self) -> None:
+        self.events.append("failed")
