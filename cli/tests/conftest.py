@@ -38,6 +38,19 @@ def meshlet(capsys: pytest.CaptureFixture[str]) -> Callable[..., Run]:
 
 
 @pytest.fixture
+def unreachable_kubeconfig(tmp_path: Path) -> Path:
+    """A kubeconfig whose API server address nothing listens on."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: x\n"
+        "clusters: [{name: c, cluster: {server: 'http://127.0.0.1:9'}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: x, context: {cluster: c, user: u}}]\n"
+    )
+    return kubeconfig
+
+
+@pytest.fixture
 def background() -> Iterator[BackgroundLoop]:
     with BackgroundLoop() as loop:
         yield loop

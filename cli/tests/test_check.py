@@ -167,14 +167,10 @@ def test_old_kubernetes(cluster: Cluster) -> None:
     assert "Kubernetes 1.28 has no native sidecars (needs 1.29)" in run.out
 
 
-def test_unreachable_cluster(meshlet: Callable[..., Any], tmp_path: Path) -> None:
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: x\n"
-        "clusters: [{name: c, cluster: {server: 'http://127.0.0.1:9'}}]\n"
-        "users: [{name: u, user: {token: t}}]\n"
-        "contexts: [{name: x, context: {cluster: c, user: u}}]\n"
-    )
+def test_unreachable_cluster(
+    meshlet: Callable[..., Any], tmp_path: Path, unreachable_kubeconfig: Path
+) -> None:
+    kubeconfig = unreachable_kubeconfig
     run = meshlet("check", "--kubeconfig", str(kubeconfig))
     assert run.code == 1
     assert f"{CROSS} can query the Kubernetes API" in run.out

@@ -116,14 +116,8 @@ def test_not_yaml(meshlet: Callable[..., Any], tmp_path: Path) -> None:
     assert run.code == 64 and "not YAML" in run.err
 
 
-def test_no_cluster(meshlet: Callable[..., Any], tmp_path: Path) -> None:
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: x\n"
-        "clusters: [{name: c, cluster: {server: 'http://127.0.0.1:9'}}]\n"
-        "users: [{name: u, user: {token: t}}]\n"
-        "contexts: [{name: x, context: {cluster: c, user: u}}]\n"
-    )
+def test_no_cluster(meshlet: Callable[..., Any], unreachable_kubeconfig: Path) -> None:
+    kubeconfig = unreachable_kubeconfig
     run = meshlet("inject", "--manual", "--kubeconfig", str(kubeconfig), str(APP))
     assert run.code == 1
     assert "cannot reach the Kubernetes API" in run.err and "Traceback" not in run.err

@@ -213,14 +213,10 @@ def test_mistakes_are_named_without_a_traceback(
     assert "Traceback" not in run.err and run.out == ""
 
 
-def test_unreachable_cluster(meshlet: Callable[..., Any], tmp_path: Path) -> None:
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: x\n"
-        "clusters: [{name: c, cluster: {server: 'http://127.0.0.1:9'}}]\n"
-        "users: [{name: u, user: {token: t}}]\n"
-        "contexts: [{name: x, context: {cluster: c, user: u}}]\n"
-    )
+def test_unreachable_cluster(
+    meshlet: Callable[..., Any], tmp_path: Path, unreachable_kubeconfig: Path
+) -> None:
+    kubeconfig = unreachable_kubeconfig
     run = meshlet("stat", "deploy", "--kubeconfig", str(kubeconfig))
     assert run.code == 1
     assert run.err.startswith("Error: cannot reach the Kubernetes API: ")
