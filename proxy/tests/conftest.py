@@ -45,6 +45,7 @@ class EngineProxy:
     closing: asyncio.Event
     listener: Listener
     routes: list[str | None] = field(default_factory=list)  # authorities asked for
+    awaited: int = 0  # of those, asked by awaiting `route` (not answered by `route_now`)
 
 
 @pytest.fixture
@@ -57,16 +58,29 @@ async def engine_proxy() -> AsyncIterator[Callable[..., Awaitable[EngineProxy]]]
 
     async def start(
         engine: Engine, upstream: tuple[str, int] | None, limits: HttpLimits | None = None,
-        **conn: Any,
+        waits: bool = False, **conn: Any,
     ) -> EngineProxy:  # fmt: skip
+        """`waits`: routing and picking answer only when awaited (as while discovery has
+        not answered), so the engine takes its slower path for every request."""
         metrics = ProxyMetrics()
         closing = asyncio.Event()
         proxy: EngineProxy
 
+        class Picker(FixedPicker):
+            def pick_now(self) -> None:
+                return None
+
         class Router:
             """Every request to `upstream`, or, without one, to its authority."""
 
+            def route_now(self, request: RequestTarget) -> RouteTarget | RouteError | None:
+                return None if waits else self.routed(request)
+
             async def route(self, request: RequestTarget) -> RouteTarget | RouteError:
+                proxy.awaited += 1
+                return self.routed(request)
+
+            def routed(self, request: RequestTarget) -> RouteTarget | RouteError:
                 authority = request.authority
                 proxy.routes.append(authority)
                 if upstream is not None:
@@ -78,8 +92,8 @@ async def engine_proxy() -> AsyncIterator[Callable[..., Awaitable[EngineProxy]]]
                     if not port.isdigit():
                         return RouteError(400, "authority without port")
                     endpoint = Endpoint((host.strip("[]"), int(port)), authority)
-                return RouteTarget(endpoint.authority_label, DEFAULT_ROUTE, None,
-                                   FixedPicker(endpoint))  # fmt: skip
+                picker = Picker(endpoint) if waits else FixedPicker(endpoint)
+                return RouteTarget(endpoint.authority_label, DEFAULT_ROUTE, None, picker)
 
         async def handle(accepted: Accepted) -> None:
             await engine(

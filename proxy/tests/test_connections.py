@@ -63,6 +63,9 @@ class Script:
         self.addrs = list(addrs)
         self.leases: list[RecordingLease] = []
 
+    def pick_now(self) -> None:
+        return None  # the relay asks `pick`
+
     async def pick(self) -> Endpoint | RouteError:
         if not self.addrs:
             return RouteError(503, "no endpoints left")

@@ -17,6 +17,9 @@ class FixedPicker:
 
     endpoint: Endpoint
 
+    def pick_now(self) -> Endpoint | RouteError:
+        return self.endpoint
+
     async def pick(self) -> Endpoint | RouteError:
         return self.endpoint
 
@@ -33,6 +36,9 @@ class FixedRouter:
         self._by_label: dict[str, RouteTarget] = {default: self._default}  # few labels
 
     async def route(self, request: RequestTarget) -> RouteTarget | RouteError:
+        return self.route_now(request)
+
+    def route_now(self, request: RequestTarget) -> RouteTarget | RouteError:
         if not request.authority:
             return self._default
         label = self._metrics.authority_label(request.authority)

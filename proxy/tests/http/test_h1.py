@@ -268,6 +268,31 @@ async def test_keep_alive_requests_share_one_upstream_connection(
     assert [r.target for r in upstream.requests] == [b"/n/%d" % i for i in range(5)]
 
 
+@pytest.mark.parametrize("waits", [False, True], ids=["routed-at-once", "routing-waits"])
+async def test_requests_are_relayed_whether_routing_waits_or_not(
+    engine_proxy: Any, upstream: Upstream, clients: Any, waits: bool
+) -> None:
+    """Routing that answers at once is used inside the parser's callbacks (no task turn);
+    routing that must wait goes through the task. Both relay the same, errors included."""
+    proxy = await engine_proxy(serve_h1, None, waits=waits)
+    client = await clients(proxy.port)
+    host = f"{upstream.addr[0]}:{upstream.addr[1]}"
+    chunked = b"POST /2 HTTP/1.1\r\nHost: %s\r\nTransfer-Encoding: chunked\r\n\r\n" % (
+        host.encode()
+    )
+    await client.send(get("/1", host) + chunked + b"3\r\nabc\r\n0\r\n\r\n" + get("/3", host))
+    replies = [await client.response() for _ in range(3)]
+    assert [r.body for r in replies] == [b"GET /1 0", b"POST /2 3", b"GET /3 0"]
+    await client.send(b"GET /nowhere HTTP/1.1\r\n\r\n")  # no Host: a route error
+    reply = await client.response()
+    assert (reply.status, reply.header(b"meshlet-proxy-error")) == (400, b"no authority")
+    await client.send(get("/5", host))
+    assert (await client.response()).body == b"GET /5 0"
+    assert proxy.routes == [host, host, host, None, host]  # each request routed once
+    assert proxy.awaited == (5 if waits else 0)
+    assert upstream.connections == 1
+
+
 async def test_hop_by_hop_and_internal_headers_are_not_forwarded(
     engine_proxy: Any, upstream: Upstream, clients: Any
 ) -> None:

@@ -500,6 +500,32 @@ async def test_a_request_and_its_response_are_relayed(h2proxy, upstream, clients
     assert proxy.engine.routes == [f"127.0.0.1:{proxy.port}"]
 
 
+@pytest.mark.parametrize("waits", [False, True], ids=["routed-at-once", "routing-waits"])
+async def test_streams_need_a_task_only_while_routing_waits(
+    h2proxy, upstream, clients, waits
+) -> None:
+    up, addr = await upstream(echo)
+    proxy = await h2proxy(addr, waits=waits)
+    client = await clients(proxy.port)
+    assert (await client.get(proxy.port, body=b"first")).status == 200  # connects upstream
+    loop = asyncio.get_running_loop()
+    made: list[str] = []
+    factory = loop.get_task_factory()
+
+    def counting(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+        made.append(coro.__qualname__)
+        return asyncio.Task(coro, loop=loop, **kwargs)
+
+    loop.set_task_factory(counting)
+    try:
+        got = await asyncio.gather(*(client.get(proxy.port, body=b"%d" % i) for i in range(5)))
+    finally:
+        loop.set_task_factory(factory)
+    assert [bytes(g.body) for g in got] == [b"%d" % i for i in range(5)]
+    assert made.count("H2Server._forward") == (5 if waits else 0)
+    assert len(up.conns) == 1
+
+
 async def test_internal_headers_are_stripped_and_the_proxys_added(
     h2proxy, upstream, clients
 ) -> None:

@@ -173,6 +173,9 @@ async def engine(request: pytest.FixtureRequest) -> AsyncIterator[Callable[..., 
                             policy.budget, FixedPicker(Endpoint(addr, "items:80")))  # fmt: skip
 
         class Router:
+            def route_now(self, request: RequestTarget) -> RouteTarget | RouteError | None:
+                return route
+
             async def route(self, request: RequestTarget) -> RouteTarget | RouteError:
                 return route
 

@@ -10,6 +10,7 @@ import pytest
 
 from meshlet.api.transport_header import SessionProtocol
 from meshlet.proxy.core.routes import DEFAULT_ROUTE, AllOf, Method, PathRegex, Route
+from meshlet.proxy.discovery.profile import Profile, RetryBudget
 from meshlet.proxy.discovery.resolver import Destination
 from meshlet.proxy.http.contract import Addr, Endpoint, RequestTarget, RouteError, RouteTarget
 from meshlet.proxy.metrics import OVERFLOW, BoundedValues, ProxyMetrics
@@ -198,3 +199,48 @@ async def test_dns_picks_are_labelled_within_the_authority_bound() -> None:
     assert await second.pick() == Endpoint(("192.0.2.2", 80), OVERFLOW)
     loop = DnsPicker("127.0.0.1:4143", PROXY, LOCAL_IP, metrics)
     assert await loop.pick() == LOOP
+
+
+# -- without waiting: what the engines ask first, for every request ---------------------------
+
+
+async def test_an_unredirected_request_is_routed_at_once_after_discovery_answered(
+    discovery: Any,
+) -> None:
+    discovery.client.service("web", 80, discovery.endpoint("10.1.0.1"), routes=(ITEM,))
+    outbound = router(discovery.mesh(), discovery.metrics)
+    items = request(WEB, "GET", "/items/3")
+    assert outbound.route_now(items) is None  # discovery not asked yet: `route` waits for it
+    route = await outbound.route(items)
+    assert isinstance(route, RouteTarget)
+    assert outbound.route_now(items) is route  # kept for the connection's next requests
+    endpoint = route.endpoints.pick_now()
+    assert isinstance(endpoint, Endpoint) and endpoint.addr == ("10.1.0.1", 8080)
+    assert endpoint.lease is not None
+    other = outbound.route_now(request(WEB, "POST", "/items/3"))
+    assert isinstance(other, RouteTarget) and other.policy == DEFAULT_ROUTE
+
+
+async def test_routes_follow_a_profile_that_changes_under_a_live_connection(
+    discovery: Any,
+) -> None:
+    mesh, destination = await service(discovery)
+    outbound = router(mesh, discovery.metrics, destination, CLUSTER_IP)
+    first = outbound.route_now(request("10.96.0.10", "POST", "/items/1"))
+    assert isinstance(first, RouteTarget) and first.policy == DEFAULT_ROUTE
+    assert outbound.route_now(request("10.96.0.10", "POST", "/items/2")) is first
+    assert first.budget is not None and first.budget.ratio == 0.2
+    # Discovery adopts a new profile of the service: another retry budget, no routes.
+    destination._profile = Profile(fqn=WEB.rsplit(":", 1)[0], retry_budget=RetryBudget(0.5, 1, 5))
+    after = outbound.route_now(request("10.96.0.10", "POST", "/items/3"))
+    assert isinstance(after, RouteTarget) and after.policy == DEFAULT_ROUTE
+    assert after.budget is not None and after.budget.ratio == 0.5
+
+
+async def test_a_pick_waits_while_the_service_has_not_reported_endpoints(discovery: Any) -> None:
+    authority = discovery.client.service("web", 80, cluster_ip="10.96.0.10")
+    del discovery.client.endpoints_of[authority]  # the Get stream has not answered
+    mesh = discovery.mesh()
+    destination = await mesh.destination(CLUSTER_IP)
+    assert isinstance(destination, Destination)
+    assert DiscoveredPicker(mesh, destination, HTTP1, None).pick_now() is None

@@ -260,6 +260,14 @@ class Resolver:
     def __contains__(self, target: object) -> bool:
         return target in self._destinations
 
+    def known(self, target: str) -> Destination | None:
+        """`resolve` without waiting: the destination when discovery has answered for it
+        already (the common case), else None."""
+        destination = self._destinations.get(target)
+        if destination is None or destination.profile is None or self._closed:
+            return None
+        return destination
+
     async def resolve(self, target: str) -> Destination:
         """The shared destination for `ip:port` or `name:port`, after its first profile (or
         `profile_timeout`). ValueError when `target` has no port; ResolverFull when it is new

@@ -11,6 +11,7 @@ request and the response as streams, and records metrics. It never decides where
 from __future__ import annotations
 
 import asyncio
+import enum
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -70,8 +71,18 @@ class RequestTarget:
     path: str  # with the query
 
 
+class Later(enum.Enum):
+    """An answer that needs waiting (for discovery, a name lookup): ask the async method."""
+
+    LATER = "later"
+
+
 class EndpointPicker(Protocol):
     """Where each attempt of a request goes (a balanced pick, or a fixed endpoint)."""
+
+    def pick_now(self) -> Endpoint | RouteError | None:
+        """The pick, when it needs no waiting (the common case: the engines then need no task
+        for the request); None: only `pick` can tell."""
 
     async def pick(self) -> Endpoint | RouteError: ...
 
@@ -90,6 +101,10 @@ class RouteTarget:
 
 class Router(Protocol):
     """What an engine asks where requests go; each stack provides one per connection."""
+
+    def route_now(self, request: RequestTarget) -> RouteTarget | RouteError | None:
+        """The route, when it needs no waiting (discovery already answered); None: only
+        `route` can tell."""
 
     async def route(self, request: RequestTarget) -> RouteTarget | RouteError: ...
 

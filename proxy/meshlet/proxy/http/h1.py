@@ -103,8 +103,11 @@ class H1Shell(asyncio.Protocol):
         self.machine: H1Machine | None = None
         self._events: collections.deque[_Event] = collections.deque()
         self._waiter: asyncio.Future[_Event] | None = None
+        self._busy = False  # the task is routing or connecting an exchange
         self._timer: asyncio.TimerHandle | None = None
         self._tunnel: asyncio.Transport | None = None  # the upstream, after an upgrade
+        # A routing error `_start_now` met, for the task to answer (outside parser callbacks).
+        self._failed: tuple[Exchange, RouteError] | None = None
         self._tcp = conn.tcp or TcpConn.uncounted()
 
     # -- the task: routing and connecting, one exchange at a time ------------------------
@@ -122,7 +125,11 @@ class H1Shell(asyncio.Protocol):
             if isinstance(event, asyncio.Future):
                 await event  # an upgraded connection, relayed until both sides close
                 return
-            await self._start(event)
+            self._busy = True
+            try:
+                await self._start(event)
+            finally:
+                self._busy = False
 
     def _signal(self, event: _Event) -> None:
         waiter, self._waiter = self._waiter, None
@@ -131,11 +138,54 @@ class H1Shell(asyncio.Protocol):
         else:
             self._events.append(event)
 
+    def _start_now(self, ex: Exchange) -> bool:
+        """Routes `ex` and hands it a pooled connection at once when nothing needs waiting
+        (discovery has answered, the pick is immediate, an idle connection is pooled): the
+        common case, which then needs no turn of the task. False: the task carries on from
+        where this stopped. It may run inside a parser callback, so it only ever ends in
+        `attach`: errors are kept for the task to answer."""
+        machine = self.machine
+        assert machine is not None
+        route = ex.route
+        if route is None:
+            head = ex.head
+            routed = self._conn.router.route_now(
+                RequestTarget(head.authority, head.method, head.path)
+            )
+            if routed is None:
+                return False
+            if isinstance(routed, RouteError):
+                self._failed = (ex, routed)
+                return False
+            machine.routed(ex, routed)
+            route = routed
+        if ex.endpoint is None:
+            picked = route.endpoints.pick_now()
+            if picked is None:
+                return False
+            if isinstance(picked, RouteError):
+                self._failed = (ex, picked)
+                return False
+            machine.picked(ex, picked)
+        endpoint = ex.endpoint
+        assert endpoint is not None
+        key = (endpoint.connect or self._conn.connect, endpoint.addr)
+        upstream = self._pool.take(key)
+        if upstream is None:
+            return False  # the task connects
+        machine.attach(ex, upstream, key)
+        return True
+
     async def _start(self, ex: Exchange) -> None:
         """Routes (once) and connects `ex`; the machine decides what follows a failure."""
         machine = self.machine
         assert machine is not None
         conn = self._conn
+        failed, self._failed = self._failed, None
+        if failed is not None and failed[0] is ex:
+            if not machine.abandoned(ex):
+                machine.route_failed(ex, failed[1])
+            return
         while not machine.abandoned(ex):
             route = ex.route
             if route is None:
@@ -289,6 +339,14 @@ class H1Shell(asyncio.Protocol):
             self.machine.tick()
 
     def start(self, exchange: Exchange) -> None:
+        # A first attempt, while the task has nothing in hand or queued before it.
+        first = exchange.sends == 0 and exchange.connects == 0 and not exchange.fresh
+        if first and not self._busy and not self._events:
+            try:
+                if self._start_now(exchange):
+                    return
+            except Exception:
+                log.exception("routing a request for %r failed", exchange.head.authority)
         self._signal(exchange)
 
     def give_back(self, exchange: Exchange, upstream: H1Upstream, reusable: bool) -> None:

@@ -73,6 +73,12 @@ class H2Pool:
         self._clients.clear()
         self._keys.clear()
 
+    def open_now(self, addr: Addr, stream: ProxyStream, connect: Connect | None = None) -> bool:
+        """`open` when nothing needs waiting: True when `stream` was opened on the connection
+        to `addr`, which is up and has a free stream."""
+        client = self._clients.get((connect or self._connect, addr))
+        return client is not None and client.open(stream)
+
     async def open(
         self,
         addr: Addr,

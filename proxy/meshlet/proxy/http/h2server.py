@@ -16,10 +16,10 @@ import logging
 import socket
 from collections.abc import Sequence
 from functools import partial
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from meshlet.proxy.core.failover import Action, Attempt, Failure, decide
-from meshlet.proxy.http.contract import HttpConn, RequestTarget, RouteError
+from meshlet.proxy.http.contract import Endpoint, HttpConn, RequestTarget, RouteError, RouteTarget
 from meshlet.proxy.http.h2codec import ErrorCode, Header, ProtocolError, error_name
 from meshlet.proxy.http.h2conn import Peer
 from meshlet.proxy.http.h2guard import Guard, GuardLimits
@@ -182,7 +182,14 @@ class H2Server(Peer):
         stream = ProxyStream(self, sid, request, self.loop.time())
         stream.req.ended = end
         self.streams[sid] = stream
-        self.forward(stream)
+        try:
+            picked = self._forward_now(stream)
+        except Exception:
+            log.exception("forwarding stream %d failed", sid)
+            stream.answer(502, "proxy error")
+            return
+        if picked is not None:
+            self.forward(stream, picked or None)
 
     def on_data(self, sid: int, data: bytes, flow_len: int, end: bool) -> None:
         if not data and not end:
@@ -238,21 +245,72 @@ class H2Server(Peer):
 
     # -- streams --
 
-    def forward(self, stream: ProxyStream) -> None:
-        """Routes `stream` and opens it upstream, in a task this connection owns."""
+    def _forward_now(self, stream: ProxyStream) -> Endpoint | Literal[False] | None:
+        """Routes `stream` and opens it upstream at once when nothing needs waiting (discovery
+        has answered, the pick is immediate, the endpoint's connection has a free stream): the
+        common case, and it needs no task. Returns None when done (sent, or answered), else
+        what `forward` starts from: the endpoint picked, to connect to (False: none yet)."""
+        route = stream.route
+        if route is None:
+            request = stream.request
+            routed = self.conn.router.route_now(
+                RequestTarget(request.authority, request.method, request.path)
+            )
+            if routed is None:
+                return False
+            if isinstance(routed, RouteError):
+                self._unroutable(stream, routed)
+                return None
+            stream.routed(routed)
+            route = routed
+        target = route.endpoints.pick_now()
+        if target is None:
+            return False
+        if isinstance(target, RouteError):
+            self._unpicked(stream, route, target)
+            return None
+        self._picked(stream, route, target)
+        if not self.pool.open_now(target.addr, stream, target.connect):
+            return target
+        stream.sends += 1
+        self.recorder.attempt(route)
+        return None
+
+    def forward(self, stream: ProxyStream, picked: Endpoint | None = None) -> None:
+        """Routes `stream` (once) and opens it upstream (at `picked`, when given), in a task
+        this connection owns."""
         if self.closed:
+            if picked is not None and picked.lease is not None:
+                picked.lease.release()
             return
-        stream.task = task = self._tasks.create_task(self._forward(stream))
+        stream.task = task = self._tasks.create_task(self._forward(stream, picked))
         self._forwarding.add(task)
         task.add_done_callback(self._forwarding.discard)
 
-    async def _forward(self, stream: ProxyStream) -> None:
+    def _unroutable(self, stream: ProxyStream, error: RouteError) -> None:
+        authority = self.conn.metrics.authority_label(stream.request.authority or "")
+        self.recorder.request(authority, None, None)
+        stream.counted = True
+        stream.answer(error.status, error.reason)
+
+    def _unpicked(self, stream: ProxyStream, route: RouteTarget, error: RouteError) -> None:
+        if not stream.counted:
+            self.recorder.request(route.dst, None, route)
+            stream.counted = True
+        stream.answer(error.status, error.reason)
+
+    def _picked(self, stream: ProxyStream, route: RouteTarget, target: Endpoint) -> None:
+        if not stream.counted:
+            self.recorder.request(target.authority_label, target, route)
+            stream.counted = True
+        stream.endpoint = target
+
+    async def _forward(self, stream: ProxyStream, picked: Endpoint | None) -> None:
         """Routes the stream (once) and sends it to the endpoint picked for this attempt;
         connections that fail before anything was sent are tried elsewhere as the failover
         policy says."""
         conn = self.conn
         request = stream.request
-        recorder = self.recorder
         try:
             route = stream.route
             if route is None:
@@ -262,35 +320,30 @@ class H2Server(Peer):
                 if _gone(stream):
                     return
                 if isinstance(routed, RouteError):
-                    authority = conn.metrics.authority_label(request.authority or "")
-                    recorder.request(authority, None, None)
-                    stream.counted = True
-                    stream.answer(routed.status, routed.reason)
+                    self._unroutable(stream, routed)
                     return
                 stream.routed(routed)
                 route = routed
             while True:
-                target = await route.endpoints.pick()
+                if picked is not None:
+                    target: Endpoint | RouteError = picked
+                    picked = None
+                else:
+                    target = await route.endpoints.pick()
                 if _gone(stream):
                     if not isinstance(target, RouteError) and target.lease is not None:
                         target.lease.release()
                     return
                 if isinstance(target, RouteError):
-                    if not stream.counted:
-                        recorder.request(route.dst, None, route)
-                        stream.counted = True
-                    stream.answer(target.status, target.reason)
+                    self._unpicked(stream, route, target)
                     return
-                if not stream.counted:
-                    recorder.request(target.authority_label, target, route)
-                    stream.counted = True
-                stream.endpoint = target
+                self._picked(stream, route, target)
                 failed = await self.pool.open(target.addr, stream, target.connect,
                                               partial(conn.metrics.dst_conn, self._direction,
                                                       target.addr, target.labels))  # fmt: skip
                 if failed is None:
                     stream.sends += 1
-                    recorder.attempt(route)
+                    self.recorder.attempt(route)
                     return
                 if stream.closed:
                     return

@@ -12,7 +12,7 @@ budget, and every attempt is balanced (`MeshRouter.pick`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final, NamedTuple
 
 from meshlet.api.transport_header import SessionProtocol
 from meshlet.proxy.core.routes import DEFAULT_ROUTE, policy, route_for
@@ -20,6 +20,7 @@ from meshlet.proxy.http.contract import (
     Addr,
     Endpoint,
     EndpointPicker,
+    Later,
     RequestTarget,
     RouteError,
     RouteTarget,
@@ -29,8 +30,11 @@ from meshlet.proxy.routing import FixedPicker, FixedRouter
 from meshlet.proxy.targets import SelfTargets, by_authority
 
 if TYPE_CHECKING:  # discovery is imported only by proxies that use it
+    from meshlet.proxy.discovery.profile import Profile
     from meshlet.proxy.discovery.resolver import Destination
     from meshlet.proxy.outbound.router import MeshRouter
+
+_UNKNOWN: Final = RouteError(502, "discovery knows nothing of the request's destination")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,13 +47,23 @@ class DiscoveredPicker:
     session: SessionProtocol
     fallback: EndpointPicker | None
 
+    def pick_now(self) -> Endpoint | RouteError | None:
+        picked = self.mesh.pick_now(self.destination, self.session)
+        if picked is Later.LATER:
+            return None
+        if picked is not None:
+            return picked
+        if self.fallback is not None:
+            return self.fallback.pick_now()
+        return _UNKNOWN
+
     async def pick(self) -> Endpoint | RouteError:
         picked = await self.mesh.pick(self.destination, self.session)
         if picked is not None:
             return picked
         if self.fallback is not None:
             return await self.fallback.pick()
-        return RouteError(502, "discovery knows nothing of the request's destination")
+        return _UNKNOWN
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,11 +75,23 @@ class DnsPicker:
     local_ip: str
     metrics: ProxyMetrics
 
+    def pick_now(self) -> None:
+        return None  # a name lookup
+
     async def pick(self) -> Endpoint | RouteError:
         routed = await by_authority(self.authority, self.self_targets, self.local_ip)
         if isinstance(routed, RouteError):
             return routed
         return Endpoint(routed.addr, self.metrics.authority_label(routed.authority_label))
+
+
+class _Known(NamedTuple):
+    """The routes of one connection's discovered destination, as last built."""
+
+    destination: Destination
+    profile: Profile | None
+    authority: str | None
+    targets: dict[int, RouteTarget]  # by id() of the profile's route (of None: the default)
 
 
 class OutboundRouter:
@@ -89,16 +115,28 @@ class OutboundRouter:
         self._self, self._local_ip = self_targets, local_ip
         self._fixed = FixedRouter(target, metrics) if target is not None else None
         self._fallback: EndpointPicker | None = None
+        self._known: _Known | None = None
         if target is not None:
             label = metrics.authority_label(f"{target[0]}:{target[1]}")
             self._fallback = FixedPicker(Endpoint(target, label))
 
-    async def route(self, request: RequestTarget) -> RouteTarget | RouteError:
+    def route_now(self, request: RequestTarget) -> RouteTarget | RouteError | None:
         mesh = self._mesh
         if mesh is not None and self._destination is not None:
-            return self._discovered(mesh, self._destination, request, self._fallback)
+            return self._discovered(mesh, self._destination, request)
         if self._fixed is not None:
-            return await self._fixed.route(request)
+            return self._fixed.route_now(request)
+        authority = request.authority
+        if mesh is not None and authority:
+            destination = mesh.known_destination(authority)
+            if destination is not None:
+                return self._discovered(mesh, destination, request, authority)
+        return None
+
+    async def route(self, request: RequestTarget) -> RouteTarget | RouteError:
+        routed = self.route_now(request)
+        if routed is not None:
+            return routed
         return await self._by_authority(request)
 
     def _discovered(
@@ -106,18 +144,36 @@ class OutboundRouter:
         mesh: MeshRouter,
         destination: Destination,
         request: RequestTarget,
-        fallback: EndpointPicker | None,
+        authority: str | None = None,
     ) -> RouteTarget:
+        """The request's route on `destination`; without a redirected target, requests are
+        routed by `authority`, which a name lookup falls back to."""
         profile = destination.profile
         route = route_for(profile.routes, request.method, request.path) if profile else None
-        name = profile.fqn if profile is not None and profile.fqn else None
-        dst = f"{name}:{destination.port}" if name else destination.target
-        return RouteTarget(
-            self._metrics.authority_label(dst),
-            policy(route) if route is not None else DEFAULT_ROUTE,
-            mesh.budget_for(destination),
-            DiscoveredPicker(mesh, destination, self._session, fallback),
-        )
+        # Kept for the connection's next requests, until discovery's answer changes.
+        known = self._known
+        if (
+            known is None
+            or known.destination is not destination
+            or known.profile is not profile
+            or known.authority != authority
+        ):
+            known = self._known = _Known(destination, profile, authority, {})
+        # By the route's identity: the profile held here keeps each of its routes alive.
+        target = known.targets.get(id(route))
+        if target is None:
+            fallback = self._fallback
+            if authority is not None:
+                fallback = DnsPicker(authority, self._self, self._local_ip, self._metrics)
+            name = profile.fqn if profile is not None and profile.fqn else None
+            dst = f"{name}:{destination.port}" if name else destination.target
+            target = known.targets[id(route)] = RouteTarget(
+                self._metrics.authority_label(dst),
+                policy(route) if route is not None else DEFAULT_ROUTE,
+                mesh.budget_for(destination),
+                DiscoveredPicker(mesh, destination, self._session, fallback),
+            )
+        return target
 
     async def _by_authority(self, request: RequestTarget) -> RouteTarget | RouteError:
         """A connection that was not redirected: discovery for cluster names and IP literals,
@@ -128,8 +184,7 @@ class OutboundRouter:
             if isinstance(destination, RouteError):
                 return destination
             if destination is not None and destination.kind != "unknown":
-                dns = DnsPicker(authority, self._self, self._local_ip, self._metrics)
-                return self._discovered(self._mesh, destination, request, dns)
+                return self._discovered(self._mesh, destination, request, authority)
         routed = await by_authority(authority, self._self, self._local_ip)
         if isinstance(routed, RouteError):
             return routed

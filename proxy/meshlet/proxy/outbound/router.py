@@ -28,7 +28,7 @@ from meshlet.proxy.discovery.client import DestinationClient
 from meshlet.proxy.discovery.profile import DstOverride
 from meshlet.proxy.discovery.profile import RetryBudget as ProfileBudget
 from meshlet.proxy.discovery.resolver import Destination, Resolver, ResolverFull
-from meshlet.proxy.http.contract import Addr, Connect, Endpoint, RouteError
+from meshlet.proxy.http.contract import Addr, Connect, Endpoint, Later, RouteError
 from meshlet.proxy.identity.manager import IdentityManager
 from meshlet.proxy.mesh.outbound import MeshConnectError, mesh_connect
 from meshlet.proxy.metrics import ProxyMetrics, dst_values
@@ -102,6 +102,18 @@ class MeshRouter:
         except ResolverFull as exc:
             return self._fail_fast(str(exc), "discovery_full")
 
+    def known_destination(self, authority: str) -> Destination | None:
+        """What discovery already says of a request's authority, without waiting: None when
+        it is not asked, not answered yet, or knows nothing (`destination_for_authority`
+        then tells)."""
+        target = self._targets.get(authority)
+        if target is None:
+            return None
+        destination = self.resolver.known(target)
+        if destination is None or destination.kind == "unknown":
+            return None
+        return destination
+
     def budget_for(self, destination: Destination) -> RetryBudget | None:
         """The retry budget of the service `destination` is (shared by every connection to it,
         renewed when the profile changes it); None for what is not a service."""
@@ -139,11 +151,11 @@ class MeshRouter:
             not suffix or host == suffix or host.endswith("." + suffix) for suffix in self._suffixes
         )
 
-    async def pick(
+    def pick_now(
         self, destination: Destination, session: SessionProtocol
-    ) -> Endpoint | RouteError | None:
-        """The endpoint for one request or connection; None when discovery does not know the
-        destination (it is then sent where it was going, unmeshed)."""
+    ) -> Endpoint | RouteError | Later | None:
+        """`pick` when it needs no waiting; LATER when it does (a traffic split to follow, or
+        endpoints not reported yet)."""
         if destination.kind == "unknown":
             return None
         if destination.kind == "endpoint":
@@ -153,10 +165,31 @@ class MeshRouter:
             return self._reach(endpoint, session, destination.target, None)
         profile = destination.profile
         if profile is not None and profile.dst_overrides:
+            return Later.LATER
+        if destination.endpoints.status is Status.PENDING:
+            return Later.LATER
+        return self._balanced(destination, session)
+
+    async def pick(
+        self, destination: Destination, session: SessionProtocol
+    ) -> Endpoint | RouteError | None:
+        """The endpoint for one request or connection; None when discovery does not know the
+        destination (it is then sent where it was going, unmeshed)."""
+        picked = self.pick_now(destination, session)
+        if picked is not Later.LATER:
+            return picked
+        profile = destination.profile
+        if profile is not None and profile.dst_overrides:
             chosen = self._split(profile.dst_overrides)
             if chosen != f"{profile.fqn}:{destination.port}":
                 destination = await self.resolver.resolve(chosen)
-        return await self._balanced(destination, session)
+        if destination.endpoints.status is Status.PENDING:
+            try:
+                async with asyncio.timeout(ENDPOINTS_WAIT):
+                    await destination.wait_endpoints()
+            except TimeoutError:
+                return self._fail_fast("the destination service has not reported endpoints")
+        return self._balanced(destination, session)
 
     def _split(self, overrides: tuple[DstOverride, ...]) -> str:
         """An override's authority, drawn by weight (the first when all weigh nothing)."""
@@ -165,15 +198,9 @@ class MeshRouter:
             return overrides[0].authority
         return self._rng.choices(overrides, weights=weights)[0].authority
 
-    async def _balanced(
+    def _balanced(
         self, destination: Destination, session: SessionProtocol
     ) -> Endpoint | RouteError | None:
-        if destination.endpoints.status is Status.PENDING:
-            try:
-                async with asyncio.timeout(ENDPOINTS_WAIT):
-                    await destination.wait_endpoints()
-            except TimeoutError:
-                return self._fail_fast("the destination service has not reported endpoints")
         endpoints = destination.endpoints
         name = destination.profile.fqn if destination.profile else None
         authority = f"{name}:{destination.port}" if name else destination.target
