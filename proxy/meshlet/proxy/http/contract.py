@@ -15,7 +15,7 @@ import enum
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Final, Protocol
+from typing import Final, NamedTuple, Protocol
 
 from meshlet.api import wellknown
 from meshlet.proxy.core.retry_budget import RetryBudget
@@ -39,9 +39,9 @@ class Lease(Protocol):
         while (the request may be routed again)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Endpoint:
-    """Where one request goes."""
+class Endpoint(NamedTuple):
+    """Where one request goes. The values made for every request are NamedTuples: as
+    immutable as frozen dataclasses, and made in a third of the time."""
 
     addr: Addr
     authority_label: str  # bounded; used as the `authority` metric label
@@ -53,8 +53,7 @@ class Endpoint:
     labels: Values | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class RouteError:
+class RouteError(NamedTuple):
     """A request that cannot be routed: answered locally with `status` and the
     `meshlet-proxy-error` header carrying `reason`."""
 
@@ -62,8 +61,7 @@ class RouteError:
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
-class RequestTarget:
+class RequestTarget(NamedTuple):
     """What a request names, as its router needs it."""
 
     authority: str | None  # absolute-form host, Host, or :authority
@@ -87,8 +85,7 @@ class EndpointPicker(Protocol):
     async def pick(self) -> Endpoint | RouteError: ...
 
 
-@dataclass(frozen=True, slots=True)
-class RouteTarget:
+class RouteTarget(NamedTuple):
     """A request's route: the service it is for (`dst`, a bounded label), the route's policy
     (timeout, retries, classification, `rt_route`), the service's retry budget (None: no
     retries but a connection's), and what picks an endpoint for each attempt."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 from hpack import NeverIndexedHeaderTuple
 
@@ -38,8 +38,7 @@ _REQUEST_PSEUDO: Final = frozenset({b":method", b":scheme", b":path", b":authori
 _STATUS: Final = re.compile(rb"[1-9][0-9][0-9]\Z")
 
 
-@dataclass(frozen=True, slots=True)
-class Request:
+class Request(NamedTuple):
     """A valid request head, rewritten to be sent upstream."""
 
     headers: list[Header]
@@ -49,8 +48,7 @@ class Request:
     path: str = "/"
 
 
-@dataclass(frozen=True, slots=True)
-class Response:
+class Response(NamedTuple):
     """A valid response head (final or 1xx) as received."""
 
     headers: Sequence[Header]
@@ -58,8 +56,7 @@ class Response:
     grpc_status: str | None  # set on a trailers-only gRPC response
 
 
-@dataclass(frozen=True, slots=True)
-class Trailers:
+class Trailers(NamedTuple):
     headers: Sequence[Header]
     grpc_status: str | None
 
