@@ -100,6 +100,31 @@ def _check_field(name: bytes, value: bytes) -> str | None:
     return None
 
 
+def _value_error(header: Header) -> bool:
+    """Whether a pseudo-header's value is bad (remembered as `_field_error` does)."""
+    if header in _VALID:
+        return False
+    name, value = header
+    if _BAD_VALUE.search(value) is not None:
+        return True
+    if len(name) + len(value) <= _VALID_LENGTH:
+        if len(_VALID) >= _VALID_ENTRIES:
+            _VALID.clear()
+        _VALID[(name, value)] = None
+    return False
+
+
+# What `read_request` does with a field, by name; absent: checked and kept.
+_PSEUDO, _INTERNAL, _HOST, _CONTENT_TYPE, _SENSITIVE = range(5)
+_REQUEST_FIELDS: Final = {
+    **dict.fromkeys(_REQUEST_PSEUDO, _PSEUDO),
+    **dict.fromkeys(INTERNAL_HEADERS, _INTERNAL),
+    **dict.fromkeys(SENSITIVE_HEADERS, _SENSITIVE),
+    b"host": _HOST,
+    b"content-type": _CONTENT_TYPE,
+}
+
+
 def read_request(
     block: Sequence[Header], add: Sequence[Header], max_headers: int
 ) -> Request | Malformed:
@@ -114,33 +139,39 @@ def read_request(
     regular = False
     for header in block:
         name, value = header
-        if name[:1] == b":":
+        kind = _REQUEST_FIELDS.get(name)
+        if kind == _PSEUDO:
             if regular:
-                return Malformed(f"pseudo-header {name.decode(errors='replace')} after headers")
-            if name not in _REQUEST_PSEUDO:
-                return Malformed(f"pseudo-header {name[:64]!r} not allowed in a request")
+                return Malformed(f"pseudo-header {name.decode()} after headers")
             if name in pseudo:
                 return Malformed(f"duplicate {name.decode()}")
-            if _BAD_VALUE.search(value) is not None:
+            if _value_error(header):
                 return Malformed(f"invalid value for {name.decode()}")
             pseudo[name] = value
             out.append(header)
             continue
+        if name[:1] == b":":
+            if regular:
+                return Malformed(f"pseudo-header {name.decode(errors='replace')} after headers")
+            return Malformed(f"pseudo-header {name[:64]!r} not allowed in a request")
         regular = True
-        error = _field_error(name, value)
-        if error is not None:
-            return Malformed(error)
-        if name in INTERNAL_HEADERS:
-            continue
-        if name == b"host":
+        if header not in _VALID:
+            error = _field_error(name, value)
+            if error is not None:
+                return Malformed(error)
+        if kind is None:
+            out.append(header)
+        elif kind == _HOST:
             if host is not None:
                 return Malformed("more than one host header")
             host = value
-        elif name == b"content-type":
+            out.append(header)
+        elif kind == _CONTENT_TYPE:
             grpc = value.startswith(b"application/grpc")
-        elif name in SENSITIVE_HEADERS:
-            header = NeverIndexedHeaderTuple(name, value)
-        out.append(header)
+            out.append(header)
+        elif kind == _SENSITIVE:
+            out.append(NeverIndexedHeaderTuple(name, value))
+        # _INTERNAL: dropped
     method = pseudo.get(b":method")
     if method is None:
         return Malformed("no :method")
