@@ -59,14 +59,42 @@ async def by_authority(
     authority: str | None, self_targets: SelfTargets, local_ip: str
 ) -> Endpoint | RouteError:
     """The endpoint named by a request's authority (un-redirected outbound connections)."""
+    parts = _authority_parts(authority)
+    if isinstance(parts, RouteError):
+        return parts
+    addr = await resolve(*parts)
+    if addr is None:
+        return RouteError(502, "the request's authority does not resolve")
+    return _endpoint(parts, addr, self_targets, local_ip)
+
+
+def by_literal(
+    authority: str | None, self_targets: SelfTargets, local_ip: str
+) -> Endpoint | RouteError | None:
+    """`by_authority` when it needs no name lookup (an IP literal, or an authority that is
+    refused), else None. The same authority always gets the same answer: callers may keep it."""
+    parts = _authority_parts(authority)
+    if isinstance(parts, RouteError):
+        return parts
+    try:
+        ipaddress.ip_address(parts[0])
+    except ValueError:
+        return None
+    return _endpoint(parts, parts, self_targets, local_ip)
+
+
+def _authority_parts(authority: str | None) -> Addr | RouteError:
     if not authority:
         return RouteError(400, "the request names no authority (Host or absolute URI)")
     parts = split_authority(authority)
     if parts is None:
         return RouteError(400, "the request's authority is malformed")
-    addr = await resolve(*parts)
-    if addr is None:
-        return RouteError(502, "the request's authority does not resolve")
+    return parts
+
+
+def _endpoint(
+    parts: Addr, addr: Addr, self_targets: SelfTargets, local_ip: str
+) -> Endpoint | RouteError:
     if self_targets.loops(addr, local_ip):
         return RouteError(403, "the request targets the proxy itself (a routing loop)")
     return Endpoint(addr, f"{parts[0]}:{parts[1]}")

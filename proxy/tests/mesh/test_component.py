@@ -858,7 +858,7 @@ async def test_a_route_timeout_answers_504_and_cancels_the_upstream_request(mesh
         await client.close()
     assert status == 504, fields
     assert fields[wellknown.PROXY_ERROR_HEADER] == "the route's timeout of 0.2s passed"
-    assert 0.2 <= elapsed < 0.3, elapsed
+    assert 0.199 <= elapsed < 0.3, elapsed  # the loop's clock counts whole milliseconds
     await eventually(lambda: mesh.faults.cancelled == 1, within=1.0)  # long before 1.5 s
     bot = mesh.pods["vote-bot"]
     assert bot.metric("route_response_total", rt_route="GET /slow", status_code="504",

@@ -221,6 +221,24 @@ async def test_an_unredirected_request_is_routed_at_once_after_discovery_answere
     assert isinstance(other, RouteTarget) and other.policy == DEFAULT_ROUTE
 
 
+async def test_without_discovery_an_ip_literal_is_routed_at_once_and_kept() -> None:
+    outbound = router(None, ProxyMetrics())
+    first = outbound.route_now(request("192.0.2.9:81"))
+    assert isinstance(first, RouteTarget) and first.dst == "192.0.2.9:81"
+    assert first.endpoints.pick_now() == Endpoint(("192.0.2.9", 81), "192.0.2.9:81")
+    assert outbound.route_now(request("192.0.2.9:81", "POST", "/x")) is first
+    other = outbound.route_now(request("192.0.2.10"))  # another authority: routed anew
+    assert isinstance(other, RouteTarget) and other.dst == "192.0.2.10:80"
+    assert outbound.route_now(request("127.0.0.1:4140")) == LOOP
+    assert outbound.route_now(request("web:http")) == RouteError(
+        400, "the request's authority is malformed"
+    )
+    assert outbound.route_now(request(None)) == RouteError(
+        400, "the request names no authority (Host or absolute URI)"
+    )
+    assert outbound.route_now(request("localhost:9000")) is None  # a name: `route` looks it up
+
+
 async def test_routes_follow_a_profile_that_changes_under_a_live_connection(
     discovery: Any,
 ) -> None:

@@ -27,7 +27,7 @@ from meshlet.proxy.http.contract import (
 )
 from meshlet.proxy.metrics import ProxyMetrics
 from meshlet.proxy.routing import FixedPicker, FixedRouter
-from meshlet.proxy.targets import SelfTargets, by_authority
+from meshlet.proxy.targets import SelfTargets, by_authority, by_literal
 
 if TYPE_CHECKING:  # discovery is imported only by proxies that use it
     from meshlet.proxy.discovery.profile import Profile
@@ -116,6 +116,7 @@ class OutboundRouter:
         self._fixed = FixedRouter(target, metrics) if target is not None else None
         self._fallback: EndpointPicker | None = None
         self._known: _Known | None = None
+        self._literal: tuple[str, RouteTarget | RouteError] | None = None
         if target is not None:
             label = metrics.authority_label(f"{target[0]}:{target[1]}")
             self._fallback = FixedPicker(Endpoint(target, label))
@@ -127,7 +128,9 @@ class OutboundRouter:
         if self._fixed is not None:
             return self._fixed.route_now(request)
         authority = request.authority
-        if mesh is not None and authority:
+        if mesh is None:
+            return self._by_literal(authority)
+        if authority:
             destination = mesh.known_destination(authority)
             if destination is not None:
                 return self._discovered(mesh, destination, request, authority)
@@ -175,6 +178,24 @@ class OutboundRouter:
             )
         return target
 
+    def _by_literal(self, authority: str | None) -> RouteTarget | RouteError | None:
+        """Without discovery, an authority that needs no name lookup is routed at once, and
+        kept for the connection's next requests (which mostly name the same one)."""
+        known = self._literal
+        if known is not None and known[0] == authority:
+            return known[1]
+        literal = by_literal(authority, self._self, self._local_ip)
+        if literal is None:
+            return None  # a name: looked up by `route`
+        routed = self._fixed_target(literal) if isinstance(literal, Endpoint) else literal
+        if authority is not None:
+            self._literal = (authority, routed)
+        return routed
+
+    def _fixed_target(self, routed: Endpoint) -> RouteTarget:
+        label = self._metrics.authority_label(routed.authority_label)
+        return RouteTarget(label, DEFAULT_ROUTE, None, FixedPicker(Endpoint(routed.addr, label)))
+
     async def _by_authority(self, request: RequestTarget) -> RouteTarget | RouteError:
         """A connection that was not redirected: discovery for cluster names and IP literals,
         else the name as DNS resolves it."""
@@ -188,6 +209,4 @@ class OutboundRouter:
         routed = await by_authority(authority, self._self, self._local_ip)
         if isinstance(routed, RouteError):
             return routed
-        label = self._metrics.authority_label(routed.authority_label)
-        endpoint = Endpoint(routed.addr, label)
-        return RouteTarget(label, DEFAULT_ROUTE, None, FixedPicker(endpoint))
+        return self._fixed_target(routed)
