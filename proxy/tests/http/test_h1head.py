@@ -39,6 +39,17 @@ def refused(*fields: tuple[bytes, bytes], target: bytes = b"/", **kw: str | byte
     return head.status
 
 
+@pytest.mark.parametrize("connection", [b"X-Private", b" x-private ", b"close, X-Private"])
+def test_a_field_named_by_connection_is_dropped_however_the_option_is_written(
+    connection: bytes,
+) -> None:
+    head = request((b"Host", b"web"), (b"Connection", connection), (b"X-Private", b"1"))
+    assert b"x-private" not in head.head.lower()
+    upstream = [(b"Connection", connection), (b"X-Private", b"1"), (b"Content-Length", b"0")]
+    response = parse_response(200, upstream, head, close=False)
+    assert isinstance(response, ResponseHead) and b"x-private" not in response.head.lower()
+
+
 def test_forwarded_head_is_origin_form_http11_without_hop_by_hop_fields() -> None:
     head = request(
         (b"Host", b"web.default:8080"),

@@ -27,6 +27,10 @@ Header = tuple[bytes, bytes]
 MAX_TARGET_BYTES: Final = 8 * 1024
 
 _REASONS: Final = {s.value: s.phrase.encode() for s in http.HTTPStatus}
+_STATUS_LINES: Final = {
+    code: b"HTTP/1.1 %d %s" % (code, phrase) for code, phrase in _REASONS.items()
+}
+_FIELD_LINE: Final = b": ".join  # of a (name, value) pair: `name: value`
 _AUTHORITY: Final = re.compile(rb"[A-Za-z0-9\-._~%!$&'()*+,;=:\[\]]+")
 _ABSOLUTE: Final = re.compile(rb"[hH][tT][tT][pP]://([^/?#]*)(.*)", re.DOTALL)
 
@@ -106,10 +110,14 @@ class ResponseHead(NamedTuple):
 
 
 def _tokens(value: bytes) -> list[bytes]:
+    if b"," not in value:  # mostly one token (`Connection: keep-alive`)
+        return [value.strip().lower()]
     return [t.strip().lower() for t in value.split(b",")]
 
 
 def _without_options(fields: list[Header], options: list[bytes]) -> list[Header]:
+    if _CONNECTION_OPTIONS.issuperset(options):
+        return fields
     named = {t for t in options if t not in _CONNECTION_OPTIONS and t not in _FRAMING}
     if not named:
         return fields
@@ -213,7 +221,7 @@ def parse_request(
     lines = [method + b" " + path + b" HTTP/1.1"]
     if host:
         lines.append(b"Host: " + host)
-    lines += [n + b": " + v for n, v in kept]
+    lines += map(_FIELD_LINE, kept)
     if body is Body.CHUNKED:
         lines.append(b"Transfer-Encoding: chunked")
     elif length is not None:
@@ -222,7 +230,7 @@ def parse_request(
         lines.append(b"TE: trailers")
     if upgrading and upgrade is not None:
         lines += (b"Connection: upgrade", b"Upgrade: " + upgrade)
-    lines += [n + b": " + v for n, v in add_headers]
+    lines += map(_FIELD_LINE, add_headers)
     lines.append(b"\r\n")
     return RequestHead(
         b"\r\n".join(lines),
@@ -271,8 +279,8 @@ def parse_response(
     if connection:
         kept = _without_options(kept, connection)
 
-    lines = [b"HTTP/1.1 %d %s" % (status, _REASONS.get(status, b"Unknown"))]
-    lines += [n + b": " + v for n, v in kept]
+    lines = [_STATUS_LINES.get(status) or b"HTTP/1.1 %d Unknown" % status]
+    lines += map(_FIELD_LINE, kept)
     if status < 200:
         if status == 101:
             if not request.upgrade or upgrade is None:
