@@ -14,6 +14,7 @@ from kubernetes import client
 from meshlet.api import addr, destination_pb2, destination_pb2_grpc
 from meshlet.controlplane.destination.server import DestinationConfig, DestinationServer
 from meshlet.controlplane.k8s import objects
+from meshlet.controlplane.k8s.events import Kind
 from meshlet.controlplane.k8s.informer import KubernetesSource
 from meshlet_testing.fakeapi import FakeKubeAPI
 
@@ -141,6 +142,8 @@ async def test_informer_counters_are_exported(kube: FakeKubeAPI) -> None:
                 if server.ready():
                     break
                 await asyncio.sleep(0.02)
+            # Ready means every kind is listed; its watch may open a moment later.
+            assert await asyncio.to_thread(kube.wait_for_watches, len(Kind))
             kube.break_watches()
             for _ in range(200):
                 count = server.registry.get_sample_value(
