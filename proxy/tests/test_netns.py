@@ -277,6 +277,10 @@ ATTACKS = {
     # detection (0.5 s) and the head deadline (1 s from the accept) both pass: 408
     "first byte then silence": ([("G", 1.5), (request(20, FORGED), 0)], "HTTP/1.1 408"),
     "CL+TE smuggle behind a long line": ([(SMUGGLE, 0)], "HTTP/1.1 400"),
+    # HTTP/1 servers skip empty lines before a request line: so must detection
+    "empty lines before the request line": ([("\r\n\n" + request(20, FORGED), 0)],
+                                            "HTTP/1.1 200"),
+    "empty line then a CL+TE smuggle": ([("\r\n", 0.2), (SMUGGLE, 0)], "HTTP/1.1 400"),
     # nothing within the detection timeout: relayed as opaque, then HTTP arrives: closed
     "silence then HTTP": ([("", 0.8), (request(20, FORGED), 0)], ""),
 }  # fmt: skip

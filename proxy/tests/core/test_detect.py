@@ -56,6 +56,13 @@ TCHAR = b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRS
         (CLIENT_HELLO[:3], NEED_MORE),
         (b"\x16\x03\x01\x00\x05\x02", Protocol.OPAQUE),  # a ServerHello is not a client
         (b"G" * PEEK_BYTES, Protocol.HTTP1),  # a method as long as the peek: still HTTP-shaped
+        # empty lines before the request line: HTTP/1 servers skip them (RFC 9112 2.2)
+        (b"\r\nGET / HTTP/1.1\r\n", Protocol.HTTP1),
+        (b"\n\n\r\nFOO /x HTTP/1.1\r\n", Protocol.HTTP1),
+        (b"\r\n", NEED_MORE),
+        (b"\r\nG", NEED_MORE),
+        (b"\r\n" * (PEEK_BYTES // 2), Protocol.HTTP1),
+        (b"\r\nPING\r\n", Protocol.OPAQUE),
     ],
 )
 def test_detect(data: bytes, expected: Protocol) -> None:
@@ -73,6 +80,8 @@ def test_detect(data: bytes, expected: Protocol) -> None:
         (H2_PREFACE[:10], Protocol.HTTP1),
         (CLIENT_HELLO[:3], Protocol.OPAQUE),
         (b"PING\r\n", Protocol.OPAQUE),
+        (b"\n", Protocol.HTTP1),  # an empty line may still be followed by a request
+        (b"\r\nGE", Protocol.HTTP1),
     ],
 )
 def test_when_no_more_bytes_will_come_a_prefix_of_http_is_http(
@@ -101,13 +110,21 @@ _targets = st.one_of(
 )
 
 
-@given(_methods, _targets, st.sampled_from([b"HTTP/1.1", b"HTTP/1.0", b"HTTP/2.0", b"HTTP/9"]))
+@given(
+    st.sampled_from([b"", b"\r\n", b"\n", b"\r\n\r\n\n"]),
+    _methods,
+    _targets,
+    st.sampled_from([b"HTTP/1.1", b"HTTP/1.0", b"HTTP/2.0", b"HTTP/9"]),
+)
 def test_no_prefix_of_an_http_request_is_ever_opaque(
-    method: bytes, target: bytes, version: bytes
+    empty_lines: bytes, method: bytes, target: bytes, version: bytes
 ) -> None:
-    """Whatever method, target length or version: a client cannot get HTTP relayed as opaque
-    TCP by sending it slowly, in pieces, or with a long line."""
-    request = method + b" " + target + b" " + version + b"\r\nmeshlet-client-id: forged\r\n\r\n"
+    """Whatever method, target length or version, after empty lines or not: a client cannot
+    get HTTP relayed as opaque TCP by sending it slowly, in pieces, or with a long line."""
+    request = (
+        empty_lines + method + b" " + target + b" " + version
+        + b"\r\nmeshlet-client-id: forged\r\n\r\n"
+    )  # fmt: skip
     if request.startswith(H2_PREFACE[:4]):  # `PRI ` can still become the HTTP/2 preface
         return
     for cut in range(1, len(request) + 1):

@@ -23,7 +23,7 @@ import random
 import socket
 import urllib.request
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,6 +105,11 @@ class Faults:
         return 200
 
 
+def _field(line: str) -> tuple[str, str]:
+    name, _, value = line.partition(": ")
+    return name.lower(), value
+
+
 class App:
     """One replica's app: it answers with its pod name and the caller identity its proxy
     passed in `meshlet-client-id`, after `delay` seconds; on HTTP/1 paths that `Faults`
@@ -118,7 +123,11 @@ class App:
         self._writers: set[asyncio.StreamWriter] = set()
         self._grpc: grpc.aio.Server | None = None
 
-    def answer(self, client_id: str | None) -> bytes:
+    def answer(self, fields: Iterable[tuple[str, str]]) -> bytes:
+        """The pod's name and every `meshlet-client-id` value that arrived, joined: a forged
+        header the proxy failed to strip shows even beside the proxy's own."""
+        ids = [value for name, value in fields if name.lower() == wellknown.CLIENT_ID_HEADER]
+        client_id = ", ".join(ids) if ids else None
         return json.dumps({"pod": self.pod, "client_id": client_id}).encode()
 
     async def start(self) -> None:
@@ -154,9 +163,8 @@ class App:
         return tracked
 
     async def _unary(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        metadata = dict(context.invocation_metadata() or ())
-        client_id = metadata.get(wellknown.CLIENT_ID_HEADER)
-        return self.answer(str(client_id) if client_id is not None else None) + b"|" + request
+        metadata = [(str(k), str(v)) for k, v in context.invocation_metadata() or ()]
+        return self.answer(metadata) + b"|" + request
 
     async def _banner(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.write(f"hello from {self.pod}\n".encode())  # the server speaks first
@@ -173,13 +181,14 @@ class App:
                 return
             while head:
                 lines = head.decode().split("\r\n")
-                fields = dict(line.lower().split(": ", 1) for line in lines[1:] if line)
+                pairs = [_field(line) for line in lines[1:] if line]
+                fields = dict(pairs)
                 await reader.readexactly(int(fields.get("content-length", "0")))
                 await asyncio.sleep(self.delay)
                 status = await self.faults.status(lines[0].split()[1], reader)
                 if status is None:  # the client went away before the answer
                     break
-                body = self.answer(fields.get(wellknown.CLIENT_ID_HEADER))
+                body = self.answer(pairs)
                 head = b"HTTP/1.1 %d X\r\ncontent-type: application/json\r\n" % status
                 writer.write(head + b"content-length: %d\r\n\r\n%s" % (len(body), body))
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -194,8 +203,8 @@ class App:
         while data:
             for event in conn.receive_data(data):
                 if isinstance(event, h2.events.RequestReceived):
-                    fields = {bytes(k).decode(): bytes(v).decode() for k, v in event.headers or ()}
-                    body = self.answer(fields.get(wellknown.CLIENT_ID_HEADER))
+                    pairs = [(bytes(k).decode(), bytes(v).decode()) for k, v in event.headers or ()]
+                    body = self.answer(pairs)
                     conn.send_headers(event.stream_id, [(":status", "200")])
                     conn.send_data(event.stream_id, body, end_stream=True)
             writer.write(conn.data_to_send())

@@ -2,7 +2,8 @@
 
 HTTP/1 is decided from a short prefix that no other protocol the proxy must relay starts with,
 never from a whole request line: a known method and a space (`GET `), or any other method token,
-a space and the start of a request target (`/`, `*`, `http://`). What follows (an over-long
+a space and the start of a request target (`/`, `*`, `http://`), after any empty lines (which
+HTTP/1 servers skip before a request line). What follows (an over-long
 target, a bad version, smuggling) is the HTTP/1 engine's to refuse (414, 505, 400). Deciding
 early matters for security: bytes an HTTP server would parse as a request must never be relayed
 as opaque TCP, where the proxy's HTTP defences and its `meshlet-client-id` header do not apply.
@@ -70,7 +71,9 @@ def detect(data: bytes, *, final: bool = False) -> Protocol | NeedMore:
         if len(data) >= len(H2_PREFACE):
             return Protocol.HTTP2
         return Protocol.HTTP1 if final else NEED_MORE  # `PRI * HTTP/2.0…` cut short
-    verdict = _http1(data)
+    # Empty lines before a request line are skipped by HTTP/1 servers (RFC 9112 2.2; llhttp
+    # skips any number), so they must not hide the request behind them from detection.
+    verdict = _http1(data.lstrip(b"\r\n")) if data[0] in b"\r\n" else _http1(data)
     if verdict is NEED_MORE and (final or len(data) >= PEEK_BYTES):
         return Protocol.HTTP1
     return verdict
@@ -78,6 +81,8 @@ def detect(data: bytes, *, final: bool = False) -> Protocol | NeedMore:
 
 def _http1(data: bytes) -> Protocol | NeedMore:
     """HTTP1, OPAQUE, or NEED_MORE while `data` is a prefix of an HTTP/1 request's start."""
+    if not data:
+        return NEED_MORE  # only empty lines so far
     token = _TOKEN.match(data)
     if token is None:
         return Protocol.OPAQUE
