@@ -157,6 +157,10 @@ def test_a_destination_name_needs_an_address_and_anchors() -> None:
     assert caught.value.problems == [f"{E.DESTINATION_SVC_NAME} needs {E.DESTINATION_SVC_ADDR}"]
     with pytest.raises(ConfigError, match="needs MESHLET_PROXY_IDENTITY_TRUST_ANCHORS"):
         load({E.DESTINATION_SVC_ADDR: "d:8086", E.DESTINATION_SVC_NAME: "x"})
+    # without identity the anchors are still checked, for the destination's TLS
+    with pytest.raises(ConfigError, match="not a path to them"):
+        load({E.DESTINATION_SVC_ADDR: "d:8086", E.DESTINATION_SVC_NAME: "x",
+              E.IDENTITY_TRUST_ANCHORS: "/etc/ca.pem"})  # fmt: skip
 
 
 def test_port_lists_use_the_one_grammar() -> None:

@@ -225,7 +225,7 @@ def load(env: Mapping[str, str]) -> ProxyConfig:
 
 
 def _identity(config: ProxyConfig, problems: list[str]) -> IdentitySettings | None:
-    if not config.identity_svc_addr and not config.identity_local_name:
+    if _identity_off(config):
         return None
     before = len(problems)
     svc_addr = ("", 0)
@@ -273,6 +273,10 @@ def _destination(config: ProxyConfig, problems: list[str]) -> DestinationSetting
             f"{E.DESTINATION_SVC_NAME} (TLS to the destination service) needs"
             f" {E.IDENTITY_TRUST_ANCHORS}"
         )
+    elif config.destination_svc_name and _identity_off(config):  # else _identity checked them
+        anchors = _anchors_problem(config.identity_trust_anchors)
+        if anchors:
+            problems.append(f"{E.IDENTITY_TRUST_ANCHORS}: {anchors}")
     return DestinationSettings(
         svc_addr=svc_addr,
         svc_name=config.destination_svc_name or None,
@@ -280,6 +284,10 @@ def _destination(config: ProxyConfig, problems: list[str]) -> DestinationSetting
         profile_suffixes=config.destination_profile_suffixes,
         trust_anchors_pem=config.identity_trust_anchors or None,
     )
+
+
+def _identity_off(config: ProxyConfig) -> bool:
+    return not config.identity_svc_addr and not config.identity_local_name
 
 
 def _anchors_problem(pem: str) -> str | None:
