@@ -67,7 +67,7 @@ async def engine_proxy() -> AsyncIterator[Callable[..., Awaitable[EngineProxy]]]
         proxy: EngineProxy
 
         class Picker(FixedPicker):
-            def pick_now(self) -> None:
+            def pick_now(self, after: Endpoint | None = None) -> None:
                 return None
 
         class Router:

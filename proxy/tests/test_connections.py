@@ -62,17 +62,21 @@ class Script:
     def __init__(self, *addrs: Addr) -> None:
         self.addrs = list(addrs)
         self.leases: list[RecordingLease] = []
+        self.afters: list[Addr | None] = []
+        self.picked: list[Endpoint] = []  # where each pick was told the last attempt went
 
-    def pick_now(self) -> None:
+    def pick_now(self, after: Endpoint | None = None) -> None:
         return None  # the relay asks `pick`
 
-    async def pick(self) -> Endpoint | RouteError:
+    async def pick(self, after: Endpoint | None = None) -> Endpoint | RouteError:
+        self.afters.append(after.addr if after is not None else None)
         if not self.addrs:
             return RouteError(503, "no endpoints left")
         lease = RecordingLease()
         self.leases.append(lease)
         addr = self.addrs.pop(0)
-        return Endpoint(addr, f"{addr[0]}:{addr[1]}", lease=lease)
+        self.picked.append(Endpoint(addr, f"{addr[0]}:{addr[1]}", lease=lease))
+        return self.picked[-1]
 
 
 async def relayed(conns: Connections, picker: Any, sent: bytes) -> bytes:
@@ -117,6 +121,8 @@ async def test_unreachable_endpoints_are_skipped_until_one_answers(echo: Addr) -
     script = Script(unused_port(), unused_port(), echo)
     assert await relayed(connections(), script, b"ping") == b"ping"
     assert [lease.events[0] for lease in script.leases] == ["failed", "failed", "responded"]
+    tried = [e.addr for e in script.picked]
+    assert script.afters == [None, *tried[:2]]  # each pick knows where the last one failed
 
 
 async def test_after_max_connects_failures_the_client_is_reset(echo: Addr) -> None:

@@ -17,6 +17,7 @@ from meshlet.proxy.core.detect import may_be_http
 from meshlet.proxy.core.failover import Action, Attempt, Failure, decide
 from meshlet.proxy.http.contract import (
     Connect,
+    Endpoint,
     EndpointPicker,
     Handoff,
     HttpConn,
@@ -164,14 +165,15 @@ class Connections:
         client, upstream, done = relay.pair(loop, tcp, guard)
         lease: Lease | None = None
         failed = 0
+        previous: Endpoint | None = None
         while True:
-            endpoint = await endpoints.pick()
+            endpoint = await endpoints.pick(previous)
             if isinstance(endpoint, RouteError):  # counted where it was decided
                 log.info("%s connection from %s refused: %s", labels.direction,
                          accepted.client, endpoint.reason)  # fmt: skip
                 reset(accepted.sock)
                 return
-            lease = endpoint.lease
+            lease, previous = endpoint.lease, endpoint
             upstream.tcp = self.metrics.dst_conn(labels.direction, endpoint.addr, endpoint.labels)
             try:
                 await (endpoint.connect or self.connect)(endpoint.addr, lambda: upstream)

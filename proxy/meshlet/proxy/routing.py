@@ -17,10 +17,10 @@ class FixedPicker:
 
     endpoint: Endpoint
 
-    def pick_now(self) -> Endpoint | RouteError:
+    def pick_now(self, after: Endpoint | None = None) -> Endpoint | RouteError:
         return self.endpoint
 
-    async def pick(self) -> Endpoint | RouteError:
+    async def pick(self, after: Endpoint | None = None) -> Endpoint | RouteError:
         return self.endpoint
 
 

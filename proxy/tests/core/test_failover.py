@@ -58,6 +58,11 @@ def test_decisions(
     if budgeted:
         assert decision.otherwise is not None
         assert decision.otherwise.action in (Action.ANSWER, Action.PASS)
+    if failure in (Failure.CONNECT, Failure.CONNECT_TIMEOUT) and action is Action.RETRY:
+        # nowhere else to go (a fixed endpoint): the answer the last failure calls for
+        assert decision.otherwise is not None and decision.otherwise.status == (
+            504 if failure is Failure.CONNECT_TIMEOUT else 502
+        )
 
 
 @given(

@@ -22,6 +22,7 @@ from cryptography.x509.oid import NameOID
 
 from meshlet.proxy.http.contract import HttpLimits
 from meshlet.proxy.http.h1 import serve_h1
+from meshlet_testing.sockets import hanging_port
 
 # -- an upstream origin server that records what reaches it --------------------------------
 
@@ -602,17 +603,7 @@ async def test_refused_upstream_is_502_with_the_reason(engine_proxy: Any, client
 
 
 async def test_connect_timeout_is_504(engine_proxy: Any, clients: Any) -> None:
-    # A listener whose accept queue is full drops further SYNs: connecting hangs.
-    with contextlib.ExitStack() as stack:
-        full = stack.enter_context(socket.socket())
-        full.bind(("127.0.0.1", 0))
-        full.listen(0)
-        port = full.getsockname()[1]
-        for _ in range(3):
-            filler = stack.enter_context(socket.socket())
-            filler.setblocking(False)
-            with contextlib.suppress(BlockingIOError):
-                filler.connect(("127.0.0.1", port))
+    with hanging_port() as port:
         limits = HttpLimits(connect_timeout=0.2)
         proxy = await engine_proxy(serve_h1, ("127.0.0.1", port), limits=limits)
         client = await clients(proxy.port)

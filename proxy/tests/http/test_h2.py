@@ -48,11 +48,13 @@ from hyperframe.frame import (
     WindowUpdateFrame,
 )
 
-from meshlet.proxy.http.contract import HttpLimits
+from meshlet.proxy.http.contract import Connect, HttpLimits
 from meshlet.proxy.http.h2conn import HIGH_WATER
 from meshlet.proxy.http.h2guard import GuardLimits
 from meshlet.proxy.http.h2pool import H2Pool
 from meshlet.proxy.http.h2server import serve_h2
+from meshlet.proxy.io.connect import tcp_connector
+from meshlet_testing.sockets import hanging_port
 
 Headers = Sequence[tuple[bytes, bytes]]
 TIMEOUT = 5.0
@@ -457,10 +459,11 @@ async def h2proxy(engine_proxy: Any) -> AsyncIterator[Callable[..., Awaitable[H2
         addr: tuple[str, int] | None,
         limits: HttpLimits | None = None,
         guard: GuardLimits | None = None,
+        connect: Connect = tcp_connect,
         **conn: Any,
     ) -> H2Proxy:
         limits = limits or HttpLimits()
-        pool = H2Pool(tcp_connect, limits, guard)
+        pool = H2Pool(connect, limits, guard)
         pools.append(pool)
         engine = partial(serve_h2, pool=pool, guard=guard)
         return H2Proxy(await engine_proxy(engine, addr, limits, **conn), pool)
@@ -771,6 +774,16 @@ async def test_an_unreachable_upstream_is_a_502(h2proxy, clients) -> None:
     assert got.status == 502
     assert (got.header(b"meshlet-proxy-error") or b"").startswith(b"connect to 127.0.0.1:1 failed")
     assert proxy.sample("http_client_errors_total", status_code="502") == 1
+
+
+async def test_an_upstream_that_does_not_answer_the_connect_is_a_504(h2proxy, clients) -> None:
+    with hanging_port() as port:
+        proxy = await h2proxy(("127.0.0.1", port), connect=tcp_connector(0.2))
+        client = await clients(proxy.port)
+        got = await client.get(proxy.port)
+    assert got.status == 504  # as HTTP/1 answers a connect timeout
+    assert b"timed out" in (got.header(b"meshlet-proxy-error") or b"").lower()
+    assert proxy.sample("http_client_errors_total", status_code="504") == 1
 
 
 async def test_grpc_requests_get_unavailable_in_a_trailers_only_response(h2proxy, clients) -> None:

@@ -57,6 +57,7 @@ BANNER_PORT = 9001  # a server-speaks-first service on a port nobody declared op
 INBOUND_DETECT_TIMEOUT = 1.0
 CLIENT_IP = "127.0.0.2"
 REPLICAS = {"web-1": "127.0.0.3", "web-2": "127.0.0.4", "web-3": "127.0.0.5"}
+SICK_POD = "web-1"  # fails every attempt under /sick/
 TOKENS = {"tok-web": "web", "tok-bot": "vote-bot", "tok-impostor": "impostor"}
 ECHO = "/meshlet.test.Echo/Unary"
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -79,17 +80,22 @@ async def eventually(condition: Callable[[], bool], within: float = 10.0) -> Non
 
 @dataclass
 class Faults:
-    """What web's apps do on some HTTP/1 paths, all replicas alike: under /flaky/ one attempt
-    in five fails with 500 (a seeded draw: a run is repeatable); under /broken/ every attempt
-    fails with 503; under /slow/ the answer takes 1.5 s, unless the client goes away first."""
+    """What web's apps do on some HTTP/1 paths: under /flaky/ one attempt in five fails with
+    500 (a seeded draw: a run is repeatable); under /broken/ every attempt fails with 503; under
+    /sick/ every attempt on `SICK_POD` fails with 503 (the other replicas answer); under /slow/
+    the answer takes 1.5 s, unless the client goes away first."""
 
     draw: random.Random = field(default_factory=lambda: random.Random(7))
     attempts: Counter[str] = field(default_factory=Counter)  # by the path's first segment
+    visits: Counter[tuple[str, str]] = field(default_factory=Counter)  # /sick/: (pod, path)
     cancelled: int = 0  # /slow/ requests whose client left before the answer
 
-    async def status(self, path: str, reader: asyncio.StreamReader) -> int | None:
+    async def status(self, path: str, reader: asyncio.StreamReader, pod: str) -> int | None:
         kind = path.split("/")[1]
         self.attempts[kind] += 1
+        if kind == "sick":
+            self.visits[pod, path] += 1
+            return 503 if pod == SICK_POD else 200
         if kind == "flaky":
             return 500 if self.draw.random() < 0.2 else 200
         if kind == "broken":
@@ -185,7 +191,7 @@ class App:
                 fields = dict(pairs)
                 await reader.readexactly(int(fields.get("content-length", "0")))
                 await asyncio.sleep(self.delay)
-                status = await self.faults.status(lines[0].split()[1], reader)
+                status = await self.faults.status(lines[0].split()[1], reader, self.pod)
                 if status is None:  # the client went away before the answer
                     break
                 body = self.answer(pairs)
@@ -830,6 +836,24 @@ async def test_a_retryable_route_succeeds_where_its_twin_fails_one_in_five(mesh:
     assert bot.metric("route_response_total", rt_route="GET /flaky/once",
                       status_code="500", classification="failure") == 200 - ok["once"]  # fmt: skip
     assert bot.metric("retry_skipped_total") == 0
+
+
+async def test_a_retry_goes_to_another_replica(mesh: Mesh) -> None:
+    """Under /sick/ one replica fails every attempt and the others answer. A retry is sent
+    to another replica than the one its request failed on: every request succeeds and none
+    is tried on the sick replica twice."""
+    client = await H1Client.connect(mesh.pods["vote-bot"].outbound)
+    try:
+        await profiled(mesh, client, route("GET /sick", "/sick/.*", isRetryable=True))
+        statuses = [(await client.get(WEB, path=f"/sick/{i}"))[0] for i in range(150)]
+    finally:
+        await client.close()
+    assert statuses == [200] * 150
+    on_sick = [n for (pod, _), n in mesh.faults.visits.items() if pod == SICK_POD]
+    assert len(on_sick) >= 10  # the sick replica got first attempts: retries were needed
+    assert max(on_sick) == 1
+    bot = mesh.pods["vote-bot"]
+    assert bot.metric("retry_skipped_total", rt_route="GET /sick") == 0
 
 
 async def test_the_retry_budget_caps_retries_when_every_attempt_fails(mesh: Mesh) -> None:

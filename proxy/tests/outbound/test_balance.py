@@ -48,6 +48,19 @@ def test_a_slow_endpoint_is_avoided_after_warm_up() -> None:
     assert picks["slow"] / sum(picks.values()) < 0.10
 
 
+@given(st.integers(1, 6), st.integers(0, 2**32 - 1))
+def test_a_retry_avoids_the_endpoint_its_request_failed_on(count: int, seed: int) -> None:
+    balancer: Balancer[int] = Balancer(clock=Clock(), rng=random.Random(seed))
+    balancer.update(range(count))
+    for _ in range(20):
+        failed_on = balancer.pick()
+        failed_on.release()
+        retry = balancer.pick(avoid=failed_on.endpoint)
+        retry.release()
+        # the same endpoint only when it is the only one
+        assert (retry.endpoint == failed_on.endpoint) == (count == 1)
+
+
 def test_pending_requests_spread_load() -> None:
     clock = Clock()
     balancer: Balancer[str] = Balancer(clock=clock, rng=random.Random(5))

@@ -69,6 +69,8 @@ class Decision:
     status: int = 0  # with ANSWER
     reason: str = ""  # for `meshlet-proxy-error` and logs
     budgeted: bool = False  # a retry the budget must allow, else `otherwise`
+    # With RETRY: what to do instead when the budget says no, or when there is nowhere else to
+    # send it (a connection to a fixed endpoint failed).
     otherwise: Decision | None = None
 
 
@@ -81,10 +83,12 @@ def decide(failure: Failure, attempt: Attempt) -> Decision:
     if failure is Failure.TIMEOUT:
         return Decision(Action.ANSWER, 504, "the route's timeout passed")
     if failure in (Failure.CONNECT, Failure.CONNECT_TIMEOUT):
-        if attempt.connects_failed < MAX_CONNECTS:
-            return Decision(Action.RETRY, reason="connection failed; nothing was sent")
         status = 504 if failure is Failure.CONNECT_TIMEOUT else 502
-        return Decision(Action.ANSWER, status, f"{attempt.connects_failed} connections failed")
+        gave_up = Decision(Action.ANSWER, status, f"{attempt.connects_failed} connections failed")
+        if attempt.connects_failed < MAX_CONNECTS:
+            return Decision(Action.RETRY, reason="connection failed; nothing was sent",
+                            otherwise=gave_up)  # fmt: skip
+        return gave_up
     if failure is Failure.STALE:
         if not attempt.stale_retried and attempt.replayable:
             return Decision(Action.RETRY_SAME, reason="a pooled connection had been closed")

@@ -28,6 +28,10 @@ Addr = tuple[str, int]
 class Lease(Protocol):
     """A balancer's claim on the endpoint of one request (outbound/balance.py)."""
 
+    @property
+    def endpoint(self) -> object:
+        """The endpoint as the balancer knows it (what a retry's pick avoids)."""
+
     def responded(self) -> None:
         """The first response byte arrived."""
 
@@ -76,13 +80,15 @@ class Later(enum.Enum):
 
 
 class EndpointPicker(Protocol):
-    """Where each attempt of a request goes (a balanced pick, or a fixed endpoint)."""
+    """Where each attempt of a request goes (a balanced pick, or a fixed endpoint). `after`
+    is where the request's previous attempt went: a balanced pick avoids it while another
+    endpoint is left, so a retry goes elsewhere."""
 
-    def pick_now(self) -> Endpoint | RouteError | None:
+    def pick_now(self, after: Endpoint | None = None) -> Endpoint | RouteError | None:
         """The pick, when it needs no waiting (the common case: the engines then need no task
         for the request); None: only `pick` can tell."""
 
-    async def pick(self) -> Endpoint | RouteError: ...
+    async def pick(self, after: Endpoint | None = None) -> Endpoint | RouteError: ...
 
 
 class RouteTarget(NamedTuple):

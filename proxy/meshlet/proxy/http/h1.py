@@ -160,7 +160,7 @@ class H1Shell(asyncio.Protocol):
             machine.routed(ex, routed)
             route = routed
         if ex.endpoint is None:
-            picked = route.endpoints.pick_now()
+            picked = route.endpoints.pick_now(ex.previous)
             if picked is None:
                 return False
             if isinstance(picked, RouteError):
@@ -206,7 +206,7 @@ class H1Shell(asyncio.Protocol):
                 route = routed
             if ex.endpoint is None:
                 try:
-                    picked = await route.endpoints.pick()
+                    picked = await route.endpoints.pick(ex.previous)
                 except Exception:
                     log.exception("picking an endpoint for %r failed", ex.head.authority)
                     picked = RouteError(502, "routing failed in the proxy")

@@ -154,6 +154,7 @@ class Exchange:
         "head",
         "key",
         "label",
+        "previous",
         "reparse_body",
         "replay",
         "replay_size",
@@ -179,6 +180,7 @@ class Exchange:
         self.replay_size = 0
         self.route: RouteTarget | None = None
         self.endpoint: Endpoint | None = None
+        self.previous: Endpoint | None = None  # where the last failed attempt went
         self.key: PoolKey | None = None
         self.upstream: H1Upstream | None = None
         self.response: ResponseHead | None = None  # the head relayed to the client
@@ -542,16 +544,19 @@ class H1Machine:
     def connect_failed(self, ex: Exchange, failure: Failure, reason: str) -> bool:
         """Whether to try again (the shell picks again and connects); else answered."""
         ex.connects += 1
+        if self.abandoned(ex):
+            return False
+        decision = decide(failure, ex.attempt)
         endpoint = ex.endpoint
-        if endpoint is not None and endpoint.lease is not None and not self.abandoned(ex):
+        if endpoint is not None and endpoint.lease is not None:
             # Nothing was sent: the balancer skips that endpoint for a while.
             endpoint.lease.failed()
-            if decide(failure, ex.attempt).action is Action.RETRY:
-                ex.endpoint = None
+            if decision.action is Action.RETRY:
+                ex.previous, ex.endpoint = endpoint, None
                 return True
-        if not self.abandoned(ex):
-            self._answer(ex, 504 if failure is Failure.CONNECT_TIMEOUT else 502, reason)
-            self.flush()
+        decision = decision.otherwise or decision  # a fixed endpoint: nowhere else to try
+        self._answer(ex, decision.status, reason)
+        self.flush()
         return False
 
     def attach(self, ex: Exchange, upstream: H1Upstream, key: PoolKey) -> None:
@@ -706,8 +711,8 @@ class H1Machine:
             ex.stale_retried = True
             ex.fresh = True  # a new connection to the same endpoint
         else:
-            _release(ex)  # routed again: a new lease
-            ex.endpoint = None
+            _release(ex)  # routed again: a new lease, on another endpoint when one is left
+            ex.previous, ex.endpoint = ex.endpoint, None
         replay = ex.replay or []
         ex.backlog, ex.backlog_size = [*replay, *ex.backlog], ex.replay_size + ex.backlog_size
         ex.replay, ex.replay_size = [], 0
@@ -723,7 +728,8 @@ class H1Machine:
         route = ex.route
         timeout = route.policy.timeout if route is not None else None
         self._drop_upstream(ex)  # the upstream sees its connection closed: the cancel
-        self._answer(ex, 504, f"the route's timeout of {timeout:g}s passed")
+        decision = decide(Failure.TIMEOUT, ex.attempt)  # no response yet: ANSWER 504
+        self._answer(ex, decision.status, f"the route's timeout of {timeout:g}s passed")
 
     # -- ends of exchanges ---------------------------------------------------------------
 

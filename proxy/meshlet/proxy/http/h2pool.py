@@ -31,6 +31,7 @@ _MAX_DIALS: Final = 3  # connections opened for one stream before giving up
 @dataclass(frozen=True, slots=True)
 class ConnectFailed:
     reason: str
+    timed_out: bool = False  # by the connect timeout (504 when given up), else refused (502)
 
 
 class H2Pool:
@@ -136,6 +137,8 @@ class H2Pool:
             _, protocol = await connect(addr, client)
         except Exception as exc:  # refused, timed out, TLS failed: all mean "unreachable"
             log.info("connect to %s failed: %r", where, exc)
+            if isinstance(exc, TimeoutError):
+                return ConnectFailed(f"connecting to {where} timed out", timed_out=True)
             return ConnectFailed(f"connect to {where} failed: {str(exc) or repr(exc)}")
         assert isinstance(protocol, H2Client)  # our factory's
         tcp.open()
@@ -144,7 +147,9 @@ class H2Pool:
                 await protocol.settled
         except TimeoutError:
             protocol.close()
-            return ConnectFailed(f"{where} sent no HTTP/2 SETTINGS in {limits.connect_timeout}s")
+            return ConnectFailed(
+                f"{where} sent no HTTP/2 SETTINGS in {limits.connect_timeout}s", timed_out=True
+            )
         if not protocol.usable:
             return ConnectFailed(f"connection to {where} failed at once")
         self._clients[key] = protocol

@@ -263,7 +263,7 @@ class H2Server(Peer):
                 return None
             stream.routed(routed)
             route = routed
-        target = route.endpoints.pick_now()
+        target = route.endpoints.pick_now(stream.endpoint)  # where a retry's last try went
         if target is None:
             return False
         if isinstance(target, RouteError):
@@ -329,7 +329,7 @@ class H2Server(Peer):
                     target: Endpoint | RouteError = picked
                     picked = None
                 else:
-                    target = await route.endpoints.pick()
+                    target = await route.endpoints.pick(stream.endpoint)
                 if _gone(stream):
                     if not isinstance(target, RouteError) and target.lease is not None:
                         target.lease.release()
@@ -353,9 +353,11 @@ class H2Server(Peer):
                 attempt = Attempt(sends=stream.sends, connects_failed=stream.connects,
                                   stale_retried=False, replayable=True, retryable_route=False,
                                   method=request.method, responded=False)  # fmt: skip
-                decision = decide(Failure.CONNECT, attempt)
+                failure = Failure.CONNECT_TIMEOUT if failed.timed_out else Failure.CONNECT
+                decision = decide(failure, attempt)
                 if target.lease is None or decision.action is not Action.RETRY:
-                    stream.answer(502, failed.reason)
+                    decision = decision.otherwise or decision  # nowhere else to try
+                    stream.answer(decision.status, failed.reason)
                     return
                 # Nothing was sent anywhere: route it again, maybe to another endpoint.
         except Exception:

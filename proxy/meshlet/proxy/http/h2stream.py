@@ -364,8 +364,9 @@ class ProxyStream:
         self._detach()
         route = self.route
         timeout = route.policy.timeout if route is not None else None
-        self.answer(504, f"the route's timeout of {timeout:g}s passed" if timeout else
-                    "the route's timeout passed", grpc_status=GRPC_DEADLINE_EXCEEDED)  # fmt: skip
+        decision = decide(Failure.TIMEOUT, self._attempt())  # no response yet: ANSWER 504
+        why = f"the route's timeout of {timeout:g}s passed" if timeout else "the timeout passed"
+        self.answer(decision.status, why, grpc_status=GRPC_DEADLINE_EXCEEDED)
 
     def body_too_slow(self, reason: str) -> None:
         """The client sent its request body slower than the minimum rate: the upstream stream

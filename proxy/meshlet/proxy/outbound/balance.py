@@ -117,7 +117,9 @@ class Balancer(Generic[E]):
     def backing_off(self, endpoint: E) -> bool:
         return self._stats[endpoint].down_until > self._clock()
 
-    def pick(self) -> Lease[E]:
+    def pick(self, avoid: object = None) -> Lease[E]:
+        """A lease on the less loaded of two endpoints drawn among those not backing off, and
+        not `avoid` (where a retried request failed) while any other is left."""
         if not self._endpoints:
             raise NoEndpoints
         candidates = self._endpoints
@@ -125,6 +127,8 @@ class Balancer(Generic[E]):
         if self._down_until > now:
             up = [ep for ep in candidates if self._stats[ep].down_until <= now]
             candidates = up or candidates
+        if avoid is not None and len(candidates) > 1:
+            candidates = [ep for ep in candidates if ep != avoid] or candidates
         endpoint = p2c.choose(candidates, self.load, self._rng)
         stats = self._stats[endpoint]
         stats.ewma.pending += 1

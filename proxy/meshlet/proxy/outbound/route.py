@@ -47,22 +47,22 @@ class DiscoveredPicker:
     session: SessionProtocol
     fallback: EndpointPicker | None
 
-    def pick_now(self) -> Endpoint | RouteError | None:
-        picked = self.mesh.pick_now(self.destination, self.session)
+    def pick_now(self, after: Endpoint | None = None) -> Endpoint | RouteError | None:
+        picked = self.mesh.pick_now(self.destination, self.session, after)
         if picked is Later.LATER:
             return None
         if picked is not None:
             return picked
         if self.fallback is not None:
-            return self.fallback.pick_now()
+            return self.fallback.pick_now(after)
         return _UNKNOWN
 
-    async def pick(self) -> Endpoint | RouteError:
-        picked = await self.mesh.pick(self.destination, self.session)
+    async def pick(self, after: Endpoint | None = None) -> Endpoint | RouteError:
+        picked = await self.mesh.pick(self.destination, self.session, after)
         if picked is not None:
             return picked
         if self.fallback is not None:
-            return await self.fallback.pick()
+            return await self.fallback.pick(after)
         return _UNKNOWN
 
 
@@ -75,10 +75,10 @@ class DnsPicker:
     local_ip: str
     metrics: ProxyMetrics
 
-    def pick_now(self) -> None:
+    def pick_now(self, after: Endpoint | None = None) -> None:
         return None  # a name lookup
 
-    async def pick(self) -> Endpoint | RouteError:
+    async def pick(self, after: Endpoint | None = None) -> Endpoint | RouteError:
         routed = await by_authority(self.authority, self.self_targets, self.local_ip)
         if isinstance(routed, RouteError):
             return routed

@@ -152,7 +152,7 @@ class MeshRouter:
         )
 
     def pick_now(
-        self, destination: Destination, session: SessionProtocol
+        self, destination: Destination, session: SessionProtocol, after: Endpoint | None = None
     ) -> Endpoint | RouteError | Later | None:
         """`pick` when it needs no waiting; LATER when it does (a traffic split to follow, or
         endpoints not reported yet)."""
@@ -168,14 +168,15 @@ class MeshRouter:
             return Later.LATER
         if destination.endpoints.status is Status.PENDING:
             return Later.LATER
-        return self._balanced(destination, session)
+        return self._balanced(destination, session, after)
 
     async def pick(
-        self, destination: Destination, session: SessionProtocol
+        self, destination: Destination, session: SessionProtocol, after: Endpoint | None = None
     ) -> Endpoint | RouteError | None:
-        """The endpoint for one request or connection; None when discovery does not know the
-        destination (it is then sent where it was going, unmeshed)."""
-        picked = self.pick_now(destination, session)
+        """The endpoint for one request or connection (not `after`, where its previous attempt
+        went, while another is left); None when discovery does not know the destination (it is
+        then sent where it was going, unmeshed)."""
+        picked = self.pick_now(destination, session, after)
         if picked is not Later.LATER:
             return picked
         profile = destination.profile
@@ -189,7 +190,7 @@ class MeshRouter:
                     await destination.wait_endpoints()
             except TimeoutError:
                 return self._fail_fast("the destination service has not reported endpoints")
-        return self._balanced(destination, session)
+        return self._balanced(destination, session, after)
 
     def _split(self, overrides: tuple[DstOverride, ...]) -> str:
         """An override's authority, drawn by weight (the first when all weigh nothing)."""
@@ -199,7 +200,7 @@ class MeshRouter:
         return self._rng.choices(overrides, weights=weights)[0].authority
 
     def _balanced(
-        self, destination: Destination, session: SessionProtocol
+        self, destination: Destination, session: SessionProtocol, after: Endpoint | None
     ) -> Endpoint | RouteError | None:
         endpoints = destination.endpoints
         name = destination.profile.fqn if destination.profile else None
@@ -211,7 +212,7 @@ class MeshRouter:
             balancer.update(endpoints.endpoints)
             self._balancers[authority] = (endpoints.version, balancer)
         try:
-            lease = balancer.pick()
+            lease = balancer.pick(after.lease.endpoint if after and after.lease else None)
         except NoEndpoints:
             return self._fail_fast(f"{authority} has no endpoints")
         return self._reach(endpoints.endpoints[lease.endpoint], session, authority, lease)
