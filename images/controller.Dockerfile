@@ -1,6 +1,10 @@
 # meshlet-controller (destination, identity, injector): the base dependencies only, no CLI extra.
 # Build from the repository root: make images
 FROM python:3.11-slim AS build
+# python-iptables (a base dependency) has no wheels: its C extension is built here.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY proto proto

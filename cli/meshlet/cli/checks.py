@@ -141,6 +141,13 @@ def crds(s: Snapshot, now: dt.datetime) -> None:
         )
 
 
+def crds_before_install(s: Snapshot, now: dt.datetime) -> None:
+    """Before installing, a missing CRD is the next step, not a failure."""
+    if s.crd is None:
+        raise _Fail(s.errors.get("crd", f"{wk.SERVICEPROFILE_CRD} not installed yet"),
+                    Status.WARNING)  # fmt: skip
+
+
 def namespace_free(s: Snapshot, now: dt.datetime) -> None:
     if s.control_namespace is not None:
         raise _Fail(f"namespace {s.namespace} exists already", Status.WARNING)
@@ -304,13 +311,13 @@ API: Final[tuple[Entry, ...]] = (
     ("kubernetes-api", "can query the Kubernetes API", api_query,
      "is the cluster running and reachable from here? try kubectl version"),
     ("kubernetes-version", "is running the minimum Kubernetes API version (1.29)", version,
-     "upgrade the cluster, or install with --set proxy.nativeSidecar=false"),
+     "upgrade the cluster to Kubernetes 1.29 or later: the charts need native sidecars"),
 )  # fmt: skip
 PRE: Final[tuple[Entry, ...]] = (
     ("pre-kubernetes-setup", "control plane namespace does not already exist", namespace_free,
      "meshlet seems installed: run meshlet check"),
-    ("pre-kubernetes-setup", "ServiceProfile CRD is installed", crds,
-     "run: meshlet install --crds | kubectl apply -f -"),
+    ("pre-kubernetes-setup", "ServiceProfile CRD is installed", crds_before_install,
+     "install it first: meshlet install --crds | kubectl apply -f -"),
 )  # fmt: skip
 INSTALLED: Final[tuple[Entry, ...]] = (
     ("meshlet-crds", "ServiceProfile CRD is installed", crds,
