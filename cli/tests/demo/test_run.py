@@ -8,8 +8,10 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +51,7 @@ class MachineState:
 
 
 PR_SET_CHILD_SUBREAPER = 36
+BUILD_INTERRUPT_AFTER = 1.5  # seconds: the build takes several (CA, control plane, six pods)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -96,8 +99,22 @@ def _counters(iptables_save: str) -> str:
 
 
 @pytest.fixture
-def run_demo(netns_available: None, tmp_path: Path) -> Iterator[Any]:
+def machine_unchanged(netns_available: None) -> Iterator[None]:
+    """Fails the test if the machine's namespaces, links, rules, files or processes differ
+    from what they were before it."""
     before = MachineState.read()
+    yield
+    after = MachineState.read()
+    assert after.netns == before.netns
+    assert after.links == before.links
+    assert _counters(after.iptables) == _counters(before.iptables)
+    assert after.etc_netns == before.etc_netns
+    assert after.files == before.files
+    assert after.processes <= before.processes, after.processes - before.processes
+
+
+@pytest.fixture
+def run_demo(machine_unchanged: None, tmp_path: Path) -> Any:
 
     def run(*args: str, duration: float) -> dict[str, Any]:
         summary = tmp_path / "summary.json"
@@ -111,14 +128,18 @@ def run_demo(netns_available: None, tmp_path: Path) -> Iterator[Any]:
         data: dict[str, Any] = json.loads(summary.read_text())
         return data
 
-    yield run
-    after = MachineState.read()
-    assert after.netns == before.netns
-    assert after.links == before.links
-    assert _counters(after.iptables) == _counters(before.iptables)
-    assert after.etc_netns == before.etc_netns
-    assert after.files == before.files
-    assert after.processes <= before.processes, after.processes - before.processes
+    return run
+
+
+@pytest.mark.netns
+def test_ctrl_c_while_the_mesh_is_built_leaves_nothing(machine_unchanged: None) -> None:
+    argv = [sys.executable, "-m", "meshlet.cli.main", "demo", "--mode", "netns", "--duration", "30"]
+    demo = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    time.sleep(BUILD_INTERRUPT_AFTER)
+    demo.send_signal(signal.SIGINT)
+    out, _ = demo.communicate(timeout=60)
+    # 130: interrupted while building (a run stopped by Ctrl-C ends 0, with its summary)
+    assert demo.returncode == 130, out[-3000:]
 
 
 @pytest.mark.netns
@@ -135,8 +156,10 @@ def test_the_demo_runs_a_meshed_application_and_leaves_nothing(run_demo: Any) ->
     for name in ("web", "api", "store"):
         workload = summary["workloads"][name]
         assert workload["mtls"] == 1.0, (name, workload)
-    assert summary["workloads"]["web"]["peers"] == [topology.layout(topology.Mode.NETNS)
-                                                    .pod("load-1").identity]  # fmt: skip
+    layout = topology.layout(topology.Mode.NETNS)
+    callers = {"web": "load-1", "api": "web-1", "store": "web-1"}  # each workload's callers
+    for name, caller in callers.items():  # the identity each server-side proxy verified
+        assert summary["workloads"][name]["peers"] == [layout.pod(caller).identity], name
     assert summary["workloads"]["store"]["connections_per_s"] > 10  # opaque TCP, meshed too
     # An opaque port: no detection wait (that would be DETECT_TIMEOUT_SECONDS, 10 s); the
     # bound leaves room for a busy 2-core machine (~35 ms typical, 120 ms seen).

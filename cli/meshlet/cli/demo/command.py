@@ -95,8 +95,9 @@ def demo(
     meshlet-proxy by iptables (meshlet-init); the control plane (destination, identity) runs
     beside them. The application: a load generator calling web (HTTP/1.1), which calls api
     (gRPC, three replicas, api-3 50 ms slower) and store (a server-speaks-first TCP protocol on
-    an opaque port). Every call crosses the mesh over mutual TLS; the screen shows what the
-    proxies report, refreshed every second. Everything made is removed at the end.
+    an opaque port). Every call crosses the mesh over mutual TLS (in loopback mode the store is
+    called directly); the screen shows what the proxies report, refreshed every second.
+    Everything made is removed at the end.
     """
     if ctx.invoked_subcommand is not None:
         return

@@ -1,9 +1,9 @@
 """The demo's network in netns mode: a bridge and one namespace per pod, as iproute2 commands.
 
-`plan` and `teardown` are pure: lists of argv that `meshlet demo --dry-run` prints and `apply`
-runs. The bridge carries the host's address (what scrapes the pods' admin ports, like a node
-reaching its pods); the control plane gets a namespace of its own and no iptables rules; every
-pod namespace has a veth on the bridge, its own address, and a default route through the bridge.
+`plan` and `teardown` are pure: lists of argv that `apply` runs (and a golden test pins). The
+bridge carries the host's address (what scrapes the pods' admin ports, like a node reaching its
+pods); the control plane gets a namespace of its own and no iptables rules; every pod namespace
+has a veth on the bridge, its own address, and a default route through the bridge.
 Deleting a namespace removes the veth in it and so its peer on the bridge: `teardown` deletes the
 namespaces, then the bridge, then the per-namespace /etc files `ip netns exec` mounts.
 """

@@ -93,13 +93,17 @@ class Demo:
     # -- bringing it up ---------------------------------------------------------------------
 
     def up(self) -> None:
-        """Builds the mesh; DemoError (after undoing what was made) if it cannot."""
+        """Builds the mesh; DemoError (after undoing what was made) if it cannot. Interrupted
+        (Ctrl-C) or failing in any other way, it undoes what was made too, then lets go."""
         self._claim_root()
         try:
             self._build()
         except (StartError, network.NetworkError, OSError) as exc:
             self.down()
             raise DemoError(str(exc)) from None
+        except BaseException:
+            self.down()
+            raise
 
     def _claim_root(self) -> None:
         previous = Record.load(self.root)
