@@ -57,7 +57,6 @@ BANNER_PORT = 9001  # a server-speaks-first service on a port nobody declared op
 INBOUND_DETECT_TIMEOUT = 1.0
 CLIENT_IP = "127.0.0.2"
 REPLICAS = {"web-1": "127.0.0.3", "web-2": "127.0.0.4", "web-3": "127.0.0.5"}
-SICK_POD = "web-1"  # fails every attempt under /sick/
 TOKENS = {"tok-web": "web", "tok-bot": "vote-bot", "tok-impostor": "impostor"}
 ECHO = "/meshlet.test.Echo/Unary"
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -82,12 +81,14 @@ async def eventually(condition: Callable[[], bool], within: float = 10.0) -> Non
 class Faults:
     """What web's apps do on some HTTP/1 paths: under /flaky/ one attempt in five fails with
     500 (a seeded draw: a run is repeatable); under /broken/ every attempt fails with 503; under
-    /sick/ every attempt on `SICK_POD` fails with 503 (the other replicas answer); under /slow/
-    the answer takes 1.5 s, unless the client goes away first."""
+    /sick/ every attempt on one replica, the first to get one, fails with 503 (the others
+    answer; its fast failures then make it the balancer's favourite for first attempts); under
+    /slow/ the answer takes 1.5 s, unless the client goes away first."""
 
     draw: random.Random = field(default_factory=lambda: random.Random(7))
     attempts: Counter[str] = field(default_factory=Counter)  # by the path's first segment
     visits: Counter[tuple[str, str]] = field(default_factory=Counter)  # /sick/: (pod, path)
+    sick: str = ""  # the pod that fails /sick/
     cancelled: int = 0  # /slow/ requests whose client left before the answer
 
     async def status(self, path: str, reader: asyncio.StreamReader, pod: str) -> int | None:
@@ -95,7 +96,8 @@ class Faults:
         self.attempts[kind] += 1
         if kind == "sick":
             self.visits[pod, path] += 1
-            return 503 if pod == SICK_POD else 200
+            self.sick = self.sick or pod
+            return 503 if pod == self.sick else 200
         if kind == "flaky":
             return 500 if self.draw.random() < 0.2 else 200
         if kind == "broken":
@@ -849,7 +851,7 @@ async def test_a_retry_goes_to_another_replica(mesh: Mesh) -> None:
     finally:
         await client.close()
     assert statuses == [200] * 150
-    on_sick = [n for (pod, _), n in mesh.faults.visits.items() if pod == SICK_POD]
+    on_sick = [n for (pod, _), n in mesh.faults.visits.items() if pod == mesh.faults.sick]
     assert len(on_sick) >= 10  # the sick replica got first attempts: retries were needed
     assert max(on_sick) == 1
     bot = mesh.pods["vote-bot"]

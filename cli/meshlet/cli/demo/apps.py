@@ -28,17 +28,13 @@ from typing import Any, Final
 
 import click
 
+from meshlet.api.hostport import parse_hostport
 from meshlet.cli.demo import topology
 
 SLOW_DRILL_DELAY: Final = 0.2
 LATENCY_BUCKETS_MS: Final = (5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000, 2000, 5000)
 MAX_IN_FLIGHT: Final = 64  # load: calls past this are counted as dropped, not queued
 CALL_TIMEOUT: Final = 5.0
-
-
-def _split(addr: str) -> tuple[str, int]:
-    host, _, port = addr.rpartition(":")
-    return host.strip("[]"), int(port)
 
 
 @click.group(hidden=True)
@@ -104,7 +100,7 @@ async def _store(listen: str, pod: str) -> None:
                 await writer.drain()
         writer.close()
 
-    server = await asyncio.start_server(serve, *_split(listen))
+    server = await asyncio.start_server(serve, *parse_hostport(listen))
     await _until_terminated()
     server.close()
 
@@ -132,7 +128,7 @@ async def _web(listen: str, pod: str, api_addr: str, store_addr: str, via_proxy:
 
     async def call_store() -> tuple[str, float]:
         started = time.perf_counter()
-        reader, writer = await asyncio.open_connection(*_split(store_addr))
+        reader, writer = await asyncio.open_connection(*parse_hostport(store_addr))
         try:
             banner = await reader.readline()
             first_byte_ms = (time.perf_counter() - started) * 1000
@@ -174,7 +170,7 @@ async def _web(listen: str, pod: str, api_addr: str, store_addr: str, via_proxy:
                     break
         writer.close()
 
-    server = await asyncio.start_server(serve, *_split(listen))
+    server = await asyncio.start_server(serve, *parse_hostport(listen))
     await _until_terminated()
     server.close()
     await channel.close()
@@ -245,7 +241,7 @@ async def _load(target: str, rate: float, stats_file: Path, via_proxy: str) -> N
     stats = _Stats()
     idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
     in_flight = 0
-    connect_to = _split(via_proxy or target)
+    connect_to = parse_hostport(via_proxy or target)
     request = f"GET / HTTP/1.1\r\nHost: {target}\r\nuser-agent: meshlet-demo-load\r\n\r\n".encode()
 
     async def call() -> None:
