@@ -131,6 +131,36 @@ def test_a_peer_offering_a_huge_table_does_not_get_us_to_keep_one() -> None:
     assert sum(len(n) + len(v) + 32 for n, v in entries) <= 4096
 
 
+@settings(max_examples=300, deadline=None)
+@given(_blocks, st.lists(st.integers(0, 11), max_size=30))
+def test_repeated_blocks_decode_as_the_table_says_now(
+    blocks: list[tuple[list[HeaderTuple], int | None]], order: list[int]
+) -> None:
+    """Header lists sent again in any order (a peer that indexes sends the same bytes): what
+    a block decodes to follows the table as it is now, cached or not."""
+    encoder, decoder = hpack.Encoder(), Decoder(max_header_list_size=1 << 30)
+    decoder.max_allowed_table_size = 8192
+    for turn, pick in enumerate(order if blocks else []):
+        headers, table_size = blocks[pick % len(blocks)]
+        if table_size is not None and turn % 3 == 0:  # now and then the table changes size
+            encoder.header_table_size = table_size
+        for _ in range(2):  # the second time, fields already in the table are indexed
+            _same(decoder.decode(encoder.encode(headers)), headers, flags=False)
+
+
+def test_a_cached_block_follows_the_table_and_the_limit() -> None:
+    decoder = Decoder()
+    decoder.decode(bytes([0x40, 3]) + b"x-a" + bytes([1]) + b"1")  # adds x-a: 1 as entry 62
+    newest = bytes([0x80 | 62])
+    assert decoder.decode(newest) == decoder.decode(newest) == [(b"x-a", b"1")]
+    decoder.decode(bytes([0x40, 3]) + b"x-b" + bytes([1]) + b"2")  # now 62 is x-b: 2
+    assert decoder.decode(newest) == [(b"x-b", b"2")]
+    decoder.max_header_list_size = 10  # lowered: the cached block no longer fits
+    with pytest.raises(OversizedHeaderListError):
+        decoder.decode(newest)
+    assert len(decoder._blocks) <= h2hpack._BLOCK_CACHE_ENTRIES
+
+
 def test_huffman_literals_a_peer_repeats_decode_the_same_from_the_cache() -> None:
     """nginx sends its response headers as Huffman-coded literals, never indexed: the same
     strings again and again, decoded once and then looked up."""

@@ -47,6 +47,11 @@ _HUFFMAN_MAX_BITS: Final = 30  # the longest Huffman code: n coded bytes hold >=
 _HUFFMAN_CACHE: Final[dict[bytes, bytes]] = {}
 _HUFFMAN_CACHE_ENTRIES: Final = 1024
 _HUFFMAN_CACHE_LENGTH: Final = 64
+# Whole header blocks decoded lately, per connection: a peer that indexes sends the same bytes
+# for the same headers (a client's requests, a proxy's), and a block that adds nothing to the
+# dynamic table decodes to the same list while the table is unchanged. Bounded like the above.
+_BLOCK_CACHE_ENTRIES: Final = 64
+_BLOCK_CACHE_LENGTH: Final = 512
 
 
 def _huffman(coded: bytes) -> bytes:
@@ -99,6 +104,10 @@ class Decoder:
         self._max_size = DEFAULT_TABLE_SIZE  # set by the encoder's size updates
         self._entries: deque[HeaderTuple] = deque()  # newest first
         self._size = 0
+        self._generation = 0  # changes with the dynamic table
+        # block -> (table generation, header list size, headers) of blocks that left the table
+        # as it was
+        self._blocks: dict[bytes, tuple[int, int, tuple[HeaderTuple, ...]]] = {}
 
     @property
     def header_table_size(self) -> int:
@@ -113,6 +122,7 @@ class Decoder:
         raise InvalidTableIndexError(f"invalid table index {index}")
 
     def _add(self, header: HeaderTuple) -> None:
+        self._generation += 1
         size = len(header[0]) + len(header[1]) + ENTRY_OVERHEAD
         entries = self._entries
         if size > self._max_size:
@@ -128,6 +138,7 @@ class Decoder:
     def _resize(self, size: int) -> None:
         if size > self.max_allowed_table_size:
             raise InvalidTableSizeError("table size update above the advertised maximum")
+        self._generation += 1
         self._max_size = size
         entries = self._entries
         while self._size > size:
@@ -160,9 +171,17 @@ class Decoder:
         if not raw:
             raise ValueError("only raw (bytes) decoding is supported")
         data = bytes(data)
+        limit = self.max_header_list_size
+        generation = self._generation
+        cached = self._blocks.get(data)
+        if cached is not None and cached[0] == generation:
+            if cached[1] > limit:
+                raise OversizedHeaderListError(f"a header list larger than {limit} bytes")
+            if self._max_size > self.max_allowed_table_size:
+                raise InvalidTableSizeError("the encoder did not shrink its table")
+            return list(cached[2])
         headers: list[HeaderTuple] = []
         size = 0
-        limit = self.max_header_list_size
         pos = 0
         end = len(data)
         while pos < end:
@@ -208,6 +227,11 @@ class Decoder:
             headers.append(header)
         if self._max_size > self.max_allowed_table_size:
             raise InvalidTableSizeError("the encoder did not shrink its table")
+        if self._generation == generation and len(data) <= _BLOCK_CACHE_LENGTH:
+            blocks = self._blocks
+            if len(blocks) >= _BLOCK_CACHE_ENTRIES:
+                blocks.clear()
+            blocks[data] = (generation, size, tuple(headers))
         return headers
 
 
