@@ -132,6 +132,30 @@ def run_demo(machine_unchanged: None, tmp_path: Path) -> Any:
 
 
 @pytest.mark.netns
+def test_keep_leaves_the_mesh_running_until_demo_down(machine_unchanged: None) -> None:
+    """--keep: the mesh outlives the command and serves what it prints (a call to web from
+    the load pod, through both proxies); `meshlet demo down` then removes all of it."""
+    meshlet = [sys.executable, "-m", "meshlet.cli.main", "demo"]
+    try:
+        run = subprocess.run([*meshlet, "--mode", "netns", "--duration", "3", "--keep"],
+                             capture_output=True, text=True, timeout=90, check=False)  # fmt: skip
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        assert "stop it and remove everything: meshlet demo down" in run.stdout
+        load = topology.netns_name("load-1")
+        assert f"ip netns exec {load} curl -s http://web.demo/" in run.stdout
+        call = subprocess.run(["ip", "netns", "exec", load, "curl", "-s", "-m", "5",
+                               "http://web.demo/"],
+                              capture_output=True, text=True, timeout=20, check=False)  # fmt: skip
+        answer = json.loads(call.stdout)
+        assert answer["web"] == "web-1" and answer["api"].startswith("api-"), answer
+    finally:
+        down = subprocess.run([*meshlet, "down"], capture_output=True, text=True, timeout=60,
+                              check=False)  # fmt: skip
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert "stopped the demo and removed everything it made" in down.stdout
+
+
+@pytest.mark.netns
 def test_ctrl_c_while_the_mesh_is_built_leaves_nothing(machine_unchanged: None) -> None:
     argv = [sys.executable, "-m", "meshlet.cli.main", "demo", "--mode", "netns", "--duration", "30"]
     demo = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
