@@ -114,5 +114,12 @@ def existing_netns(prefix: str) -> list[str]:
     return [name for name in names if name.startswith(prefix)]
 
 
+def pids_in(netns: str) -> list[int]:
+    """The processes running in the network namespace `netns` (none when it is gone)."""
+    result = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True,
+                            timeout=30, check=False)  # fmt: skip
+    return [int(pid) for pid in result.stdout.split() if pid.isdigit()]
+
+
 def link_exists(name: str) -> bool:
     return Path("/sys/class/net", name).exists()

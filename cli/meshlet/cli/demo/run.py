@@ -532,6 +532,10 @@ def undo(record: Record) -> list[str]:
     """Stops a demo's processes and removes its namespaces, links and files (also those of a
     demo in another process, or one that died); the problems met."""
     stop_pids([pid for pid in record.processes.values() if _alive(pid)], grace=5.0)
+    # What runs in a pod's namespace and was never recorded (started as an interrupt arrived):
+    # while it lives, the namespace, and its veth on the host, outlive `ip netns del`.
+    strays = [pid for ns in record.netns for pid in network.pids_in(ns)]
+    stop_pids(strays, grace=2.0, group=False)
     problems = []
     if record.netns or network.link_exists(topology.BRIDGE):
         problems += network.undo(network.teardown(record.netns), [Path(p) for p in record.etc])

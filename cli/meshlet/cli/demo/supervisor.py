@@ -196,17 +196,19 @@ def http_ok(url: str, timeout: float = 1.0) -> bool:
         return False
 
 
-def stop_pids(pids: list[int], grace: float) -> None:
-    """SIGTERM to each process group, then SIGKILL to those left after `grace` seconds."""
+def stop_pids(pids: list[int], grace: float, group: bool = True) -> None:
+    """SIGTERM to each process group (each process, without `group`), then SIGKILL to those
+    left after `grace` seconds."""
+    kill = os.killpg if group else os.kill
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGTERM)
+            kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline and any(_exists(pid) for pid in pids):
         time.sleep(0.05)
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
+            kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 2.0
     while time.monotonic() < deadline and any(_exists(pid) for pid in pids):
         time.sleep(0.05)
