@@ -6,8 +6,8 @@ from __future__ import annotations
 class RecordingLease:
     """Each call, in order: "responded", "release", "failed"."""
 
-    def __init__(self, endpoint: object = None) -> None:
-        self.endpoint = endpoint  # as a balancer knows it
+    def __init__(self) -> None:
+        self.endpoint: object = None  # a balancer's key; none here
         self.events: list[str] = []
 
     def responded(self) -> None:

@@ -3,10 +3,10 @@
 HTTP/1 is decided from a short prefix that no other protocol the proxy must relay starts with,
 never from a whole request line: a known method and a space (`GET `), or any other method token,
 a space and the start of a request target (`/`, `*`, `http://`), after any empty lines (which
-HTTP/1 servers skip before a request line). What follows (an over-long
-target, a bad version, smuggling) is the HTTP/1 engine's to refuse (414, 505, 400). Deciding
-early matters for security: bytes an HTTP server would parse as a request must never be relayed
-as opaque TCP, where the proxy's HTTP defences and its `meshlet-client-id` header do not apply.
+HTTP/1 servers skip before a request line). What follows (an over-long target, a bad version,
+smuggling) is the HTTP/1 engine's to refuse (414, 505, 400). Deciding early matters for
+security: bytes an HTTP server would parse as a request must never be relayed as opaque TCP,
+where the proxy's HTTP defences and its `meshlet-client-id` header do not apply.
 
 Bytes that are still a prefix of an HTTP request when no more will be awaited (the detection
 timeout, or PEEK_BYTES seen) are HTTP/1 too (`final=True`): the engine then answers 408 or 400.
@@ -73,7 +73,7 @@ def detect(data: bytes, *, final: bool = False) -> Protocol | NeedMore:
         return Protocol.HTTP1 if final else NEED_MORE  # `PRI * HTTP/2.0…` cut short
     # Empty lines before a request line are skipped by HTTP/1 servers (RFC 9112 2.2; llhttp
     # skips any number), so they must not hide the request behind them from detection.
-    verdict = _http1(data.lstrip(b"\r\n")) if data[0] in b"\r\n" else _http1(data)
+    verdict = _http1(data.lstrip(b"\r\n"))
     if verdict is NEED_MORE and (final or len(data) >= PEEK_BYTES):
         return Protocol.HTTP1
     return verdict
