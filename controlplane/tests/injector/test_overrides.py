@@ -62,3 +62,29 @@ def test_a_bad_pod_value_falls_back_to_the_namespace() -> None:
 def test_every_setting_is_a_config_annotation() -> None:
     assert all(s.annotation.startswith(wk.CONFIG_ANNOTATION_PREFIX) for s in SETTINGS)
     assert len({s.annotation for s in SETTINGS}) == len(SETTINGS)
+
+
+def test_an_annotation_the_proxy_would_refuse_is_ignored_and_named() -> None:
+    """A duration of ten digits parses as a duration, but the proxy's loader refuses it (the
+    proxy would exit 64 and the pod never start): the injector keeps the default and says so."""
+    resolved = resolve(
+        DEFAULTS,
+        {},
+        {
+            wk.SHUTDOWN_GRACE_PERIOD_ANNOTATION: "1234567890s",
+            wk.OUTBOUND_CONNECT_TIMEOUT_ANNOTATION: "2s",
+        },
+    )
+    assert resolved.settings.shutdown_grace_period == DEFAULTS.shutdown_grace_period
+    assert resolved.settings.outbound_connect_timeout == "2s"
+    assert resolved.messages == (
+        "pod annotation config.meshlet.io/proxy-shutdown-grace-period='1234567890s' ignored:"
+        " expected a duration such as 500ms, 10s or 2m",
+    )
+
+
+def test_the_proxy_image_annotation_never_sets_the_init_image() -> None:
+    """The init container runs as root with NET_ADMIN: its image is the installation's."""
+    resolved = resolve(DEFAULTS, {}, {wk.PROXY_IMAGE_ANNOTATION: "evil.example/rootkit:1"})
+    assert resolved.settings.image == "evil.example/rootkit:1"
+    assert resolved.settings.init_image == DEFAULTS.image

@@ -131,6 +131,10 @@ def test_overrides_reach_the_proxy_and_init(config: InjectConfig) -> None:
     assert loaded.shutdown_grace_period == 30.0
     assert proxy_of(meshed)["resources"] == {"limits": {"cpu": "1", "memory": "128Mi"}}
     assert proxy_of(meshed)["image"] == "registry.local/meshlet/proxy:dev"
+    # ...but never the init container's, which runs as root with NET_ADMIN and NET_RAW
+    init = meshed["spec"]["initContainers"][0]
+    assert init["name"] == wk.INIT_CONTAINER
+    assert init["image"] == config.proxy.image != "registry.local/meshlet/proxy:dev"
 
 
 def test_namespace_settings_apply_and_are_copied_onto_the_pod(config: InjectConfig) -> None:

@@ -195,6 +195,17 @@ _TABLE: Final[dict[wellknown.ProxyEnv, tuple[str, Callable[[str], Any]]]] = {
 _FIELDS: Final = {field_name: env for env, (field_name, _) in _TABLE.items()}
 
 
+def check(name: wellknown.ProxyEnv, raw: str) -> None:
+    """Raises ValueError (saying what is expected) when the proxy would refuse `raw` as the
+    value of `name`: the injector checks annotation values with this, so that an annotation
+    never makes a proxy exit."""
+    _, parse = _TABLE[name]
+    try:
+        parse(raw)
+    except KeyError as exc:
+        raise ValueError(str(exc)) from None
+
+
 def env_name(field_name: str) -> str:
     return str(_FIELDS[field_name])
 

@@ -11,10 +11,10 @@ import re
 from typing import Final
 
 from meshlet.api import wellknown
+from meshlet.api.durations import parse_duration
 from meshlet.api.ports import parse_ports
 
 _QUANTITY: Final = re.compile(r"(\d+(\.\d+)?|\.\d+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
-_DURATION: Final = re.compile(r"\d+(\.\d+)?(ms|s|m|h)")
 # registry/path[:tag][@digest]: no spaces or control characters, bounded length
 _IMAGE: Final = re.compile(r"[a-z0-9][a-zA-Z0-9._/:@+-]{0,511}")
 _TRUE: Final = frozenset({"true", "enabled", "1", "yes"})
@@ -36,10 +36,9 @@ def quantity(text: str) -> str:
 
 
 def duration(text: str) -> str:
-    """A proxy duration: `500ms`, `10s`, `2m`, `1h`."""
+    """A proxy duration: `500ms`, `10s`, `2m`, `1h` (the proxy's own grammar)."""
     value = text.strip()
-    if not _DURATION.fullmatch(value):
-        raise ValueError("expected a duration such as 500ms, 10s or 2m")
+    parse_duration(value)
     return value
 
 

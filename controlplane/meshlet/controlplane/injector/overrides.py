@@ -1,7 +1,10 @@
 """`config.meshlet.io/*` annotations: the per-pod proxy settings, over the mesh-wide defaults.
 
-A pod's annotation wins over its namespace's. A value that does not parse is ignored with a
-message (the default stays in force): a typo never blocks a pod.
+A pod's annotation wins over its namespace's. A value that does not parse, or that the proxy's
+own loader would refuse (so that the proxy would exit and the pod never start), is ignored with
+a message and the default stays in force: a typo never blocks a pod. No annotation grants
+privilege: the init container, which runs as root with NET_ADMIN and NET_RAW, always runs the
+installation's image, whatever `config.meshlet.io/proxy-image` says.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any, Final
 from meshlet.api import wellknown
 from meshlet.controlplane.injector import grammar
 from meshlet.controlplane.injector.config import ProxyDefaults, Resources
+from meshlet.proxy import config as proxy_config
 
 MAX_SHOWN: Final = 60  # characters of a bad value quoted back in a message
 
@@ -23,21 +27,46 @@ class Setting:
     annotation: str
     field: str  # of ProxySettings
     parse: Callable[[str], Any]
+    # The proxy variable the value becomes: checked with the proxy's own parser too.
+    env: wellknown.ProxyEnv | None = None
 
 
 # The one table of the annotations the injector reads.
 SETTINGS: Final = (
     Setting(wellknown.PROXY_IMAGE_ANNOTATION, "image", grammar.image),
-    Setting(wellknown.PROXY_LOG_LEVEL_ANNOTATION, "log_level", grammar.log_level),
+    Setting(
+        wellknown.PROXY_LOG_LEVEL_ANNOTATION,
+        "log_level",
+        grammar.log_level,
+        wellknown.ProxyEnv.LOG,
+    ),
     Setting(wellknown.PROXY_NATIVE_SIDECAR_ANNOTATION, "native_sidecar", grammar.flag),
-    Setting(wellknown.OPAQUE_PORTS_ANNOTATION, "opaque_ports", grammar.ports),
+    Setting(
+        wellknown.OPAQUE_PORTS_ANNOTATION,
+        "opaque_ports",
+        grammar.ports,
+        wellknown.ProxyEnv.INBOUND_PORTS_DISABLE_PROTOCOL_DETECTION,
+    ),
     Setting(wellknown.SKIP_INBOUND_PORTS_ANNOTATION, "skip_inbound_ports", grammar.ports),
     Setting(wellknown.SKIP_OUTBOUND_PORTS_ANNOTATION, "skip_outbound_ports", grammar.ports),
-    Setting(wellknown.REQUIRE_IDENTITY_PORTS_ANNOTATION, "require_identity_ports", grammar.ports),
     Setting(
-        wellknown.OUTBOUND_CONNECT_TIMEOUT_ANNOTATION, "outbound_connect_timeout", grammar.duration
+        wellknown.REQUIRE_IDENTITY_PORTS_ANNOTATION,
+        "require_identity_ports",
+        grammar.ports,
+        wellknown.ProxyEnv.INBOUND_PORTS_REQUIRE_IDENTITY,
     ),
-    Setting(wellknown.SHUTDOWN_GRACE_PERIOD_ANNOTATION, "shutdown_grace_period", grammar.duration),
+    Setting(
+        wellknown.OUTBOUND_CONNECT_TIMEOUT_ANNOTATION,
+        "outbound_connect_timeout",
+        grammar.duration,
+        wellknown.ProxyEnv.OUTBOUND_CONNECT_TIMEOUT,
+    ),
+    Setting(
+        wellknown.SHUTDOWN_GRACE_PERIOD_ANNOTATION,
+        "shutdown_grace_period",
+        grammar.duration,
+        wellknown.ProxyEnv.SHUTDOWN_GRACE_PERIOD,
+    ),
     Setting(wellknown.PROXY_CPU_REQUEST_ANNOTATION, "cpu_request", grammar.quantity),
     Setting(wellknown.PROXY_CPU_LIMIT_ANNOTATION, "cpu_limit", grammar.quantity),
     Setting(wellknown.PROXY_MEMORY_REQUEST_ANNOTATION, "memory_request", grammar.quantity),
@@ -52,7 +81,8 @@ _RESOURCE_FIELDS: Final = ("cpu_request", "cpu_limit", "memory_request", "memory
 class ProxySettings:
     """What one pod's proxy and init container are built from."""
 
-    image: str
+    image: str  # the proxy's
+    init_image: str  # the init container's: the installation's, never an annotation's
     image_pull_policy: str
     log_level: str
     native_sidecar: bool
@@ -85,6 +115,7 @@ def resolve(
     """The pod's settings: its annotations, else its namespace's, else the defaults."""
     values: dict[str, Any] = {
         "image": defaults.image,
+        "init_image": defaults.image,
         "image_pull_policy": defaults.image_pull_policy,
         "log_level": defaults.log_level,
         "native_sidecar": defaults.native_sidecar,
@@ -105,7 +136,10 @@ def resolve(
             if raw is None:
                 continue
             try:
-                values[setting.field] = setting.parse(raw)
+                value = setting.parse(raw)
+                if setting.env is not None:
+                    proxy_config.check(setting.env, str(value))
+                values[setting.field] = value
             except ValueError as exc:
                 shown = _cut(raw, MAX_SHOWN)
                 reason = _cut(str(exc), 2 * MAX_SHOWN)

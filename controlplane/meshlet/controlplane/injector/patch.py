@@ -178,7 +178,7 @@ def init_container(settings: ProxySettings) -> Container:
         args += ["--outbound-ports-to-ignore", settings.skip_outbound_ports]
     return {
         "name": wk.INIT_CONTAINER,
-        "image": settings.image,
+        "image": settings.init_image,
         "imagePullPolicy": settings.image_pull_policy,
         "command": ["meshlet-init"],
         "args": args,
