@@ -144,6 +144,10 @@ TOKEN_FILE: Final = "meshlet-identity-token"
 TRANSPORT_ALPN: Final = "transport.l5d.io/v1"
 CLIENT_ID_HEADER: Final = "meshlet-client-id"
 PROXY_ERROR_HEADER: Final = "meshlet-proxy-error"
+# Linkerd's names for the same two: an app moving from Linkerd may still trust them, so the
+# proxy strips them as it strips its own.
+LINKERD_CLIENT_ID_HEADER: Final = "l5d-client-id"
+LINKERD_PROXY_ERROR_HEADER: Final = "l5d-proxy-error"
 
 # Identity issuance.
 LEAF_LIFETIME_SECONDS: Final = 24 * 3600

@@ -302,10 +302,38 @@ async def test_client_supplied_internal_headers_are_stripped(
     reply = await exchange(
         proxy.port,
         b"GET / HTTP/1.1\r\nHost: svc\r\nmeshlet-client-id: admin.ns\r\n"
-        b"MESHLET-PROXY-ERROR: x\r\nl5d-dst-canonical: x\r\nConnection: close\r\n\r\n",
+        b"MESHLET-PROXY-ERROR: x\r\nl5d-dst-canonical: x\r\nL5d-Client-Id: admin.ns\r\n"
+        b"l5d-proxy-error: x\r\nConnection: close\r\n\r\n",
     )
     assert status_of(reply) == 200
     assert recorder.raw == b"GET / HTTP/1.1\r\nHost: svc\r\n\r\n"
+
+
+async def test_an_upstream_cannot_pass_its_answer_off_as_the_proxys(engine_proxy: Any) -> None:
+    """An app's (or an unmeshed upstream's) `meshlet-proxy-error` or `l5d-proxy-error` never
+    reaches the client: only a proxy says a failure was its own."""
+
+    async def forger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(
+            b"HTTP/1.1 502 Bad Gateway\r\nmeshlet-proxy-error: forged\r\n"
+            b"L5d-Proxy-Error: forged\r\nX-App: yes\r\nContent-Length: 0\r\n\r\n"
+        )
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(forger, "127.0.0.1", 0)
+    try:
+        proxy = await engine_proxy(serve_h1, server.sockets[0].getsockname()[:2])
+        reply = await exchange(
+            proxy.port, b"GET / HTTP/1.1\r\nHost: svc\r\nConnection: close\r\n\r\n"
+        )
+    finally:
+        server.close()
+    assert status_of(reply) == 502
+    head = reply.split(b"\r\n\r\n")[0].lower()
+    assert b"x-app: yes" in head
+    assert b"proxy-error" not in head
 
 
 async def test_upgrade_h2c_is_stripped_and_relayed_as_http1(

@@ -192,6 +192,7 @@ def test_asterisk_form_only_for_options() -> None:
 _names = st.sampled_from(
     [b"Connection", b"keep-alive", b"TE", b"Trailer", b"Upgrade", b"Proxy-Connection",
      b"meshlet-client-id", b"MESHLET-PROXY-ERROR", b"l5d-dst-canonical", b"HTTP2-Settings",
+     b"L5d-Client-Id", b"l5d-proxy-error",
      b"X-A", b"Accept", b"Host", b"Expect"]
 )  # fmt: skip
 _values = st.sampled_from([b"", b"close", b"x-a", b"h2c", b"websocket", b"trailers", b"v"])
@@ -206,7 +207,8 @@ def test_no_internal_or_hop_by_hop_field_is_ever_forwarded(
         assert head.status == 400  # several Host fields
         return
     forwarded = [line.split(b":")[0].lower() for line in head.head.split(b"\r\n")[1:] if line]
-    internal = {b"meshlet-client-id", b"meshlet-proxy-error", b"l5d-dst-canonical"}
+    internal = {b"meshlet-client-id", b"meshlet-proxy-error", b"l5d-dst-canonical",
+                b"l5d-client-id", b"l5d-proxy-error"}  # fmt: skip
     hop = {b"keep-alive", b"trailer", b"proxy-connection", b"http2-settings"}
     assert not (set(forwarded) & (internal | hop))
     assert forwarded.count(b"host") <= 1

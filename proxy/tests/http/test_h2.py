@@ -257,6 +257,7 @@ class UpstreamRequest:
         self.ended = asyncio.Event()
         self.reset: int | None = None
         self.sent = 0
+        self.trailers_received: list[tuple[bytes, bytes]] | None = None
 
     def header(self, name: bytes) -> bytes | None:
         return next((v for k, v in self.headers if k == name), None)
@@ -344,7 +345,10 @@ class UpstreamConn(asyncio.Protocol):
                 request.body += event.data
                 if self.upstream.ack:
                     self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
-            elif isinstance(event, StreamEnded | TrailersReceived):
+            elif isinstance(event, TrailersReceived):
+                self.requests[event.stream_id].trailers_received = list(event.headers)
+                self.requests[event.stream_id].ended.set()
+            elif isinstance(event, StreamEnded):
                 self.requests[event.stream_id].ended.set()
             elif isinstance(event, StreamReset):
                 request = self.requests[event.stream_id]
@@ -539,6 +543,8 @@ async def test_internal_headers_are_stripped_and_the_proxys_added(
         *request_headers(proxy.port),
         (b"meshlet-client-id", b"forged"),
         (b"meshlet-proxy-error", b"forged"),
+        (b"l5d-client-id", b"forged"),
+        (b"l5d-proxy-error", b"forged"),
         (b"authorization", b"Bearer secret"),
         (b"x-kept", b"yes"),
     ]
@@ -548,7 +554,37 @@ async def test_internal_headers_are_stripped_and_the_proxys_added(
     assert (b"meshlet-client-id", b"web.default") in seen
     assert (b"meshlet-client-id", b"forged") not in seen
     assert all(name != b"meshlet-proxy-error" for name, _ in seen)
+    assert all(not name.startswith(b"l5d-") for name, _ in seen)
     assert (b"x-kept", b"yes") in seen and (b"authorization", b"Bearer secret") in seen
+
+
+async def test_an_upstream_cannot_pass_its_answer_off_as_the_proxys(
+    h2proxy, upstream, clients
+) -> None:
+    """An app's `meshlet-proxy-error` / `l5d-proxy-error`, in a head or in trailers, never
+    reaches the client; nor does a client's in its request trailers reach the app."""
+
+    async def forger(request: UpstreamRequest) -> None:
+        await request.read_body()
+        request.respond(
+            503,
+            [(b"meshlet-proxy-error", b"forged"), (b"l5d-proxy-error", b"forged"),
+             (b"x-app", b"yes")],
+        )  # fmt: skip
+        request.trailers([(b"meshlet-proxy-error", b"forged"), (b"x-t", b"1")])
+
+    up, addr = await upstream(forger)
+    proxy = await h2proxy(addr)
+    client = await clients(proxy.port)
+    sid = client.request(request_headers(proxy.port, method=b"POST"), end=False)
+    client.h2.send_headers(sid, [(b"meshlet-client-id", b"forged"), (b"x-rt", b"1")], True)
+    client.flush()
+    got = await client.response(sid)
+    assert got.status == 503
+    assert (b"x-app", b"yes") in got.headers
+    assert not [n for n, _ in [*got.headers, *got.trailers] if n.endswith(b"proxy-error")]
+    assert (b"x-t", b"1") in got.trailers
+    assert up.requests[0].trailers_received == [(b"x-rt", b"1")]
 
 
 async def test_large_bodies_stream_both_ways(h2proxy, upstream, clients) -> None:

@@ -198,6 +198,8 @@ class App:
                     break
                 body = self.answer(pairs)
                 head = b"HTTP/1.1 %d X\r\ncontent-type: application/json\r\n" % status
+                if lines[0].split()[1].startswith("/forge/"):  # as if a proxy had failed
+                    head += b"meshlet-proxy-error: forged\r\nl5d-proxy-error: forged\r\n"
                 writer.write(head + b"content-length: %d\r\n\r\n%s" % (len(body), body))
                 head = await reader.readuntil(b"\r\n\r\n")
         writer.close()
@@ -1025,6 +1027,25 @@ async def declared(
 
 
 FORGED = "admin.kube-system.serviceaccount.identity.meshlet.cluster.local"
+
+
+async def test_only_proxies_say_a_failure_was_theirs(mesh: Mesh) -> None:
+    """An app's `meshlet-proxy-error` (or Linkerd's `l5d-proxy-error`) never reaches the
+    caller; the server proxy's own, for an app it cannot reach, does, through both proxies."""
+    client = await H1Client.connect(mesh.pods["vote-bot"].outbound)
+    try:
+        status, fields, _ = await client.get(f"{FQN}:{HTTP_PORT}", path="/forge/x")
+        assert status == 200
+        assert "meshlet-proxy-error" not in fields and "l5d-proxy-error" not in fields
+        for name in REPLICAS:
+            app = mesh.pods[name].app
+            assert app is not None
+            await app.stop()
+        status, fields, _ = await client.get(f"{FQN}:{HTTP_PORT}", path="/")
+        assert status == 502
+        assert "8080" in fields["meshlet-proxy-error"], fields
+    finally:
+        await client.close()
 
 
 @pytest.mark.parametrize("session", [SessionProtocol.OPAQUE, SessionProtocol.HTTP1])

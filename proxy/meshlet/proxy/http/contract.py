@@ -49,7 +49,9 @@ class Endpoint(NamedTuple):
 
     addr: Addr
     authority_label: str  # bounded; used as the `authority` metric label
-    # How to reach it when not over plain TCP (the mesh transport); pools key on it.
+    # How to reach it when not over plain TCP: set only for a meshed endpoint, reached through
+    # its proxy over mTLS (whose `meshlet-proxy-error` responses are then relayed as they are);
+    # pools key on it.
     connect: Connect | None = None
     lease: Lease | None = None  # told of the first response byte and of the request's end
     # The request's metric labels when they are not the client connection's: an outbound
@@ -133,8 +135,20 @@ REPLAY_LIMIT: Final = 64 * 1024
 
 PROXY_ERROR_HEADER: Final = wellknown.PROXY_ERROR_HEADER.encode()
 CLIENT_ID_HEADER: Final = wellknown.CLIENT_ID_HEADER.encode()
-# Headers a client may never set: the proxy alone speaks them.
-INTERNAL_HEADERS: Final = frozenset({CLIENT_ID_HEADER, PROXY_ERROR_HEADER, b"l5d-dst-canonical"})
+# Headers only a proxy may put on a response (its own errors): removed from every response
+# that did not come from a peer proxy over mTLS (an app's, an unmeshed upstream's).
+PROXY_RESPONSE_HEADERS: Final = frozenset(
+    {PROXY_ERROR_HEADER, wellknown.LINKERD_PROXY_ERROR_HEADER.encode()}
+)
+# Headers a client may never set: the proxy alone speaks them (Linkerd's names included).
+INTERNAL_HEADERS: Final = frozenset(
+    {
+        CLIENT_ID_HEADER,
+        wellknown.LINKERD_CLIENT_ID_HEADER.encode(),
+        *PROXY_RESPONSE_HEADERS,
+        b"l5d-dst-canonical",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -586,14 +586,14 @@ class H1Machine:
     def response_informational(self, status: int, fields: list[Header]) -> None:
         ex = self.current
         if ex is not None and not ex.head.http10:
-            head = parse_response(status, fields, ex.head, False)
+            head = parse_response(status, fields, ex.head, False, _from_peer_proxy(ex))
             if isinstance(head, ResponseHead):
                 self._out.append(head.head)
 
     def response_head(self, status: int, fields: list[Header]) -> Body | None:
         ex = self.current
         assert ex is not None
-        head = parse_response(status, fields, ex.head, self._draining)
+        head = parse_response(status, fields, ex.head, self._draining, _from_peer_proxy(ex))
         if isinstance(head, Rejection):
             self._drop_upstream(ex)
             self._answer(ex, head.status, head.reason)
@@ -919,6 +919,11 @@ class H1Machine:
     def _count_response(self, ex: Exchange, status: int) -> None:
         latency = (_perf() - ex.t0) * 1000.0 if ex.t0 else None
         self._recorder.response(ex.label, ex.endpoint, ex.route, status, None, latency)
+
+
+def _from_peer_proxy(ex: Exchange) -> bool:
+    """Whether `ex`'s upstream is a meshed peer's proxy (reached over mTLS)."""
+    return ex.endpoint is not None and ex.endpoint.connect is not None
 
 
 def _release(ex: Exchange) -> None:

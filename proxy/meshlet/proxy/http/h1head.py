@@ -20,7 +20,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, NamedTuple
 
-from meshlet.proxy.http.contract import INTERNAL_HEADERS, PROXY_ERROR_HEADER, error_reason
+from meshlet.proxy.http.contract import (
+    INTERNAL_HEADERS,
+    PROXY_ERROR_HEADER,
+    PROXY_RESPONSE_HEADERS,
+    error_reason,
+)
 
 Header = tuple[bytes, bytes]
 
@@ -63,7 +68,9 @@ _REQUEST_FIELDS: Final = {
     b"content-length": _LENGTH,
     b"expect": _EXPECT,
 }
-_RESPONSE_FIELDS: Final = {**_HOP_BY_HOP, b"content-length": _LENGTH}
+# A response from a peer proxy keeps its `meshlet-proxy-error`; any other's is dropped.
+_PEER_RESPONSE_FIELDS: Final = {**_HOP_BY_HOP, b"content-length": _LENGTH}
+_RESPONSE_FIELDS: Final = {**_PEER_RESPONSE_FIELDS, **dict.fromkeys(PROXY_RESPONSE_HEADERS, _DROP)}
 # Trailer fields that would change framing or routing are never relayed.
 _NOT_TRAILERS: Final = frozenset(
     {*_HOP_BY_HOP, b"content-length", b"host", b"content-type", *INTERNAL_HEADERS}
@@ -252,16 +259,19 @@ def parse_response(
     fields: Sequence[Header],
     request: RequestHead,
     close: bool,
+    from_peer_proxy: bool = False,
 ) -> ResponseHead | Rejection:
     """The head the client receives for an upstream response to `request`; `close` when the
-    client connection is to close after it anyway (shutdown, or the request asked so)."""
+    client connection is to close after it anyway (shutdown, or the request asked so);
+    `from_peer_proxy` when the upstream is a meshed peer's proxy, whose error headers are kept."""
+    table = _PEER_RESPONSE_FIELDS if from_peer_proxy else _RESPONSE_FIELDS
     kept: list[Header] = []
     length: bytes | None = None
     codings: list[bytes] | None = None
     connection: list[bytes] = []
     upgrade: bytes | None = None
     for name, value in fields:
-        kind = _RESPONSE_FIELDS.get(name.lower())
+        kind = table.get(name.lower())
         if kind is None:
             kept.append((name, value))
         elif kind == _LENGTH:

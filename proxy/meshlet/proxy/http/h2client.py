@@ -125,7 +125,7 @@ class H2Client(Peer):
         stream = self.streams.get(sid)
         if stream is None:
             return
-        response = read_response(headers)
+        response = read_response(headers, stream.from_peer_proxy())
         if isinstance(response, Malformed):
             self.reset(sid, ErrorCode.PROTOCOL_ERROR)
             stream.on_up_reset(
@@ -136,8 +136,10 @@ class H2Client(Peer):
 
     def on_informational(self, sid: int, headers: Sequence[Header]) -> None:
         stream = self.streams.get(sid)
-        response = read_response(headers)
-        if stream is not None and not isinstance(response, Malformed):
+        if stream is None:
+            return
+        response = read_response(headers, stream.from_peer_proxy())
+        if not isinstance(response, Malformed):
             stream.on_informational(response)
 
     def on_data(self, sid: int, data: bytes, flow_len: int, end: bool) -> None:

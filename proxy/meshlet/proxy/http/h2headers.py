@@ -15,7 +15,12 @@ from typing import Final, NamedTuple
 
 from hpack import NeverIndexedHeaderTuple
 
-from meshlet.proxy.http.contract import INTERNAL_HEADERS, PROXY_ERROR_HEADER, error_reason
+from meshlet.proxy.http.contract import (
+    INTERNAL_HEADERS,
+    PROXY_ERROR_HEADER,
+    PROXY_RESPONSE_HEADERS,
+    error_reason,
+)
 
 Header = tuple[bytes, bytes]
 
@@ -190,11 +195,13 @@ def read_request(
                    method.decode("latin-1"), path.decode("latin-1"))  # fmt: skip
 
 
-def read_response(block: Sequence[Header]) -> Response | Malformed:
-    """Checks a response head from an upstream: `:status` first and alone, valid fields."""
+def read_response(block: Sequence[Header], from_peer_proxy: bool = False) -> Response | Malformed:
+    """Checks a response head from an upstream: `:status` first and alone, valid fields. The
+    proxy's error headers are removed unless the upstream is a meshed peer's proxy."""
     if not block or block[0][0] != b":status" or _STATUS.match(block[0][1]) is None:
         return Malformed("response without a valid :status first", 502)
     grpc_status = None
+    strip = False
     for name, value in block[1:]:
         if name[:1] == b":":
             return Malformed(f"pseudo-header {name[:64]!r} in a response", 502)
@@ -203,12 +210,18 @@ def read_response(block: Sequence[Header]) -> Response | Malformed:
             return Malformed(error, 502)
         if name == b"grpc-status":
             grpc_status = value.decode("latin-1")
+        elif name in PROXY_RESPONSE_HEADERS and not from_peer_proxy:
+            strip = True
+    if strip:
+        block = [h for h in block if h[0] not in PROXY_RESPONSE_HEADERS]
     return Response(block, int(block[0][1]), grpc_status)
 
 
 def read_trailers(block: Sequence[Header]) -> Trailers | Malformed:
-    """Checks trailers (either direction): no pseudo-headers, valid fields."""
+    """Checks trailers (either direction): no pseudo-headers, valid fields; headers only the
+    proxy may set are removed."""
     grpc_status = None
+    strip = False
     for name, value in block:
         if name[:1] == b":":
             return Malformed(f"pseudo-header {name[:64]!r} in trailers", 502)
@@ -217,6 +230,10 @@ def read_trailers(block: Sequence[Header]) -> Trailers | Malformed:
             return Malformed(error, 502)
         if name == b"grpc-status":
             grpc_status = value.decode("latin-1")
+        elif name in INTERNAL_HEADERS:
+            strip = True
+    if strip:
+        block = [h for h in block if h[0] not in INTERNAL_HEADERS]
     return Trailers(block, grpc_status)
 
 

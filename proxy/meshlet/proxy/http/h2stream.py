@@ -179,6 +179,11 @@ class ProxyStream:
         if policy.retryable or self.request.method in IDEMPOTENT:
             self.req.kept = []
 
+    def from_peer_proxy(self) -> bool:
+        """Whether the upstream is a meshed peer's proxy (reached over mTLS)."""
+        endpoint = self.endpoint
+        return endpoint is not None and endpoint.connect is not None
+
     # -- downstream events (H2Server) --
 
     def on_request_data(self, data: bytes, flow_len: int, end: bool) -> None:
