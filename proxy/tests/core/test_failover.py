@@ -17,6 +17,7 @@ from meshlet.proxy.core.failover import (
     decide,
 )
 
+NOTHING_SENT = (Failure.CONNECT, Failure.CONNECT_TIMEOUT, Failure.REFUSED)
 FIRST = Attempt(sends=1, connects_failed=0, stale_retried=False, replayable=True,
                 retryable_route=False, method="POST", responded=False)  # fmt: skip
 
@@ -33,6 +34,9 @@ def attempt(**changes: object) -> Attempt:
          False),
         (Failure.CONNECT_TIMEOUT, {"sends": 0, "connects_failed": MAX_CONNECTS}, Action.ANSWER,
          504, False),
+        (Failure.REFUSED, {"sends": 0, "connects_failed": 1}, Action.RETRY, 0, False),
+        (Failure.REFUSED, {"sends": 0, "connects_failed": MAX_CONNECTS}, Action.ANSWER, 503,
+         False),
         (Failure.STALE, {}, Action.RETRY_SAME, 0, False),
         (Failure.STALE, {"stale_retried": True}, Action.ANSWER, 502, False),
         (Failure.RESET, {}, Action.ANSWER, 502, False),  # POST, default route: not retried
@@ -58,10 +62,12 @@ def test_decisions(
     if budgeted:
         assert decision.otherwise is not None
         assert decision.otherwise.action in (Action.ANSWER, Action.PASS)
-    if failure in (Failure.CONNECT, Failure.CONNECT_TIMEOUT) and action is Action.RETRY:
+    if failure in NOTHING_SENT and action is Action.RETRY:
         # nowhere else to go (a fixed endpoint): the answer the last failure calls for
-        assert decision.otherwise is not None and decision.otherwise.status == (
-            504 if failure is Failure.CONNECT_TIMEOUT else 502
+        assert (
+            decision.otherwise is not None
+            and decision.otherwise.status
+            == {Failure.CONNECT: 502, Failure.CONNECT_TIMEOUT: 504, Failure.REFUSED: 503}[failure]
         )
 
 
@@ -76,13 +82,10 @@ def test_invariants(failure: Failure, attempt: Attempt) -> None:
     decision = decide(failure, attempt)
     if attempt.responded:  # never anything but a cut once the client got a byte
         assert decision.action is Action.ABORT
-    if decision.action in (Action.RETRY, Action.RETRY_SAME) and failure not in (
-        Failure.CONNECT,
-        Failure.CONNECT_TIMEOUT,
-    ):
+    if decision.action in (Action.RETRY, Action.RETRY_SAME) and failure not in NOTHING_SENT:
         assert attempt.replayable  # a request is only sent again when it is held whole
     if decision.action is Action.RETRY and attempt.sends >= MAX_ATTEMPTS:
-        assert failure in (Failure.CONNECT, Failure.CONNECT_TIMEOUT)
+        assert failure in NOTHING_SENT
     if decision.budgeted:
         assert failure in (Failure.RESET, Failure.STATUS, Failure.STALE)
-    assert decision.action is not Action.ANSWER or decision.status in (502, 504)
+    assert decision.action is not Action.ANSWER or decision.status in (502, 503, 504)

@@ -11,7 +11,7 @@ from typing import Any
 import httptools
 import pytest
 
-from meshlet.proxy.http.contract import HttpLimits
+from meshlet.proxy.http.contract import MAX_INFORMATIONAL, HttpLimits
 from meshlet.proxy.http.h1 import serve_h1
 
 
@@ -307,6 +307,32 @@ async def test_client_supplied_internal_headers_are_stripped(
     )
     assert status_of(reply) == 200
     assert recorder.raw == b"GET / HTTP/1.1\r\nHost: svc\r\n\r\n"
+
+
+async def test_an_informational_flood_from_an_upstream_is_not_relayed(engine_proxy: Any) -> None:
+    """20,000 `103 Early Hints` before the response: ten reach the client, then 502."""
+
+    async def flood(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n" * 20_000)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(flood, "127.0.0.1", 0)
+    try:
+        proxy = await engine_proxy(serve_h1, server.sockets[0].getsockname()[:2])
+        reply = await exchange(
+            proxy.port,
+            b"POST / HTTP/1.1\r\nHost: svc\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        )
+    finally:
+        server.close()
+    assert reply.count(b"HTTP/1.1 103") == MAX_INFORMATIONAL
+    final = reply.split(b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n")[-1]
+    assert final.startswith(b"HTTP/1.1 502"), final[:200]
+    assert b"informational" in final
 
 
 async def test_an_upstream_cannot_pass_its_answer_off_as_the_proxys(engine_proxy: Any) -> None:

@@ -16,6 +16,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import h2.exceptions
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -48,7 +49,7 @@ from hyperframe.frame import (
     WindowUpdateFrame,
 )
 
-from meshlet.proxy.http.contract import Connect, HttpLimits
+from meshlet.proxy.http.contract import MAX_INFORMATIONAL, Connect, HttpLimits
 from meshlet.proxy.http.h2conn import HIGH_WATER
 from meshlet.proxy.http.h2guard import GuardLimits
 from meshlet.proxy.http.h2pool import H2Pool
@@ -1271,6 +1272,48 @@ async def test_informational_responses_are_relayed(h2proxy, upstream, clients) -
     assert got.status == 200 and bytes(got.body) == b"after 100"
 
 
+async def test_an_upstream_allowing_no_stream_gets_a_timely_503(h2proxy, upstream, clients) -> None:
+    """SETTINGS_MAX_CONCURRENT_STREAMS = 0: requests wait no longer than a connect would,
+    then 503; when the upstream raises its limit, requests flow again."""
+    up, addr = await upstream(echo)
+    up.settings = {SettingCodes.MAX_CONCURRENT_STREAMS: 0}
+    proxy = await h2proxy(addr, limits=HttpLimits(connect_timeout=0.3))
+    client = await clients(proxy.port)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    got = await client.response(client.request(request_headers(proxy.port)))
+    assert got.status == 503 and loop.time() - started < 2.0
+    assert b"MAX_CONCURRENT_STREAMS" in (got.header(b"meshlet-proxy-error") or b"")
+    assert not up.requests
+    (conn,) = up.conns
+    conn.h2.update_settings({SettingCodes.MAX_CONCURRENT_STREAMS: 10})
+    conn.flush()
+    got = await client.response(client.request(request_headers(proxy.port)))
+    assert got.status == 200 and len(up.conns) == 1
+
+
+async def test_an_informational_flood_is_not_relayed(h2proxy, upstream, clients) -> None:
+    """20,000 1xx heads before the response: ten are relayed, then the upstream's stream is
+    reset and the client gets 502; the connection and the next request are fine."""
+
+    async def flood(request: UpstreamRequest) -> None:
+        await request.read_body()
+        for _ in range(20_000):
+            if request.reset is not None:
+                return
+            request.conn.h2.send_headers(request.sid, [(b":status", b"103")])
+        request.conn.flush()
+        request.respond(200, end=True)
+
+    up, addr = await upstream(flood)
+    proxy = await h2proxy(addr)
+    client = await clients(proxy.port)
+    got = await client.response(client.request(request_headers(proxy.port, b"/flood")))
+    assert got.status == 502 and len(got.informational) == MAX_INFORMATIONAL
+    assert b"informational" in (got.header(b"meshlet-proxy-error") or b"")
+    assert len(up.conns) == 1 and client.goaway is None
+
+
 async def test_an_idle_connection_is_closed_with_goaway(h2proxy, upstream, clients) -> None:
     _, addr = await upstream(echo)
     proxy = await h2proxy(addr, limits=HttpLimits(idle_timeout=0.1))
@@ -1712,3 +1755,188 @@ async def test_a_client_that_never_reads_stops_the_upstream_whatever_its_windows
     assert not finished.is_set()
     sock.close()
     await assert_proxy_serves(proxy, clients)
+
+
+# -- content-length against DATA (RFC 9113 §8.1.1), both ways --
+
+
+async def test_a_request_whose_body_disagrees_with_its_length_never_poisons_the_upstream(
+    h2proxy, upstream, clients
+) -> None:
+    """The upstream is the `h2` library, which fails the whole connection (GOAWAY) on a body
+    that does not add up to its content-length. Victims' POSTs and GETs in flight on that one
+    shared connection finish, each received once: the proxy resets only the malformed streams
+    and never relays their excess bytes or a short body's end."""
+    release = asyncio.Event()
+
+    async def held(request: UpstreamRequest) -> None:
+        body = await request.read_body()
+        if request.reset is not None:
+            return
+        await release.wait()
+        request.respond(200, [(b"x-path", request.header(b":path") or b"")])
+        await request.send(body, end=True)
+
+    up, addr = await upstream(held)
+    proxy = await h2proxy(addr)
+    victim = await clients(proxy.port)
+    victims = []
+    for i in range(6):
+        method = b"POST" if i % 2 else b"GET"
+        body = b"victim %d" % i if i % 2 else b""
+        victims.append(victim.request(request_headers(proxy.port, b"/v%d" % i, method), body))
+    await eventually(lambda: len(up.requests) == 6)
+    attacker = await clients(proxy.port)
+    long = [*request_headers(proxy.port, b"/long", b"POST"), (b"content-length", b"5")]
+    short = [*request_headers(proxy.port, b"/short", b"POST"), (b"content-length", b"10")]
+    none = [*request_headers(proxy.port, b"/none", b"POST"), (b"content-length", b"3")]
+    sids = [
+        attacker.request(long, body=b"0123456789"),
+        attacker.request(short, body=b"01234"),
+        attacker.request(none),
+    ]
+    for sid in sids:
+        assert (await attacker.response(sid)).reset == ErrorCodes.PROTOCOL_ERROR
+    release.set()
+    for i, sid in enumerate(victims):
+        got = await victim.response(sid)
+        assert got.status == 200 and got.header(b"x-path") == b"/v%d" % i
+        assert bytes(got.body) == (b"victim %d" % i if i % 2 else b"")
+    assert len(up.conns) == 1 and up.lost == 0  # the one shared connection lived
+    assert sorted(r.header(b":path") for r in up.requests if r.reset is None) == [
+        b"/v%d" % i for i in range(6)
+    ]
+    assert all(len(r.body) <= 5 for r in up.requests if r.header(b":path") == b"/long")
+    assert attacker.goaway is None and not attacker.eof  # a stream error: the client lives
+    assert proxy.sample("http_client_errors_total", status_code="protocol_error") == 3
+
+
+async def test_a_response_whose_body_disagrees_with_its_length_is_never_relayed_whole(
+    h2proxy, upstream, clients
+) -> None:
+    """An upstream's body shorter or longer than its content-length: the client's stream is
+    reset (never a truncated body passed off as complete), the upstream's stream reset, and the
+    other streams on that connection unaffected."""
+
+    async def liar(request: UpstreamRequest) -> None:
+        await request.read_body()
+        path = request.header(b":path")
+        if path == b"/short":
+            request.respond(200, [(b"content-length", b"10")])
+            await request.send(b"01234", end=True)
+        elif path == b"/long":
+            request.respond(200, [(b"content-length", b"5")])
+            await request.send(b"0123456789", end=True)
+        elif path == b"/empty":
+            request.respond(200, [(b"content-length", b"3")], end=True)
+        else:
+            request.respond(200, [(b"content-length", b"2")])
+            await request.send(b"ok", end=True)
+
+    up, addr = await upstream(liar)
+    proxy = await h2proxy(addr)
+    client = await clients(proxy.port)
+    short = await client.response(client.request(request_headers(proxy.port, b"/short")))
+    assert short.reset is not None and not short.ended
+    long = await client.response(client.request(request_headers(proxy.port, b"/long")))
+    assert long.reset is not None and not long.ended and len(long.body) <= 5
+    empty = await client.response(client.request(request_headers(proxy.port, b"/empty")))
+    assert empty.status == 502 and empty.ended
+    fine = await client.response(client.request(request_headers(proxy.port, b"/fine")))
+    assert fine.status == 200 and bytes(fine.body) == b"ok"
+    assert len(up.conns) == 1 and client.goaway is None
+
+
+# -- an upstream's graceful GOAWAY --
+
+
+class ClosingConn(UpstreamConn):
+    """An `h2`-library server whose GOAWAY is `close_connection()` (as hypercorn's is, at its
+    keep_alive_max_requests): h2 then fails every later frame but GOAWAY with
+    GOAWAY(PROTOCOL_ERROR), and never answers the streams it took. Input can be held back
+    (read off the socket, not yet given to h2), and what arrives after its GOAWAY is kept."""
+
+    def __init__(self, upstream: Upstream) -> None:
+        super().__init__(upstream)
+        self.held: bytearray | None = None
+        self.after_goaway: bytearray | None = None
+        self.protocol_error: str | None = None
+
+    def data_received(self, data: bytes) -> None:
+        if self.after_goaway is not None:
+            self.after_goaway += data
+        if self.held is not None:
+            self.held += data
+            return
+        self.process(data)
+
+    def process(self, data: bytes) -> None:
+        try:
+            super().data_received(data)
+        except h2.exceptions.ProtocolError as exc:  # as hypercorn: the GOAWAY out, then close
+            self.protocol_error = str(exc)
+            self.flush()
+            assert self.transport is not None
+            self.transport.close()
+
+
+async def test_streams_an_upstreams_goaway_excluded_get_nothing_more_and_are_retried(
+    h2proxy, clients
+) -> None:
+    """RFC 9113 §6.8: streams above a GOAWAY's last stream id are treated as never created:
+    the proxy sends nothing more on them (not even RST_STREAM) and retries them on a new
+    connection (§8.7). An `h2` server in its closed state then fails only on the HEADERS that
+    crossed its GOAWAY, and no request fails."""
+    first_seen = asyncio.Event()
+    closing: list[ClosingConn] = []
+
+    async def handler(request: UpstreamRequest) -> None:
+        conn = request.conn
+        assert isinstance(conn, ClosingConn)
+        if conn is up.conns[0]:
+            if request.sid != 1:
+                return
+            conn.held = bytearray()  # what the proxy writes from now on stays on the wire
+            first_seen.set()
+            await eventually(lambda: bool(conn.held))  # stream 3's HEADERS, in flight
+            conn.after_goaway = bytearray(conn.held)
+            conn.h2.close_connection()  # GOAWAY, last stream id 1
+            conn.flush()
+            await asyncio.sleep(0.2)  # the proxy reads the GOAWAY and acts on it
+            closing.append(conn)
+            held, conn.held = bytes(conn.held), None
+            conn.process(held)  # h2, closed, reads HEADERS 3: ProtocolError
+            return  # stream 1 is never answered: h2 sends nothing once closed
+        request.respond(200, [(b"x-conn", b"%d" % (up.conns.index(conn) + 1))])
+        await request.send(b"ok", end=True)
+
+    up = Upstream(handler)
+    loop = asyncio.get_running_loop()
+    up.server = await loop.create_server(lambda: ClosingConn(up), "127.0.0.1", 0)
+    addr = ("127.0.0.1", up.server.sockets[0].getsockname()[1])
+    try:
+        proxy = await h2proxy(addr)
+        client = await clients(proxy.port)
+        one = client.request(request_headers(proxy.port, b"/one"))
+        await asyncio.wait_for(first_seen.wait(), TIMEOUT)
+        two = client.request(request_headers(proxy.port, b"/two"))
+        got_one, got_two = await client.response(one), await client.response(two)
+        (conn,) = closing
+        assert conn.protocol_error is not None and "RECV_HEADERS" in conn.protocol_error
+        # 3 was never processed (retried at once), 1 idempotent (retried after the close)
+        assert (got_one.status, got_one.header(b"x-conn")) == (200, b"2")
+        assert (got_two.status, got_two.header(b"x-conn")) == (200, b"2")
+        # after its GOAWAY the upstream got only the HEADERS already in flight
+        assert frame_kinds(bytes(conn.after_goaway or b"")) == [(0x1, 3)]
+    finally:
+        await up.stop()
+
+
+def frame_kinds(raw: bytes) -> list[tuple[int, int]]:
+    """(type, stream id) of each frame in `raw`."""
+    out, pos = [], 0
+    while len(raw) - pos >= 9:
+        length = int.from_bytes(raw[pos : pos + 3], "big")
+        out.append((raw[pos + 3], int.from_bytes(raw[pos + 5 : pos + 9], "big") & 0x7FFFFFFF))
+        pos += 9 + length
+    return out

@@ -19,6 +19,7 @@ from hyperframe.frame import (
     GoAwayFrame,
     HeadersFrame,
     PingFrame,
+    PriorityFrame,
     PushPromiseFrame,
     RstStreamFrame,
     SettingsFrame,
@@ -277,11 +278,34 @@ def test_data_on_an_idle_stream_is_a_protocol_error() -> None:
     server.fails(wire(DataFrame(1, b"x")), ErrorCode.PROTOCOL_ERROR)
 
 
-def test_a_stream_id_going_backwards_is_a_connection_error() -> None:
+def test_a_stream_id_going_backwards_is_a_protocol_error() -> None:
+    """RFC 9113 §5.1.1: stream 3 was never opened (5 came first): PROTOCOL_ERROR."""
     server = Server()
     server.feed(server.headers(5, flags=["END_HEADERS", "END_STREAM"]))
     server.codec.send_headers(5, RESPONSE, True)  # stream 5 closed both ways
-    server.fails(server.headers(3, flags=["END_HEADERS", "END_STREAM"]), ErrorCode.STREAM_CLOSED)
+    server.fails(server.headers(3, flags=["END_HEADERS", "END_STREAM"]), ErrorCode.PROTOCOL_ERROR)
+
+
+def test_headers_on_a_stream_that_closed_is_stream_closed() -> None:
+    server = Server()
+    server.feed(server.headers(1, flags=["END_HEADERS", "END_STREAM"]))
+    server.codec.send_headers(1, RESPONSE, True)  # stream 1 closed both ways
+    server.feed(server.headers(3, flags=["END_HEADERS", "END_STREAM"]))
+    server.fails(server.headers(1, flags=["END_HEADERS", "END_STREAM"]), ErrorCode.STREAM_CLOSED)
+
+
+def test_a_stream_that_depends_on_itself_is_reset() -> None:
+    """RFC 9113 §5.3.1: a stream error, in HEADERS or PRIORITY; the connection lives."""
+    server = Server()
+    out = server.feed(
+        server.headers(1, flags=["END_HEADERS", "END_STREAM", "PRIORITY"], depends_on=1)
+    )
+    assert rst_codes(out) == {1: ErrorCode.PROTOCOL_ERROR}
+    assert server.handler.calls == [("reset", 1, ErrorCode.PROTOCOL_ERROR)]  # never a head
+    out = server.feed(wire(PriorityFrame(3, depends_on=3, stream_weight=16)))
+    assert rst_codes(out) == {3: ErrorCode.PROTOCOL_ERROR}
+    server.feed(server.headers(5, flags=["END_HEADERS", "END_STREAM", "PRIORITY"], depends_on=1))
+    assert server.handler.calls[-1][:2] == ("head", 5)  # the HPACK state followed
 
 
 def test_an_even_stream_id_from_a_client_is_a_protocol_error() -> None:

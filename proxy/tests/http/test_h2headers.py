@@ -51,6 +51,12 @@ def test_the_authority_falls_back_to_host() -> None:
     assert isinstance(request, Request) and request.authority == "h:1" and not request.grpc
 
 
+def test_options_may_ask_for_the_server_itself() -> None:
+    block = [(b":method", b"OPTIONS"), GET[1], (b":path", b"*"), GET[3]]
+    request = read_request(block, [], 100)
+    assert isinstance(request, Request) and request.path == "*"
+
+
 def test_a_connect_request_needs_only_an_authority() -> None:
     request = read_request([(b":method", b"CONNECT"), (b":authority", b"db:5432")], [], 100)
     assert isinstance(request, Request) and request.authority == "db:5432"
@@ -78,6 +84,9 @@ def test_a_connect_request_needs_only_an_authority() -> None:
         (GET[1:], "no :method"),
         ([GET[0], GET[1], GET[3]], "no :scheme or :path"),
         ([GET[0], GET[1], (b":path", b""), GET[3]], "no :scheme or :path"),
+        ([GET[0], GET[1], (b":path", b"x/y"), GET[3]], "not starting with /"),
+        ([GET[0], GET[1], (b":path", b"*"), GET[3]], "not starting with /"),
+        ([GET[0], GET[1], (b":path", b"http://a/"), GET[3]], "not starting with /"),
         ([(b":method", b"CONNECT"), GET[1], (b":authority", b"a:1")], "CONNECT"),
         ([*GET, (b"host", b"other:80")], "differs"),
         ([*GET, (b"host", b"web:80"), (b"host", b"web:80")], "more than one host"),

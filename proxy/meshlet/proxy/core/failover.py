@@ -10,7 +10,8 @@ failover policy of HTTP/1, HTTP/2 and opaque TCP.
   body presented as whole).
 - A connection that failed before anything was sent (refused, timed out, TLS refused) is tried
   on another endpoint, up to MAX_CONNECTS, without spending the retry budget: the request was
-  never sent. Then 502 (504 when the last failure was a timeout). Opaque TCP is reset.
+  never sent. Then 502 (504 when the last failure was a timeout, 503 when the endpoint
+  refused new streams: an HTTP/2 upstream allowing none). Opaque TCP is reset.
 - A reused (pooled) connection that the upstream had closed before any response byte is tried
   once more on a fresh one (STALE), without the budget.
 - A request that was sent, and then failed before any response byte (RESET), or was answered
@@ -36,6 +37,9 @@ IDEMPOTENT: Final = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE
 class Failure(enum.Enum):
     CONNECT = "connect"  # the connection failed; nothing was sent
     CONNECT_TIMEOUT = "connect_timeout"  # likewise, by the connect timeout
+    # The endpoint takes no new stream now (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS of 0 for
+    # longer than the connect timeout); nothing was sent.
+    REFUSED = "refused"
     STALE = "stale"  # a reused connection was found closed before any response byte
     RESET = "reset"  # sent (maybe in part); the upstream failed before any response byte
     STATUS = "status"  # a failure response head arrived (not yet given to the client)
@@ -75,6 +79,8 @@ class Decision:
 
 
 _ABORT: Final = Decision(Action.ABORT, reason="the response had started")
+_NOTHING_SENT: Final = frozenset({Failure.CONNECT, Failure.CONNECT_TIMEOUT, Failure.REFUSED})
+_GAVE_UP_STATUS: Final = {Failure.CONNECT: 502, Failure.CONNECT_TIMEOUT: 504, Failure.REFUSED: 503}
 
 
 def decide(failure: Failure, attempt: Attempt) -> Decision:
@@ -82,8 +88,8 @@ def decide(failure: Failure, attempt: Attempt) -> Decision:
         return _ABORT
     if failure is Failure.TIMEOUT:
         return Decision(Action.ANSWER, 504, "the route's timeout passed")
-    if failure in (Failure.CONNECT, Failure.CONNECT_TIMEOUT):
-        status = 504 if failure is Failure.CONNECT_TIMEOUT else 502
+    if failure in _NOTHING_SENT:
+        status = _GAVE_UP_STATUS[failure]
         gave_up = Decision(Action.ANSWER, status, f"{attempt.connects_failed} connections failed")
         if attempt.connects_failed < MAX_CONNECTS:
             return Decision(Action.RETRY, reason="connection failed; nothing was sent",

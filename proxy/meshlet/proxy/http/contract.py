@@ -133,6 +133,11 @@ class Handoff(Protocol):
 # pooled connection): past this a request is not replayable (ServiceProfile retries say 64 KiB).
 REPLAY_LIMIT: Final = 64 * 1024
 
+# Informational (1xx) heads relayed before one final response: past this the upstream is
+# flooding (a 100 Continue and a few 103 Early Hints are what servers send), and the response
+# fails as invalid (502, or a reset on HTTP/2).
+MAX_INFORMATIONAL: Final = 10
+
 PROXY_ERROR_HEADER: Final = wellknown.PROXY_ERROR_HEADER.encode()
 CLIENT_ID_HEADER: Final = wellknown.CLIENT_ID_HEADER.encode()
 # Headers only a proxy may put on a response (its own errors): removed from every response

@@ -14,7 +14,7 @@ from typing import Any, Protocol, cast
 
 import httptools
 
-from meshlet.proxy.http.contract import HttpLimits
+from meshlet.proxy.http.contract import MAX_INFORMATIONAL, HttpLimits
 from meshlet.proxy.http.h1head import Body, Header
 from meshlet.proxy.io.sockets import write_pieces
 from meshlet.proxy.metrics import TcpConn
@@ -67,6 +67,7 @@ class H1Upstream(asyncio.Protocol):
         self._parser_clean = False
         self._fields: list[Header] = []
         self._size = 0
+        self._informational = 0
         self._final = False
         self._head_only = False
         self._until_eof = False
@@ -84,7 +85,7 @@ class H1Upstream(asyncio.Protocol):
             self._parser = httptools.HttpResponseParser(self)
         self._parser_clean = False
         self._fields = []
-        self._size = 0
+        self._size = self._informational = 0
         self._final = self._until_eof = self._got_bytes = False
         self._head_only = head_only
 
@@ -145,7 +146,9 @@ class H1Upstream(asyncio.Protocol):
                 self._sink = None
                 sink.response_upgraded(data[exc.args[0] :])
         except httptools.HttpParserError as exc:
-            self._fail(sink, UpstreamError(f"invalid response from upstream: {exc}"))
+            cause = exc.__context__  # what a callback raised, behind llhttp's own words
+            why = cause if isinstance(cause, UpstreamError) else exc
+            self._fail(sink, UpstreamError(f"invalid response from upstream: {why}"))
         if self._broken:
             self._fail(sink, UpstreamError("upstream sent bytes after its response"))
         sink.flush()
@@ -193,6 +196,9 @@ class H1Upstream(asyncio.Protocol):
         status: int = self._parser.get_status_code()
         fields, self._fields, self._size = self._fields, [], 0
         if status < 200 and status != 101:
+            self._informational += 1
+            if self._informational > MAX_INFORMATIONAL:
+                raise UpstreamError(f"more than {MAX_INFORMATIONAL} informational responses")
             sink.response_informational(status, fields)
             return
         self._final = True

@@ -190,6 +190,7 @@ class H2Client(Peer):
         self._retire_now()
         for up_id, stream in list(self.streams.items()):
             if up_id > last_sid:
+                self.h2.forget_stream(up_id)  # never created: no RST_STREAM follows
                 stream.up_gone("upstream went away", unprocessed=True)
         if code != ErrorCode.NO_ERROR:
             self._fail(f"upstream sent GOAWAY {error_name(code)}")

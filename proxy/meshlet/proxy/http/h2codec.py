@@ -36,6 +36,7 @@ MIN_FRAME_SIZE: Final = 16384  # also the largest frame this side accepts
 MAX_FRAME_SIZE: Final = 2**24 - 1
 MAX_CONTINUATIONS: Final = 32  # CONTINUATION frames per header block
 RESET_MEMORY: Final = 1024  # streams this side reset whose late frames are still dropped quietly
+SKIPPED_MEMORY: Final = 64  # ranges of stream ids the peer skipped (never opened), newest kept
 
 # frame types
 DATA: Final = 0x0
@@ -69,6 +70,7 @@ _U32: Final = struct.Struct(">L")
 _SETTING: Final = struct.Struct(">HL")
 _GOAWAY: Final = struct.Struct(">LL")
 _UNLIMITED: Final = 2**31  # the peer's stream limit before its SETTINGS say otherwise
+_SELF_DEPENDENT: Final = 0x100  # not a wire flag: a HEADERS frame whose stream depends on itself
 
 
 class ErrorCode(IntEnum):
@@ -199,6 +201,9 @@ class Codec:
         self.last_peer_sid = 0  # the highest stream id the peer opened (server side)
         self.next_sid = 1  # the next stream id this side opens (client side)
         self.reset_ids: dict[int, None] = {}  # streams this side reset, oldest first
+        # Ranges (first, last) of ids the peer skipped when it opened a stream: they were never
+        # opened, so a frame opening one later is a stream id going backwards (server side).
+        self.skipped: list[tuple[int, int]] = []
         self.dead = False  # a connection error: no more input
         self._out: list[bytes] = []
         self._buf = b""
@@ -315,6 +320,13 @@ class Codec:
         self._remember_reset(sid)
         return True
 
+    def forget_stream(self, sid: int) -> None:
+        """A stream the peer's GOAWAY excluded (above its last stream id): treated as never
+        created (RFC 9113 §6.8), so nothing more is sent on it, not even RST_STREAM; frames
+        that still arrive for it are dropped quietly."""
+        if self.streams.pop(sid, None) is not None:
+            self._remember_reset(sid)
+
     def _remember_reset(self, sid: int) -> None:
         reset_ids = self.reset_ids
         reset_ids[sid] = None
@@ -398,7 +410,10 @@ class Codec:
                     self._fail(ErrorCode.PROTOCOL_ERROR, "PRIORITY on stream 0")
                 if length != 5:
                     self._fail(ErrorCode.FRAME_SIZE_ERROR, "a PRIORITY frame not 5 bytes long")
-                handler.on_control()
+                if _U32.unpack_from(payload)[0] & 0x7FFFFFFF == sid:  # RFC 9113 §5.3.1
+                    self._stream_error(sid, ErrorCode.PROTOCOL_ERROR)
+                else:
+                    handler.on_control()
             elif kind == GOAWAY:
                 self._goaway(sid, payload)
             elif kind == PUSH_PROMISE:
@@ -420,6 +435,16 @@ class Codec:
         self._out.append(frame(RST_STREAM, 0, sid, _U32.pack(code)))
         self._remember_reset(sid)
         self.handler.on_reset(sid, code)
+
+    def _skip(self, first: int, last: int) -> None:
+        skipped = self.skipped
+        skipped.append((first, last))
+        if len(skipped) > SKIPPED_MEMORY:
+            del skipped[0]
+
+    def _skipped(self, sid: int) -> bool:
+        """Whether the peer skipped `sid` (never opened it) when it opened a later stream."""
+        return any(first <= sid <= last for first, last in self.skipped)
 
     def _closed(self, sid: int) -> bool:
         """Whether `sid`, not open, was opened before (not idle)."""
@@ -480,6 +505,8 @@ class Codec:
         if flags & PRIORITY_FLAG:
             if len(payload) < 5:
                 self._fail(ErrorCode.FRAME_SIZE_ERROR, "HEADERS too short for its priority")
+            if _U32.unpack_from(payload)[0] & 0x7FFFFFFF == sid:
+                flags |= _SELF_DEPENDENT  # a stream error, once the block is decoded
             payload = payload[5:]
         if flags & END_HEADERS:
             self._block_done(sid, flags, payload)
@@ -512,9 +539,16 @@ class Codec:
         handler = self.handler
         if stream is None:
             if self.client_side or sid % 2 == 0 or sid <= self.last_peer_sid:
+                if not self.client_side and sid % 2 and self._skipped(sid):
+                    self._fail(ErrorCode.PROTOCOL_ERROR, f"stream id {sid} went backwards")
                 self._late(sid, "HEADERS")
                 return
+            if sid > self.last_peer_sid + 2:
+                self._skip(self.last_peer_sid + 2, sid - 2)
             self.last_peer_sid = sid
+            if flags & _SELF_DEPENDENT:  # RFC 9113 §5.3.1: a stream error
+                self._stream_error(sid, ErrorCode.PROTOCOL_ERROR)
+                return
             stream = self.streams[sid] = Stream(self.peer_initial, self.local_initial)
             stream.head = True
             stream.recv_open = not end

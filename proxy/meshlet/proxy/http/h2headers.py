@@ -51,6 +51,7 @@ class Request(NamedTuple):
     grpc: bool  # content-type application/grpc*
     method: str = "GET"
     path: str = "/"
+    length: int = -1  # its content-length (-1: none): the body's DATA must add up to it
 
 
 class Response(NamedTuple):
@@ -59,6 +60,7 @@ class Response(NamedTuple):
     headers: Sequence[Header]
     status: int
     grpc_status: str | None  # set on a trailers-only gRPC response
+    length: int = -1  # its content-length (-1: none)
 
 
 class Trailers(NamedTuple):
@@ -120,14 +122,25 @@ def _value_error(header: Header) -> bool:
 
 
 # What `read_request` does with a field, by name; absent: checked and kept.
-_PSEUDO, _INTERNAL, _HOST, _CONTENT_TYPE, _SENSITIVE = range(5)
+_PSEUDO, _INTERNAL, _HOST, _CONTENT_TYPE, _SENSITIVE, _LENGTH = range(6)
 _REQUEST_FIELDS: Final = {
     **dict.fromkeys(_REQUEST_PSEUDO, _PSEUDO),
     **dict.fromkeys(INTERNAL_HEADERS, _INTERNAL),
     **dict.fromkeys(SENSITIVE_HEADERS, _SENSITIVE),
     b"host": _HOST,
     b"content-type": _CONTENT_TYPE,
+    b"content-length": _LENGTH,
 }
+_MAX_LENGTH_DIGITS: Final = 18  # a content-length fits an int64
+
+
+def _content_length(value: bytes, seen: int) -> int | None:
+    """A content-length's value; None when it is not a length, or differs from one `seen`
+    before (-1: none): RFC 9110 §8.6."""
+    if not value.isdigit() or len(value) > _MAX_LENGTH_DIGITS:
+        return None
+    length = int(value)
+    return None if seen not in (-1, length) else length
 
 
 def read_request(
@@ -142,6 +155,7 @@ def read_request(
     host: bytes | None = None
     grpc = False
     regular = False
+    length = -1
     for header in block:
         name, value = header
         kind = _REQUEST_FIELDS.get(name)
@@ -176,6 +190,12 @@ def read_request(
             out.append(header)
         elif kind == _SENSITIVE:
             out.append(NeverIndexedHeaderTuple(name, value))
+        elif kind == _LENGTH:
+            declared = _content_length(value, length)
+            if declared is None:
+                return Malformed("an invalid content-length")
+            length = declared
+            out.append(header)
         # _INTERNAL: dropped
     method = pseudo.get(b":method")
     if method is None:
@@ -186,13 +206,15 @@ def read_request(
             return Malformed("CONNECT needs :authority and no :scheme or :path")
     elif b":scheme" not in pseudo or not pseudo.get(b":path"):
         return Malformed("no :scheme or :path")
+    elif pseudo[b":path"][:1] != b"/" and (pseudo[b":path"] != b"*" or method != b"OPTIONS"):
+        return Malformed("a :path not starting with / (only OPTIONS may ask for *)")
     if authority is not None and host is not None and authority != host:
         return Malformed("host differs from :authority")
     out.extend(add)
     named = authority if authority is not None else host
     path = pseudo.get(b":path") or b""
     return Request(out, named.decode("latin-1") if named is not None else None, grpc,
-                   method.decode("latin-1"), path.decode("latin-1"))  # fmt: skip
+                   method.decode("latin-1"), path.decode("latin-1"), length)  # fmt: skip
 
 
 def read_response(block: Sequence[Header], from_peer_proxy: bool = False) -> Response | Malformed:
@@ -202,6 +224,7 @@ def read_response(block: Sequence[Header], from_peer_proxy: bool = False) -> Res
         return Malformed("response without a valid :status first", 502)
     grpc_status = None
     strip = False
+    length = -1
     for name, value in block[1:]:
         if name[:1] == b":":
             return Malformed(f"pseudo-header {name[:64]!r} in a response", 502)
@@ -210,11 +233,16 @@ def read_response(block: Sequence[Header], from_peer_proxy: bool = False) -> Res
             return Malformed(error, 502)
         if name == b"grpc-status":
             grpc_status = value.decode("latin-1")
+        elif name == b"content-length":
+            declared = _content_length(value, length)
+            if declared is None:
+                return Malformed("an invalid content-length", 502)
+            length = declared
         elif name in PROXY_RESPONSE_HEADERS and not from_peer_proxy:
             strip = True
     if strip:
         block = [h for h in block if h[0] not in PROXY_RESPONSE_HEADERS]
-    return Response(block, int(block[0][1]), grpc_status)
+    return Response(block, int(block[0][1]), grpc_status, length)
 
 
 def read_trailers(block: Sequence[Header]) -> Trailers | Malformed:

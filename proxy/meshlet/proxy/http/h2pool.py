@@ -9,6 +9,7 @@ an endpoint without a connection share one connect attempt.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +33,9 @@ _MAX_DIALS: Final = 3  # connections opened for one stream before giving up
 class ConnectFailed:
     reason: str
     timed_out: bool = False  # by the connect timeout (504 when given up), else refused (502)
+    # Connected, but the upstream allowed no stream (MAX_CONCURRENT_STREAMS 0) for the
+    # connect timeout (503 when given up).
+    no_streams: bool = False
 
 
 class H2Pool:
@@ -104,8 +108,23 @@ class H2Pool:
                 continue
             if client.open(stream):
                 break
-            if client.usable:
-                await client.slot()
+            if not client.usable:
+                continue
+            if client.h2.peer_max_streams > 0:
+                await client.slot()  # the upstream's concurrency: wait for a stream to end
+                continue
+            # It allows no stream at all: it may raise its limit soon, but no request waits
+            # longer than a connect would have.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._limits.connect_timeout):
+                    while client.usable and client.h2.peer_max_streams == 0:
+                        await client.slot()
+            if client.usable and client.h2.peer_max_streams == 0:
+                return ConnectFailed(
+                    f"{addr[0]}:{addr[1]} allows no HTTP/2 stream"
+                    " (SETTINGS_MAX_CONCURRENT_STREAMS 0)",
+                    no_streams=True,
+                )
         return None
 
     async def _client(self, key: PoolKey, tcp: Callable[[], TcpConn]) -> H2Client | ConnectFailed:

@@ -179,6 +179,11 @@ class H2Server(Peer):
             else:
                 self._refuse(sid, ErrorCode.PROTOCOL_ERROR)
             return
+        if end and request.length > 0:  # RFC 9113 §8.1.1: no body, yet a length
+            log.debug("malformed request on stream %d: content-length without a body", sid)
+            self.count_error(ErrorCode.PROTOCOL_ERROR)
+            self._refuse(sid, ErrorCode.PROTOCOL_ERROR)
+            return
         stream = ProxyStream(self, sid, request, self.loop.time())
         stream.req.ended = end
         self.streams[sid] = stream
@@ -353,7 +358,10 @@ class H2Server(Peer):
                 attempt = Attempt(sends=stream.sends, connects_failed=stream.connects,
                                   stale_retried=False, replayable=True, retryable_route=False,
                                   method=request.method, responded=False)  # fmt: skip
-                failure = Failure.CONNECT_TIMEOUT if failed.timed_out else Failure.CONNECT
+                failure = (
+                    Failure.REFUSED if failed.no_streams
+                    else Failure.CONNECT_TIMEOUT if failed.timed_out else Failure.CONNECT
+                )  # fmt: skip
                 decision = decide(failure, attempt)
                 if target.lease is None or decision.action is not Action.RETRY:
                     decision = decision.otherwise or decision  # nowhere else to try
@@ -370,6 +378,11 @@ class H2Server(Peer):
         if self._draining and not self.streams:
             self.flush()
             self.close_transport()
+
+    def malformed(self) -> None:
+        """A stream the proxy reset for the client's malformed message: it counts as a reset
+        before the upstream could answer."""
+        self._calm(self.guard.stream_reset(self._now()))
 
     def _refuse(self, stream_id: int, code: ErrorCode) -> None:
         self.reset(stream_id, code)

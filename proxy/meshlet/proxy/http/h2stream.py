@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from meshlet.proxy.core.classify import FAILURE
 from meshlet.proxy.core.failover import IDEMPOTENT, Action, Attempt, Decision, Failure, decide
-from meshlet.proxy.http.contract import REPLAY_LIMIT, Endpoint, RouteTarget
+from meshlet.proxy.http.contract import MAX_INFORMATIONAL, REPLAY_LIMIT, Endpoint, RouteTarget
 from meshlet.proxy.http.h2codec import ErrorCode, StreamClosed, error_name
 from meshlet.proxy.http.h2conn import Peer
 from meshlet.proxy.http.h2headers import (
@@ -123,11 +123,14 @@ class ProxyStream:
         "down_id",
         "endpoint",
         "grpc_status",
+        "informational",
         "latency_ms",
         "req",
+        "req_left",
         "req_sent",
         "request",
         "resp",
+        "resp_left",
         "responded",
         "route",
         "sends",
@@ -149,6 +152,11 @@ class ProxyStream:
         self.up_id = 0
         self.req = Pipe()  # downstream → upstream
         self.resp = Pipe()  # upstream → downstream
+        # Body bytes still due by the message's content-length (-1: none declared): a body
+        # that does not add up is malformed (RFC 9113 §8.1.1) and never relayed whole.
+        self.req_left = request.length
+        self.resp_left = -1
+        self.informational = 0  # 1xx heads relayed
         self.endpoint: Endpoint | None = None
         self.route: RouteTarget | None = None
         self.counted = False  # request_total counted
@@ -190,6 +198,13 @@ class ProxyStream:
         self.body_received += flow_len
         if flow_len > len(data):  # padding is not relayed: credit it at once
             self.server.h2.acknowledge(self.down_id, flow_len - len(data))
+        left = self.req_left
+        if left >= 0:
+            left = self.req_left = left - len(data)
+            if left < 0 or (end and left):
+                self.server.h2.acknowledge(self.down_id, len(data))
+                self.malformed_request("a request body that does not match its content-length")
+                return
         if data:
             self.req.push(data)
         if end:
@@ -198,6 +213,9 @@ class ProxyStream:
             self.pump_request()
 
     def on_request_trailers(self, headers: list[Header]) -> None:
+        if self.req_left > 0:
+            self.malformed_request("a request body shorter than its content-length")
+            return
         self.req.trailers = headers
         self.req.ended = True
         if self.client is not None:
@@ -226,9 +244,20 @@ class ProxyStream:
             self.pump_request()
 
     def on_informational(self, response: Response) -> None:
+        self.informational += 1
+        if self.informational > MAX_INFORMATIONAL:
+            self.malformed_response(f"more than {MAX_INFORMATIONAL} informational responses")
+            return
         self._send_head(response.headers, end=False)
 
     def on_response(self, response: Response, end: bool) -> None:
+        if self.request.method == "HEAD" or response.status in (204, 304):
+            self.resp_left = 0  # no content, whatever content-length says
+        else:
+            self.resp_left = response.length
+            if end and response.length > 0:
+                self.malformed_response("a response without the body its content-length says")
+                return
         route = self.route
         if route is not None:
             recorder = self.server.recorder
@@ -255,6 +284,14 @@ class ProxyStream:
     def on_response_data(self, data: bytes, flow_len: int, end: bool) -> None:
         if flow_len > len(data) and self.client is not None:
             self.client.h2.acknowledge(self.up_id, flow_len - len(data))
+        left = self.resp_left
+        if left >= 0:
+            left = self.resp_left = left - len(data)
+            if left < 0 or (end and left):
+                if self.client is not None:
+                    self.client.h2.acknowledge(self.up_id, len(data))
+                self.malformed_response("a response body that does not match its content-length")
+                return
         if data:
             self.resp.push(data)
         if end:
@@ -262,6 +299,9 @@ class ProxyStream:
         self.pump_response()
 
     def on_response_trailers(self, trailers: Trailers) -> None:
+        if self.resp_left > 0:
+            self.malformed_response("a response body shorter than its content-length")
+            return
         if trailers.grpc_status is not None:
             self.grpc_status = trailers.grpc_status
         self.resp.trailers = list(trailers.headers)
@@ -372,6 +412,49 @@ class ProxyStream:
         decision = decide(Failure.TIMEOUT, self._attempt())  # no response yet: ANSWER 504
         why = f"the route's timeout of {timeout:g}s passed" if timeout else "the timeout passed"
         self.answer(decision.status, why, grpc_status=GRPC_DEADLINE_EXCEEDED)
+
+    def malformed_request(self, reason: str) -> None:
+        """The client's request broke HTTP/2's message rules (a body that does not add up to its
+        content-length): its stream is reset (PROTOCOL_ERROR), and the upstream's, which never
+        sees the request whole, cancelled. Nothing of the excess is relayed."""
+        if self.closed:
+            return
+        log.debug("stream %d: malformed request: %s", self.down_id, reason)
+        self._cancel_upstream()
+        server = self.server
+        server.count_error(ErrorCode.PROTOCOL_ERROR)
+        server.reset(self.down_id, ErrorCode.PROTOCOL_ERROR)
+        server.malformed()
+        self._close()
+
+    def malformed_response(self, reason: str) -> None:
+        """The upstream's response broke HTTP/2's message rules: its stream is reset
+        (PROTOCOL_ERROR, a stream error: the shared connection lives); the client gets 502, or,
+        with the response begun, a reset: never a body passed off as whole."""
+        if self.closed:
+            return
+        log.info("upstream %s: malformed response on stream %d: %s", self.endpoint, self.up_id,
+                 reason)  # fmt: skip
+        client = self.client
+        if client is not None:
+            client.reset(self.up_id, ErrorCode.PROTOCOL_ERROR)
+            client.flush_soon()
+        self._detach()
+        if self.responded:
+            self.server.reset(self.down_id, ErrorCode.INTERNAL_ERROR)
+            self._close(failed=True)
+        else:
+            self.answer(502, f"bad upstream response: {reason}")
+
+    def _cancel_upstream(self) -> None:
+        """The upstream stream (or the task still routing or connecting it) is cancelled."""
+        client = self.client
+        if client is not None:
+            client.reset(self.up_id, ErrorCode.CANCEL)
+            client.flush_soon()
+        elif self.task is not None:
+            self.task.cancel()
+        self._detach()
 
     def body_too_slow(self, reason: str) -> None:
         """The client sent its request body slower than the minimum rate: the upstream stream
