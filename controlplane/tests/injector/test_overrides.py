@@ -59,8 +59,12 @@ def test_a_bad_pod_value_falls_back_to_the_namespace() -> None:
     )
 
 
-def test_every_setting_is_a_config_annotation() -> None:
-    assert all(s.annotation.startswith(wk.CONFIG_ANNOTATION_PREFIX) for s in SETTINGS)
+def test_every_setting_is_a_config_annotation_or_linkerds_timeout() -> None:
+    assert all(
+        s.annotation.startswith(wk.CONFIG_ANNOTATION_PREFIX)
+        or s.annotation == wk.IDLE_TIMEOUT_ANNOTATION
+        for s in SETTINGS
+    )
     assert len({s.annotation for s in SETTINGS}) == len(SETTINGS)
 
 
@@ -88,3 +92,10 @@ def test_the_proxy_image_annotation_never_sets_the_init_image() -> None:
     resolved = resolve(DEFAULTS, {}, {wk.PROXY_IMAGE_ANNOTATION: "evil.example/rootkit:1"})
     assert resolved.settings.image == "evil.example/rootkit:1"
     assert resolved.settings.init_image == DEFAULTS.image
+
+
+def test_the_idle_timeout_annotation_opts_a_workload_in() -> None:
+    assert resolve(DEFAULTS, {}, {}).settings.stream_idle_timeout == ""  # off by default
+    resolved = resolve(DEFAULTS, {wk.IDLE_TIMEOUT_ANNOTATION: "5m"}, {})
+    assert resolved.settings.stream_idle_timeout == "5m"
+    assert resolved.inherited == {wk.IDLE_TIMEOUT_ANNOTATION: "5m"}

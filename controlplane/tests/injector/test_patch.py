@@ -45,6 +45,7 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, str]]] = {
                 wk.PROXY_MEMORY_LIMIT_ANNOTATION: "128Mi",
                 wk.PROXY_IMAGE_ANNOTATION: "registry.local/meshlet/proxy:dev",
                 wk.SHUTDOWN_GRACE_PERIOD_ANNOTATION: "30s",
+                wk.IDLE_TIMEOUT_ANNOTATION: "5m",
             }
         ),
         {},
@@ -129,6 +130,7 @@ def test_overrides_reach_the_proxy_and_init(config: InjectConfig) -> None:
     loaded = proxy_config.load(kubelet.container_env(meshed, proxy_of(meshed)))
     assert str(loaded.inbound_ports_require_identity) == "8080"
     assert loaded.shutdown_grace_period == 30.0
+    assert loaded.http_stream_idle_timeout == 300.0
     assert proxy_of(meshed)["resources"] == {"limits": {"cpu": "1", "memory": "128Mi"}}
     assert proxy_of(meshed)["image"] == "registry.local/meshlet/proxy:dev"
     # ...but never the init container's, which runs as root with NET_ADMIN and NET_RAW

@@ -61,6 +61,9 @@ OUTBOUND_CONNECT_TIMEOUT_ANNOTATION: Final = (
     CONFIG_ANNOTATION_PREFIX + "proxy-outbound-connect-timeout"
 )
 SHUTDOWN_GRACE_PERIOD_ANNOTATION: Final = CONFIG_ANNOTATION_PREFIX + "proxy-shutdown-grace-period"
+# Linkerd's idle timeout, on a pod or its namespace: how long a request through that pod's proxy
+# may move no byte either way (unset: no limit).
+IDLE_TIMEOUT_ANNOTATION: Final = "timeout.meshlet.io/idle"
 # Written by the injector on the pods it meshes.
 PROXY_VERSION_ANNOTATION: Final = "meshlet.io/proxy-version"
 TRUST_ROOT_SHA256_ANNOTATION: Final = "meshlet.io/trust-root-sha256"
@@ -111,6 +114,7 @@ class ProxyEnv(enum.StrEnum):
     HTTP1_POOL_IDLE_TIMEOUT = PROXY_ENV_PREFIX + "HTTP1_POOL_IDLE_TIMEOUT"
     HTTP1_HEADER_READ_TIMEOUT = PROXY_ENV_PREFIX + "HTTP1_HEADER_READ_TIMEOUT"
     HTTP_IDLE_TIMEOUT = PROXY_ENV_PREFIX + "HTTP_IDLE_TIMEOUT"
+    HTTP_STREAM_IDLE_TIMEOUT = PROXY_ENV_PREFIX + "HTTP_STREAM_IDLE_TIMEOUT"
     HTTP1_MAX_HEADER_BYTES = PROXY_ENV_PREFIX + "HTTP1_MAX_HEADER_BYTES"
     HTTP1_MAX_HEADERS = PROXY_ENV_PREFIX + "HTTP1_MAX_HEADERS"
     HTTP2_MAX_CONCURRENT_STREAMS = PROXY_ENV_PREFIX + "HTTP2_MAX_CONCURRENT_STREAMS"

@@ -43,6 +43,7 @@ class Proxy:
             max_headers=config.http1_max_headers,
             header_read_timeout=config.http1_header_read_timeout,
             idle_timeout=config.http_idle_timeout,
+            stream_idle_timeout=config.http_stream_idle_timeout,
             connect_timeout=config.outbound_connect_timeout,
             pool_idle_timeout=config.http1_pool_idle_timeout,
             max_concurrent_streams=config.http2_max_concurrent_streams,

@@ -65,6 +65,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _optional_duration(text: str) -> float | None:
+    """A duration, or nothing (empty or 0: no limit)."""
+    if not text.strip():
+        return None
+    return parse_duration(text) or None
+
+
 def _path(text: str) -> Path:
     return Path(text)
 
@@ -126,6 +133,7 @@ class ProxyConfig:
     http1_pool_idle_timeout: float = 3.0
     http1_header_read_timeout: float = 10.0
     http_idle_timeout: float = 60.0
+    http_stream_idle_timeout: float | None = None  # off unless set (a request may stay quiet)
     http1_max_header_bytes: int = 64 * 1024
     http1_max_headers: int = 100
     http2_max_concurrent_streams: int = 100
@@ -184,6 +192,7 @@ _TABLE: Final[dict[wellknown.ProxyEnv, tuple[str, Callable[[str], Any]]]] = {
     E.HTTP1_POOL_IDLE_TIMEOUT: ("http1_pool_idle_timeout", parse_duration),
     E.HTTP1_HEADER_READ_TIMEOUT: ("http1_header_read_timeout", parse_duration),
     E.HTTP_IDLE_TIMEOUT: ("http_idle_timeout", parse_duration),
+    E.HTTP_STREAM_IDLE_TIMEOUT: ("http_stream_idle_timeout", _optional_duration),
     E.HTTP1_MAX_HEADER_BYTES: ("http1_max_header_bytes", _positive_int),
     E.HTTP1_MAX_HEADERS: ("http1_max_headers", _positive_int),
     E.HTTP2_MAX_CONCURRENT_STREAMS: ("http2_max_concurrent_streams", _positive_int),

@@ -489,48 +489,101 @@ async def test_an_idle_keep_alive_connection_is_closed_without_an_answer() -> No
     assert client.conn() is Conn.CLOSED
 
 
-BODY_RATE = HttpLimits(
-    body_rate_grace=60.0, body_rate_window=10.0, body_min_bytes=1024, idle_timeout=600.0
-)
-
-
-async def test_a_body_slower_than_the_minimum_rate_is_cut_with_408() -> None:
-    client = Client(BODY_RATE)
-    client.send(post(b"x" * 100_000)[:-100_000])  # the head only
+async def test_a_quiet_response_is_relayed_whole_however_long_it_is_quiet() -> None:
+    """A watch, a long poll, `logs -f`: the head and a first chunk, then an hour of nothing,
+    then the rest. No default timer cuts a request in flight."""
+    client = Client()
+    client.send(get("/watch"))
     upstream = client.connect()
-    for second in range(1, 60):  # during the grace, any rate goes
-        client.wait(float(second))
-        client.send(b"x" * 100)
-    client.wait(60.0)  # 5,900 bytes since the start: enough
+    upstream.respond(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n")
+    assert client.received().endswith(b"5\r\nfirst\r\n")
+    client.wait(3600.0)
+    assert client.received() == b"" and not client.reset and not upstream.transport.aborted
+    upstream.respond(b"4\r\nlast\r\n0\r\n\r\n")
+    assert client.received() == b"4\r\nlast\r\n0\r\n\r\n"
+    assert client.conn() is Conn.OPEN and client.in_flight() is None
+
+
+async def test_a_quiet_request_body_and_a_long_wait_for_the_head_are_not_cut() -> None:
+    client = Client()
+    client.send(post(b"x" * 100_000)[:-100_000])  # the head only: a client stream, quiet
+    upstream = client.connect()
+    client.wait(3600.0)
+    client.send(b"x" * 100_000)
+    client.wait(7200.0)  # a long poll: the upstream answers when it has something
+    assert client.received() == b"" and not upstream.transport.aborted
+    upstream.respond(OK)
+    assert status_of(client.received()) == 200
+
+
+async def test_the_idle_timer_runs_again_once_the_request_is_done() -> None:
+    client = Client(HttpLimits(idle_timeout=5.0))
+    client.send(get())
+    upstream = client.connect()
+    client.wait(100.0)  # a quiet request: not the connection's idle time
+    upstream.respond(OK)
+    client.received()
+    client.wait(104.9)
+    assert client.closes == []
+    client.wait(105.0)
+    assert client.closes == [0.0]
+
+
+IDLE = HttpLimits(stream_idle_timeout=30.0)
+
+
+async def test_opt_in_stream_idle_a_stalled_body_gets_408() -> None:
+    client = Client(IDLE)
+    client.send(post(b"x" * 100)[:-90])
+    upstream = client.connect()
+    client.wait(29.0)
+    client.send(b"x" * 5)  # a byte keeps it alive
+    client.wait(58.9)
     assert client.received() == b""
-    client.wait(65.0)
-    client.send(b"x" * 1023)  # a byte short of the minimum in this window
-    client.wait(70.0)
+    client.wait(59.0)
     response = client.received()
     assert status_of(response) == 408
-    assert error_header(response) == b"request body slower than 1024 bytes per 10s after 60s"
+    assert (
+        error_header(response)
+        == b"request body stalled: no bytes either way for 30s (the idle timeout)"
+    )
     assert upstream.transport.aborted  # the upstream never sees the request complete
-    assert client.conn() is Conn.LINGER
 
 
-async def test_a_body_at_the_minimum_rate_is_not_cut() -> None:
-    client = Client(BODY_RATE)
-    client.send(post(b"x" * 100_000)[:-100_000])
+async def test_opt_in_stream_idle_an_unanswered_request_gets_504() -> None:
+    client = Client(IDLE)
+    client.send(get())
     upstream = client.connect()
-    for second in range(5, 100, 5):
-        client.wait(float(second))
-        client.send(b"x" * 512)  # 1,024 bytes per 10 s
-    assert client.received() == b"" and not upstream.transport.aborted
-    assert stage(client.exchange)[0] is Req.BODY
+    client.wait(30.0)
+    response = client.received()
+    assert status_of(response) == 504 and b"no response" in error_header(response)
+    assert upstream.transport.aborted  # the upstream sees the cancel
+    assert client.conn() is Conn.OPEN  # the connection is kept
 
 
-async def test_a_body_the_proxy_paused_is_not_counted_against_the_client() -> None:
-    client = Client(BODY_RATE)
-    client.send(post(b"x" * 100_000)[:-100_000])
+async def test_opt_in_stream_idle_a_quiet_response_is_cut() -> None:
+    client = Client(IDLE)
+    client.send(get())
     upstream = client.connect()
-    client.machine.upstream_pause_writing()  # the upstream takes nothing: reading paused
-    client.wait(100.0)
+    upstream.respond(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhalf")
+    client.received()
+    client.wait(30.0)
+    assert client.reset and upstream.transport.aborted  # never passed off as complete
+
+
+async def test_a_routes_idle_timeout_wins_over_the_workloads() -> None:
+    client = Client(IDLE)
+    client.send(get())
+    upstream = client.connect(RoutePolicy("GET /watch", idle_timeout=600.0))
+    client.wait(599.0)
     assert client.received() == b"" and not upstream.transport.aborted
+    client.wait(600.0)
+    assert status_of(client.received()) == 504
+    quiet = Client()  # no workload setting: the route's alone
+    quiet.send(get())
+    quiet.connect(RoutePolicy("GET /items", idle_timeout=2.0))
+    quiet.wait(2.0)
+    assert status_of(quiet.received()) == 504
 
 
 async def test_a_route_timeout_answers_504_and_closes_the_upstream_connection() -> None:

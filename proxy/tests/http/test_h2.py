@@ -11,7 +11,7 @@ import shutil
 import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -1427,8 +1427,6 @@ async def test_h2load_finds_every_request_answered(h2proxy, upstream) -> None:
 
 # -- request bodies at a minimum rate --
 
-SLOW_BODY = HttpLimits(body_rate_grace=0.3, body_rate_window=0.2, body_min_bytes=1024)
-
 
 async def echo_unless_reset(request: UpstreamRequest) -> None:
     await request.read_body()  # ends with the body, or with the proxy's reset
@@ -1436,65 +1434,70 @@ async def echo_unless_reset(request: UpstreamRequest) -> None:
         await echo(request)
 
 
-async def test_a_request_body_trickled_below_the_minimum_rate_gets_408(
-    h2proxy, upstream, clients
-) -> None:
-    up, addr = await upstream(echo_unless_reset)
-    proxy = await h2proxy(addr, limits=SLOW_BODY)
+async def test_a_quiet_stream_is_never_cut_by_default(h2proxy, upstream, clients) -> None:
+    """A client stream quiet for many times the connection's idle timeout (a watch, a chat):
+    nothing cuts it; the connection's idle timer is for connections without streams."""
+    _, addr = await upstream(echo)
+    proxy = await h2proxy(addr, limits=HttpLimits(idle_timeout=0.2))
     client = await clients(proxy.port)
     sid = client.request(request_headers(proxy.port, method=b"POST"), end=False)
+    client.h2.send_data(sid, b"first ")
     client.flush()
-    for _ in range(20):  # 10 bytes every 0.1 s: 20 bytes per window, far under 1 KiB
-        if client.streams[sid].done:
-            break
-        client.h2.send_data(sid, b"x" * 10)
-        client.flush()
-        await asyncio.sleep(0.1)
+    await asyncio.sleep(1.0)  # five idle timeouts without a byte either way
+    assert not client.streams[sid].done and not client.eof
+    client.h2.send_data(sid, b"last", end_stream=True)
+    client.flush()
+    got = await client.response(sid)
+    assert got.status == 200 and bytes(got.body) == b"first last"
+
+
+IDLE = HttpLimits(stream_idle_timeout=0.3)
+
+
+async def test_opt_in_stream_idle_a_stalled_body_gets_408(h2proxy, upstream, clients) -> None:
+    up, addr = await upstream(echo_unless_reset)
+    proxy = await h2proxy(addr, limits=IDLE)
+    client = await clients(proxy.port)
+    sid = client.request(request_headers(proxy.port, method=b"POST"), end=False)
+    client.h2.send_data(sid, b"x" * 10)
+    client.flush()
     got = await client.response(sid)
     assert got.status == 408
     assert got.header(b"meshlet-proxy-error") == (
-        b"request body slower than 1024 bytes per 0.2s after 0.3s"
+        b"request body stalled: no bytes either way for 0.3s (the idle timeout)"
     )
     await eventually(lambda: bool(up.requests) and up.requests[0].reset == ErrorCodes.CANCEL)
-    assert proxy.sample("http_client_errors_total", status_code="408") == 1
     assert (await client.get(proxy.port)).status == 200  # the connection serves on
 
 
-async def test_a_request_body_at_the_minimum_rate_is_relayed_whole(
+async def test_opt_in_stream_idle_an_unanswered_grpc_call_is_deadline_exceeded(
     h2proxy, upstream, clients
 ) -> None:
+    release = asyncio.Event()
+    up, addr = await upstream(partial(held_unless, b"/held", release))
+    proxy = await h2proxy(addr, limits=IDLE)
+    client = await clients(proxy.port)
+    headers = [*request_headers(proxy.port, b"/held", b"POST"),
+               (b"content-type", b"application/grpc"), (b"te", b"trailers")]  # fmt: skip
+    got = await client.response(client.request(headers, body=b"\0\0\0\0\0"))
+    assert got.status == 200 and got.header(b"grpc-status") == b"4"
+    await eventually(lambda: bool(up.requests) and up.requests[0].reset == ErrorCodes.CANCEL)
+    release.set()
+
+
+async def test_opt_in_stream_idle_leaves_a_steady_stream_alone(h2proxy, upstream, clients) -> None:
     _, addr = await upstream(echo)
-    proxy = await h2proxy(addr, limits=SLOW_BODY)
+    proxy = await h2proxy(addr, limits=IDLE)
     client = await clients(proxy.port)
     sid = client.request(request_headers(proxy.port, method=b"POST"), end=False)
-    client.flush()
-    for _ in range(8):  # 1 KiB every 0.1 s: 2 KiB per window, for 0.8 s
-        client.h2.send_data(sid, b"y" * 1024)
+    for _ in range(8):  # a byte every 0.1 s, for twice the idle timeout and more
+        client.h2.send_data(sid, b"y")
         client.flush()
         await asyncio.sleep(0.1)
     client.h2.end_stream(sid)
     client.flush()
     got = await client.response(sid)
-    assert got.status == 200 and bytes(got.body) == b"y" * 8192
-
-
-async def test_a_client_the_proxy_holds_back_is_not_cut_for_its_rate(
-    h2proxy, upstream, clients
-) -> None:
-    """An upstream that does not read stops the client (no window): not the client's fault."""
-    up, addr = await upstream(echo_unless_reset)
-    up.ack = False  # the upstream's windows stay shut
-    limits = replace(SLOW_BODY, max_body_buffer=64 * 1024)
-    proxy = await h2proxy(addr, limits=limits)
-    client = await clients(proxy.port)
-    sid = client.request(request_headers(proxy.port, method=b"POST"), end=False)
-    while client.h2.local_flow_control_window(sid) > 0:  # fill every window on the way
-        client.h2.send_data(sid, b"x" * min(client.h2.local_flow_control_window(sid), 16384))
-        client.flush()
-        await asyncio.sleep(0.01)
-    await asyncio.sleep(1.0)  # five rate windows without a byte from the client
-    assert not client.streams[sid].done
-    assert proxy.sample("http_client_errors_total", status_code="408") == 0
+    assert got.status == 200 and bytes(got.body) == b"y" * 8
 
 
 # -- a hostile client, end to end --

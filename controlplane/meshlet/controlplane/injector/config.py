@@ -48,6 +48,7 @@ class ProxyDefaults:
     require_identity_ports: str = ""
     outbound_connect_timeout: str = ""
     shutdown_grace_period: str = ""
+    stream_idle_timeout: str = ""  # off: a request in flight is never cut for being quiet
     resources: Resources = field(default_factory=Resources)
     iptables_mode: str = "legacy"
     ignore_inbound_ports: str = ""
@@ -100,6 +101,7 @@ _PROXY: Final[dict[str, Callable[[str], Any]]] = {
     "requireIdentityOnInboundPorts": grammar.ports,
     "outboundConnectTimeout": _optional(grammar.duration),
     "shutdownGracePeriod": _optional(grammar.duration),
+    "streamIdleTimeout": _optional(grammar.duration),
     "cpuRequest": _optional(grammar.quantity),
     "cpuLimit": _optional(grammar.quantity),
     "memoryRequest": _optional(grammar.quantity),
@@ -123,6 +125,7 @@ _FIELDS: Final = {
     "requireIdentityOnInboundPorts": "require_identity_ports",
     "outboundConnectTimeout": "outbound_connect_timeout",
     "shutdownGracePeriod": "shutdown_grace_period",
+    "streamIdleTimeout": "stream_idle_timeout",
     "cpuRequest": "cpu_request",
     "cpuLimit": "cpu_limit",
     "memoryRequest": "memory_request",

@@ -67,6 +67,12 @@ SETTINGS: Final = (
         grammar.duration,
         wellknown.ProxyEnv.SHUTDOWN_GRACE_PERIOD,
     ),
+    Setting(
+        wellknown.IDLE_TIMEOUT_ANNOTATION,
+        "stream_idle_timeout",
+        grammar.duration,
+        wellknown.ProxyEnv.HTTP_STREAM_IDLE_TIMEOUT,
+    ),
     Setting(wellknown.PROXY_CPU_REQUEST_ANNOTATION, "cpu_request", grammar.quantity),
     Setting(wellknown.PROXY_CPU_LIMIT_ANNOTATION, "cpu_limit", grammar.quantity),
     Setting(wellknown.PROXY_MEMORY_REQUEST_ANNOTATION, "memory_request", grammar.quantity),
@@ -92,6 +98,7 @@ class ProxySettings:
     require_identity_ports: str
     outbound_connect_timeout: str
     shutdown_grace_period: str
+    stream_idle_timeout: str
     resources: Resources
     iptables_mode: str
 
@@ -125,6 +132,7 @@ def resolve(
         "require_identity_ports": defaults.require_identity_ports,
         "outbound_connect_timeout": defaults.outbound_connect_timeout,
         "shutdown_grace_period": defaults.shutdown_grace_period,
+        "stream_idle_timeout": defaults.stream_idle_timeout,
         "iptables_mode": defaults.iptables_mode,
         **dataclasses.asdict(defaults.resources),
     }

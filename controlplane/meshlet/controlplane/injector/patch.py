@@ -94,6 +94,7 @@ def proxy_env(
         (wk.ProxyEnv.INBOUND_PORTS_REQUIRE_IDENTITY, settings.require_identity_ports),
         (wk.ProxyEnv.OUTBOUND_CONNECT_TIMEOUT, settings.outbound_connect_timeout),
         (wk.ProxyEnv.SHUTDOWN_GRACE_PERIOD, settings.shutdown_grace_period),
+        (wk.ProxyEnv.HTTP_STREAM_IDLE_TIMEOUT, settings.stream_idle_timeout),
     )
     values.extend((name, value) for name, value in optional if value)
     return [

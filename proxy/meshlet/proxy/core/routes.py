@@ -120,12 +120,14 @@ def matches(condition: RequestMatch, method: str, path: str) -> bool:
 @dataclass(frozen=True, slots=True)
 class RoutePolicy:
     """What a request's route asks of the proxy: the route's metric name (`rt_route`; empty
-    for the default route), its timeout, whether it may be retried, and its classes."""
+    for the default route), its timeout, whether it may be retried, its classes, and how long
+    its requests may stay quiet (None: the workload's setting, by default no limit)."""
 
     name: str = ""
     timeout: float | None = None
     retryable: bool = False
     classes: tuple[ResponseClass, ...] = ()
+    idle_timeout: float | None = None
 
 
 DEFAULT_ROUTE: Final = RoutePolicy()

@@ -161,18 +161,18 @@ class HttpLimits:
     max_header_bytes: int = 64 * 1024
     max_headers: int = 100
     header_read_timeout: float = 10.0  # a request head must arrive within this
-    idle_timeout: float = 60.0  # no bytes either way for this long: close
+    # A connection with no request in flight (an idle keep-alive connection, an HTTP/2
+    # connection without streams) is closed after this long without a byte either way. A
+    # request in flight is never cut for being quiet, unless `stream_idle_timeout` says so.
+    idle_timeout: float = 60.0
+    # Opt-in (None: off): a request in flight during which no byte moved either way for this
+    # long is ended (408 while its body is due, 504 while its response is awaited, a cut
+    # connection or stream once the response began). A route's own idle timeout wins.
+    stream_idle_timeout: float | None = None
     connect_timeout: float = 1.0
     pool_idle_timeout: float = 3.0  # idle upstream HTTP/1 connections kept this long
     max_concurrent_streams: int = 100  # HTTP/2
     max_body_buffer: int = 256 * 1024  # bytes buffered per stream before reading pauses
-    # A request body that has taken longer than `body_rate_grace` seconds must keep arriving at
-    # `body_min_bytes` per `body_rate_window` seconds (unless the proxy itself paused reading
-    # it), else 408: a body trickled at a byte a second cannot hold a connection and an
-    # upstream request for ever. HTTP/1.
-    body_rate_grace: float = 60.0
-    body_rate_window: float = 10.0
-    body_min_bytes: int = 1024
 
 
 @dataclass(frozen=True, slots=True)

@@ -331,7 +331,9 @@ class H1Shell(asyncio.Protocol):
     def arm(self, when: float) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        self._timer = self._loop.call_at(when, self._tick)
+            self._timer = None
+        if when != float("inf"):
+            self._timer = self._loop.call_at(when, self._tick)
 
     def _tick(self) -> None:
         self._timer = None

@@ -124,7 +124,8 @@ class Io(Protocol):
     def resume_reading(self) -> None: ...
 
     def arm(self, when: float) -> None:
-        """`tick` is to be called at loop time `when` (replaces an earlier arming)."""
+        """`tick` is to be called at loop time `when` (replaces an earlier arming; `inf`: not
+        at all)."""
 
     def start(self, exchange: Exchange) -> None:
         """Route (the first time) and connect `exchange`, then call `attach`, `route_failed`
@@ -143,9 +144,6 @@ class Exchange:
     __slots__ = (
         "backlog",
         "backlog_size",
-        "body_check_at",
-        "body_mark",
-        "body_received",
         "connects",
         "counted",
         "deadline",
@@ -192,9 +190,6 @@ class Exchange:
         self.label = ""
         self.t0 = 0.0  # perf_counter at routing: latencies
         self.deadline: float | None = None  # loop time of the route's timeout
-        self.body_received = 0  # the minimum body rate: bytes read, at the last check, next check
-        self.body_mark = 0
-        self.body_check_at = 0.0
 
     @property
     def attempt(self) -> Attempt:
@@ -386,23 +381,18 @@ class H1Machine:
         ex = Exchange(head)
         if head.body is not Body.NONE and not head.upgrade and parser.should_upgrade():
             ex.reparse_body = True
-        if head.body is not Body.NONE:
-            ex.body_check_at = self.io.now() + self._limits.body_rate_grace
-            if ex.body_check_at < self._timer_at:
-                self._arm(ex.body_check_at)
         self._parsing = self._last = ex
         if self.current is None:
             self.current = ex
+            if self._limits.stream_idle_timeout is not None:
+                self._arm_sooner()
             self.io.start(ex)
         else:
             self._queue.append(ex)
 
     def on_body(self, body: bytes) -> None:
         ex = self._parsing
-        if ex is None:
-            return
-        ex.body_received += len(body)
-        if ex.req is Req.DISCARD:
+        if ex is None or ex.req is Req.DISCARD:
             return
         if ex.head.body is Body.CHUNKED:
             self._to_upstream(ex, (b"%x\r\n" % len(body), body, b"\r\n"), len(body))
@@ -517,8 +507,8 @@ class H1Machine:
             route.budget.deposit(time.monotonic())
         if policy.timeout is not None:
             ex.deadline = self.io.now() + policy.timeout
-            if ex.deadline < self._timer_at:
-                self._arm(ex.deadline)
+        if (policy.timeout is not None or policy.idle_timeout is not None) and ex is self.current:
+            self._arm_sooner()
         if policy.retryable or ex.head.method in IDEMPOTENT:
             ex.replay = []
 
@@ -775,14 +765,17 @@ class H1Machine:
         if self._queue:
             nxt = self._queue.popleft()
             self.current = nxt
+            self._arm_sooner()
             self.io.start(nxt)
             if nxt.req is Req.COMPLETE:
                 return
         elif self._pending_reject is not None:
             self._answer_close(*self._pending_reject)
             return
-        elif self.parse is Parse.HEAD:
-            self._set_head_deadline()
+        else:
+            if self.parse is Parse.HEAD:
+                self._set_head_deadline()
+            self._arm_sooner()  # the connection's idle timer
         if self._inbox and not self._feeding:
             self._drain_inbox()  # the next head, or the body of the request just started
         else:
@@ -855,70 +848,84 @@ class H1Machine:
         now = self.io.now()
         limits = self._limits
         cur = self.current
-        deadline = self._head_deadline if cur is None else None
-        if deadline is not None and now >= deadline:
-            self._refuse(408, f"request head not received within {limits.header_read_timeout}s")
-            self.flush()
-            return
-        wake = float("inf") if deadline is None else deadline
-        if cur is not None and cur.deadline is not None:
-            if now >= cur.deadline and cur.resp is Resp.WAITING:
+        if cur is None:
+            deadline = self._head_deadline
+            if deadline is not None and now >= deadline:
+                self._refuse(408, f"request head not received within {limits.header_read_timeout}s")
+                self.flush()
+                return
+            if now >= self._last_io + limits.idle_timeout:
+                self._idle_out()
+                self.flush()
+                return
+        else:
+            if cur.deadline is not None and cur.resp is Resp.WAITING and now >= cur.deadline:
                 self._timed_out(cur)
                 self.flush()
                 if self._closed():
                     return
-            elif cur.resp is Resp.WAITING:
-                wake = min(wake, cur.deadline)
-        if cur is not None and cur.req is Req.COMPLETE and cur.resp is Resp.WAITING:
-            idle_at = now + limits.idle_timeout  # waiting for the upstream's response head
-        else:
-            idle_at = self._last_io + limits.idle_timeout
-            if now >= idle_at:
-                self._idle_out()
+            idle = _stream_idle(cur, limits)
+            if cur is self.current and idle is not None and now >= self._last_io + idle:
+                self._stream_idle_out(cur, idle)
                 self.flush()
                 return
-        wake = min(wake, idle_at)
-        body = self._parsing if self.parse is Parse.BODY else None
-        if body is not None and body.body_check_at:
-            if now >= body.body_check_at and not self._body_rate_kept(body, now):
-                self.flush()
-                return
-            wake = min(wake, body.body_check_at)
-        self._arm(wake)
+        self._arm(self._wake_at())
 
-    def _body_rate_kept(self, ex: Exchange, now: float) -> bool:
-        """At a body-rate check: whether the body kept the minimum rate since the last one (a
-        body the proxy paused is not counted against the client); 408 when it did not."""
+    def _wake_at(self) -> float:
+        """When the timer must next fire, for the state as it is (inf: never)."""
         limits = self._limits
-        arrived = ex.body_received - ex.body_mark
-        ex.body_mark = ex.body_received
-        ex.body_check_at = now + limits.body_rate_window
-        if arrived >= limits.body_min_bytes or self._pause:
-            return True
-        self._refuse(
-            408,
-            f"request body slower than {limits.body_min_bytes} bytes per "
-            f"{limits.body_rate_window:g}s after {limits.body_rate_grace:g}s",
-        )
-        return False
+        cur = self.current
+        if cur is None:
+            at = self._last_io + limits.idle_timeout
+            deadline = self._head_deadline
+            return at if deadline is None else min(at, deadline)
+        at = float("inf")
+        if cur.deadline is not None and cur.resp is Resp.WAITING:
+            at = cur.deadline
+        idle = _stream_idle(cur, limits)
+        if idle is not None:
+            at = min(at, self._last_io + idle)
+        return at
+
+    def _arm_sooner(self) -> None:
+        when = self._wake_at()
+        if when < self._timer_at:
+            self._arm(when)
 
     def _idle_out(self) -> None:
-        cur = self.current
-        why = f"no bytes for {self._limits.idle_timeout}s"
-        if cur is None and self.parse is not Parse.HEAD:
+        """No request in flight and no byte for the idle timeout."""
+        if self.parse is not Parse.HEAD:
             self._close()  # an idle keep-alive connection
-        elif cur is None or cur.resp is Resp.WAITING:
-            self._refuse(408, f"request not received: {why}")
         else:
-            log.debug("aborting a response the client does not read: %s", why)
-            self._drop_upstream(cur)
+            self._refuse(408, f"request not received: no bytes for {self._limits.idle_timeout}s")
+
+    def _stream_idle_out(self, ex: Exchange, idle: float) -> None:
+        """A request in flight moved no byte either way for its (configured) idle timeout."""
+        why = f"no bytes either way for {idle:g}s (the idle timeout)"
+        if ex.resp is Resp.STREAMING:
+            log.debug("aborting a response: %s", why)
+            self._drop_upstream(ex)
+            _release(ex)
             self._abort()
+        elif ex.req is not Req.COMPLETE:
+            self._refuse(408, f"request body stalled: {why}")
+        else:
+            self._drop_upstream(ex)  # the upstream sees its connection closed: the cancel
+            self._answer(ex, 504, f"no response: {why}")
 
     # -- metrics ---------------------------------------------------------------------------
 
     def _count_response(self, ex: Exchange, status: int) -> None:
         latency = (_perf() - ex.t0) * 1000.0 if ex.t0 else None
         self._recorder.response(ex.label, ex.endpoint, ex.route, status, None, latency)
+
+
+def _stream_idle(ex: Exchange, limits: HttpLimits) -> float | None:
+    """How long `ex` may stay quiet: its route's idle timeout, else the workload's."""
+    route = ex.route
+    if route is not None and route.policy.idle_timeout is not None:
+        return route.policy.idle_timeout
+    return limits.stream_idle_timeout
 
 
 def _from_peer_proxy(ex: Exchange) -> bool:

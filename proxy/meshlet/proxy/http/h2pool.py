@@ -108,9 +108,7 @@ class H2Pool:
                 continue
             if client.open(stream):
                 break
-            if not client.usable:
-                continue
-            if client.h2.peer_max_streams > 0:
+            if client.usable and client.h2.peer_max_streams > 0:
                 await client.slot()  # the upstream's concurrency: wait for a stream to end
                 continue
             # It allows no stream at all: it may raise its limit soon, but no request waits

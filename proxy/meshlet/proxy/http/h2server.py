@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 # The downstream connection window, in stream windows: what one client can have in flight.
 CONN_WINDOW_STREAMS: Final = 4
+_MIN_IDLE_CHECK: Final = 0.01  # seconds between checks of streams' idle timeouts, at least
 
 
 async def serve_h2(
@@ -100,7 +101,8 @@ class H2Server(Peer):
         self._draining = False
         self._idle_seen = -1
         self._idle_timer: asyncio.TimerHandle | None = None
-        self._rate_timer: asyncio.TimerHandle | None = None
+        # Armed while a stream has an idle timeout (opt-in): checks streams every quarter of it.
+        self._stream_timer: asyncio.TimerHandle | None = None
         self.recorder = Recorder(conn.metrics, conn.labels)
         if conn.tcp is not None:
             self.tcp = conn.tcp
@@ -111,14 +113,13 @@ class H2Server(Peer):
         super().connection_made(transport)
         limits = self.conn.limits
         self._idle_timer = self.loop.call_later(limits.idle_timeout, self._idle_tick)
-        self._rate_timer = self.loop.call_later(limits.body_rate_window, self._rate_tick)
         if self.conn.closing.is_set():
             self.shutdown()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.tcp.close(exc)
-        for timer in (self._idle_timer, self._rate_timer):
+        for timer in (self._idle_timer, self._stream_timer):
             if timer is not None:
                 timer.cancel()
         for stream in list(self.streams.values()):
@@ -187,6 +188,9 @@ class H2Server(Peer):
         stream = ProxyStream(self, sid, request, self.loop.time())
         stream.req.ended = end
         self.streams[sid] = stream
+        idle = self.conn.limits.stream_idle_timeout
+        if idle is not None:
+            self.watch_idle(idle)
         try:
             picked = self._forward_now(stream)
         except Exception:
@@ -420,30 +424,29 @@ class H2Server(Peer):
         self._idle_seen = self.activity
         self._idle_timer = self.loop.call_later(self.conn.limits.idle_timeout, self._idle_tick)
 
-    def _rate_tick(self) -> None:
-        """Every `body_rate_window`: a request body older than `body_rate_grace` must have
-        brought `body_min_bytes` since the last tick, unless the proxy itself holds the client
-        back (body bytes not yet taken upstream, or no upstream stream yet)."""
+    def watch_idle(self, idle: float) -> None:
+        """A stream may stay quiet only `idle` seconds (a configured stream idle timeout):
+        streams are checked every quarter of it from now on."""
+        if self._stream_timer is None and not self.closed:
+            period = max(idle / 4, _MIN_IDLE_CHECK)
+            self._stream_timer = self.loop.call_later(period, self._stream_tick, period)
+
+    def _stream_tick(self, period: float) -> None:
+        """Ends the streams that moved no byte either way for their idle timeout."""
+        self._stream_timer = None
         if self.closed:
             return
-        limits = self.conn.limits
         now = self.loop.time()
+        watched = False
         for stream in list(self.streams.values()):
-            if stream.req.ended or stream.closed:
+            idle = stream.idle_timeout()
+            if idle is None or stream.closed:
                 continue
-            arrived = stream.body_received - stream.body_mark
-            stream.body_mark = stream.body_received
-            held_back = stream.client is None or stream.req.holding
-            if now - stream.started < limits.body_rate_grace or held_back:
-                continue
-            if arrived < limits.body_min_bytes:
-                reason = (
-                    f"request body slower than {limits.body_min_bytes} bytes per "
-                    f"{limits.body_rate_window:g}s after {limits.body_rate_grace:g}s"
-                )
-                log.debug("stream %d: %s", stream.down_id, reason)
-                stream.body_too_slow(reason)
-        self._rate_timer = self.loop.call_later(limits.body_rate_window, self._rate_tick)
+            watched = True
+            if stream.quiet_for(now) >= idle:
+                stream.idle_out(idle)
+        if watched:
+            self._stream_timer = self.loop.call_later(period, self._stream_tick, period)
 
     # -- metrics --
 

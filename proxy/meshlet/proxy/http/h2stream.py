@@ -114,8 +114,6 @@ class ProxyStream:
     """A downstream stream and the upstream stream it is relayed to."""
 
     __slots__ = (
-        "body_mark",
-        "body_received",
         "client",
         "closed",
         "connects",
@@ -125,6 +123,9 @@ class ProxyStream:
         "grpc_status",
         "informational",
         "latency_ms",
+        "moved",
+        "moved_seen",
+        "quiet_since",
         "req",
         "req_left",
         "req_sent",
@@ -171,8 +172,10 @@ class ProxyStream:
         self.latency_ms: float | None = None
         self.closed = False
         self.task: asyncio.Task[None] | None = None  # routing and opening it upstream
-        self.body_received = 0  # request body bytes from the client so far
-        self.body_mark = 0  # ...at the last body-rate check
+        # Body bytes moved either way so far; what the last idle check saw, and since when.
+        self.moved = 0
+        self.moved_seen = 0
+        self.quiet_since = started
 
     def routed(self, route: RouteTarget) -> None:
         """The request's route is known: its budget counts the request, its timeout starts
@@ -180,6 +183,8 @@ class ProxyStream:
         is kept for a replay."""
         self.route = route
         policy = route.policy
+        if policy.idle_timeout is not None:
+            self.server.watch_idle(policy.idle_timeout)
         if route.budget is not None:
             route.budget.deposit(time.monotonic())
         if policy.timeout is not None:
@@ -195,7 +200,7 @@ class ProxyStream:
     # -- downstream events (H2Server) --
 
     def on_request_data(self, data: bytes, flow_len: int, end: bool) -> None:
-        self.body_received += flow_len
+        self.moved += flow_len
         if flow_len > len(data):  # padding is not relayed: credit it at once
             self.server.h2.acknowledge(self.down_id, flow_len - len(data))
         left = self.req_left
@@ -216,6 +221,7 @@ class ProxyStream:
         if self.req_left > 0:
             self.malformed_request("a request body shorter than its content-length")
             return
+        self.moved += 1
         self.req.trailers = headers
         self.req.ended = True
         if self.client is not None:
@@ -245,6 +251,7 @@ class ProxyStream:
 
     def on_informational(self, response: Response) -> None:
         self.informational += 1
+        self.moved += 1
         if self.informational > MAX_INFORMATIONAL:
             self.malformed_response(f"more than {MAX_INFORMATIONAL} informational responses")
             return
@@ -269,6 +276,7 @@ class ProxyStream:
                     self._retry()
                     return
         self.responded = True
+        self.moved += 1
         self._stop_timer()
         if self.endpoint is not None and self.endpoint.lease is not None:
             self.endpoint.lease.responded()
@@ -304,6 +312,7 @@ class ProxyStream:
             return
         if trailers.grpc_status is not None:
             self.grpc_status = trailers.grpc_status
+        self.moved += 1
         self.resp.trailers = list(trailers.headers)
         self.resp.ended = True
         self.pump_response()
@@ -456,23 +465,37 @@ class ProxyStream:
             self.task.cancel()
         self._detach()
 
-    def body_too_slow(self, reason: str) -> None:
-        """The client sent its request body slower than the minimum rate: the upstream stream
-        is cancelled and the client gets 408 (or, with the response begun, a reset)."""
+    def idle_timeout(self) -> float | None:
+        """How long the stream may stay quiet: its route's idle timeout, else the
+        workload's (None: no limit, the default)."""
+        route = self.route
+        if route is not None and route.policy.idle_timeout is not None:
+            return route.policy.idle_timeout
+        return self.server.conn.limits.stream_idle_timeout
+
+    def quiet_for(self, now: float) -> float:
+        """Seconds since a body byte or a head last moved on the stream (as of the checks)."""
+        if self.moved != self.moved_seen:
+            self.moved_seen = self.moved
+            self.quiet_since = now
+        return now - self.quiet_since
+
+    def idle_out(self, idle: float) -> None:
+        """The stream moved no byte either way for its idle timeout: the upstream stream is
+        cancelled; the client gets 408 while its body was due, 504 while the response was
+        awaited, a reset once the response began."""
         if self.closed:
             return
-        client = self.client
-        if client is not None:
-            client.reset(self.up_id, ErrorCode.CANCEL)
-            client.flush_soon()
-        elif self.task is not None:
-            self.task.cancel()
-        self._detach()
+        why = f"no bytes either way for {idle:g}s (the idle timeout)"
+        log.debug("stream %d: %s", self.down_id, why)
+        self._cancel_upstream()
         if self.responded:
             self.server.reset(self.down_id, ErrorCode.CANCEL)
             self._close(failed=True)
-            return
-        self.answer(408, reason)
+        elif not self.req.ended:
+            self.answer(408, f"request body stalled: {why}")
+        else:
+            self.answer(504, f"no response: {why}", grpc_status=GRPC_DEADLINE_EXCEEDED)
 
     def _stop_timer(self) -> None:
         if self.timer is not None:
@@ -522,6 +545,7 @@ class ProxyStream:
         except StreamClosed:
             return  # the downstream stream is closed; its reset is on its way
         if sent:
+            self.moved += sent
             client = self.client
             if client is not None:
                 client.h2.acknowledge(self.up_id, sent)
