@@ -83,14 +83,12 @@ def request_headers(
 
 
 class Connection(H2Connection):
-    """h2's connection that, after a graceful GOAWAY (NO_ERROR), keeps reading the streams the
-    GOAWAY let finish (h2 would fail every later frame with PROTOCOL_ERROR)."""
+    """h2's connection that, after a GOAWAY, keeps reading the streams the GOAWAY let finish
+    (h2 would fail every later frame with PROTOCOL_ERROR)."""
 
     def _receive_goaway_frame(self, frame: GoAwayFrame) -> tuple[list[Any], list[Any]]:
-        if frame.error_code != ErrorCodes.NO_ERROR:
-            return super()._receive_goaway_frame(frame)  # type: ignore[no-any-return]
         event = ConnectionTerminated()
-        event.error_code = ErrorCodes.NO_ERROR
+        event.error_code = ErrorCodes(frame.error_code)
         event.last_stream_id = frame.last_stream_id
         event.additional_data = frame.additional_data or None
         return [], [event]
@@ -1040,6 +1038,101 @@ async def test_rapid_reset_is_answered_with_enhance_your_calm(h2proxy, upstream,
     assert goaway_code(await read_until_closed(sock)) == ErrorCodes.ENHANCE_YOUR_CALM
     assert proxy.sample("http_client_errors_total", status_code="enhance_your_calm") == 1
     await assert_proxy_serves(proxy, clients)
+
+
+async def test_a_thousand_cancellations_of_received_requests_are_not_rapid_reset(
+    h2proxy, upstream, clients
+) -> None:
+    """An `h2` client that cancels 1,000 requests (every one it sends) once the upstream has
+    them, crediting flow control back as it goes: a client giving up on long polls, not an
+    attack. Its connection lives and its next request is answered."""
+    release = asyncio.Event()
+    up, addr = await upstream(partial(held_unless, b"/poll", release))
+    proxy = await h2proxy(addr)
+    client = await clients(proxy.port)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    for wave in range(1, 21):
+        sids = [client.request(request_headers(proxy.port, b"/poll")) for _ in range(50)]
+        held = 50 * wave
+        await eventually(lambda: len(up.requests) == held)  # noqa: B023 - awaited at once
+        await asyncio.sleep(0.005)
+        for sid in sids:
+            client.h2.reset_stream(sid, ErrorCodes.CANCEL)
+        client.flush()
+    await eventually(lambda: all(r.reset == ErrorCodes.CANCEL for r in up.requests))
+    assert loop.time() - started < 10.0
+    assert client.goaway is None and not client.eof
+    assert (await client.get(proxy.port, b"/after")).status == 200
+    assert proxy.sample("http_client_errors_total") == 0
+    release.set()
+
+
+async def test_a_rapid_reset_lets_the_streams_in_flight_finish(h2proxy, upstream, clients) -> None:
+    """When the guard trips, GOAWAY ENHANCE_YOUR_CALM names the last stream taken: the
+    client's requests already in flight below it are answered, new ones are not taken."""
+    release = asyncio.Event()
+
+    async def held(request: UpstreamRequest) -> None:
+        await release.wait()
+        if request.reset is None:
+            request.respond(200, end=True)
+
+    up, addr = await upstream(held)
+    proxy = await h2proxy(addr)
+    client = await clients(proxy.port)
+    held = [client.request(request_headers(proxy.port, b"/held")) for _ in range(3)]
+    await eventually(lambda: len(up.requests) == 3)
+    held_upstream = list(up.requests)
+    for _ in range(200):  # HEADERS then RST_STREAM at once, over and over
+        sid = client.request(request_headers(proxy.port, b"/x"))
+        client.h2.reset_stream(sid, ErrorCodes.CANCEL)
+    client.flush()
+    await client.until(lambda: client.goaway is not None)
+    assert client.goaway is not None
+    assert client.goaway.error_code == ErrorCodes.ENHANCE_YOUR_CALM
+    assert client.goaway.last_stream_id >= max(held)
+    release.set()
+    for sid in held:
+        assert (await client.response(sid)).status == 200
+    assert all(r.reset is None for r in held_upstream)
+    assert proxy.sample("http_client_errors_total", status_code="enhance_your_calm") == 1
+    await client.until(lambda: client.eof)  # then the connection closes
+    await assert_proxy_serves(proxy, clients)
+
+
+async def test_an_upstreams_enhance_your_calm_fails_no_unrelated_request(
+    h2proxy, upstream, clients
+) -> None:
+    """The client side of the mesh: the upstream's guard tripped (GOAWAY ENHANCE_YOUR_CALM,
+    last stream 1). Stream 1 is answered on that connection; stream 3, which the upstream
+    never took, is sent again on a new connection; nothing fails."""
+    release = asyncio.Event()
+
+    async def handler(request: UpstreamRequest) -> None:
+        conn = request.conn
+        if conn is up.conns[0] and request.sid == 3:
+            assert conn.transport is not None  # the GOAWAY, behind h2's back: it still answers
+            conn.transport.write(
+                GoAwayFrame(
+                    0, last_stream_id=1, error_code=ErrorCodes.ENHANCE_YOUR_CALM
+                ).serialize()
+            )
+            release.set()
+            return
+        await release.wait()
+        request.respond(200, [(b"x-conn", b"%d" % (up.conns.index(conn) + 1))], end=True)
+
+    up, addr = await upstream(handler)
+    proxy = await h2proxy(addr)
+    client = await clients(proxy.port)
+    first = client.request(request_headers(proxy.port, b"/one"))
+    await eventually(lambda: len(up.requests) == 1)
+    second = client.request(request_headers(proxy.port, b"/two"))
+    got_first, got_second = await client.response(first), await client.response(second)
+    assert (got_first.status, got_first.header(b"x-conn")) == (200, b"1")
+    assert (got_second.status, got_second.header(b"x-conn")) == (200, b"2")
+    assert client.goaway is None
 
 
 async def test_occasional_resets_are_not_rapid_reset(h2proxy, upstream, clients) -> None:

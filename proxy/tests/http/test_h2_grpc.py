@@ -4,6 +4,7 @@ with the proxy between them (generic handlers over raw bytes: no .proto needed).
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 from typing import Any
@@ -42,6 +43,12 @@ class Echo:
         await context.abort(grpc.StatusCode.NOT_FOUND, "no such thing: " + request.decode())
         raise AssertionError("unreachable")
 
+    async def chat(
+        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
+        async for message in requests:
+            yield b"echo:" + message
+
     async def slow(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:
             await asyncio.sleep(10)
@@ -68,6 +75,7 @@ async def echo_server() -> AsyncIterator[tuple[Echo, tuple[str, int]]]:
         "Stream": grpc.unary_stream_rpc_method_handler(echo.stream),
         "Fail": grpc.unary_unary_rpc_method_handler(echo.fail),
         "Slow": grpc.unary_unary_rpc_method_handler(echo.slow),
+        "Chat": grpc.stream_stream_rpc_method_handler(echo.chat),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
     port = server.add_insecure_port("127.0.0.1:0")
@@ -83,9 +91,12 @@ async def grpc_proxy(
     """`await grpc_proxy(upstream_addr)` → (EngineProxy, a grpc.aio channel to the proxy)."""
     opened: list[tuple[Any, H2Pool, grpc.aio.Channel]] = []
 
-    async def start(addr: tuple[str, int]) -> tuple[Any, grpc.aio.Channel]:
-        pool = H2Pool(grpc_connect, HttpLimits())
-        proxy = await engine_proxy(partial(serve_h2, pool=pool), addr)
+    async def start(
+        addr: tuple[str, int], limits: HttpLimits | None = None
+    ) -> tuple[Any, grpc.aio.Channel]:
+        limits = limits or HttpLimits()
+        pool = H2Pool(grpc_connect, limits)
+        proxy = await engine_proxy(partial(serve_h2, pool=pool), addr, limits=limits)
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{proxy.port}")
         opened.append((proxy, pool, channel))
         return proxy, channel
@@ -170,3 +181,50 @@ async def test_an_unreachable_upstream_is_unavailable(grpc_proxy) -> None:
     assert error.value.code() == grpc.StatusCode.UNAVAILABLE
     assert error.value.details().startswith("connect to 127.0.0.1:1 failed")
     assert sample(proxy, "response_total", grpc_status="14", classification="failure") == 1
+
+
+async def test_a_thousand_deadline_expiries_leave_other_calls_and_the_connection_alone(
+    echo_server, grpc_proxy
+) -> None:
+    """1,000 calls whose deadline passes (the client resets each one, after the upstream got
+    it) beside ordinary calls on the same channel: every deadline is DEADLINE_EXCEEDED, every
+    other call succeeds, and the client's one connection lives (no ENHANCE_YOUR_CALM)."""
+    _, addr = echo_server
+    proxy, channel = await grpc_proxy(addr)
+    slow, unary = channel.unary_unary(f"/{SERVICE}/Slow"), channel.unary_unary(f"/{SERVICE}/Unary")
+    codes: Counter[grpc.StatusCode] = Counter()
+
+    async def expire() -> None:
+        try:
+            await slow(b"", timeout=0.05)
+        except grpc.aio.AioRpcError as error:
+            codes[error.code()] += 1
+
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    replies: list[bytes] = []
+    for wave in range(10):
+        ordinary = [unary(b"%d" % (10 * wave + i), timeout=5) for i in range(10)]
+        got = await asyncio.gather(*ordinary, *(expire() for _ in range(100)))
+        replies += got[:10]
+    assert codes == {grpc.StatusCode.DEADLINE_EXCEEDED: 1000}
+    assert replies == [b"echo:%d" % i for i in range(100)]
+    assert loop.time() - started < 10.0
+    assert sample(proxy, "http_client_errors_total") == 0  # no GOAWAY, no refused stream
+
+
+async def test_a_bidi_stream_quiet_for_longer_than_the_idle_timeout_lives(
+    echo_server, grpc_proxy
+) -> None:
+    """A watch or chat stream: the client says something, then nothing for five times the
+    connection idle timeout (shortened here; nothing else times a stream), then more."""
+    _, addr = echo_server
+    _, channel = await grpc_proxy(addr, HttpLimits(idle_timeout=0.2))
+    call = channel.stream_stream(f"/{SERVICE}/Chat")(timeout=30)
+    await call.write(b"hello")
+    assert await call.read() == b"echo:hello"
+    await asyncio.sleep(1.0)
+    await call.write(b"still here")
+    assert await call.read() == b"echo:still here"
+    await call.done_writing()
+    assert await call.code() == grpc.StatusCode.OK

@@ -14,6 +14,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import Final
 
 from meshlet.proxy.http.contract import Addr, HttpLimits
 from meshlet.proxy.http.h2codec import (
@@ -30,6 +31,13 @@ from meshlet.proxy.http.h2headers import Malformed, read_response, read_trailers
 from meshlet.proxy.http.h2stream import ProxyStream
 
 log = logging.getLogger(__name__)
+
+# The round trip to the upstream, as the proxy estimates it (from the connection's start to the
+# upstream's SETTINGS), is kept within these: loop time has a millisecond's resolution.
+MIN_RTT: Final = 0.001
+MAX_RTT: Final = 0.05
+# Seconds streams below an error GOAWAY's last stream id may take to finish.
+GOAWAY_GRACE: Final = 10.0
 
 
 class H2Client(Peer):
@@ -58,11 +66,17 @@ class H2Client(Peer):
         self._idle_timeout = limits.idle_timeout
         self._idle_seen = -1
         self._idle_timer: asyncio.TimerHandle | None = None
+        self._goaway_timer: asyncio.TimerHandle | None = None
         self._slots: deque[asyncio.Future[None]] = deque()
+        self._made_at = 0.0
+        # The round trip to the upstream: a client's reset sooner than this after its request
+        # was sent came before the upstream could answer (h2guard).
+        self.rtt = MAX_RTT
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self.usable = True
+        self._made_at = self.loop.time()
         self._idle_timer = self.loop.call_later(self._idle_timeout, self._idle_tick)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -180,29 +194,35 @@ class H2Client(Peer):
 
     def on_settings(self) -> None:
         if not self.settled.done():
+            self.rtt = min(max(self.loop.time() - self._made_at, MIN_RTT), MAX_RTT)
             self.settled.set_result(None)
         self._calm(self.guard.control_frame(self._now()))
         self.pump_waiting()  # the initial window may have grown
         self._free_slot()  # ...and the stream limit
 
     def on_goaway(self, code: int, last_sid: int, debug: bytes) -> None:
-        log.info("upstream %s:%d sent GOAWAY %s", *self.addr, error_name(code))
+        """RFC 9113 §6.8: no new stream goes on this connection; streams above `last_sid`
+        were never processed and go elsewhere; the others finish here (after an error code,
+        within GOAWAY_GRACE)."""
+        log.info("upstream %s:%d sent GOAWAY %s (last stream %d): %r", *self.addr,
+                 error_name(code), last_sid, debug[:200])  # fmt: skip
         self._retire_now()
         for up_id, stream in list(self.streams.items()):
             if up_id > last_sid:
                 self.h2.forget_stream(up_id)  # never created: no RST_STREAM follows
                 stream.up_gone("upstream went away", unprocessed=True)
-        if code != ErrorCode.NO_ERROR:
-            self._fail(f"upstream sent GOAWAY {error_name(code)}")
-        elif not self.streams:
+        if not self.streams:
             self.close_transport()
+        elif code != ErrorCode.NO_ERROR and self._goaway_timer is None:
+            reason = f"upstream sent GOAWAY {error_name(code)}; its streams did not finish"
+            self._goaway_timer = self.loop.call_later(GOAWAY_GRACE, self._fail, reason)
 
     # -- abuse and failure --
 
     def _now(self) -> float:
         return self.loop.time()
 
-    def _calm(self, reason: str | None) -> None:
+    def _calm(self, reason: str | None, hard: bool = False) -> None:
         if reason is None or self.closed:
             return
         log.warning("upstream %s:%d: %s; closing it", *self.addr, reason)
@@ -223,8 +243,9 @@ class H2Client(Peer):
         self.closed = True
         if not self.settled.done():
             self.settled.set_result(None)
-        if self._idle_timer is not None:
-            self._idle_timer.cancel()
+        for timer in (self._idle_timer, self._goaway_timer):
+            if timer is not None:
+                timer.cancel()
         for stream in list(self.streams.values()):
             stream.up_gone(reason, unprocessed=False)
         self.streams.clear()

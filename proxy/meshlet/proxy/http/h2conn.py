@@ -96,8 +96,8 @@ class Peer(asyncio.Protocol):
         if self.closed:
             return
         self.flush()
-        if self.transport is not None:
-            self._calm(self.guard.write_buffer(self.transport.get_write_buffer_size()))
+        if self.transport is not None:  # a peer not reading: draining would be pointless
+            self._calm(self.guard.write_buffer(self.transport.get_write_buffer_size()), True)
 
     # the codec's handler: what both sides do alike
 
@@ -132,8 +132,9 @@ class Peer(asyncio.Protocol):
         """The peer broke the protocol (the codec's GOAWAY is already written)."""
         raise NotImplementedError
 
-    def _calm(self, reason: str | None) -> None:
-        """Closes the connection for abuse when `reason` is not None."""
+    def _calm(self, reason: str | None, hard: bool = False) -> None:
+        """Closes the connection for abuse when `reason` is not None (`hard`: at once, without
+        letting streams in flight finish)."""
         raise NotImplementedError
 
     # output

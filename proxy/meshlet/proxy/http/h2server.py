@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 # The downstream connection window, in stream windows: what one client can have in flight.
 CONN_WINDOW_STREAMS: Final = 4
 _MIN_IDLE_CHECK: Final = 0.01  # seconds between checks of streams' idle timeouts, at least
+CALM_GRACE: Final = 10.0  # seconds streams in flight may take to finish after the guard trips
 
 
 async def serve_h2(
@@ -99,6 +100,8 @@ class H2Server(Peer):
         self._max_streams = limits.max_concurrent_streams
         self._last_taken = 0  # the highest stream id taken: the GOAWAY's last stream id
         self._draining = False
+        self._calmed = False  # the guard tripped: GOAWAY sent, streams in flight finishing
+        self._calm_timer: asyncio.TimerHandle | None = None
         self._idle_seen = -1
         self._idle_timer: asyncio.TimerHandle | None = None
         # Armed while a stream has an idle timeout (opt-in): checks streams every quarter of it.
@@ -119,7 +122,7 @@ class H2Server(Peer):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.tcp.close(exc)
-        for timer in (self._idle_timer, self._stream_timer):
+        for timer in (self._idle_timer, self._stream_timer, self._calm_timer):
             if timer is not None:
                 timer.cancel()
         for stream in list(self.streams.values()):
@@ -162,7 +165,12 @@ class H2Server(Peer):
         self.close_transport()
 
     def on_head(self, sid: int, headers: Sequence[Header], end: bool) -> None:
-        if self._draining or len(self.streams) >= self._max_streams:
+        if self._draining:  # after our GOAWAY: not taken (RFC 9113 §6.8), work that earns nothing
+            self.count_error(ErrorCode.REFUSED_STREAM)
+            self.reset(sid, ErrorCode.REFUSED_STREAM)
+            self._calm(self.guard.control_frame(self._now()))
+            return
+        if len(self.streams) >= self._max_streams:
             self.count_error(ErrorCode.REFUSED_STREAM)
             self._refuse(sid, ErrorCode.REFUSED_STREAM)
             return
@@ -225,10 +233,16 @@ class H2Server(Peer):
         stream.on_request_trailers(list(trailers.headers))
 
     def on_reset(self, sid: int, code: int) -> None:
+        """The client reset a stream (or the codec did, for a stream error)."""
         stream = self.streams.get(sid)
-        if stream is not None:  # an early reset: the stream had not finished
-            stream.on_down_reset(code)
-            self._calm(self.guard.stream_reset(self._now()))
+        now = self._now()
+        if stream is None:  # one the codec reset for the client's error, before it was served
+            self._calm(self.guard.stream_reset(now))
+            return
+        early = stream.early(now)
+        stream.on_down_reset(code)
+        if early:  # before the upstream could answer: what a rapid reset does
+            self._calm(self.guard.stream_reset(now))
 
     def on_window(self, sid: int) -> None:
         self._calm(self.guard.control_frame(self._now()))
@@ -397,14 +411,30 @@ class H2Server(Peer):
     def _now(self) -> float:
         return self.loop.time()
 
-    def _calm(self, reason: str | None) -> None:
+    def _calm(self, reason: str | None, hard: bool = False) -> None:
+        """The guard tripped: GOAWAY ENHANCE_YOUR_CALM naming the last stream taken; streams
+        in flight may finish (within CALM_GRACE), new ones are refused. A second trip, or a
+        peer that does not read (`hard`), closes the connection at once."""
         if reason is None or self.closed:
             return
-        log.warning("HTTP/2 client %s: %s; closing the connection", self._peer(), reason)
-        self.count_error(ErrorCode.ENHANCE_YOUR_CALM)
+        if not self._calmed:
+            self.count_error(ErrorCode.ENHANCE_YOUR_CALM)
+            self.h2.goaway(self._last_taken, ErrorCode.ENHANCE_YOUR_CALM, reason.encode()[:256])
+            self.flush()
+        if self._calmed or hard or not self.streams:
+            log.warning("HTTP/2 client %s: %s; closing the connection", self._peer(), reason)
+            self._close_now()
+            return
+        log.warning("HTTP/2 client %s: %s; GOAWAY, its %d streams in flight may finish",
+                    self._peer(), reason, len(self.streams))  # fmt: skip
+        self._calmed = self._draining = True
+        self._calm_timer = self.loop.call_later(CALM_GRACE, self._close_now)
+
+    def _close_now(self) -> None:
+        if self.closed:
+            return
         for stream in list(self.streams.values()):
             stream.down_gone()
-        self.h2.goaway(self._last_taken, ErrorCode.ENHANCE_YOUR_CALM)
         self.flush()
         self.closed = True  # nothing more is read or written
         self.close_transport()

@@ -135,6 +135,7 @@ class ProxyStream:
         "responded",
         "route",
         "sends",
+        "sent_at",
         "server",
         "started",
         "status",
@@ -162,6 +163,7 @@ class ProxyStream:
         self.route: RouteTarget | None = None
         self.counted = False  # request_total counted
         self.sends = 0  # times the request was sent upstream (its head at least)
+        self.sent_at = 0.0  # loop time the request's head last went upstream
         self.connects = 0  # connections that failed before anything was sent
         self.timer: asyncio.TimerHandle | None = None  # the route's timeout
         self.req_sent = 0  # request body bytes given to the current upstream stream
@@ -227,6 +229,15 @@ class ProxyStream:
         if self.client is not None:
             self.pump_request()
 
+    def early(self, now: float) -> bool:
+        """Whether a client's reset at `now` comes before the upstream could answer: no
+        response yet, and the request not sent upstream, or sent less than a round trip ago
+        (what CVE-2023-44487's resets look like; a deadline or a cancel comes later)."""
+        if self.responded:
+            return False
+        client = self.client
+        return client is None or now - self.sent_at < client.rtt
+
     def on_down_reset(self, code: int) -> None:
         """The client reset the stream: so is the upstream stream, with the same code."""
         if self.client is not None:
@@ -244,6 +255,7 @@ class ProxyStream:
     def attach(self, client: H2Client, up_id: int, headers_ended: bool) -> None:
         self.client = client
         self.up_id = up_id
+        self.sent_at = client.loop.time()
         if headers_ended:
             self.req.done = True
         elif self.req.holding:
