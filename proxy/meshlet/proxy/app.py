@@ -19,10 +19,12 @@ from meshlet.api.admin import AdminServer
 from meshlet.proxy import logs
 from meshlet.proxy.config import ProxyConfig
 from meshlet.proxy.connections import Connections
+from meshlet.proxy.core.pressure import PressureLimits
 from meshlet.proxy.http.contract import Addr, HttpLimits
 from meshlet.proxy.inbound.stack import InboundStack
 from meshlet.proxy.io.connect import tcp_connector
 from meshlet.proxy.io.listener import Accepted, Listener, bind
+from meshlet.proxy.io.shedder import LoadShedder
 from meshlet.proxy.metrics import ProxyMetrics
 from meshlet.proxy.outbound.stack import OutboundStack
 from meshlet.proxy.targets import SelfTargets
@@ -52,9 +54,16 @@ class Proxy:
         self.stopped = asyncio.Event()
         self.identity = _identity(config, self.metrics)
         self.router = _router(config, self.identity, self.metrics)
+        self.shedder = LoadShedder(
+            PressureLimits(
+                connections=config.load_shed_connections, streams=config.load_shed_streams,
+                buffered=config.load_shed_buffered_bytes,
+            ),
+            self.metrics,
+        )  # fmt: skip
         self.connections = Connections(
             self.metrics, self.limits, tcp_connector(config.outbound_connect_timeout),
-            self.closing,
+            self.closing, self.shedder,
         )  # fmt: skip
         self.outbound = OutboundStack(
             self.connections, self.router, detect_timeout=config.outbound_detect_timeout,
@@ -157,6 +166,7 @@ class Proxy:
         if self.router is not None:
             await self.router.aclose()
         await self.connections.aclose()
+        self.shedder.close()
         await self._admin.close()
         self.stopped.set()
 

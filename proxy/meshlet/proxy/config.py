@@ -137,6 +137,11 @@ class ProxyConfig:
     http1_max_header_bytes: int = 64 * 1024
     http1_max_headers: int = 100
     http2_max_concurrent_streams: int = 100
+    # High-water marks of client connections, their streams and the bytes buffered for them:
+    # past one, the connections that cost most for the least progress are shed.
+    load_shed_connections: int = 4096
+    load_shed_streams: int = 8192
+    load_shed_buffered_bytes: int = 128 * 1024 * 1024
     shutdown_grace_period: float = 120.0
     admin_shutdown_enabled: bool = False
     log: str = "info"
@@ -196,6 +201,9 @@ _TABLE: Final[dict[wellknown.ProxyEnv, tuple[str, Callable[[str], Any]]]] = {
     E.HTTP1_MAX_HEADER_BYTES: ("http1_max_header_bytes", _positive_int),
     E.HTTP1_MAX_HEADERS: ("http1_max_headers", _positive_int),
     E.HTTP2_MAX_CONCURRENT_STREAMS: ("http2_max_concurrent_streams", _positive_int),
+    E.LOAD_SHED_CONNECTIONS: ("load_shed_connections", _positive_int),
+    E.LOAD_SHED_STREAMS: ("load_shed_streams", _positive_int),
+    E.LOAD_SHED_BUFFERED_BYTES: ("load_shed_buffered_bytes", _positive_int),
     E.SHUTDOWN_GRACE_PERIOD: ("shutdown_grace_period", parse_duration),
     E.ADMIN_SHUTDOWN_ENABLED: ("admin_shutdown_enabled", _flag),
     E.LOG: ("log", _log_level),

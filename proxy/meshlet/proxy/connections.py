@@ -25,6 +25,7 @@ from meshlet.proxy.http.contract import (
     Lease,
     RouteError,
     Router,
+    Shedder,
 )
 from meshlet.proxy.io import relay
 from meshlet.proxy.io.listener import Accepted
@@ -46,11 +47,13 @@ class Connections:
         limits: HttpLimits,
         connect: Connect,
         closing: asyncio.Event,
+        shedder: Shedder | None = None,
     ) -> None:
         self.metrics = metrics
         self.limits = limits
         self.connect = connect  # plain TCP with the connect timeout
         self.closing = closing
+        self.shedder = shedder  # every served client connection registers with it
         # Made when the protocol is first seen, so that an idle proxy never imports the
         # engines it does not use.
         self._h1_pool: H1Pool | None = None
@@ -131,6 +134,7 @@ class Connections:
             handoff=handoff,
             accepted_at=accepted.at if accepted is not None else None,
             tcp=tcp,
+            shedder=self.shedder,
         )
         if h2:
             from meshlet.proxy.http.h2pool import H2Pool
@@ -194,12 +198,17 @@ class Connections:
         if lease is not None:
             lease.responded()  # per connection: the connect time is the sample
         started = time.perf_counter()
+        load = relay.RelayLoad(client, upstream)
         try:
             await loop.connect_accepted_socket(lambda: client, sock=accepted.sock)
             upstream.flush()
             client.flush()
+            if self.shedder is not None:
+                self.shedder.add(load, labels.direction)
             await done
         finally:
+            if self.shedder is not None:
+                self.shedder.remove(load)
             if lease is not None:
                 lease.release()
             log.debug("relay closed after %.3fs", time.perf_counter() - started)

@@ -264,6 +264,11 @@ class ProxyMetrics:
             ["direction", "port"],
             registry=r,
         )
+        self.load_shed_total = Counter(
+            "load_shed",
+            "Client connections shed under pressure, by the resource that was over its mark.",
+            ["direction", "resource"], registry=r,
+        )  # fmt: skip
         self.fail_fast_total = Counter(
             "fail_fast", "Requests or connections refused at once (no endpoints, loops).",
             ["direction", "reason"], registry=r,

@@ -49,12 +49,16 @@ from hyperframe.frame import (
     WindowUpdateFrame,
 )
 
+from meshlet.proxy.core.pressure import PressureLimits
 from meshlet.proxy.http.contract import MAX_INFORMATIONAL, Connect, HttpLimits
 from meshlet.proxy.http.h2conn import HIGH_WATER
 from meshlet.proxy.http.h2guard import GuardLimits
 from meshlet.proxy.http.h2pool import H2Pool
 from meshlet.proxy.http.h2server import serve_h2
 from meshlet.proxy.io.connect import tcp_connector
+from meshlet.proxy.io.shedder import PERIOD as SHED_PERIOD
+from meshlet.proxy.io.shedder import LoadShedder
+from meshlet.proxy.metrics import ProxyMetrics
 from meshlet_testing.sockets import hanging_port
 
 Headers = Sequence[tuple[bytes, bytes]]
@@ -2036,3 +2040,52 @@ def frame_kinds(raw: bytes) -> list[tuple[int, int]]:
         out.append((raw[pos + 3], int.from_bytes(raw[pos + 5 : pos + 9], "big") & 0x7FFFFFFF))
         pos += 9 + length
     return out
+
+
+# -- load shedding --
+
+
+SHED_GRACE = 0.2
+
+
+async def test_past_the_stream_mark_the_connection_holding_quiet_streams_goes(
+    h2proxy, upstream, clients
+) -> None:
+    """One client holds 8 streams that move nothing while another keeps its 4 streams and the
+    connection busy: over the stream mark, the periodic check sheds the quiet holder (GOAWAY
+    ENHANCE_YOUR_CALM); the busy client is untouched."""
+    release = asyncio.Event()
+
+    async def handler(request: UpstreamRequest) -> None:
+        await request.read_body()
+        if request.header(b":path") == b"/hold":
+            await release.wait()
+        if request.reset is None:
+            request.respond(200, end=True)
+
+    _, addr = await upstream(handler)
+    metrics = ProxyMetrics()
+    shedder = LoadShedder(PressureLimits(streams=10, low_water=0.5, grace=SHED_GRACE), metrics)
+    proxy = await h2proxy(addr, shedder=shedder)
+    quiet, busy = await clients(proxy.port), await clients(proxy.port)
+    held = [quiet.request(request_headers(proxy.port, b"/hold")) for _ in range(8)]
+    mine = [busy.request(request_headers(proxy.port, b"/hold")) for _ in range(4)]
+    loop = asyncio.get_running_loop()
+    until = loop.time() + SHED_PERIOD + SHED_GRACE + 0.5
+    while loop.time() < until and quiet.goaway is None:
+        assert (await busy.get(proxy.port, b"/quick")).status == 200  # progress
+    shedder.close()
+    release.set()
+    assert quiet.goaway is not None
+    assert quiet.goaway.error_code == ErrorCodes.ENHANCE_YOUR_CALM
+    await quiet.until(lambda: all(quiet.streams[s].done for s in held) or quiet.eof)
+    for sid in mine:
+        assert (await busy.response(sid)).status == 200
+    assert busy.goaway is None
+    shed = [
+        sample.value
+        for family in metrics.registry.collect()
+        for sample in family.samples
+        if sample.name == "load_shed_total" and sample.labels["resource"] == "streams"
+    ]
+    assert shed == [1.0]

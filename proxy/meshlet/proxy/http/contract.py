@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Final, NamedTuple, Protocol
 
 from meshlet.api import wellknown
+from meshlet.proxy.core.pressure import Peer
 from meshlet.proxy.core.retry_budget import RetryBudget
 from meshlet.proxy.core.routes import RoutePolicy
 from meshlet.proxy.metrics import ConnLabels, ProxyMetrics, TcpConn, Values
@@ -120,6 +121,15 @@ Connect = Callable[
 ]
 
 
+class Shedder(Protocol):
+    """Where a served client connection registers while it lives, so that it can be shed under
+    pressure (io/shedder.py)."""
+
+    def add(self, peer: Peer, direction: str) -> None: ...
+
+    def remove(self, peer: Peer) -> None: ...
+
+
 class Handoff(Protocol):
     """An established connection waiting, its reading paused, for the protocol that serves it."""
 
@@ -196,6 +206,8 @@ class HttpConn:
     accepted_at: float | None = None
     # The client connection's counts (`Connections.counted`); None: not counted.
     tcp: TcpConn | None = None
+    # Registers the connection for load shedding while it lives (None: never shed).
+    shedder: Shedder | None = None
 
 
 def error_reason(text: str) -> bytes:

@@ -250,6 +250,8 @@ class H1Shell(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
         conn = self._conn
+        if conn.shedder is not None:
+            conn.shedder.add(self, conn.labels.direction)
         high = conn.limits.max_body_buffer
         self._transport.set_write_buffer_limits(high, high // 4)
         self.machine = H1Machine(
@@ -270,6 +272,8 @@ class H1Shell(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._tcp.close(exc)
+        if self._conn.shedder is not None:
+            self._conn.shedder.remove(self)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -299,6 +303,22 @@ class H1Shell(asyncio.Protocol):
         for transport in (self._transport, self._tunnel):
             if transport is not None and not transport.is_closing():
                 transport.abort()
+
+    # -- core.pressure.Peer: what the load shedder weighs ---------------------------------
+
+    def progress(self) -> int:
+        return self._tcp.read + self._tcp.written
+
+    def holds(self) -> tuple[int, int]:
+        machine = self.machine
+        buffered = self._transport.get_write_buffer_size()
+        if machine is None or machine.current is None:
+            return 0, buffered
+        return 1, buffered + machine.current.buffered()
+
+    def shed(self, why: str) -> None:
+        if self.machine is not None:
+            self.machine.shed(why)
 
     # -- Io: the machine's effects ----------------------------------------------------------
 

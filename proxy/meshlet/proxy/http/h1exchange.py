@@ -201,6 +201,13 @@ class Exchange:
             method=self.head.method, responded=self.resp is not Resp.WAITING,
         )  # fmt: skip
 
+    def buffered(self) -> int:
+        """Bytes the proxy holds for this exchange: body waiting for an upstream, and the
+        upstream connection's unsent output."""
+        upstream = self.upstream
+        transport = upstream.transport if upstream is not None else None
+        return self.backlog_size + (transport.get_write_buffer_size() if transport else 0)
+
 
 class H1Machine:
     """The client side of one connection (see the module docstring). Parser callbacks and
@@ -301,6 +308,31 @@ class H1Machine:
         idle = self.current is None and self.parse is not Parse.HEAD and self._tunnel is None
         if idle and not self._lost:
             self._close()
+
+    def shed(self, why: str) -> None:
+        """Under pressure the proxy drops this connection (core/pressure.py): a request waiting
+        for its response is answered 503 and the connection closed; a response in progress is
+        cut (never passed off as complete); a head being read gets 503; an idle connection
+        just closes."""
+        if self._closed():
+            return
+        reason = f"shed under load: {why}"
+        cur = self.current
+        if cur is not None and cur.resp is Resp.STREAMING:
+            self._drop_upstream(cur)
+            _release(cur)
+            self._abort()
+            return
+        self._draining = True  # no request after this one
+        if cur is not None:
+            self._drop_upstream(cur)  # the upstream sees its connection closed: the cancel
+            self._answer(cur, 503, reason)
+            self._close(linger=True)
+        elif self.parse is Parse.HEAD:
+            self._refuse(503, reason)
+        else:
+            self._close()
+        self.flush()
 
     def abandoned(self, ex: Exchange) -> bool:
         return self._lost or ex is not self.current or ex.resp is not Resp.WAITING

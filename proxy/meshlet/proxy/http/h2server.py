@@ -114,6 +114,8 @@ class H2Server(Peer):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
+        if self.conn.shedder is not None:
+            self.conn.shedder.add(self, self._direction)
         limits = self.conn.limits
         self._idle_timer = self.loop.call_later(limits.idle_timeout, self._idle_tick)
         if self.conn.closing.is_set():
@@ -122,6 +124,8 @@ class H2Server(Peer):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.tcp.close(exc)
+        if self.conn.shedder is not None:
+            self.conn.shedder.remove(self)
         for timer in (self._idle_timer, self._stream_timer, self._calm_timer):
             if timer is not None:
                 timer.cancel()
@@ -405,6 +409,27 @@ class H2Server(Peer):
     def _refuse(self, stream_id: int, code: ErrorCode) -> None:
         self.reset(stream_id, code)
         self._calm(self.guard.stream_reset(self._now()))
+
+    # -- core.pressure.Peer: what the load shedder weighs --
+
+    def progress(self) -> int:
+        return self.tcp.read + self.tcp.written
+
+    def holds(self) -> tuple[int, int]:
+        transport = self.transport
+        buffered = transport.get_write_buffer_size() if transport is not None else 0
+        for stream in self.streams.values():
+            buffered += stream.req.size + stream.resp.size
+        return len(self.streams), buffered
+
+    def shed(self, why: str) -> None:
+        """Under pressure the proxy drops this connection: GOAWAY ENHANCE_YOUR_CALM, its streams
+        reset and their upstream streams cancelled."""
+        if self.closed:
+            return
+        self.count_error(ErrorCode.ENHANCE_YOUR_CALM)
+        self.h2.goaway(self._last_taken, ErrorCode.ENHANCE_YOUR_CALM, b"shed under load")
+        self._close_now()
 
     # -- abuse --
 

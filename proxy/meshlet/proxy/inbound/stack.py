@@ -191,7 +191,8 @@ class InboundStack:
 
         app = self._conns.metrics.dst_conn(DIRECTION, session.target, None)
         try:
-            await mesh_relay(session.terminated, self._conns.connect, tcp, app, forward.guard)
+            await mesh_relay(session.terminated, self._conns.connect, tcp, app, forward.guard,
+                             self._conns.shedder)  # fmt: skip
         except (OSError, TimeoutError) as exc:
             log.info("inbound: connect to %s:%d failed: %s", *session.target, exc)
 

@@ -160,6 +160,28 @@ class GuardedSide(RelaySide):
             super().data_received(bytes(held))
 
 
+class RelayLoad:
+    """A relayed connection as the load shedder weighs it (core.pressure.Peer): the client
+    side's bytes, what both transports hold unsent; shedding aborts both."""
+
+    __slots__ = ("client", "upstream")
+
+    def __init__(self, client: RelaySide, upstream: RelaySide) -> None:
+        self.client, self.upstream = client, upstream
+
+    def progress(self) -> int:
+        return self.client.tcp.read + self.client.tcp.written
+
+    def holds(self) -> tuple[int, int]:
+        transports = (self.client.transport, self.upstream.transport)
+        return 0, sum(t.get_write_buffer_size() for t in transports if t is not None)
+
+    def shed(self, why: str) -> None:
+        for side in (self.client, self.upstream):
+            if side.transport is not None:
+                side.transport.abort()
+
+
 def pair(
     loop: asyncio.AbstractEventLoop,
     client_tcp: TcpConn | None = None,

@@ -35,7 +35,7 @@ from typing import Final, cast
 from meshlet.api import transport_header
 from meshlet.api.transport_header import Header, Incomplete, TransportHeaderError
 from meshlet.proxy.core import sni
-from meshlet.proxy.http.contract import Addr, Connect
+from meshlet.proxy.http.contract import Addr, Connect, Shedder
 from meshlet.proxy.io import relay as relay_sides
 from meshlet.proxy.io.listener import Accepted
 from meshlet.proxy.io.sockets import peer_closed
@@ -355,11 +355,13 @@ async def relay(
     client_tcp: TcpConn | None = None,
     upstream_tcp: TcpConn | None = None,
     guard: relay_sides.Guard | None = None,
+    shedder: Shedder | None = None,
 ) -> None:
     """Relays an opaque mesh connection to its target until both sides close. Raises what
     `connect` raises (OSError, TimeoutError) when the target cannot be reached, after closing
     the mesh connection (the client proxy sees it closed). With `guard`, the client's first
-    bytes are checked as `relay.GuardedSide` does. `upstream_tcp` is opened once connected."""
+    bytes are checked as `relay.GuardedSide` does. `upstream_tcp` is opened once connected.
+    With `shedder`, the relay is registered for load shedding while it lives."""
     loop = asyncio.get_running_loop()
     client, upstream, done = relay_sides.pair(loop, client_tcp, guard, upstream_tcp)
     try:
@@ -371,6 +373,9 @@ async def relay(
     terminated.adopt(client)
     upstream.flush()
     client.flush()
+    load = relay_sides.RelayLoad(client, upstream)
+    if shedder is not None:
+        shedder.add(load, "inbound")
     try:
         await done
     except asyncio.CancelledError:
@@ -378,3 +383,6 @@ async def relay(
             if side.transport is not None:
                 side.transport.abort()
         raise
+    finally:
+        if shedder is not None:
+            shedder.remove(load)
