@@ -404,6 +404,32 @@ async def test_expect_100_continue_is_relayed_before_the_body(
     assert upstream.requests[0].header(b"expect") == [b"100-continue"]
 
 
+async def test_curl_gets_a_chunked_watch_that_is_quiet_for_longer_than_the_idle_timeout(
+    engine_proxy: Any, upstream: Upstream
+) -> None:
+    """A watch, a long poll, `logs -f`: the head and a first event, then nothing for five
+    times the connection idle timeout (shortened here: nothing else times a request), then
+    the last event. curl, a client nobody here wrote, gets it whole."""
+
+    async def watch(seen: Seen, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> bool:
+        w.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n6\r\nfirst\n\r\n")
+        await w.drain()
+        await asyncio.sleep(1.0)
+        w.write(b"5\r\nlast\n\r\n0\r\n\r\n")
+        await w.drain()
+        return False
+
+    upstream.respond = watch
+    proxy = await engine_proxy(serve_h1, upstream.addr, limits=HttpLimits(idle_timeout=0.2))
+    curl = await asyncio.create_subprocess_exec(
+        "curl", "-sS", "--max-time", "10", f"http://127.0.0.1:{proxy.port}/watch",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await curl.communicate()
+    assert curl.returncode == 0, err
+    assert out == b"first\nlast\n"
+
+
 async def test_websocket_upgrade_relays_opaque_bytes_after_101(
     engine_proxy: Any, upstream: Upstream, clients: Any
 ) -> None:

@@ -59,6 +59,8 @@ CLIENT_IP = "127.0.0.2"
 REPLICAS = {"web-1": "127.0.0.3", "web-2": "127.0.0.4", "web-3": "127.0.0.5"}
 TOKENS = {"tok-web": "web", "tok-bot": "vote-bot", "tok-impostor": "impostor"}
 ECHO = "/meshlet.test.Echo/Unary"
+SLOW = "/meshlet.test.Echo/Slow"
+CHAT = "/meshlet.test.Echo/Chat"
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
@@ -145,9 +147,13 @@ class App:
             await asyncio.start_server(self._tracked(self._banner), self.ip, BANNER_PORT),
         ]
         server = self._grpc = grpc.aio.server()
-        handler = grpc.unary_unary_rpc_method_handler(self._unary)
+        handlers = {
+            "Unary": grpc.unary_unary_rpc_method_handler(self._unary),
+            "Slow": grpc.unary_unary_rpc_method_handler(self._slow),
+            "Chat": grpc.stream_stream_rpc_method_handler(self._chat),
+        }
         server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler("meshlet.test.Echo", {"Unary": handler}),)
+            (grpc.method_handlers_generic_handler("meshlet.test.Echo", handlers),)
         )
         server.add_insecure_port(f"{self.ip}:8081")
         await server.start()
@@ -174,6 +180,16 @@ class App:
         metadata = [(str(k), str(v)) for k, v in context.invocation_metadata() or ()]
         return self.answer(metadata) + b"|" + request
 
+    async def _slow(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        await asyncio.sleep(30)  # until the caller's deadline cancels it
+        return b""
+
+    async def _chat(
+        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
+        async for message in requests:
+            yield self.pod.encode() + b":" + message
+
     async def _banner(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.write(f"hello from {self.pod}\n".encode())  # the server speaks first
         with contextlib.suppress(ConnectionError):
@@ -193,7 +209,12 @@ class App:
                 fields = dict(pairs)
                 await reader.readexactly(int(fields.get("content-length", "0")))
                 await asyncio.sleep(self.delay)
-                status = await self.faults.status(lines[0].split()[1], reader, self.pod)
+                path = lines[0].split()[1]
+                if path.startswith("/watch/"):  # a chunk, then quiet for that many seconds
+                    await self._watch(float(path.split("/")[2]), writer)
+                    head = await reader.readuntil(b"\r\n\r\n")
+                    continue
+                status = await self.faults.status(path, reader, self.pod)
                 if status is None:  # the client went away before the answer
                     break
                 body = self.answer(pairs)
@@ -203,6 +224,16 @@ class App:
                 writer.write(head + b"content-length: %d\r\n\r\n%s" % (len(body), body))
                 head = await reader.readuntil(b"\r\n\r\n")
         writer.close()
+
+    async def _watch(self, quiet: float, writer: asyncio.StreamWriter) -> None:
+        """A watch's response: its head and a first event, nothing for `quiet` seconds, then a
+        last event and the end (chunked)."""
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        writer.write(b"6\r\nfirst\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(quiet)
+        writer.write(b"5\r\nlast\n\r\n0\r\n\r\n")
+        await writer.drain()
 
     async def _h2(
         self, preface: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -558,6 +589,71 @@ async def test_grpc_calls_are_balanced_one_by_one_across_mtls(mesh: Mesh) -> Non
     assert mesh.pods["vote-bot"].metric(
         "response_total", direction="outbound", tls="true", grpc_status="0"
     ) == 30  # fmt: skip
+
+
+async def test_a_thousand_grpc_deadlines_leave_the_shared_mesh_connections_alone(
+    mesh: Mesh,
+) -> None:
+    """1,000 calls whose deadline passes beside ordinary calls on one channel: the client
+    proxy relays each cancel to a server proxy over the one mTLS connection it keeps to each
+    replica. Every deadline stays DEADLINE_EXCEEDED, every ordinary call succeeds, and no
+    proxy's guard closes a connection."""
+    host, port = mesh.pods["vote-bot"].outbound
+    options = [("grpc.default_authority", f"{FQN}:{GRPC_PORT}")]
+    codes: Counter[grpc.StatusCode] = Counter()
+    async with grpc.aio.insecure_channel(f"{host}:{port}", options=options) as channel:
+        slow, unary = channel.unary_unary(SLOW), channel.unary_unary(ECHO)
+
+        async def expire() -> None:
+            try:
+                await slow(b"", timeout=0.1)
+            except grpc.aio.AioRpcError as error:
+                codes[error.code()] += 1
+
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        for wave in range(10):
+            ordinary = [unary(b"%d" % (10 * wave + i), timeout=5) for i in range(10)]
+            got = await asyncio.gather(*ordinary, *(expire() for _ in range(100)))
+            assert [bytes(g).partition(b"|")[2] for g in got[:10]] == [
+                b"%d" % (10 * wave + i) for i in range(10)
+            ]
+        assert loop.time() - started < 10.0
+    assert codes == {grpc.StatusCode.DEADLINE_EXCEEDED: 1000}
+    for pod in mesh.pods.values():
+        assert pod.metric("http_client_errors_total", status_code="enhance_your_calm") == 0
+    # one mTLS connection from the client pod to each replica, all along
+    assert mesh.replicas_metric("tcp_open_total", direction="inbound", tls="true",
+                                client_id=BOT_ID) <= len(REPLICAS)  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+async def test_streams_quiet_for_longer_than_every_default_timer_live(mesh: Mesh) -> None:
+    """With every timer at its default, through the meshed pair: curl's chunked watch quiet
+    for 65 s gets its whole body, and a grpcio bidi stream quiet for 65 s lives on."""
+    quiet = 65
+    host, port = mesh.pods["vote-bot"].outbound
+    curl = await asyncio.create_subprocess_exec(
+        "curl", "-sS", "--max-time", str(quiet + 30), "-x", f"http://{host}:{port}",
+        f"http://{FQN}:{HTTP_PORT}/watch/{quiet}",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    options = [("grpc.default_authority", f"{FQN}:{GRPC_PORT}")]
+    async with grpc.aio.insecure_channel(f"{host}:{port}", options=options) as channel:
+        chat = channel.stream_stream(CHAT)(timeout=quiet + 30)
+        await chat.write(b"hello")
+        first = bytes(await chat.read())
+        await asyncio.sleep(quiet)
+        await chat.write(b"still here")
+        second = bytes(await chat.read())
+        await chat.done_writing()
+        assert await chat.code() == grpc.StatusCode.OK
+    assert first.endswith(b":hello") and second.endswith(b":still here")
+    assert first.split(b":")[0] == second.split(b":")[0]  # the same replica: one stream
+    out, err = await curl.communicate()
+    assert curl.returncode == 0, err
+    assert out == b"first\nlast\n"
 
 
 class RedirectedListener:
