@@ -52,6 +52,7 @@ bench: export PYTHONPATH := $(abspath testing)
 bench: $(STAMP) $(BENCH_STAMP)
 	$(BIN)/python -m bench.certify
 	$(BIN)/python -m bench.destination
+	$(BIN)/python -m bench.attacks
 	$(BIN)/python -m bench.proxy $(BENCH_ARGS)
 
 REGISTRY ?= ghcr.io/meshlet

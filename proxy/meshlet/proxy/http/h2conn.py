@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 HIGH_WATER: Final = 256 * 1024  # transport write buffer: stop giving body bytes above this
 LOW_WATER: Final = 64 * 1024
 CLOSE_GRACE: Final = 2.0  # seconds a closing connection may take to write what it queued
+MIN_RTT: Final = 0.001  # the least round trip the proxy estimates: loop time has ms resolution
 
 __all__ = ["MAX_WINDOW", "ErrorCode", "Peer", "error_name"]
 

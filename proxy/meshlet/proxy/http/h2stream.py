@@ -20,7 +20,7 @@ from meshlet.proxy.core.classify import FAILURE
 from meshlet.proxy.core.failover import IDEMPOTENT, Action, Attempt, Decision, Failure, decide
 from meshlet.proxy.http.contract import MAX_INFORMATIONAL, REPLAY_LIMIT, Endpoint, RouteTarget
 from meshlet.proxy.http.h2codec import ErrorCode, StreamClosed, error_name
-from meshlet.proxy.http.h2conn import Peer
+from meshlet.proxy.http.h2conn import MIN_RTT, Peer
 from meshlet.proxy.http.h2headers import (
     GRPC_DEADLINE_EXCEEDED,
     GRPC_UNAVAILABLE,
@@ -270,6 +270,9 @@ class ProxyStream:
         self._send_head(response.headers, end=False)
 
     def on_response(self, response: Response, end: bool) -> None:
+        client = self.client
+        if client is not None:  # an answer this soon bounds the round trip to the upstream
+            client.rtt = min(client.rtt, max(client.loop.time() - self.sent_at, MIN_RTT))
         if self.request.method == "HEAD" or response.status in (204, 304):
             self.resp_left = 0  # no content, whatever content-length says
         else:
