@@ -31,6 +31,7 @@ from typing import Any
 import grpc
 import h2.config
 import h2.connection
+import h2.errors
 import h2.events
 import pytest
 import yaml
@@ -91,7 +92,8 @@ class Faults:
     attempts: Counter[str] = field(default_factory=Counter)  # by the path's first segment
     visits: Counter[tuple[str, str]] = field(default_factory=Counter)  # /sick/: (pod, path)
     sick: str = ""  # the pod that fails /sick/
-    cancelled: int = 0  # /slow/ requests whose client left before the answer
+    cancelled: int = 0  # /slow/ (or HTTP/2 /hold/) requests whose client left before the answer
+    held: int = 0  # HTTP/2 /hold/ requests received (never answered)
 
     async def status(self, path: str, reader: asyncio.StreamReader, pod: str) -> int | None:
         kind = path.split("/")[1]
@@ -238,6 +240,8 @@ class App:
     async def _h2(
         self, preface: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
+        """Answers at once, but requests under /hold/, held until their stream is reset (each
+        counted in `Faults`: held, then cancelled)."""
         conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
         conn.initiate_connection()
         data = preface
@@ -245,9 +249,14 @@ class App:
             for event in conn.receive_data(data):
                 if isinstance(event, h2.events.RequestReceived):
                     pairs = [(bytes(k).decode(), bytes(v).decode()) for k, v in event.headers or ()]
+                    if dict(pairs).get(":path", "").startswith("/hold/"):
+                        self.faults.held += 1
+                        continue
                     body = self.answer(pairs)
                     conn.send_headers(event.stream_id, [(":status", "200")])
                     conn.send_data(event.stream_id, body, end_stream=True)
+                elif isinstance(event, h2.events.StreamReset):
+                    self.faults.cancelled += 1
             writer.write(conn.data_to_send())
             data = await reader.read(65536)
         writer.close()
@@ -654,6 +663,61 @@ async def test_streams_quiet_for_longer_than_every_default_timer_live(mesh: Mesh
     out, err = await curl.communicate()
     assert curl.returncode == 0, err
     assert out == b"first\nlast\n"
+
+
+async def test_a_thousand_cancellations_by_an_h2_client_leave_the_mesh_connections_alone(
+    mesh: Mesh,
+) -> None:
+    """An `h2` client cancels 1,000 requests once the apps have them (a client giving up on
+    long polls), crediting flow control as it goes: the cancels cross both proxies to the
+    apps, and neither the client's connection nor the shared mTLS ones are closed."""
+    reader, writer = await asyncio.open_connection(*mesh.pods["vote-bot"].outbound)
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    writer.write(conn.data_to_send())
+    terminated: list[h2.events.ConnectionTerminated] = []
+    answered: dict[int, int] = {}
+
+    async def read() -> None:
+        while data := await reader.read(65536):
+            for event in conn.receive_data(data):
+                if isinstance(event, h2.events.ConnectionTerminated):
+                    terminated.append(event)
+                elif isinstance(event, h2.events.ResponseReceived):
+                    answered[event.stream_id] = int(dict(event.headers or ())[b":status"])
+                elif isinstance(event, h2.events.DataReceived):
+                    conn.acknowledge_received_data(event.flow_controlled_length or 0,
+                                                   event.stream_id)  # fmt: skip
+            writer.write(conn.data_to_send())
+
+    reading = asyncio.create_task(read())
+    request = [(":method", "GET"), (":scheme", "http"), (":authority", f"{FQN}:{HTTP_PORT}")]
+    try:
+        for wave in range(1, 21):
+            sids = []
+            for i in range(50):
+                sid = conn.get_next_available_stream_id()
+                conn.send_headers(sid, [*request, (":path", f"/hold/{wave}/{i}")], end_stream=True)
+                sids.append(sid)
+            writer.write(conn.data_to_send())
+            held = 50 * wave
+            await eventually(lambda: mesh.faults.held == held)  # noqa: B023 - awaited at once
+            await asyncio.sleep(0.005)
+            for sid in sids:
+                conn.reset_stream(sid, h2.errors.ErrorCodes.CANCEL)
+            writer.write(conn.data_to_send())
+        await eventually(lambda: mesh.faults.cancelled == 1000)
+        sid = conn.get_next_available_stream_id()
+        conn.send_headers(sid, [*request, (":path", "/")], end_stream=True)
+        writer.write(conn.data_to_send())
+        await eventually(lambda: sid in answered)
+        assert answered[sid] == 200
+        assert terminated == []
+    finally:
+        reading.cancel()
+        writer.close()
+    for pod in mesh.pods.values():
+        assert pod.metric("http_client_errors_total", status_code="enhance_your_calm") == 0
 
 
 class RedirectedListener:
