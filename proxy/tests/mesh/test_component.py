@@ -63,6 +63,7 @@ ECHO = "/meshlet.test.Echo/Unary"
 SLOW = "/meshlet.test.Echo/Slow"
 CHAT = "/meshlet.test.Echo/Chat"
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+LAST_WORD = b"bye\n" + bytes(range(256)) * 4096  # what the TCP app says after the client's FIN
 
 
 def free_port() -> int:
@@ -193,10 +194,13 @@ class App:
             yield self.pod.encode() + b":" + message
 
     async def _banner(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Speaks first, echoes each line; once the client half-closes, a last word (1 MiB)."""
         writer.write(f"hello from {self.pod}\n".encode())  # the server speaks first
         with contextlib.suppress(ConnectionError):
             while line := await reader.readline():
                 writer.write(b"echo:" + line)
+            writer.write(LAST_WORD)
+            await writer.drain()
         writer.close()
 
     async def _http(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -768,6 +772,31 @@ async def test_opaque_tcp_across_mtls_with_a_server_that_speaks_first(mesh: Mesh
         await listener.close()
     assert mesh.replicas_metric("tcp_open_total", direction="inbound", tls="true",
                                 client_id=BOT_ID) == 6  # fmt: skip
+
+
+async def test_a_client_that_half_closes_across_mtls_gets_the_whole_reply(mesh: Mesh) -> None:
+    """`nc -N`: the client sends its lines, half-closes, and reads until the server closes.
+    Across mTLS the FIN travels as close_notify: the app sees the end of the input and every
+    byte of its reply, the echoes of what came before the FIN and a 1 MiB last word after it,
+    arrives byte-exact."""
+    bot = mesh.pods["vote-bot"]
+    listener = RedirectedListener(bot, (CLUSTER_IP, TCP_PORT))
+    lines = [b"line %d of the request\n" % i for i in range(1000)]
+    try:
+        for _ in range(3):
+            reader, writer = await asyncio.open_connection(*listener.addr)
+            async with asyncio.timeout(10):
+                banner = await reader.readline()
+                writer.writelines(lines)
+                writer.write_eof()
+                reply = await reader.read()  # until the server closes
+            writer.close()
+            assert banner.startswith(b"hello from web-")
+            assert reply == b"".join(b"echo:" + line for line in lines) + LAST_WORD
+    finally:
+        await listener.close()
+    assert mesh.replicas_metric("tcp_open_total", direction="inbound", tls="true",
+                                client_id=BOT_ID) == 3  # fmt: skip
 
 
 # --- balancing -------------------------------------------------------------------------------

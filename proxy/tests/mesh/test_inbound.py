@@ -364,6 +364,8 @@ async def test_opaque_bytes_cross_both_ways_behind_the_header(pki: Any, db_pod: 
     transport.write(b"hello over mtls")
     await client.until(lambda: client.data.endswith(b"HELLO OVER MTLS"))
     transport.write(b", quit")  # the app closes: its last bytes, then the close, come through
+    await client.until(lambda: client.eof)
+    transport.close()
     await client.until(lambda: client.lost.is_set())
     assert client.data == b"db ready\nHELLO OVER MTLS, QUIT" + b"bye\n"
 
@@ -688,6 +690,8 @@ async def test_what_happens_before_the_hand_over_reaches_the_adopting_protocol(
     async with asyncio.timeout(TIMEOUT):
         assert await reader.readexactly(6) == b"answer"
     writer.close()  # close_notify: the end of the stream, then the connection's loss
+    await adopter.until(lambda: adopter.eof)
+    adopter.transport.close()
     await adopter.until(lambda: adopter.lost.is_set())
     with pytest.raises(AssertionError, match="adopted once"):
         outcome.adopt(Collect())

@@ -590,7 +590,7 @@ async def test_a_half_sent_client_hello_times_out_and_the_socket_is_closed(mesh:
     started = time.monotonic()
     with pytest.raises(TimeoutError, match=r"within 0\.3s"):
         await tls_accept(server_sock, mesh.server_context, Recorder, handshake_timeout=0.3)
-    assert 0.3 <= time.monotonic() - started < 0.3 + 1.0
+    assert 0.25 < time.monotonic() - started < 0.3 + 1.0  # (the loop clock counts in ms)
     async with asyncio.timeout(WAIT):
         assert await loop.sock_recv(client_sock, 100) == b""  # closed: a FIN
 

@@ -46,6 +46,7 @@ from meshlet.proxy.http.recorder import Recorder
 from meshlet.proxy.io import relay
 from meshlet.proxy.io.sockets import write_pieces
 from meshlet.proxy.metrics import TcpConn
+from meshlet.proxy.tls.transport import tls_accept
 
 log = logging.getLogger(__name__)
 
@@ -69,11 +70,9 @@ async def serve_h1(conn: HttpConn, pool: H1Pool | None = None) -> None:
         elif conn.ssl is None:
             await loop.connect_accepted_socket(lambda: shell, sock=sock)
         else:
-            await loop.connect_accepted_socket(
-                lambda: shell, sock=sock, ssl=conn.ssl,
-                ssl_handshake_timeout=conn.limits.header_read_timeout,
-            )  # fmt: skip
-    except (OSError, TimeoutError) as exc:  # e.g. a failed TLS handshake; uvloop closed sock
+            await tls_accept(sock, conn.ssl, lambda: shell,
+                             handshake_timeout=conn.limits.header_read_timeout)  # fmt: skip
+    except (OSError, TimeoutError) as exc:  # e.g. a failed TLS handshake; the socket is closed
         log.debug("HTTP/1 connection not established: %s", exc)
         return
 
@@ -265,10 +264,10 @@ class H1Shell(asyncio.Protocol):
         self.machine.data(data)
 
     def eof_received(self) -> bool:
-        # A client that half-closes after a complete request still gets its response; over
-        # TLS the transport closes whatever this returns (asyncio's TLS cannot half-close).
-        tls = self._transport.get_extra_info("ssl_object") is not None
-        return self.machine is not None and self.machine.eof() and not tls
+        # A client that half-closes after a complete request still gets its response (over
+        # TLS too: the proxy's TLS transport half-closes, tls/transport.py).
+        can_half_close = self._transport.can_write_eof()
+        return self.machine is not None and self.machine.eof() and can_half_close
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._tcp.close(exc)

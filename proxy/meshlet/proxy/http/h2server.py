@@ -27,6 +27,7 @@ from meshlet.proxy.http.h2headers import Malformed, local_response, read_request
 from meshlet.proxy.http.h2pool import H2Pool
 from meshlet.proxy.http.h2stream import ProxyStream
 from meshlet.proxy.http.recorder import Recorder
+from meshlet.proxy.tls.transport import tls_accept
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +62,11 @@ async def _serve(conn: HttpConn, pool: H2Pool, guard: GuardLimits) -> None:
             sock = conn.sock
             assert isinstance(sock, socket.socket)
             try:
-                await loop.connect_accepted_socket(
-                    lambda: server,
-                    sock=sock,
-                    ssl=conn.ssl,
-                    ssl_handshake_timeout=conn.limits.header_read_timeout if conn.ssl else None,
-                )
+                if conn.ssl is None:
+                    await loop.connect_accepted_socket(lambda: server, sock=sock)
+                else:
+                    await tls_accept(sock, conn.ssl, lambda: server,
+                                     handshake_timeout=conn.limits.header_read_timeout)  # fmt: skip
             except (OSError, TimeoutError) as exc:
                 log.debug("HTTP/2 connection not established: %r", exc)
                 sock.close()

@@ -70,9 +70,9 @@ class RelaySide(asyncio.Protocol):
     def eof_received(self) -> bool:
         self._eof = True
         self._pass_eof()
-        # Keep our write side open for the other direction; over TLS the transport closes
-        # whatever this returns (asyncio's TLS cannot half-close).
-        return self.transport is None or self.transport.get_extra_info("ssl_object") is None
+        # Keep our write side open for the other direction (the proxy's TLS transport can:
+        # close_notify closes one direction, tls/transport.py).
+        return self.transport is None or self.transport.can_write_eof()
 
     def _pass_eof(self) -> None:
         """Passes our FIN on once, after the bytes before it (no peer yet: `flush` will)."""
@@ -84,7 +84,7 @@ class RelaySide(asyncio.Protocol):
         if not peer.transport.is_closing():
             if peer.transport.can_write_eof():
                 peer.transport.write_eof()
-            else:  # TLS cannot half-close: close after what is buffered, never hang
+            else:  # a transport that cannot half-close: close after what is buffered
                 peer.transport.close()
         if peer._eof:
             self._close_both()

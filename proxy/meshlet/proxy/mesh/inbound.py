@@ -43,6 +43,7 @@ from meshlet.proxy.mesh.refusal import Refusal, check_session, classify_tls_erro
 from meshlet.proxy.metrics import TcpConn
 from meshlet.proxy.targets import SelfTargets
 from meshlet.proxy.tls.contexts import peer_identity
+from meshlet.proxy.tls.transport import tls_accept
 
 log = logging.getLogger(__name__)
 
@@ -137,9 +138,9 @@ class MeshInbound:
         try:
             # From here the socket is uvloop's: it closes it on failure and on cancellation.
             async with asyncio.timeout_at(deadline):
-                transport, _ = await loop.connect_accepted_socket(
-                    lambda: reader, sock=accepted.sock, ssl=self._context,
-                    ssl_handshake_timeout=self._timeout + _BACKSTOP,
+                transport, _ = await tls_accept(
+                    accepted.sock, self._context, lambda: reader,
+                    handshake_timeout=self._timeout + _BACKSTOP,
                 )  # fmt: skip
         except TimeoutError:
             why = f"the TLS handshake did not complete within {self._timeout}s"

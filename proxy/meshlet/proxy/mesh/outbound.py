@@ -29,6 +29,7 @@ from meshlet.api.transport_header import Header, SessionProtocol
 from meshlet.proxy.http.contract import Addr, Connect
 from meshlet.proxy.mesh.refusal import Refusal, check_session, classify_tls_error, describe
 from meshlet.proxy.tls.contexts import peer_identity
+from meshlet.proxy.tls.transport import tls_connect
 
 log = logging.getLogger(__name__)
 
@@ -90,9 +91,9 @@ async def _connect(
     try:
         # From here the socket is uvloop's: it closes it on failure and on cancellation.
         async with asyncio.timeout_at(deadline.when()):
-            transport, _ = await loop.create_connection(
-                lambda: session, sock=sock, ssl=context, server_hostname=server_identity,
-                ssl_handshake_timeout=budget + _BACKSTOP,
+            transport, _ = await tls_connect(
+                sock, context, server_identity, lambda: session,
+                handshake_timeout=budget + _BACKSTOP,
             )  # fmt: skip
     except TimeoutError:
         raise TimeoutError(

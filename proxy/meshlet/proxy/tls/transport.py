@@ -17,11 +17,16 @@ handshake within a timeout, and only then make the app's protocol; its transport
   `connection_lost(TruncatedError)`; a fatal TLS error while reading (a bad record, an alert)
   aborts the connection and the app gets `connection_lost(that error)`.
 
-The byte path: per plain `data_received`, the bytes go into the incoming BIO and are decrypted
-while the BIO or the session holds any (so that no exception is raised when records arrive
-whole), and reach the app as one `data_received`; per `write`, one `SSLObject.write` and one
-plain `write`. TLS records are written to the plain transport at once, so its write buffer is
-the only one (back-pressure: its `pause_writing` / `resume_writing` reach the app).
+`close()` sends close_notify and closes once the plain transport's buffer is written; it does
+not wait for the peer's. While the app has paused reading, nothing reaches it (what was read is
+held, and delivered in order after `resume_reading`, the peer's close_notify included).
+
+The byte path: each read from the socket (into a per-thread scratch buffer) goes into the
+incoming BIO and is decrypted while the BIO or the session holds any (so that no exception is
+raised when records arrive whole), and reaches the app as one `data_received`; per `write`, one
+`SSLObject.write` and one plain `write`. TLS records are written to the plain transport at once,
+so its write buffer is the only one (back-pressure: its `pause_writing` / `resume_writing`
+reach the app).
 """
 
 from __future__ import annotations
@@ -199,7 +204,7 @@ class TlsTransport(asyncio.Transport):
             self._eof_held = False
             self._peer_eof()
         elif self._incoming.pending or self._sslobj.pending():
-            self._read()  # records that came with the handshake's last flight
+            self._read()  # read before the pause (with the handshake's last flight, say)
         if not self._paused and not self.is_closing() and not self._plain.is_closing():
             self._plain.resume_reading()
 
@@ -360,12 +365,10 @@ class _Wire(asyncio.BufferedProtocol):
         self._tls._lost(exc)
 
     def pause_writing(self) -> None:
-        if not self._tls.is_closing():
-            self._tls.get_protocol().pause_writing()
+        self._tls.get_protocol().pause_writing()
 
     def resume_writing(self) -> None:
-        if not self._tls.is_closing():
-            self._tls.get_protocol().resume_writing()
+        self._tls.get_protocol().resume_writing()
 
 
 def _thread_scratch() -> memoryview:
