@@ -11,7 +11,7 @@ upstream built on the `h2` library in a child process; the proxy's CPU is read f
   right) and CPU per cancelled request.
 - **ordinary requests**: GETs answered at once, 50 in flight: CPU per request, the baseline.
 
-    python -m bench.attacks [--connections N] [--out bench/results/attacks.md]
+    PYTHONPATH=testing python -m bench.attacks [--connections N] [--out bench/results/attacks.md]
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from hyperframe.frame import Frame, GoAwayFrame, HeadersFrame, RstStreamFrame, S
 
 from bench.proxy_procs import CpuMeter, Processes, free_port, wait_for_port, wait_for_ready
 from meshlet.api.wellknown import ProxyEnv
+from meshlet_testing.sockets import read_until_closed
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 RESULTS = Path(__file__).parent / "results"
@@ -176,17 +177,7 @@ async def _rapid_reset(port: int, upstream: int) -> tuple[int, int | None, int]:
         frames.append(RstStreamFrame(sid, error_code=8))
     with contextlib.suppress(ConnectionError):  # the proxy may close before it has all
         await loop.sock_sendall(sock, PREFACE + b"".join(f.serialize() for f in frames))
-    received = bytearray()
-    async with asyncio.timeout(30):
-        while True:
-            try:
-                data = await loop.sock_recv(sock, 1 << 20)
-            except ConnectionError:
-                break
-            if not data:
-                break
-            received += data
-    sock.close()
+    received = await read_until_closed(sock, 30)
     code, last, pos = None, 0, 0
     while pos + 9 <= len(received):
         length = int.from_bytes(received[pos : pos + 3], "big")

@@ -1,7 +1,9 @@
-"""Sockets that misbehave on purpose, for tests of connect failures."""
+"""Sockets that misbehave on purpose, for tests of connect failures; reading a raw socket to
+its end."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 from collections.abc import Iterator
@@ -22,3 +24,21 @@ def hanging_port() -> Iterator[int]:
             with contextlib.suppress(BlockingIOError):
                 filler.connect(("127.0.0.1", port))
         yield port
+
+
+async def read_until_closed(sock: socket.socket, within: float = 10.0) -> bytes:
+    """Everything a non-blocking socket receives until the peer closes (a reset counts as
+    closed) within `within` seconds; then the socket is closed."""
+    loop = asyncio.get_running_loop()
+    received = bytearray()
+    async with asyncio.timeout(within):
+        while True:
+            try:
+                data = await loop.sock_recv(sock, 1 << 20)
+            except ConnectionError:
+                break
+            if not data:
+                break
+            received += data
+    sock.close()
+    return bytes(received)

@@ -60,6 +60,7 @@ from meshlet.proxy.io.shedder import PERIOD as SHED_PERIOD
 from meshlet.proxy.io.shedder import LoadShedder
 from meshlet.proxy.metrics import ProxyMetrics
 from meshlet_testing.sockets import hanging_port
+from meshlet_testing.sockets import read_until_closed as read_socket_until_closed
 
 Headers = Sequence[tuple[bytes, bytes]]
 TIMEOUT = 5.0
@@ -768,6 +769,16 @@ async def test_an_upstream_dying_mid_response_resets_the_client_stream(
     assert got.reset is not None and not got.ended  # never passed off as complete
 
 
+async def one_then_two(
+    proxy: H2Proxy, client: Client, upstream_has_one: Awaitable[Any]
+) -> tuple[Received, Received]:
+    """GET /one, then, once the upstream has it, GET /two; both responses."""
+    one = client.request(request_headers(proxy.port, b"/one"))
+    await asyncio.wait_for(upstream_has_one, TIMEOUT)
+    two = client.request(request_headers(proxy.port, b"/two"))
+    return await client.response(one), await client.response(two)
+
+
 async def test_upstream_goaway_retries_unprocessed_streams_and_finishes_the_rest(
     h2proxy, upstream, clients
 ) -> None:
@@ -792,11 +803,7 @@ async def test_upstream_goaway_retries_unprocessed_streams_and_finishes_the_rest
 
     up, addr = await upstream(handler)
     proxy = await h2proxy(addr)
-    client = await clients(proxy.port)
-    one = client.request(request_headers(proxy.port, b"/one"))
-    await asyncio.wait_for(first_seen.wait(), TIMEOUT)
-    two = client.request(request_headers(proxy.port, b"/two"))
-    got_one, got_two = await client.response(one), await client.response(two)
+    got_one, got_two = await one_then_two(proxy, await clients(proxy.port), first_seen.wait())
     assert (got_one.status, bytes(got_one.body), got_one.header(b"x-conn")) == (200, b"first", b"1")
     assert (got_two.status, bytes(got_two.body), got_two.header(b"x-conn")) == (
         200,
@@ -977,19 +984,7 @@ async def send_all(sock: socket.socket, data: bytes) -> bool:
 
 async def read_until_closed(sock: socket.socket) -> bytes:
     """Everything the proxy sends until it closes (a reset counts as closed)."""
-    loop = asyncio.get_running_loop()
-    received = bytearray()
-    async with asyncio.timeout(TIMEOUT):
-        while True:
-            try:
-                data = await loop.sock_recv(sock, 1 << 20)
-            except ConnectionError:
-                break
-            if not data:
-                break
-            received += data
-    sock.close()
-    return bytes(received)
+    return await read_socket_until_closed(sock, TIMEOUT)
 
 
 def goaway_code(received: bytes) -> int | None:
@@ -1130,10 +1125,9 @@ async def test_an_upstreams_enhance_your_calm_fails_no_unrelated_request(
     up, addr = await upstream(handler)
     proxy = await h2proxy(addr)
     client = await clients(proxy.port)
-    first = client.request(request_headers(proxy.port, b"/one"))
-    await eventually(lambda: len(up.requests) == 1)
-    second = client.request(request_headers(proxy.port, b"/two"))
-    got_first, got_second = await client.response(first), await client.response(second)
+    got_first, got_second = await one_then_two(
+        proxy, client, eventually(lambda: len(up.requests) == 1)
+    )
     assert (got_first.status, got_first.header(b"x-conn")) == (200, b"1")
     assert (got_second.status, got_second.header(b"x-conn")) == (200, b"2")
     assert client.goaway is None
@@ -2016,11 +2010,7 @@ async def test_streams_an_upstreams_goaway_excluded_get_nothing_more_and_are_ret
     addr = ("127.0.0.1", up.server.sockets[0].getsockname()[1])
     try:
         proxy = await h2proxy(addr)
-        client = await clients(proxy.port)
-        one = client.request(request_headers(proxy.port, b"/one"))
-        await asyncio.wait_for(first_seen.wait(), TIMEOUT)
-        two = client.request(request_headers(proxy.port, b"/two"))
-        got_one, got_two = await client.response(one), await client.response(two)
+        got_one, got_two = await one_then_two(proxy, await clients(proxy.port), first_seen.wait())
         (conn,) = closing
         assert conn.protocol_error is not None and "RECV_HEADERS" in conn.protocol_error
         # 3 was never processed (retried at once), 1 idempotent (retried after the close)
@@ -2089,3 +2079,39 @@ async def test_past_the_stream_mark_the_connection_holding_quiet_streams_goes(
         if sample.name == "load_shed_total" and sample.labels["resource"] == "streams"
     ]
     assert shed == [1.0]
+
+
+# -- gRPC statuses stay the caller's --
+
+
+async def test_a_stream_the_upstream_refused_is_sent_again_and_the_grpc_call_succeeds(
+    h2proxy, upstream
+) -> None:
+    """REFUSED_STREAM says the upstream never processed the stream: the proxy sends it again
+    (grpcio, a client nobody here wrote, sees one successful call); when every attempt is
+    refused the client's stream is reset REFUSED_STREAM, which gRPC reports as UNAVAILABLE, a
+    status it may retry, never INTERNAL."""
+    import grpc
+
+    refuse = {"count": 1}
+
+    async def handler(request: UpstreamRequest) -> None:
+        if refuse["count"]:
+            refuse["count"] -= 1
+            request.reset_stream(ErrorCodes.REFUSED_STREAM)
+            return
+        await request.read_body()
+        request.respond(200, [(b"content-type", b"application/grpc")])
+        await request.send(b"\0\0\0\0\x02ok")
+        request.trailers([(b"grpc-status", b"0")])
+
+    up, addr = await upstream(handler)
+    proxy = await h2proxy(addr)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{proxy.port}") as channel:
+        call = channel.unary_unary("/meshlet.test.Echo/Unary")
+        assert await call(b"hi", timeout=5) == b"ok"
+        assert len(up.requests) == 2  # refused, then sent again
+        refuse["count"] = 10  # every attempt refused now
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await call(b"hi", timeout=5, wait_for_ready=False)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE

@@ -234,6 +234,9 @@ def read_response(block: Sequence[Header], from_peer_proxy: bool = False) -> Res
         if name == b"grpc-status":
             grpc_status = value.decode("latin-1")
         elif name == b"content-length":
+            if length == -1 and value.isdigit() and len(value) <= _MAX_LENGTH_DIGITS:
+                length = int(value)  # the common case, without a call
+                continue
             declared = _content_length(value, length)
             if declared is None:
                 return Malformed("an invalid content-length", 502)

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from meshlet.proxy.core.classify import FAILURE
-from meshlet.proxy.core.failover import IDEMPOTENT, Action, Attempt, Decision, Failure, decide
+from meshlet.proxy.core.failover import Action, Attempt, Decision, Failure, decide
 from meshlet.proxy.http.contract import MAX_INFORMATIONAL, REPLAY_LIMIT, Endpoint, RouteTarget
 from meshlet.proxy.http.h2codec import ErrorCode, StreamClosed, error_name
 from meshlet.proxy.http.h2conn import MIN_RTT, Peer
@@ -181,8 +181,10 @@ class ProxyStream:
 
     def routed(self, route: RouteTarget) -> None:
         """The request's route is known: its budget counts the request, its timeout starts
-        (from the request's arrival), and, when it may be retried, the body given upstream
-        is kept for a replay."""
+        (from the request's arrival), and the body given upstream is kept for a replay (up
+        to REPLAY_LIMIT): a stream the upstream refuses, or its GOAWAY excludes, was never
+        processed and is sent again whatever its method; the failover policy decides the
+        rest."""
         self.route = route
         policy = route.policy
         if policy.idle_timeout is not None:
@@ -191,8 +193,7 @@ class ProxyStream:
             route.budget.deposit(time.monotonic())
         if policy.timeout is not None:
             self.timer = self.server.loop.call_at(self.started + policy.timeout, self._timed_out)
-        if policy.retryable or self.request.method in IDEMPOTENT:
-            self.req.kept = []
+        self.req.kept = []
 
     def from_peer_proxy(self) -> bool:
         """Whether the upstream is a meshed peer's proxy (reached over mTLS)."""
@@ -271,8 +272,8 @@ class ProxyStream:
 
     def on_response(self, response: Response, end: bool) -> None:
         client = self.client
-        if client is not None:  # an answer this soon bounds the round trip to the upstream
-            client.rtt = min(client.rtt, max(client.loop.time() - self.sent_at, MIN_RTT))
+        if client is not None and client.rtt > MIN_RTT:  # an answer bounds the round trip
+            client.rtt = max(min(client.rtt, client.loop.time() - self.sent_at), MIN_RTT)
         if self.request.method == "HEAD" or response.status in (204, 304):
             self.resp_left = 0  # no content, whatever content-length says
         else:
