@@ -6,7 +6,7 @@ import asyncio
 import logging
 import socket
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -115,12 +115,13 @@ async def test_get_follows_the_cluster(cluster: Cluster, stub: Any) -> None:
 
 
 async def test_endpoint_slices_take_precedence_and_readiness_counts(
-    cluster: Cluster, stub: Any
+    cluster: Cluster, server: DestinationServer, stub: Any
 ) -> None:
     cluster.put("svc", objects.service("web"))
     cluster.put("pods", web_pod("web-1", "10.0.0.1"), web_pod("web-2", "10.0.0.2"))
     cluster.put("slice", objects.endpoint_slice("web-a", "web", [("10.0.0.1", True, "web-1")]))
-    await asyncio.sleep(0.1)
+    state = server.state
+    await applied(lambda: bool(state.slices_of(("emojivoto", "web"))) and len(state.pods) == 2)
     stream = stub.Get(destination_pb2.GetDestination(path=WEB))
     assert await next_update(stream) == ("add", ["10.0.0.1:8080"])
     cluster.put(
@@ -191,9 +192,16 @@ async def test_streams_per_client_are_capped(cluster: Cluster) -> None:
                 await stub.Get(destination_pb2.GetDestination(path=WEB)).read()
             assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             held[0].cancel()
-            await asyncio.sleep(0.1)
-            again = stub.Get(destination_pb2.GetDestination(path=WEB))
-            assert (await again.read()).WhichOneof("update") == "no_endpoints"
+            async with asyncio.timeout(10):  # the server sees the cancel: a slot frees up
+                while True:
+                    again = stub.Get(destination_pb2.GetDestination(path=WEB))
+                    try:
+                        first = await again.read()
+                        break
+                    except grpc.aio.AioRpcError as error:
+                        assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                        await asyncio.sleep(0.02)
+            assert first.WhichOneof("update") == "no_endpoints"
             for stream in [*held, again]:
                 stream.cancel()
     finally:
@@ -367,6 +375,13 @@ async def test_admin_reports_streams_and_handled(server: DestinationServer, stub
     stream.cancel()
 
 
+async def applied(condition: Callable[[], bool]) -> None:
+    """Until the server's state shows what the test put in the folder."""
+    async with asyncio.timeout(10):
+        while not condition():  # noqa: ASYNC110 - the source polls the folder
+            await asyncio.sleep(0.02)
+
+
 async def next_profile(stream: Any) -> destination_pb2.DestinationProfile:
     async with asyncio.timeout(3.0):
         message: destination_pb2.DestinationProfile = await stream.read()
@@ -385,9 +400,11 @@ ROUTES = {
 }
 
 
-async def test_get_profile_by_name_follows_its_service_profile(cluster: Cluster, stub: Any) -> None:
+async def test_get_profile_by_name_follows_its_service_profile(
+    cluster: Cluster, server: DestinationServer, stub: Any
+) -> None:
     cluster.put("svc", objects.service("web"))
-    await asyncio.sleep(0.1)
+    await applied(lambda: ("emojivoto", "web") in server.state.services)
     stream = stub.GetProfile(destination_pb2.GetDestination(path=WEB))
     first = await next_profile(stream)
     assert first.fully_qualified_name == "web.emojivoto.svc.cluster.local"
@@ -409,11 +426,15 @@ async def test_get_profile_by_name_follows_its_service_profile(cluster: Cluster,
     stream.cancel()
 
 
-async def test_get_profile_by_ip(cluster: Cluster, stub: Any) -> None:
+async def test_get_profile_by_ip(cluster: Cluster, server: DestinationServer, stub: Any) -> None:
     cluster.put("svc", objects.service("web", cluster_ip="10.96.0.10"))
     cluster.put("pod", web_pod("web-1", "10.0.0.1"))
     cluster.put("db", objects.service("db", ports=[("mysql", 3306, 3306)], cluster_ip="10.96.0.20"))
-    await asyncio.sleep(0.1)
+    state = server.state
+    await applied(  # read from the folder (a sleep was not always enough on a busy machine)
+        lambda: None not in (state.service_at("10.96.0.10"), state.service_at("10.96.0.20"),
+                             state.pod_at("10.0.0.1"))
+    )  # fmt: skip
 
     by_cluster_ip = stub.GetProfile(destination_pb2.GetDestination(path="10.96.0.10:80"))
     profile = await next_profile(by_cluster_ip)
