@@ -619,7 +619,7 @@ async def test_a_thousand_grpc_deadlines_leave_the_shared_mesh_connections_alone
 
         async def expire() -> None:
             try:
-                await slow(b"", timeout=0.1)
+                await slow(b"", timeout=0.2)
             except grpc.aio.AioRpcError as error:
                 codes[error.code()] += 1
 

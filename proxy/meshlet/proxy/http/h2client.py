@@ -25,17 +25,13 @@ from meshlet.proxy.http.h2codec import (
     ProtocolError,
     error_name,
 )
-from meshlet.proxy.http.h2conn import MIN_RTT, Peer
+from meshlet.proxy.http.h2conn import MAX_RTT, MIN_RTT, Peer
 from meshlet.proxy.http.h2guard import Guard, GuardLimits
 from meshlet.proxy.http.h2headers import Malformed, read_response, read_trailers
 from meshlet.proxy.http.h2stream import ProxyStream
 
 log = logging.getLogger(__name__)
 
-# The round trip to the upstream, as the proxy estimates it: from the connection's start to the
-# upstream's first SETTINGS, then lowered by every response that came back sooner (each bounds
-# it); at most this, at least MIN_RTT.
-MAX_RTT: Final = 0.02
 # Seconds streams below an error GOAWAY's last stream id may take to finish.
 GOAWAY_GRACE: Final = 10.0
 

@@ -32,7 +32,11 @@ log = logging.getLogger(__name__)
 HIGH_WATER: Final = 256 * 1024  # transport write buffer: stop giving body bytes above this
 LOW_WATER: Final = 64 * 1024
 CLOSE_GRACE: Final = 2.0  # seconds a closing connection may take to write what it queued
-MIN_RTT: Final = 0.001  # the least round trip the proxy estimates: loop time has ms resolution
+# The round trip to an upstream, as the proxy estimates it (h2client.py): from the connection's
+# start to the upstream's first SETTINGS, then lowered by every response that came back sooner
+# (each bounds it); within these (loop time has a millisecond's resolution).
+MIN_RTT: Final = 0.001
+MAX_RTT: Final = 0.02
 
 __all__ = ["MAX_WINDOW", "ErrorCode", "Peer", "error_name"]
 

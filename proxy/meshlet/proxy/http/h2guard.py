@@ -7,12 +7,12 @@ long-lived connection is judged on its recent behaviour only.
 
 - Rapid reset (CVE-2023-44487): what the attack does is reset streams before the upstream
   could answer them, at a high rate, as a high share of the connection's streams. The engine
-  reports those only: streams the client reset before their request was sent upstream or within
-  one round trip to the upstream after (`early`), and streams the proxy refused or reset for
-  their malformed input. The guard trips once there are `min_resets` of them in the window and
-  they are more than `reset_ratio` of the streams opened. Cancellations of requests the
-  upstream had already received (a gRPC deadline, a client giving up on a long poll) are not
-  reported: they cost the upstream its work, as any request does, and are legitimate traffic.
+  reports those only: streams the client reset less than a round trip to the upstream after
+  their request arrived (`early`: the attack's resets come at once), and streams the proxy
+  refused or reset for their malformed input. The guard trips once there are `min_resets` of
+  them in the window and they are more than `reset_ratio` of the streams opened.
+  Cancellations that come later (a gRPC deadline, a client giving up on a long poll) are not
+  reported: they cost what any request costs, and are legitimate traffic.
 - Control frames (PING, SETTINGS, PRIORITY, WINDOW_UPDATE, empty DATA, unknown frames) cost work
   and earn nothing: allowed `control_base` per window plus `control_per_unit` per useful unit
   (a stream opened or a DATA frame sent to the peer, which legitimately draws WINDOW_UPDATEs).

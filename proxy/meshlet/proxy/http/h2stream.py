@@ -20,7 +20,7 @@ from meshlet.proxy.core.classify import FAILURE
 from meshlet.proxy.core.failover import Action, Attempt, Decision, Failure, decide
 from meshlet.proxy.http.contract import MAX_INFORMATIONAL, REPLAY_LIMIT, Endpoint, RouteTarget
 from meshlet.proxy.http.h2codec import ErrorCode, StreamClosed, error_name
-from meshlet.proxy.http.h2conn import MIN_RTT, Peer
+from meshlet.proxy.http.h2conn import MAX_RTT, MIN_RTT, Peer
 from meshlet.proxy.http.h2headers import (
     GRPC_DEADLINE_EXCEEDED,
     GRPC_UNAVAILABLE,
@@ -231,13 +231,14 @@ class ProxyStream:
             self.pump_request()
 
     def early(self, now: float) -> bool:
-        """Whether a client's reset at `now` comes before the upstream could answer: no
-        response yet, and the request not sent upstream, or sent less than a round trip ago
-        (what CVE-2023-44487's resets look like; a deadline or a cancel comes later)."""
+        """Whether a client's reset at `now` comes before the upstream could have answered:
+        no response yet, and less than a round trip to the upstream (MAX_RTT while none is
+        attached) since the request arrived. CVE-2023-44487's resets come at once; a deadline
+        or a cancel comes later, however long the request waited in the proxy."""
         if self.responded:
             return False
         client = self.client
-        return client is None or now - self.sent_at < client.rtt
+        return now - self.started < (client.rtt if client is not None else MAX_RTT)
 
     def on_down_reset(self, code: int) -> None:
         """The client reset the stream: so is the upstream stream, with the same code."""
