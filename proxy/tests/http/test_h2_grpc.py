@@ -4,7 +4,6 @@ with the proxy between them (generic handlers over raw bytes: no .proto needed).
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 from typing import Any
@@ -15,6 +14,7 @@ import pytest
 from meshlet.proxy.http.contract import HttpLimits
 from meshlet.proxy.http.h2pool import H2Pool
 from meshlet.proxy.http.h2server import serve_h2
+from meshlet_testing.grpcload import deadline_storm
 
 SERVICE = "meshlet.test.Echo"
 
@@ -191,25 +191,12 @@ async def test_a_thousand_deadline_expiries_leave_other_calls_and_the_connection
     other call succeeds, and the client's one connection lives (no ENHANCE_YOUR_CALM)."""
     _, addr = echo_server
     proxy, channel = await grpc_proxy(addr)
-    slow, unary = channel.unary_unary(f"/{SERVICE}/Slow"), channel.unary_unary(f"/{SERVICE}/Unary")
-    codes: Counter[grpc.StatusCode] = Counter()
-
-    async def expire() -> None:
-        try:
-            await slow(b"", timeout=0.2)
-        except grpc.aio.AioRpcError as error:
-            codes[error.code()] += 1
-
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    replies: list[bytes] = []
-    for wave in range(10):
-        ordinary = [unary(b"%d" % (10 * wave + i), timeout=5) for i in range(10)]
-        got = await asyncio.gather(*ordinary, *(expire() for _ in range(100)))
-        replies += got[:10]
-    assert codes == {grpc.StatusCode.DEADLINE_EXCEEDED: 1000}
-    assert replies == [b"echo:%d" % i for i in range(100)]
-    assert loop.time() - started < 10.0
+    storm = await deadline_storm(
+        channel.unary_unary(f"/{SERVICE}/Slow"), channel.unary_unary(f"/{SERVICE}/Unary")
+    )
+    assert storm.deadlines == {grpc.StatusCode.DEADLINE_EXCEEDED: 1000}
+    assert storm.replies == [b"echo:%d" % i for i in range(100)]
+    assert storm.seconds < 10.0
     assert sample(proxy, "http_client_errors_total") == 0  # no GOAWAY, no refused stream
 
 

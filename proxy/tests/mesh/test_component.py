@@ -47,6 +47,7 @@ from meshlet.proxy.config import load
 from meshlet.proxy.io.listener import Accepted, bind
 from meshlet.proxy.mesh import mesh_connect
 from meshlet.proxy.tls import contexts
+from meshlet_testing.grpcload import deadline_storm
 
 NS = "emojivoto"
 FQN = f"web.{NS}.svc.cluster.local"
@@ -613,26 +614,11 @@ async def test_a_thousand_grpc_deadlines_leave_the_shared_mesh_connections_alone
     proxy's guard closes a connection."""
     host, port = mesh.pods["vote-bot"].outbound
     options = [("grpc.default_authority", f"{FQN}:{GRPC_PORT}")]
-    codes: Counter[grpc.StatusCode] = Counter()
     async with grpc.aio.insecure_channel(f"{host}:{port}", options=options) as channel:
-        slow, unary = channel.unary_unary(SLOW), channel.unary_unary(ECHO)
-
-        async def expire() -> None:
-            try:
-                await slow(b"", timeout=0.2)
-            except grpc.aio.AioRpcError as error:
-                codes[error.code()] += 1
-
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        for wave in range(10):
-            ordinary = [unary(b"%d" % (10 * wave + i), timeout=5) for i in range(10)]
-            got = await asyncio.gather(*ordinary, *(expire() for _ in range(100)))
-            assert [bytes(g).partition(b"|")[2] for g in got[:10]] == [
-                b"%d" % (10 * wave + i) for i in range(10)
-            ]
-        assert loop.time() - started < 10.0
-    assert codes == {grpc.StatusCode.DEADLINE_EXCEEDED: 1000}
+        storm = await deadline_storm(channel.unary_unary(SLOW), channel.unary_unary(ECHO))
+    assert storm.deadlines == {grpc.StatusCode.DEADLINE_EXCEEDED: 1000}
+    assert [reply.partition(b"|")[2] for reply in storm.replies] == [b"%d" % i for i in range(100)]
+    assert storm.seconds < 10.0
     for pod in mesh.pods.values():
         assert pod.metric("http_client_errors_total", status_code="enhance_your_calm") == 0
     # one mTLS connection from the client pod to each replica, all along
