@@ -11,10 +11,12 @@ import socket
 import struct
 import time
 from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from meshlet.proxy.core.detect import may_be_http
-from meshlet.proxy.core.failover import Action, Attempt, Failure, decide
+from meshlet.proxy.core.failover import Failure
+from meshlet.proxy.core.routes import DEFAULT_ROUTE
+from meshlet.proxy.http.attempts import Attempts, Failed, advance
 from meshlet.proxy.http.contract import (
     Connect,
     Endpoint,
@@ -22,9 +24,9 @@ from meshlet.proxy.http.contract import (
     Handoff,
     HttpConn,
     HttpLimits,
-    Lease,
-    RouteError,
+    RequestTarget,
     Router,
+    RouteTarget,
     Shedder,
 )
 from meshlet.proxy.io import relay
@@ -36,6 +38,8 @@ if TYPE_CHECKING:
     from meshlet.proxy.http.h2pool import H2Pool
 
 log = logging.getLogger(__name__)
+
+_OPAQUE: Final = RequestTarget(None, "", "")  # a connection: no authority, method or path
 
 
 class Connections:
@@ -167,34 +171,13 @@ class Connections:
         first bytes (`relay.GuardedSide`)."""
         loop = asyncio.get_running_loop()
         client, upstream, done = relay.pair(loop, tcp, guard)
-        lease: Lease | None = None
-        failed = 0
-        previous: Endpoint | None = None
-        while True:
-            endpoint = await endpoints.pick(previous)
-            if isinstance(endpoint, RouteError):  # counted where it was decided
-                log.info("%s connection from %s refused: %s", labels.direction,
-                         accepted.client, endpoint.reason)  # fmt: skip
-                reset(accepted.sock)
-                return
-            lease, previous = endpoint.lease, endpoint
-            upstream.tcp = self.metrics.dst_conn(labels.direction, endpoint.addr, endpoint.labels)
-            try:
-                await (endpoint.connect or self.connect)(endpoint.addr, lambda: upstream)
-                upstream.tcp.open()
-                break
-            except (OSError, TimeoutError) as exc:
-                failed += 1
-                log.info("%s: connect to %s:%d failed: %s", labels.direction, *endpoint.addr, exc)
-                if lease is not None:
-                    lease.failed()
-                kind = Failure.CONNECT_TIMEOUT if isinstance(exc, TimeoutError) else Failure.CONNECT
-                attempt = Attempt(sends=0, connects_failed=failed, stale_retried=False,
-                                  replayable=True, retryable_route=False, method="",
-                                  responded=False)  # fmt: skip
-                if lease is None or decide(kind, attempt).action is not Action.RETRY:
-                    reset(accepted.sock)
-                    return
+        opener = _Opener(self, accepted, labels.direction, upstream)
+        att = Attempts(None, None, _OPAQUE, loop.time(),
+                       RouteTarget("", DEFAULT_ROUTE, None, endpoints))  # fmt: skip
+        await advance(att, opener, att.start(), loop.time)
+        if not opener.connected:
+            return
+        lease = att.endpoint.lease if att.endpoint is not None else None
         if lease is not None:
             lease.responded()  # per connection: the connect time is the sample
         started = time.perf_counter()
@@ -212,6 +195,53 @@ class Connections:
             if lease is not None:
                 lease.release()
             log.debug("relay closed after %.3fs", time.perf_counter() - started)
+
+
+class _Opener:
+    """The `attempts.Upstream` of an opaque connection: a connection to each endpoint tried,
+    the client's connection reset when none can be reached (as a failed connection looks to
+    it)."""
+
+    def __init__(
+        self,
+        connections: Connections,
+        accepted: Accepted,
+        direction: str,
+        upstream: relay.RelaySide,
+    ) -> None:
+        self._connections = connections
+        self._accepted = accepted
+        self._direction = direction
+        self._upstream = upstream
+        self.connected = False
+
+    def gone(self) -> bool:
+        return False  # the client is not read before a connection is made
+
+    def routed(self, route: RouteTarget) -> None:
+        pass
+
+    def send_now(self, endpoint: Endpoint, fresh: bool) -> bool:
+        return False
+
+    async def send(self, endpoint: Endpoint, fresh: bool) -> Failed | None:
+        connections, upstream = self._connections, self._upstream
+        upstream.tcp = connections.metrics.dst_conn(self._direction, endpoint.addr,
+                                                    endpoint.labels)  # fmt: skip
+        try:
+            await (endpoint.connect or connections.connect)(endpoint.addr, lambda: upstream)
+        except (OSError, TimeoutError) as exc:
+            log.info("%s: connect to %s:%d failed: %s", self._direction, *endpoint.addr, exc)
+            kind = Failure.CONNECT_TIMEOUT if isinstance(exc, TimeoutError) else Failure.CONNECT
+            return Failed(kind, str(exc))
+        upstream.tcp.open()
+        self.connected = True
+        return None
+
+    def answer(self, status: int, reason: str) -> None:
+        log.info("%s connection from %s refused: %s", self._direction, self._accepted.client,
+                 reason)  # fmt: skip
+        reset(self._accepted.sock)
 
 
 def reset(sock: socket.socket) -> None:

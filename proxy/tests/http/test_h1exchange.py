@@ -1,6 +1,7 @@
 """The HTTP/1.1 exchange machine without sockets: a scripted `Io` with its own clock plays the
-client connection and the timer, the test plays the shell (routing, picking, attaching), and
-each upstream is a real `H1Upstream` on a transport that records what it is sent."""
+client connection and the timer, the test plays the shell (carrying out each step of the
+request's real `Attempts`: routing, picking, attaching), and each upstream is a real
+`H1Upstream` on a transport that records what it is sent."""
 
 from __future__ import annotations
 
@@ -13,11 +14,13 @@ import pytest
 from meshlet.proxy.core.failover import MAX_CONNECTS, Failure
 from meshlet.proxy.core.retry_budget import RetryBudget
 from meshlet.proxy.core.routes import DEFAULT_ROUTE, RoutePolicy
+from meshlet.proxy.http.attempts import AGAIN, Answer, Failed, Step
 from meshlet.proxy.http.contract import (
     REPLAY_LIMIT,
     Addr,
     Endpoint,
     HttpLimits,
+    RequestTarget,
     RouteError,
     RouteTarget,
 )
@@ -127,6 +130,33 @@ class Upstream:
         return bytes(self.transport.sent)
 
 
+class LeasingPicker:
+    """Each pick of the one endpoint comes with a new lease."""
+
+    def __init__(self) -> None:
+        self.leases: list[RecordingLease] = []
+
+    def pick_now(self, after: Endpoint | None = None) -> Endpoint:
+        self.leases.append(RecordingLease())
+        return Endpoint(POD, "web:80", lease=self.leases[-1])
+
+    async def pick(self, after: Endpoint | None = None) -> Endpoint:
+        return self.pick_now(after)
+
+
+class Router:
+    """Routes every request to `target`, which the test sets."""
+
+    def __init__(self) -> None:
+        self.target: RouteTarget | RouteError = RouteError(500, "no route set")
+
+    def route_now(self, request: RequestTarget) -> RouteTarget | RouteError:
+        return self.target
+
+    async def route(self, request: RequestTarget) -> RouteTarget | RouteError:
+        return self.target
+
+
 class Client:
     """One client connection to the machine. The `Io` side records the machine's effects; the
     methods below play the shell's part, one event at a time."""
@@ -139,11 +169,13 @@ class Client:
         self._reading = True
         self.armed: float | None = None
         self.started: list[Exchange] = []
+        self.steps: list[Step | None] = []  # the step each start asked for (None: the first)
+        self.router = Router()
         self.given_back: list[tuple[H1Upstream, bool]] = []
         self.tunnelled: list[bytes] = []
         self.metrics = ProxyMetrics()
         recorder = Recorder(self.metrics, self.metrics.conn("outbound", "10.0.0.7:8080"))
-        self.machine = H1Machine(self, limits, recorder, accepted_at=accepted_at)
+        self.machine = H1Machine(self, limits, recorder, self.router, accepted_at=accepted_at)
 
     # -- Io ---------------------------------------------------------------------------------
 
@@ -168,8 +200,9 @@ class Client:
     def arm(self, when: float) -> None:
         self.armed = when
 
-    def start(self, exchange: Exchange) -> None:
+    def start(self, exchange: Exchange, step: Step | None) -> None:
         self.started.append(exchange)
+        self.steps.append(step)
 
     def give_back(self, exchange: Exchange, upstream: H1Upstream, reusable: bool) -> None:
         self.given_back.append((upstream, reusable))
@@ -212,6 +245,24 @@ class Client:
         """The exchange the shell was last asked to start."""
         return self.started[-1]
 
+    @property
+    def step(self) -> Step | None:
+        """The step the shell was last asked to carry out."""
+        return self.steps[-1]
+
+    def route(self, target: RouteTarget | RouteError) -> Step:
+        """Starts the exchange last started on its way to `target`, as the shell does: its
+        Attempts route it (the machine is told), and pick."""
+        ex = self.exchange
+        self.router.target = target
+        step = ex.att.start()
+        if ex.att.route is not None:
+            self.machine.routed(ex, ex.att.route)
+        self.steps[-1] = step
+        if isinstance(step, Answer):
+            self.machine.answer(ex, step.status, step.reason)
+        return step
+
     def connect(
         self,
         policy: RoutePolicy = DEFAULT_ROUTE,
@@ -219,17 +270,28 @@ class Client:
         lease: RecordingLease | None = None,
         reused: bool = False,
     ) -> Upstream:
-        """Routes (the first time), picks (when no endpoint is held) and attaches the exchange
-        last started to a new upstream connection, as the shell does."""
-        ex = self.exchange
-        endpoint = Endpoint(POD, "web:80", lease=lease)
-        if ex.route is None:
-            self.machine.routed(ex, RouteTarget("web:80", policy, budget, FixedPicker(endpoint)))
-        if ex.endpoint is None:
-            self.machine.picked(ex, endpoint)
+        """Carries out the step last asked for (routing first, when it is the first) by
+        attaching the exchange to a new upstream connection, as the shell does."""
+        step = self.step
+        if step is None:
+            picker = FixedPicker(Endpoint(POD, "web:80", lease=lease))
+            step = self.route(RouteTarget("web:80", policy, budget, picker))
+        assert isinstance(step, Endpoint) or step is AGAIN, step
         upstream = Upstream(reused)
-        self.machine.attach(ex, upstream.protocol, (no_connect, POD))
+        self.machine.attach(self.exchange, upstream.protocol, (no_connect, POD))
+        self.exchange.att.sent()
         return upstream
+
+    def connect_fails(self, failure: Failure, reason: str) -> bool:
+        """The connection for the step last asked for fails: whether the Attempts try again
+        (else the machine answers)."""
+        ex = self.exchange
+        step = ex.att.connect_failed(Failed(failure, reason))
+        self.steps[-1] = step
+        if isinstance(step, Answer):
+            self.machine.answer(ex, step.status, step.reason)
+            return False
+        return True
 
     def count(self, name: str, **labels: str) -> float:
         """The sum of a metric's samples whose labels include `labels`."""
@@ -635,7 +697,7 @@ async def test_a_failure_status_on_a_retryable_route_is_retried_and_never_seen()
     first.respond(FAILED)
     assert client.received() == b""  # the 500 never reaches the client
     assert first.transport.aborted
-    assert len(client.started) == 2 and client.exchange.endpoint is None  # picked again
+    assert len(client.started) == 2 and isinstance(client.step, Endpoint)  # picked again
     second = client.connect()
     assert second.request == first.request  # the head and the body, replayed
     second.respond(OK)
@@ -739,8 +801,7 @@ async def test_a_stale_pooled_connection_is_retried_once_on_a_fresh_one_to_the_s
     lease = RecordingLease()
     stale = client.connect(lease=lease, reused=True)
     stale.lost(None)  # closed before any byte: the pool had kept a dead connection
-    ex = client.exchange
-    assert len(client.started) == 2 and ex.fresh and ex.endpoint is not None
+    assert len(client.started) == 2 and client.step is AGAIN
     assert lease.events == []  # the same endpoint, the same lease
     fresh = client.connect()
     assert fresh.request == stale.request
@@ -754,7 +815,7 @@ async def test_a_stale_pooled_connection_is_retried_once_on_a_fresh_one_to_the_s
 async def test_a_route_error_is_answered_with_its_status_and_the_connection_kept() -> None:
     client = Client()
     client.send(get())
-    client.machine.route_failed(client.exchange, RouteError(503, "web:80 has no endpoints"))
+    client.route(RouteError(503, "web:80 has no endpoints"))
     response = client.received()
     assert status_of(response) == 503 and error_header(response) == b"web:80 has no endpoints"
     assert b"Connection: close" not in response
@@ -765,7 +826,7 @@ async def test_a_route_error_is_answered_with_its_status_and_the_connection_kept
 async def test_a_route_error_with_a_body_still_to_come_drains_it_when_small() -> None:
     client = Client()
     client.send(post(b"12345")[:-5])
-    client.machine.route_failed(client.exchange, RouteError(403, "a routing loop"))
+    client.route(RouteError(403, "a routing loop"))
     assert status_of(client.received()) == 403
     assert stage(client.exchange)[0] is Req.DISCARD
     client.send(b"12345" + get("/next"))  # the rest is read and dropped, then the next one
@@ -776,7 +837,7 @@ async def test_a_route_error_with_a_body_still_to_come_drains_it_when_small() ->
 async def test_a_route_error_with_a_body_it_cannot_drain_closes_the_connection() -> None:
     client = Client()
     client.send(post(b"12345", extra=b"Expect: 100-continue\r\n")[:-5])
-    client.machine.route_failed(client.exchange, RouteError(503, "no endpoints"))
+    client.route(RouteError(503, "no endpoints"))
     response = client.received()
     assert status_of(response) == 503 and b"Connection: close" in response
     assert client.conn() is Conn.LINGER
@@ -790,11 +851,8 @@ async def test_a_failed_connection_is_answered_502_or_504_for_a_timeout(
 ) -> None:
     client = Client()
     client.send(get())
-    ex = client.exchange
-    client.machine.routed(ex, RouteTarget("web:80", DEFAULT_ROUTE, None,
-                                          FixedPicker(Endpoint(POD, "web:80"))))  # fmt: skip
-    client.machine.picked(ex, Endpoint(POD, "web:80"))
-    assert client.machine.connect_failed(ex, failure, "connecting to 10.0.0.7:8080 failed") is False
+    client.route(RouteTarget("web:80", DEFAULT_ROUTE, None, FixedPicker(Endpoint(POD, "web:80"))))
+    assert client.connect_fails(failure, "connecting to 10.0.0.7:8080 failed") is False
     response = client.received()
     assert status_of(response) == status
     assert error_header(response) == b"connecting to 10.0.0.7:8080 failed"
@@ -803,18 +861,11 @@ async def test_a_failed_connection_is_answered_502_or_504_for_a_timeout(
 async def test_a_balanced_endpoint_that_cannot_be_reached_is_skipped_up_to_the_limit() -> None:
     client = Client()
     client.send(get())
-    ex = client.exchange
-    client.machine.routed(ex, RouteTarget("web:80", DEFAULT_ROUTE, None,
-                                          FixedPicker(Endpoint(POD, "web:80"))))  # fmt: skip
-    leases = []
-    again = []
-    for _ in range(MAX_CONNECTS):
-        lease = RecordingLease()
-        leases.append(lease)
-        client.machine.picked(ex, Endpoint(POD, "web:80", lease=lease))
-        again.append(client.machine.connect_failed(ex, Failure.CONNECT, "refused"))
+    picker = LeasingPicker()
+    client.route(RouteTarget("web:80", DEFAULT_ROUTE, None, picker))
+    again = [client.connect_fails(Failure.CONNECT, "refused") for _ in range(MAX_CONNECTS)]
     assert again == [True] * (MAX_CONNECTS - 1) + [False]
-    assert [lease.events[0] for lease in leases] == ["failed"] * MAX_CONNECTS
+    assert [lease.events[0] for lease in picker.leases] == ["failed"] * MAX_CONNECTS
     assert status_of(client.received()) == 502
 
 

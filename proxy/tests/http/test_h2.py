@@ -533,7 +533,7 @@ async def test_streams_need_a_task_only_while_routing_waits(
     finally:
         loop.set_task_factory(factory)
     assert [bytes(g.body) for g in got] == [b"%d" % i for i in range(5)]
-    assert made.count("H2Server._forward") == (5 if waits else 0)
+    assert made.count("H2Server._carry") == (5 if waits else 0)
     assert len(up.conns) == 1
 
 

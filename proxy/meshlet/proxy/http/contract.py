@@ -115,6 +115,40 @@ class Router(Protocol):
     async def route(self, request: RequestTarget) -> RouteTarget | RouteError: ...
 
 
+class Recording(Protocol):
+    """What the engines record of each request (http/recorder.py, on the proxy's metrics)."""
+
+    def authority_label(self, authority: str) -> str:
+        """The bounded `authority` label of a request's authority."""
+
+    def request(self, authority: str, endpoint: Endpoint | None, route: RouteTarget | None) -> None:
+        """A request was routed (or refused by its route)."""
+
+    def response(
+        self,
+        authority: str,
+        endpoint: Endpoint | None,
+        route: RouteTarget | None,
+        status: int,
+        grpc_status: str | None,
+        latency_ms: float | None,
+        failed: bool = False,
+    ) -> str:
+        """The response the client got (`failed`: cut short); its classification."""
+
+    def attempt(self, route: RouteTarget) -> None:
+        """The request was (at least partly) sent upstream."""
+
+    def attempt_response(self, route: RouteTarget, status: int, grpc_status: str | None) -> str:
+        """A response came back from upstream (given to the client or retried); its class."""
+
+    def retry_skipped(self, route: RouteTarget) -> None:
+        """The retry budget refused a retry."""
+
+    def error(self, label: str) -> None:
+        """A request or connection refused for its input."""
+
+
 # Opens a transport to an endpoint with the given protocol factory (plain TCP by default).
 Connect = Callable[
     [Addr, Callable[[], asyncio.Protocol]], Awaitable[tuple[asyncio.Transport, asyncio.Protocol]]

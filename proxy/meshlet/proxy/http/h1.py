@@ -38,7 +38,8 @@ import socket
 from typing import Any, cast
 
 from meshlet.proxy.core.failover import Failure
-from meshlet.proxy.http.contract import HttpConn, RequestTarget, RouteError
+from meshlet.proxy.http.attempts import Answer, Failed, Step, advance
+from meshlet.proxy.http.contract import Endpoint, HttpConn, RouteTarget
 from meshlet.proxy.http.h1client import H1Upstream
 from meshlet.proxy.http.h1exchange import Exchange, H1Machine
 from meshlet.proxy.http.h1pool import H1Pool
@@ -50,7 +51,9 @@ from meshlet.proxy.tls.transport import tls_accept
 
 log = logging.getLogger(__name__)
 
-_Event = Exchange | asyncio.Future[None] | None
+# An exchange and the step of its Attempts to carry out (None: the first); an upgraded
+# connection's relay; None: the connection is gone.
+_Event = tuple[Exchange, Step | None] | asyncio.Future[None] | None
 
 
 async def serve_h1(conn: HttpConn, pool: H1Pool | None = None) -> None:
@@ -92,7 +95,8 @@ async def serve_h1(conn: HttpConn, pool: H1Pool | None = None) -> None:
 
 
 class H1Shell(asyncio.Protocol):
-    """The client connection's Protocol, the machine's `Io`, and the routing task."""
+    """The client connection's Protocol, the machine's `Io`, the routing task, and the
+    `attempts.Upstream` of the exchange in flight (one at a time)."""
 
     def __init__(self, conn: HttpConn, pool: H1Pool) -> None:
         self._conn = conn
@@ -105,8 +109,7 @@ class H1Shell(asyncio.Protocol):
         self._busy = False  # the task is routing or connecting an exchange
         self._timer: asyncio.TimerHandle | None = None
         self._tunnel: asyncio.Transport | None = None  # the upstream, after an upgrade
-        # A routing error `_start_now` met, for the task to answer (outside parser callbacks).
-        self._failed: tuple[Exchange, RouteError] | None = None
+        self._ex: Exchange | None = None  # the exchange its Attempts are sending
         self._tcp = conn.tcp or TcpConn.uncounted()
 
     # -- the task: routing and connecting, one exchange at a time ------------------------
@@ -126,7 +129,7 @@ class H1Shell(asyncio.Protocol):
                 return
             self._busy = True
             try:
-                await self._start(event)
+                await self._start(*event)
             finally:
                 self._busy = False
 
@@ -137,112 +140,67 @@ class H1Shell(asyncio.Protocol):
         else:
             self._events.append(event)
 
-    def _start_now(self, ex: Exchange) -> bool:
-        """Routes `ex` and hands it a pooled connection at once when nothing needs waiting
-        (discovery has answered, the pick is immediate, an idle connection is pooled): the
-        common case, which then needs no turn of the task. False: the task carries on from
-        where this stopped. It may run inside a parser callback, so it only ever ends in
-        `attach`: errors are kept for the task to answer."""
+    async def _start(self, ex: Exchange, step: Step | None) -> None:
+        """Carries out `step` of `ex`'s Attempts (its first when None), waiting as needed."""
         machine = self.machine
         assert machine is not None
-        route = ex.route
-        if route is None:
-            head = ex.head
-            routed = self._conn.router.route_now(
-                RequestTarget(head.authority, head.method, head.path)
-            )
-            if routed is None:
-                return False
-            if isinstance(routed, RouteError):
-                self._failed = (ex, routed)
-                return False
-            machine.routed(ex, routed)
-            route = routed
-        if ex.endpoint is None:
-            picked = route.endpoints.pick_now(ex.previous)
-            if picked is None:
-                return False
-            if isinstance(picked, RouteError):
-                self._failed = (ex, picked)
-                return False
-            machine.picked(ex, picked)
-        endpoint = ex.endpoint
-        assert endpoint is not None
+        if machine.abandoned(ex):
+            return
+        self._ex = ex
+        att = ex.att
+        if step is None:
+            step = att.start()
+            if att.route is not None:
+                machine.routed(ex, att.route)
+        await advance(att, self, step, self._loop.time)
+
+    # -- attempts.Upstream: the exchange in flight ----------------------------------------
+
+    def gone(self) -> bool:
+        ex, machine = self._ex, self.machine
+        return ex is None or machine is None or machine.abandoned(ex)
+
+    def routed(self, route: RouteTarget) -> None:
+        if self._ex is not None and self.machine is not None:
+            self.machine.routed(self._ex, route)
+
+    def send_now(self, endpoint: Endpoint, fresh: bool) -> bool:
+        ex, machine = self._ex, self.machine
+        if fresh or ex is None or machine is None:
+            return False
         key = (endpoint.connect or self._conn.connect, endpoint.addr)
         upstream = self._pool.take(key)
         if upstream is None:
-            return False  # the task connects
+            return False
         machine.attach(ex, upstream, key)
         return True
 
-    async def _start(self, ex: Exchange) -> None:
-        """Routes (once) and connects `ex`; the machine decides what follows a failure."""
-        machine = self.machine
-        assert machine is not None
+    async def send(self, endpoint: Endpoint, fresh: bool) -> Failed | None:
+        ex, machine = self._ex, self.machine
+        assert ex is not None and machine is not None
+        if self.send_now(endpoint, fresh):
+            return None
         conn = self._conn
-        failed, self._failed = self._failed, None
-        if failed is not None and failed[0] is ex:
-            if not machine.abandoned(ex):
-                machine.route_failed(ex, failed[1])
-            return
-        while not machine.abandoned(ex):
-            route = ex.route
-            if route is None:
-                head = ex.head
-                try:
-                    routed = await conn.router.route(
-                        RequestTarget(head.authority, head.method, head.path)
-                    )
-                except Exception:
-                    log.exception("routing a request for %r failed", head.authority)
-                    routed = RouteError(502, "routing failed in the proxy")
-                if machine.abandoned(ex):
-                    return
-                if isinstance(routed, RouteError):
-                    machine.route_failed(ex, routed)
-                    return
-                machine.routed(ex, routed)
-                route = routed
-            if ex.endpoint is None:
-                try:
-                    picked = await route.endpoints.pick(ex.previous)
-                except Exception:
-                    log.exception("picking an endpoint for %r failed", ex.head.authority)
-                    picked = RouteError(502, "routing failed in the proxy")
-                if machine.abandoned(ex):
-                    if not isinstance(picked, RouteError) and picked.lease is not None:
-                        picked.lease.release()
-                    return
-                if isinstance(picked, RouteError):
-                    machine.route_failed(ex, picked)
-                    return
-                machine.picked(ex, picked)
-            endpoint = ex.endpoint
-            assert endpoint is not None
-            key = (endpoint.connect or conn.connect, endpoint.addr)
-            upstream = None if ex.fresh else self._pool.take(key)
-            if upstream is None:
-                host, port = endpoint.addr
-                limits = conn.limits
-                try:
-                    tcp = conn.metrics.dst_conn(conn.labels.direction, endpoint.addr,
-                                                endpoint.labels)  # fmt: skip
-                    upstream = await self._pool.open(key, limits, tcp)
-                except TimeoutError:
-                    why = f"connecting to {host}:{port} timed out after {limits.connect_timeout}s"
-                    if machine.connect_failed(ex, Failure.CONNECT_TIMEOUT, why):
-                        continue
-                    return
-                except Exception as exc:  # refused, unreachable, TLS failure: all end here
-                    why = f"connecting to {host}:{port} failed: {exc}"
-                    if machine.connect_failed(ex, Failure.CONNECT, why):
-                        continue
-                    return
-            if machine.abandoned(ex):
-                self._pool.give(key, upstream)
-                return
-            machine.attach(ex, upstream, key)
-            return
+        key = (endpoint.connect or conn.connect, endpoint.addr)
+        host, port = endpoint.addr
+        limits = conn.limits
+        try:
+            tcp = conn.metrics.dst_conn(conn.labels.direction, endpoint.addr, endpoint.labels)
+            upstream = await self._pool.open(key, limits, tcp)
+        except TimeoutError:
+            why = f"connecting to {host}:{port} timed out after {limits.connect_timeout}s"
+            return Failed(Failure.CONNECT_TIMEOUT, why)
+        except Exception as exc:  # refused, unreachable, TLS failure: all end here
+            return Failed(Failure.CONNECT, f"connecting to {host}:{port} failed: {exc}")
+        if machine.abandoned(ex):
+            self._pool.give(key, upstream)
+            return None
+        machine.attach(ex, upstream, key)
+        return None
+
+    def answer(self, status: int, reason: str) -> None:
+        if self._ex is not None and self.machine is not None:
+            self.machine.answer(self._ex, status, reason)
 
     # -- asyncio.Protocol: the client connection ------------------------------------------
 
@@ -254,8 +212,8 @@ class H1Shell(asyncio.Protocol):
         high = conn.limits.max_body_buffer
         self._transport.set_write_buffer_limits(high, high // 4)
         self.machine = H1Machine(
-            self, conn.limits, Recorder(conn.metrics, conn.labels), tuple(conn.add_headers),
-            conn.accepted_at,
+            self, conn.limits, Recorder(conn.metrics, conn.labels), conn.router,
+            tuple(conn.add_headers), conn.accepted_at,
         )  # fmt: skip
 
     def data_received(self, data: bytes) -> None:
@@ -359,16 +317,29 @@ class H1Shell(asyncio.Protocol):
         if self.machine is not None:
             self.machine.tick()
 
-    def start(self, exchange: Exchange) -> None:
-        # A first attempt, while the task has nothing in hand or queued before it.
-        first = exchange.sends == 0 and exchange.connects == 0 and not exchange.fresh
-        if first and not self._busy and not self._events:
-            try:
-                if self._start_now(exchange):
+    def start(self, exchange: Exchange, step: Step | None) -> None:
+        """Sends the exchange at once when nothing needs waiting (discovery has answered, the
+        pick is immediate, an idle connection is pooled): the common case, with no turn of the
+        task. Else the task carries on. It may run inside a parser callback, so it only ever
+        ends in `attach`: answers are left to the task."""
+        if self._busy or self._events:
+            self._signal((exchange, step))
+            return
+        att = exchange.att
+        try:
+            if step is None:
+                step = att.start()
+                if att.route is not None and self.machine is not None:
+                    self.machine.routed(exchange, att.route)
+            if isinstance(step, Endpoint):
+                self._ex = exchange
+                if self.send_now(step, False):
+                    att.sent()
                     return
-            except Exception:
-                log.exception("routing a request for %r failed", exchange.head.authority)
-        self._signal(exchange)
+        except Exception:
+            log.exception("routing a request for %r failed", exchange.head.authority)
+            step = Answer(502, "routing failed in the proxy")
+        self._signal((exchange, step))
 
     def give_back(self, exchange: Exchange, upstream: H1Upstream, reusable: bool) -> None:
         if reusable and exchange.key is not None:

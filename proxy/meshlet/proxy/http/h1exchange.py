@@ -16,10 +16,11 @@ State, one enum per dimension:
 
 Requests are handled one at a time; pipelined ones (at most MAX_PIPELINED) wait their turn with
 reading paused. Hostile input is answered locally (h1head.py, the parser) and nothing of it is
-forwarded. What follows a failure upstream is `core.failover`'s decision, with the route's retry
-budget asked for retries; a retry resends the request (its body kept, up to REPLAY_LIMIT) to the
-endpoint picked next, and never happens once a response byte went to the client. A route's
-timeout answers 504 and closes the upstream connection (the upstream sees the cancel).
+forwarded. Each request's route, attempts and outcome are its `attempts.Attempts`' (the same
+as HTTP/2's): what follows a failure upstream, retries within the route's budget, the route's
+timeout. A retry resends the request (its body kept, up to REPLAY_LIMIT) to the endpoint picked
+next, and never happens once a response byte went to the client. A route's timeout answers 504
+and closes the upstream connection (the upstream sees the cancel).
 """
 
 from __future__ import annotations
@@ -27,14 +28,20 @@ from __future__ import annotations
 import collections
 import enum
 import logging
-import time
 from typing import Any, Final, Protocol
 
 import httptools
 
-from meshlet.proxy.core.classify import FAILURE
-from meshlet.proxy.core.failover import IDEMPOTENT, Action, Attempt, Decision, Failure, decide
-from meshlet.proxy.http.contract import REPLAY_LIMIT, Endpoint, HttpLimits, RouteError, RouteTarget
+from meshlet.proxy.core.failover import IDEMPOTENT, Failure
+from meshlet.proxy.http.attempts import PASS, Answer, Attempts, Step
+from meshlet.proxy.http.contract import (
+    REPLAY_LIMIT,
+    HttpLimits,
+    Recording,
+    RequestTarget,
+    Router,
+    RouteTarget,
+)
 from meshlet.proxy.http.h1client import H1Upstream
 from meshlet.proxy.http.h1head import (
     MAX_TARGET_BYTES,
@@ -49,14 +56,11 @@ from meshlet.proxy.http.h1head import (
     parse_response,
 )
 from meshlet.proxy.http.h1pool import PoolKey
-from meshlet.proxy.http.recorder import Recorder
 
 log = logging.getLogger(__name__)
 
 MAX_PIPELINED: Final = 16  # complete requests parsed ahead of the one in flight
 LINGER_SECONDS: Final = 2.0  # after refusing a request, its bytes are read and dropped this long
-
-_perf = time.perf_counter
 
 
 class Conn(enum.Enum):
@@ -127,9 +131,9 @@ class Io(Protocol):
         """`tick` is to be called at loop time `when` (replaces an earlier arming; `inf`: not
         at all)."""
 
-    def start(self, exchange: Exchange) -> None:
-        """Route (the first time) and connect `exchange`, then call `attach`, `route_failed`
-        or `connect_failed`."""
+    def start(self, exchange: Exchange, step: Step | None) -> None:
+        """Carry out `step` of the exchange's Attempts (None: its first, `Attempts.start`):
+        route, pick and connect it, then call `routed`, `attach` or `answer`."""
 
     def give_back(self, exchange: Exchange, upstream: H1Upstream, reusable: bool) -> None:
         """The exchange is done with its upstream connection: to the pool, or closed."""
@@ -142,32 +146,23 @@ class Exchange:
     """One request and its response."""
 
     __slots__ = (
+        "att",
         "backlog",
         "backlog_size",
-        "connects",
-        "counted",
-        "deadline",
-        "endpoint",
-        "fresh",
         "head",
         "key",
-        "label",
-        "previous",
         "reparse_body",
         "replay",
         "replay_size",
         "req",
         "resp",
         "response",
-        "route",
-        "sends",
-        "stale_retried",
-        "t0",
         "upstream",
     )
 
-    def __init__(self, head: RequestHead) -> None:
+    def __init__(self, head: RequestHead, att: Attempts) -> None:
         self.head = head
+        self.att = att
         self.req = Req.BODY if head.body is not Body.NONE else Req.COMPLETE
         self.resp = Resp.WAITING
         self.reparse_body = False  # llhttp skipped this body (h2c upgrade): parsed again
@@ -176,30 +171,14 @@ class Exchange:
         # Request bytes sent upstream, kept for a retry (None: not kept, or too many).
         self.replay: list[bytes] | None = None
         self.replay_size = 0
-        self.route: RouteTarget | None = None
-        self.endpoint: Endpoint | None = None
-        self.previous: Endpoint | None = None  # where the last failed attempt went
         self.key: PoolKey | None = None
         self.upstream: H1Upstream | None = None
         self.response: ResponseHead | None = None  # the head relayed to the client
-        self.fresh = False  # the next attempt takes a new connection, not a pooled one
-        self.sends = 0
-        self.connects = 0
-        self.stale_retried = False
-        self.counted = False  # request_total counted
-        self.label = ""
-        self.t0 = 0.0  # perf_counter at routing: latencies
-        self.deadline: float | None = None  # loop time of the route's timeout
 
     @property
-    def attempt(self) -> Attempt:
-        route = self.route
-        return Attempt(
-            sends=self.sends, connects_failed=self.connects, stale_retried=self.stale_retried,
-            replayable=self.replay is not None and self.req is not Req.DISCARD,
-            retryable_route=route is not None and route.policy.retryable,
-            method=self.head.method, responded=self.resp is not Resp.WAITING,
-        )  # fmt: skip
+    def replayable(self) -> bool:
+        """The whole request sent so far is held: it can be sent again."""
+        return self.replay is not None and self.req is not Req.DISCARD
 
     def buffered(self) -> int:
         """Bytes the proxy holds for this exchange: body waiting for an upstream, and the
@@ -218,13 +197,15 @@ class H1Machine:
         self,
         io: Io,
         limits: HttpLimits,
-        recorder: Recorder,
+        recorder: Recording,
+        router: Router,
         add_headers: tuple[Header, ...] = (),
         accepted_at: float | None = None,
     ) -> None:
         self.io = io
         self._limits = limits
         self._recorder = recorder
+        self._router = router
         self._add_headers = add_headers
         self._parser: Any = httptools.HttpRequestParser(self)
         self.conn = Conn.OPEN
@@ -410,7 +391,9 @@ class H1Machine:
             raise Reject(head.status, head.reason)
         if self.current is not None and len(self._queue) >= MAX_PIPELINED:
             raise Reject(503, f"more than {MAX_PIPELINED} pipelined requests; wait for responses")
-        ex = Exchange(head)
+        ex = Exchange(head, Attempts(self._router, self._recorder,
+                                     RequestTarget(head.authority, head.method, head.path),
+                                     self.io.now()))  # fmt: skip
         if head.body is not Body.NONE and not head.upgrade and parser.should_upgrade():
             ex.reparse_body = True
         self._parsing = self._last = ex
@@ -418,7 +401,7 @@ class H1Machine:
             self.current = ex
             if self._limits.stream_idle_timeout is not None:
                 self._arm_sooner()
-            self.io.start(ex)
+            self.io.start(ex, None)
         else:
             self._queue.append(ex)
 
@@ -531,63 +514,25 @@ class H1Machine:
     # -- routing and connecting (reported by the shell) ------------------------------------
 
     def routed(self, ex: Exchange, route: RouteTarget) -> None:
-        """The exchange's route is known: its budget counts the request; its timeout starts."""
-        ex.route = route
-        ex.t0 = _perf()
+        """The exchange's route is known: its timeout is armed; the body is kept for a replay
+        when the route retries, or the method is idempotent."""
         policy = route.policy
-        if route.budget is not None:
-            route.budget.deposit(time.monotonic())
-        if policy.timeout is not None:
-            ex.deadline = self.io.now() + policy.timeout
         if (policy.timeout is not None or policy.idle_timeout is not None) and ex is self.current:
             self._arm_sooner()
         if policy.retryable or ex.head.method in IDEMPOTENT:
             ex.replay = []
 
-    def picked(self, ex: Exchange, endpoint: Endpoint) -> None:
-        ex.endpoint = endpoint
-        if not ex.counted:
-            ex.counted = True
-            ex.label = endpoint.authority_label
-            self._recorder.request(endpoint.authority_label, endpoint, ex.route)
-
-    def route_failed(self, ex: Exchange, error: RouteError) -> None:
-        if not ex.counted:
-            ex.counted = True
-            ex.label = ex.route.dst if ex.route is not None else ""
-            if not ex.label and ex.head.authority:
-                ex.label = self._recorder.metrics.authority_label(ex.head.authority)
-            self._recorder.request(ex.label, None, ex.route)
-        if ex.t0 == 0.0:
-            ex.t0 = _perf()
-        self._answer(ex, error.status, error.reason)
-        self.flush()
-
-    def connect_failed(self, ex: Exchange, failure: Failure, reason: str) -> bool:
-        """Whether to try again (the shell picks again and connects); else answered."""
-        ex.connects += 1
+    def answer(self, ex: Exchange, status: int, reason: str) -> None:
+        """The proxy answers the exchange itself (it cannot be routed, or its connections
+        failed)."""
         if self.abandoned(ex):
-            return False
-        decision = decide(failure, ex.attempt)
-        endpoint = ex.endpoint
-        if endpoint is not None and endpoint.lease is not None:
-            # Nothing was sent: the balancer skips that endpoint for a while.
-            endpoint.lease.failed()
-            if decision.action is Action.RETRY:
-                ex.previous, ex.endpoint = endpoint, None
-                return True
-        decision = decision.otherwise or decision  # a fixed endpoint: nowhere else to try
-        self._answer(ex, decision.status, reason)
+            return
+        self._answer(ex, status, reason)
         self.flush()
-        return False
 
     def attach(self, ex: Exchange, upstream: H1Upstream, key: PoolKey) -> None:
         """`upstream` takes the request: its head and the body read so far go out."""
         ex.upstream, ex.key = upstream, key
-        ex.sends += 1
-        ex.fresh = False
-        if ex.route is not None:
-            self._recorder.attempt(ex.route)
         upstream.begin(self, ex.head.head_only)
         if self._write_paused:
             upstream.pause_reading()
@@ -620,17 +565,16 @@ class H1Machine:
             self._drop_upstream(ex)
             self._answer(ex, head.status, head.reason)
             return None
-        route = ex.route
-        if route is not None:
-            classification = self._recorder.attempt_response(route, status, None)
-            if classification == FAILURE and self._retry(ex, Failure.STATUS):
-                return None
+        att = ex.att
+        now = self.io.now()
+        step = att.response(status, None, ex.replayable, now)
+        if step is not PASS:
+            self._retry(ex, step)
+            return None
         ex.response = head
         ex.resp = Resp.STREAMING
         ex.replay = None  # answered: never sent again
-        ex.deadline = None
-        if ex.endpoint is not None and ex.endpoint.lease is not None:
-            ex.endpoint.lease.responded()
+        att.responded(now)
         if head.close:
             self.conn = Conn.CLOSE_AFTER if self.conn is Conn.OPEN else self.conn
         self._out.append(head.head)
@@ -684,18 +628,20 @@ class H1Machine:
         self._resume_reading(Pause.UPSTREAM_FULL)
         if ex.resp is Resp.STREAMING:  # mid-response: the client must see it cut, not complete
             _release(ex)
-            log.debug("upstream %s failed mid-response: %s", ex.endpoint, exc)
+            log.debug("upstream %s failed mid-response: %s", ex.att.endpoint, exc)
             ex.response = None
             self._abort()
             return
-        stale = upstream.reused and not got_bytes
-        if self._retry(ex, Failure.STALE if stale else Failure.RESET):
+        failure = Failure.STALE if upstream.reused and not got_bytes else Failure.RESET
+        step = ex.att.failed(failure, ex.replayable, False, self.io.now())
+        if not isinstance(step, Answer):
+            self._retry(ex, step)
             return
         if exc is None:
             why = "the upstream closed the connection before responding"
         else:
             why = f"the upstream connection failed before responding: {exc}"
-        self._answer(ex, 502, why)
+        self._answer(ex, step.status, why)
 
     def upstream_pause_writing(self) -> None:
         self._pause_reading(Pause.UPSTREAM_FULL)
@@ -713,33 +659,14 @@ class H1Machine:
 
     # -- retries and timeouts ------------------------------------------------------------
 
-    def _decision(self, ex: Exchange, failure: Failure) -> Decision:
-        decision = decide(failure, ex.attempt)
-        route = ex.route
-        budget = route.budget if route is not None else None
-        if decision.budgeted and budget is not None and not budget.withdraw(time.monotonic()):
-            assert route is not None and decision.otherwise is not None
-            self._recorder.retry_skipped(route)
-            decision = decision.otherwise
-        return decision
-
-    def _retry(self, ex: Exchange, failure: Failure) -> bool:
-        """Sends the request again when the failover policy (and the budget) say so."""
-        decision = self._decision(ex, failure)
-        if decision.action not in (Action.RETRY, Action.RETRY_SAME):
-            return False
+    def _retry(self, ex: Exchange, step: Step) -> None:
+        """Sends the request again as its Attempts say: to another endpoint, or (AGAIN) to the
+        same one on a new connection."""
         self._drop_upstream(ex)
-        if decision.action is Action.RETRY_SAME:
-            ex.stale_retried = True
-            ex.fresh = True  # a new connection to the same endpoint
-        else:
-            _release(ex)  # routed again: a new lease, on another endpoint when one is left
-            ex.previous, ex.endpoint = ex.endpoint, None
         replay = ex.replay or []
         ex.backlog, ex.backlog_size = [*replay, *ex.backlog], ex.replay_size + ex.backlog_size
         ex.replay, ex.replay_size = [], 0
-        self.io.start(ex)
-        return True
+        self.io.start(ex, step)
 
     def _drop_upstream(self, ex: Exchange) -> None:
         if ex.upstream is not None:
@@ -747,11 +674,9 @@ class H1Machine:
             ex.upstream = None
 
     def _timed_out(self, ex: Exchange) -> None:
-        route = ex.route
-        timeout = route.policy.timeout if route is not None else None
         self._drop_upstream(ex)  # the upstream sees its connection closed: the cancel
-        decision = decide(Failure.TIMEOUT, ex.attempt)  # no response yet: ANSWER 504
-        self._answer(ex, decision.status, f"the route's timeout of {timeout:g}s passed")
+        answer = ex.att.timed_out()  # no response yet: 504
+        self._answer(ex, answer.status, answer.reason)
 
     # -- ends of exchanges ---------------------------------------------------------------
 
@@ -765,11 +690,11 @@ class H1Machine:
         )
         close = self._draining or self._eof or not head.keep_alive or head.upgrade or not drainable
         self._out.append(local_response(status, reason, close=close, http10=head.http10))
+        ex.att.answered(self.io.now())
         self._count_response(ex, status)
         self._recorder.error(str(status))
         _release(ex)
         ex.resp = Resp.DONE
-        ex.deadline = None
         ex.backlog, ex.backlog_size = [], 0
         ex.replay = None
         self._resume_reading(Pause.BACKLOG)
@@ -797,8 +722,9 @@ class H1Machine:
         if self._queue:
             nxt = self._queue.popleft()
             self.current = nxt
+            nxt.att.arrived = self.io.now()  # its turn: taken now, as HTTP/2's on arrival
             self._arm_sooner()
-            self.io.start(nxt)
+            self.io.start(nxt, None)
             if nxt.req is Req.COMPLETE:
                 return
         elif self._pending_reject is not None:
@@ -891,7 +817,8 @@ class H1Machine:
                 self.flush()
                 return
         else:
-            if cur.deadline is not None and cur.resp is Resp.WAITING and now >= cur.deadline:
+            deadline = cur.att.deadline
+            if deadline is not None and cur.resp is Resp.WAITING and now >= deadline:
                 self._timed_out(cur)
                 self.flush()
                 if self._closed():
@@ -912,8 +839,9 @@ class H1Machine:
             deadline = self._head_deadline
             return at if deadline is None else min(at, deadline)
         at = float("inf")
-        if cur.deadline is not None and cur.resp is Resp.WAITING:
-            at = cur.deadline
+        deadline = cur.att.deadline
+        if deadline is not None and cur.resp is Resp.WAITING:
+            at = deadline
         idle = _stream_idle(cur, limits)
         if idle is not None:
             at = min(at, self._last_io + idle)
@@ -948,13 +876,12 @@ class H1Machine:
     # -- metrics ---------------------------------------------------------------------------
 
     def _count_response(self, ex: Exchange, status: int) -> None:
-        latency = (_perf() - ex.t0) * 1000.0 if ex.t0 else None
-        self._recorder.response(ex.label, ex.endpoint, ex.route, status, None, latency)
+        ex.att.record(status)
 
 
 def _stream_idle(ex: Exchange, limits: HttpLimits) -> float | None:
     """How long `ex` may stay quiet: its route's idle timeout, else the workload's."""
-    route = ex.route
+    route = ex.att.route
     if route is not None and route.policy.idle_timeout is not None:
         return route.policy.idle_timeout
     return limits.stream_idle_timeout
@@ -962,10 +889,10 @@ def _stream_idle(ex: Exchange, limits: HttpLimits) -> float | None:
 
 def _from_peer_proxy(ex: Exchange) -> bool:
     """Whether `ex`'s upstream is a meshed peer's proxy (reached over mTLS)."""
-    return ex.endpoint is not None and ex.endpoint.connect is not None
+    endpoint = ex.att.endpoint
+    return endpoint is not None and endpoint.connect is not None
 
 
 def _release(ex: Exchange) -> None:
     """Tells the balancer the request is over (a no-op without a lease, or when repeated)."""
-    if ex.endpoint is not None and ex.endpoint.lease is not None:
-        ex.endpoint.lease.release()
+    ex.att.release()

@@ -2,7 +2,8 @@
 
 `serve_h2(conn, pool)` serves one accepted connection; `H2Pool` holds the upstream connections
 (one multiplexed HTTP/2 connection per endpoint) and is made once by the application and passed
-to every call. The engine's modules, top-down:
+to every call. Each request's route, attempts and outcome are `attempts.Attempts`'s; the
+engine's modules, top-down:
 
 - `h2server`: the downstream side of a connection, its limits and its abuse guards;
 - `h2stream`: one request relayed to an upstream stream and its response back;
@@ -12,7 +13,7 @@ to every call. The engine's modules, top-down:
 """
 
 from meshlet.proxy.http.h2guard import GuardLimits
-from meshlet.proxy.http.h2pool import ConnectFailed, H2Pool
+from meshlet.proxy.http.h2pool import H2Pool
 from meshlet.proxy.http.h2server import serve_h2
 
-__all__ = ["ConnectFailed", "GuardLimits", "H2Pool", "serve_h2"]
+__all__ = ["GuardLimits", "H2Pool", "serve_h2"]

@@ -135,7 +135,7 @@ class H2Client(Peer):
         stream = self.streams.get(sid)
         if stream is None:
             return
-        endpoint = stream.endpoint  # a peer proxy's own error headers are kept (inlined)
+        endpoint = stream.att.endpoint  # a peer proxy's own error headers are kept (inlined)
         response = read_response(headers, endpoint is not None and endpoint.connect is not None)
         if isinstance(response, Malformed):
             self.reset(sid, ErrorCode.PROTOCOL_ERROR)

@@ -12,10 +12,10 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from types import TracebackType
-from typing import Final
 
+from meshlet.proxy.core.failover import Failure
+from meshlet.proxy.http.attempts import Failed
 from meshlet.proxy.http.contract import Addr, Connect, HttpLimits
 from meshlet.proxy.http.h2client import H2Client
 from meshlet.proxy.http.h2guard import GuardLimits
@@ -25,17 +25,6 @@ from meshlet.proxy.metrics import TcpConn
 PoolKey = tuple[Connect, Addr]  # how (the connector) and where
 
 log = logging.getLogger(__name__)
-
-_MAX_DIALS: Final = 3  # connections opened for one stream before giving up
-
-
-@dataclass(frozen=True, slots=True)
-class ConnectFailed:
-    reason: str
-    timed_out: bool = False  # by the connect timeout (504 when given up), else refused (502)
-    # Connected, but the upstream allowed no stream (MAX_CONCURRENT_STREAMS 0) for the
-    # connect timeout (503 when given up).
-    no_streams: bool = False
 
 
 class H2Pool:
@@ -50,7 +39,7 @@ class H2Pool:
         self._guard = guard or GuardLimits()
         # Keyed by how and where: an endpoint reached over the mesh has its own connector.
         self._clients: dict[PoolKey, H2Client] = {}
-        self._connecting: dict[PoolKey, asyncio.Task[H2Client | ConnectFailed]] = {}
+        self._connecting: dict[PoolKey, asyncio.Task[H2Client | Failed]] = {}
         self._keys: dict[H2Client, PoolKey] = {}
 
     async def __aenter__(self) -> H2Pool:
@@ -90,20 +79,23 @@ class H2Pool:
         stream: ProxyStream,
         connect: Connect | None = None,
         tcp: Callable[[], TcpConn] = TcpConn.uncounted,
-    ) -> ConnectFailed | None:
+    ) -> Failed | None:
         """Opens `stream` upstream on the connection to `addr` (made with `connect`, by default
         the pool's, and counted by what `tcp` makes), connecting when there is none and waiting
-        while the upstream's concurrency limit is reached."""
+        while the upstream's concurrency limit is reached. A connection made for it that closes
+        before the stream is opened fails like a refused one (the request's Attempts decide
+        whether to try again)."""
         key = (connect or self._connect, addr)
-        dials = 0
+        dialed = False
         while not stream.closed:
             client = self._clients.get(key)
             if client is None or not client.usable:
-                if dials == _MAX_DIALS:
-                    return ConnectFailed(f"connections to {addr[0]}:{addr[1]} keep closing")
-                dials += 1
+                if dialed:
+                    why = f"the connection to {addr[0]}:{addr[1]} closed at once"
+                    return Failed(Failure.CONNECT, why)
+                dialed = True
                 got = await self._client(key, tcp)
-                if isinstance(got, ConnectFailed):
+                if isinstance(got, Failed):
                     return got
                 continue
             if client.open(stream):
@@ -118,14 +110,14 @@ class H2Pool:
                     while client.usable and client.h2.peer_max_streams == 0:
                         await client.slot()
             if client.usable and client.h2.peer_max_streams == 0:
-                return ConnectFailed(
+                return Failed(
+                    Failure.REFUSED,
                     f"{addr[0]}:{addr[1]} allows no HTTP/2 stream"
                     " (SETTINGS_MAX_CONCURRENT_STREAMS 0)",
-                    no_streams=True,
                 )
         return None
 
-    async def _client(self, key: PoolKey, tcp: Callable[[], TcpConn]) -> H2Client | ConnectFailed:
+    async def _client(self, key: PoolKey, tcp: Callable[[], TcpConn]) -> H2Client | Failed:
         task = self._connecting.get(key)
         if task is None:
             task = asyncio.create_task(self._dial(key, tcp()))  # owned: `aclose` ends it
@@ -133,13 +125,13 @@ class H2Pool:
         # One waiter's cancellation (its client went away) must not cancel the shared attempt.
         return await asyncio.shield(task)
 
-    async def _dial(self, key: PoolKey, tcp: TcpConn) -> H2Client | ConnectFailed:
+    async def _dial(self, key: PoolKey, tcp: TcpConn) -> H2Client | Failed:
         try:
             return await self._handshake(key, tcp)
         finally:
             self._connecting.pop(key, None)
 
-    async def _handshake(self, key: PoolKey, tcp: TcpConn) -> H2Client | ConnectFailed:
+    async def _handshake(self, key: PoolKey, tcp: TcpConn) -> H2Client | Failed:
         """Connects, then waits for the upstream's SETTINGS (its stream limit, its windows)."""
         connect, addr = key
         limits, guard = self._limits, self._guard
@@ -155,8 +147,8 @@ class H2Pool:
         except Exception as exc:  # refused, timed out, TLS failed: all mean "unreachable"
             log.info("connect to %s failed: %r", where, exc)
             if isinstance(exc, TimeoutError):
-                return ConnectFailed(f"connecting to {where} timed out", timed_out=True)
-            return ConnectFailed(f"connect to {where} failed: {str(exc) or repr(exc)}")
+                return Failed(Failure.CONNECT_TIMEOUT, f"connecting to {where} timed out")
+            return Failed(Failure.CONNECT, f"connect to {where} failed: {str(exc) or repr(exc)}")
         assert isinstance(protocol, H2Client)  # our factory's
         tcp.open()
         try:
@@ -164,11 +156,10 @@ class H2Pool:
                 await protocol.settled
         except TimeoutError:
             protocol.close()
-            return ConnectFailed(
-                f"{where} sent no HTTP/2 SETTINGS in {limits.connect_timeout}s", timed_out=True
-            )
+            why = f"{where} sent no HTTP/2 SETTINGS in {limits.connect_timeout}s"
+            return Failed(Failure.CONNECT_TIMEOUT, why)
         if not protocol.usable:
-            return ConnectFailed(f"connection to {where} failed at once")
+            return Failed(Failure.CONNECT, f"connection to {where} failed at once")
         self._clients[key] = protocol
         self._keys[protocol] = key
         return protocol

@@ -14,12 +14,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final
 
-from meshlet.proxy.core.failover import Action, Attempt, Failure, decide
-from meshlet.proxy.http.contract import Endpoint, HttpConn, RequestTarget, RouteError, RouteTarget
+from meshlet.proxy.http.attempts import Attempts, Step, advance, advance_now, begin
+from meshlet.proxy.http.contract import Endpoint, HttpConn, RequestTarget
 from meshlet.proxy.http.h2codec import ErrorCode, Header, ProtocolError, error_name
 from meshlet.proxy.http.h2conn import Peer
 from meshlet.proxy.http.h2guard import Guard, GuardLimits
@@ -28,6 +28,9 @@ from meshlet.proxy.http.h2pool import H2Pool
 from meshlet.proxy.http.h2stream import ProxyStream
 from meshlet.proxy.http.recorder import Recorder
 from meshlet.proxy.tls.transport import tls_accept
+
+if TYPE_CHECKING:
+    from meshlet.proxy.metrics import TcpConn
 
 log = logging.getLogger(__name__)
 
@@ -197,20 +200,23 @@ class H2Server(Peer):
             self.count_error(ErrorCode.PROTOCOL_ERROR)
             self._refuse(sid, ErrorCode.PROTOCOL_ERROR)
             return
-        stream = ProxyStream(self, sid, request, self.loop.time())
+        att = Attempts(self.conn.router, self.recorder,
+                       RequestTarget(request.authority, request.method, request.path),
+                       self.loop.time())  # fmt: skip
+        stream = ProxyStream(self, sid, request, att)
         stream.req.ended = end
         self.streams[sid] = stream
         idle = self.conn.limits.stream_idle_timeout
         if idle is not None:
             self.watch_idle(idle)
         try:
-            picked = self._forward_now(stream)
+            rest = begin(att, stream)
         except Exception:
             log.exception("forwarding stream %d failed", sid)
             stream.answer(502, "proxy error")
             return
-        if picked is not None:
-            self.forward(stream, picked or None)
+        if rest is not None:
+            self._advance(stream, rest)
 
     def on_data(self, sid: int, data: bytes, flow_len: int, end: bool) -> None:
         if not data and not end:
@@ -272,127 +278,37 @@ class H2Server(Peer):
 
     # -- streams --
 
-    def _forward_now(self, stream: ProxyStream) -> Endpoint | Literal[False] | None:
-        """Routes `stream` and opens it upstream at once when nothing needs waiting (discovery
-        has answered, the pick is immediate, the endpoint's connection has a free stream): the
-        common case, and it needs no task. Returns None when done (sent, or answered), else
-        what `forward` starts from: the endpoint picked, to connect to (False: none yet)."""
-        route = stream.route
-        if route is None:
-            request = stream.request
-            routed = self.conn.router.route_now(
-                RequestTarget(request.authority, request.method, request.path)
-            )
-            if routed is None:
-                return False
-            if isinstance(routed, RouteError):
-                self._unroutable(stream, routed)
-                return None
-            stream.routed(routed)
-            route = routed
-        target = route.endpoints.pick_now(stream.endpoint)  # where a retry's last try went
-        if target is None:
-            return False
-        if isinstance(target, RouteError):
-            self._unpicked(stream, route, target)
-            return None
-        self._picked(stream, route, target)
-        if not self.pool.open_now(target.addr, stream, target.connect):
-            return target
-        stream.sends += 1
-        self.recorder.attempt(route)
-        return None
-
-    def forward(self, stream: ProxyStream, picked: Endpoint | None = None) -> None:
-        """Routes `stream` (once) and opens it upstream (at `picked`, when given), in a task
-        this connection owns."""
-        if self.closed:
-            if picked is not None and picked.lease is not None:
-                picked.lease.release()
-            return
-        stream.task = task = self._tasks.create_task(self._forward(stream, picked))
-        self._forwarding.add(task)
-        task.add_done_callback(self._forwarding.discard)
-
-    def _unroutable(self, stream: ProxyStream, error: RouteError) -> None:
-        authority = self.conn.metrics.authority_label(stream.request.authority or "")
-        self.recorder.request(authority, None, None)
-        stream.counted = True
-        stream.answer(error.status, error.reason)
-
-    def _unpicked(self, stream: ProxyStream, route: RouteTarget, error: RouteError) -> None:
-        if not stream.counted:
-            self.recorder.request(route.dst, None, route)
-            stream.counted = True
-        stream.answer(error.status, error.reason)
-
-    def _picked(self, stream: ProxyStream, route: RouteTarget, target: Endpoint) -> None:
-        if not stream.counted:
-            self.recorder.request(target.authority_label, target, route)
-            stream.counted = True
-        stream.endpoint = target
-
-    async def _forward(self, stream: ProxyStream, picked: Endpoint | None) -> None:
-        """Routes the stream (once) and sends it to the endpoint picked for this attempt;
-        connections that fail before anything was sent are tried elsewhere as the failover
-        policy says."""
-        conn = self.conn
-        request = stream.request
+    def forward(self, stream: ProxyStream, step: Step) -> None:
+        """Sends `stream` again as its Attempts say (a retry): at once when nothing needs
+        waiting, else in a task this connection owns."""
         try:
-            route = stream.route
-            if route is None:
-                routed = await conn.router.route(
-                    RequestTarget(request.authority, request.method, request.path)
-                )
-                if _gone(stream):
-                    return
-                if isinstance(routed, RouteError):
-                    self._unroutable(stream, routed)
-                    return
-                stream.routed(routed)
-                route = routed
-            while True:
-                if picked is not None:
-                    target: Endpoint | RouteError = picked
-                    picked = None
-                else:
-                    target = await route.endpoints.pick(stream.endpoint)
-                if _gone(stream):
-                    if not isinstance(target, RouteError) and target.lease is not None:
-                        target.lease.release()
-                    return
-                if isinstance(target, RouteError):
-                    self._unpicked(stream, route, target)
-                    return
-                self._picked(stream, route, target)
-                failed = await self.pool.open(target.addr, stream, target.connect,
-                                              partial(conn.metrics.dst_conn, self._direction,
-                                                      target.addr, target.labels))  # fmt: skip
-                if failed is None:
-                    stream.sends += 1
-                    self.recorder.attempt(route)
-                    return
-                if stream.closed:
-                    return
-                stream.connects += 1
-                if target.lease is not None:
-                    target.lease.failed()  # the balancer skips that endpoint for a while
-                attempt = Attempt(sends=stream.sends, connects_failed=stream.connects,
-                                  stale_retried=False, replayable=True, retryable_route=False,
-                                  method=request.method, responded=False)  # fmt: skip
-                failure = (
-                    Failure.REFUSED if failed.no_streams
-                    else Failure.CONNECT_TIMEOUT if failed.timed_out else Failure.CONNECT
-                )  # fmt: skip
-                decision = decide(failure, attempt)
-                if target.lease is None or decision.action is not Action.RETRY:
-                    decision = decision.otherwise or decision  # nowhere else to try
-                    stream.answer(decision.status, failed.reason)
-                    return
-                # Nothing was sent anywhere: route it again, maybe to another endpoint.
+            rest = advance_now(stream.att, stream, step)
         except Exception:
             log.exception("forwarding stream %d failed", stream.down_id)
             stream.answer(502, "proxy error")
+            return
+        if rest is not None:
+            self._advance(stream, rest)
+
+    def _advance(self, stream: ProxyStream, step: Step) -> None:
+        if self.closed:
+            stream.att.release()
+            return
+        stream.task = task = self._tasks.create_task(self._carry(stream, step))
+        self._forwarding.add(task)
+        task.add_done_callback(self._forwarding.discard)
+
+    async def _carry(self, stream: ProxyStream, step: Step) -> None:
+        try:
+            await advance(stream.att, stream, step, self.loop.time)
+        except Exception:
+            log.exception("forwarding stream %d failed", stream.down_id)
+            stream.answer(502, "proxy error")
+
+    def upstream_counts(self, endpoint: Endpoint) -> Callable[[], TcpConn]:
+        """What counts a new upstream connection to `endpoint`."""
+        return partial(self.conn.metrics.dst_conn, self._direction, endpoint.addr,
+                       endpoint.labels)  # fmt: skip
 
     def forget(self, stream: ProxyStream) -> None:
         self.streams.pop(stream.down_id, None)
@@ -510,21 +426,3 @@ class H2Server(Peer):
         code name for resets and GOAWAYs)."""
         label = error_name(status).lower() if isinstance(status, ErrorCode) else str(status)
         self.recorder.error(label)
-
-    def record(self, stream: ProxyStream, failed: bool) -> None:
-        endpoint = stream.endpoint
-        route = stream.route
-        authority = (
-            endpoint.authority_label
-            if endpoint is not None
-            else route.dst
-            if route is not None
-            else self.conn.metrics.authority_label(stream.request.authority or "")
-        )
-        self.recorder.response(authority, endpoint, route, stream.status, stream.grpc_status,
-                               stream.latency_ms, failed)  # fmt: skip
-
-
-def _gone(stream: ProxyStream) -> bool:
-    """Whether the stream closed (read after an await: it may have closed meanwhile)."""
-    return stream.closed

@@ -11,13 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from meshlet.proxy.core.classify import FAILURE
-from meshlet.proxy.core.failover import Action, Attempt, Decision, Failure, decide
+from meshlet.proxy.core.failover import Failure
+from meshlet.proxy.http.attempts import (
+    PASS,
+    REFUSE,
+    Answer,
+    Attempts,
+    Failed,
+    Step,
+)
 from meshlet.proxy.http.contract import MAX_INFORMATIONAL, REPLAY_LIMIT, Endpoint, RouteTarget
 from meshlet.proxy.http.h2codec import ErrorCode, StreamClosed, error_name
 from meshlet.proxy.http.h2conn import MAX_RTT, MIN_RTT, Peer
@@ -111,18 +117,16 @@ class Pipe:
 
 
 class ProxyStream:
-    """A downstream stream and the upstream stream it is relayed to."""
+    """A downstream stream and the upstream stream it is relayed to: for its request's
+    `Attempts`, the `Upstream` that sends it."""
 
     __slots__ = (
+        "att",
         "client",
         "closed",
-        "connects",
-        "counted",
         "down_id",
-        "endpoint",
         "grpc_status",
         "informational",
-        "latency_ms",
         "moved",
         "moved_seen",
         "quiet_since",
@@ -133,8 +137,6 @@ class ProxyStream:
         "resp",
         "resp_left",
         "responded",
-        "route",
-        "sends",
         "sent_at",
         "server",
         "started",
@@ -145,11 +147,12 @@ class ProxyStream:
         "up_id",
     )
 
-    def __init__(self, server: H2Server, down_id: int, request: Request, started: float) -> None:
+    def __init__(self, server: H2Server, down_id: int, request: Request, att: Attempts) -> None:
         self.server = server
         self.down_id = down_id
         self.request = request
-        self.started = started
+        self.att = att
+        self.started = att.arrived
         self.client: H2Client | None = None
         self.up_id = 0
         self.req = Pipe()  # downstream → upstream
@@ -159,45 +162,47 @@ class ProxyStream:
         self.req_left = request.length
         self.resp_left = -1
         self.informational = 0  # 1xx heads relayed
-        self.endpoint: Endpoint | None = None
-        self.route: RouteTarget | None = None
-        self.counted = False  # request_total counted
-        self.sends = 0  # times the request was sent upstream (its head at least)
         self.sent_at = 0.0  # loop time the request's head last went upstream
-        self.connects = 0  # connections that failed before anything was sent
         self.timer: asyncio.TimerHandle | None = None  # the route's timeout
         self.req_sent = 0  # request body bytes given to the current upstream stream
         self.responded = False  # a final response head went downstream
         self.up_closed = False  # the upstream stream takes no more request bytes
         self.status = 0
         self.grpc_status: str | None = None
-        self.latency_ms: float | None = None
         self.closed = False
         self.task: asyncio.Task[None] | None = None  # routing and opening it upstream
         # Body bytes moved either way so far; what the last idle check saw, and since when.
         self.moved = 0
         self.moved_seen = 0
-        self.quiet_since = started
+        self.quiet_since = att.arrived
+
+    # -- attempts.Upstream: what the request's Attempts has done --
+
+    def gone(self) -> bool:
+        return self.closed
 
     def routed(self, route: RouteTarget) -> None:
-        """The request's route is known: its budget counts the request, its timeout starts
-        (from the request's arrival), and the body given upstream is kept for a replay (up
-        to REPLAY_LIMIT): a stream the upstream refuses, or its GOAWAY excludes, was never
-        processed and is sent again whatever its method; the failover policy decides the
-        rest."""
-        self.route = route
-        policy = route.policy
-        if policy.idle_timeout is not None:
-            self.server.watch_idle(policy.idle_timeout)
-        if route.budget is not None:
-            route.budget.deposit(time.monotonic())
-        if policy.timeout is not None:
-            self.timer = self.server.loop.call_at(self.started + policy.timeout, self._timed_out)
+        """The request's route is known: its timeout is armed, and the body given upstream is
+        kept for a replay (up to REPLAY_LIMIT): a stream the upstream refuses, or its GOAWAY
+        excludes, was never processed and is sent again whatever its method; the failover
+        policy decides the rest."""
+        if route.policy.idle_timeout is not None:
+            self.server.watch_idle(route.policy.idle_timeout)
+        deadline = self.att.deadline
+        if deadline is not None:
+            self.timer = self.server.loop.call_at(deadline, self._timed_out)
         self.req.kept = []
+
+    def send_now(self, endpoint: Endpoint, fresh: bool) -> bool:
+        return self.server.pool.open_now(endpoint.addr, self, endpoint.connect)
+
+    async def send(self, endpoint: Endpoint, fresh: bool) -> Failed | None:
+        return await self.server.pool.open(endpoint.addr, self, endpoint.connect,
+                                           self.server.upstream_counts(endpoint))  # fmt: skip
 
     def from_peer_proxy(self) -> bool:
         """Whether the upstream is a meshed peer's proxy (reached over mTLS)."""
-        endpoint = self.endpoint
+        endpoint = self.att.endpoint
         return endpoint is not None and endpoint.connect is not None
 
     # -- downstream events (H2Server) --
@@ -282,24 +287,18 @@ class ProxyStream:
             if end and response.length > 0:
                 self.malformed_response("a response without the body its content-length says")
                 return
-        route = self.route
-        if route is not None:
-            recorder = self.server.recorder
-            classification = recorder.attempt_response(route, response.status,
-                                                       response.grpc_status)  # fmt: skip
-            if classification == FAILURE:
-                decision = self._decision(Failure.STATUS)
-                if decision.action is Action.RETRY:
-                    self._retry()
-                    return
+        att = self.att
+        now = self.server.loop.time()
+        step = att.response(response.status, response.grpc_status, self.req.kept is not None, now)
+        if step is not PASS:
+            self._retry(step)
+            return
         self.responded = True
         self.moved += 1
         self._stop_timer()
-        if self.endpoint is not None and self.endpoint.lease is not None:
-            self.endpoint.lease.responded()
+        att.responded(now)
         self.status = response.status
         self.grpc_status = response.grpc_status
-        self.latency_ms = (self.server.loop.time() - self.started) * 1000.0
         if not self._send_head(response.headers, end):
             return
         if end:
@@ -364,63 +363,42 @@ class ProxyStream:
             self._close(failed=True)
         elif unprocessed:
             # The upstream never acted on it: as a connection that failed, nothing was sent.
-            self.connects += 1
-            attempt = self._attempt()
             replayable = self.req_sent == 0 or self.req.kept is not None
-            if replayable and decide(Failure.CONNECT, attempt).action is Action.RETRY:
-                self._retry()
-            else:
+            step = self.att.unprocessed(replayable)
+            if step is REFUSE:
                 self._detach()
                 self.server.reset(self.down_id, ErrorCode.REFUSED_STREAM)
                 self._close()
+            else:
+                self._retry(step)
         else:
             self._after_reset(reason)
 
     def _after_reset(self, reason: str) -> None:
         """The upstream failed after the request was sent, before any response byte."""
-        if self._decision(Failure.RESET).action is Action.RETRY:
-            self._retry()
+        now = self.server.loop.time()
+        step = self.att.failed(Failure.RESET, self.req.kept is not None, False, now)
+        if isinstance(step, Answer):
+            self._detach()
+            self.answer(step.status, reason)
             return
-        self._detach()
-        self.answer(502, reason)
+        self._retry(step)
 
     # -- retries and timeouts --
 
-    def _attempt(self) -> Attempt:
-        route = self.route
-        return Attempt(
-            sends=self.sends, connects_failed=self.connects, stale_retried=False,
-            replayable=self.req.kept is not None,
-            retryable_route=route is not None and route.policy.retryable,
-            method=self.request.method, responded=self.responded,
-        )  # fmt: skip
-
-    def _decision(self, failure: Failure) -> Decision:
-        """The failover policy's decision, with the route's budget asked for a retry."""
-        decision = decide(failure, self._attempt())
-        route = self.route
-        budget = route.budget if route is not None else None
-        if decision.budgeted and budget is not None and not budget.withdraw(time.monotonic()):
-            assert route is not None and decision.otherwise is not None
-            self.server.recorder.retry_skipped(route)
-            decision = decision.otherwise
-        return decision
-
-    def _retry(self) -> None:
-        """Sends the request again, from the start, to the endpoint picked next (the upstream
-        stream it was on is cancelled: that upstream sees a RST_STREAM)."""
+    def _retry(self, step: Step) -> None:
+        """Sends the request again, from the start, as `step` says (the upstream stream it was
+        on is cancelled: that upstream sees a RST_STREAM)."""
         client = self.client
         if client is not None:
             client.reset(self.up_id, ErrorCode.CANCEL)
             client.flush_soon()
         self._detach()
-        if self.endpoint is not None and self.endpoint.lease is not None:
-            self.endpoint.lease.release()  # routed again: a new lease
         self.req.replay()
         self.req_sent = 0
         self.up_closed = False
         self.resp = Pipe()
-        self.server.forward(self)
+        self.server.forward(self, step)
 
     def _timed_out(self) -> None:
         self.timer = None
@@ -433,11 +411,8 @@ class ProxyStream:
         elif self.task is not None:
             self.task.cancel()  # still routing or connecting
         self._detach()
-        route = self.route
-        timeout = route.policy.timeout if route is not None else None
-        decision = decide(Failure.TIMEOUT, self._attempt())  # no response yet: ANSWER 504
-        why = f"the route's timeout of {timeout:g}s passed" if timeout else "the timeout passed"
-        self.answer(decision.status, why, grpc_status=GRPC_DEADLINE_EXCEEDED)
+        answer = self.att.timed_out()  # no response yet: 504
+        self.answer(answer.status, answer.reason, grpc_status=GRPC_DEADLINE_EXCEEDED)
 
     def malformed_request(self, reason: str) -> None:
         """The client's request broke HTTP/2's message rules (a body that does not add up to its
@@ -459,7 +434,7 @@ class ProxyStream:
         with the response begun, a reset: never a body passed off as whole."""
         if self.closed:
             return
-        log.info("upstream %s: malformed response on stream %d: %s", self.endpoint, self.up_id,
+        log.info("upstream %s: malformed response on stream %d: %s", self.att.endpoint, self.up_id,
                  reason)  # fmt: skip
         client = self.client
         if client is not None:
@@ -485,7 +460,7 @@ class ProxyStream:
     def idle_timeout(self) -> float | None:
         """How long the stream may stay quiet: its route's idle timeout, else the
         workload's (None: no limit, the default)."""
-        route = self.route
+        route = self.att.route
         if route is not None and route.policy.idle_timeout is not None:
             return route.policy.idle_timeout
         return self.server.conn.limits.stream_idle_timeout
@@ -585,9 +560,9 @@ class ProxyStream:
         grpc = self.request.grpc
         self.responded = True
         self._stop_timer()
+        self.att.answered(self.server.loop.time())
         self.status = 200 if grpc else status
         self.grpc_status = grpc_status if grpc else None
-        self.latency_ms = (self.server.loop.time() - self.started) * 1000.0
         self.up_closed = True
         self._drop_request_body()
         self.server.count_error(status)
@@ -633,10 +608,9 @@ class ProxyStream:
             return
         self.closed = True
         self._stop_timer()
-        if self.endpoint is not None and self.endpoint.lease is not None:
-            self.endpoint.lease.release()
+        self.att.release()
         self._drop_request_body()
         self._detach()
         self.server.forget(self)
         if record or failed:
-            self.server.record(self, failed)
+            self.att.record(self.status, self.grpc_status, failed)

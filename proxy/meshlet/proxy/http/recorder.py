@@ -32,6 +32,9 @@ class Recorder:
         self._actual_responses: Children = {}
         self._errors: dict[str, Any] = {}
 
+    def authority_label(self, authority: str) -> str:
+        return self.metrics.authority_label(authority)
+
     def request(self, authority: str, endpoint: Endpoint | None, route: RouteTarget | None) -> None:
         """A request was routed (or refused by its route)."""
         values = endpoint.labels if endpoint is not None and endpoint.labels else None

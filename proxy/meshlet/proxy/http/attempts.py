@@ -1,0 +1,404 @@
+"""One request's way upstream, the same for HTTP/1, HTTP/2 and opaque TCP (sans-IO): route it,
+pick an endpoint for each attempt, decide what follows a failure (`core.failover`, with the
+route's retry budget), keep its timeout, and record it.
+
+Every method is synchronous and takes `now` (the loop clock) from its caller; each returns the
+next `Step`:
+
+    Endpoint   send the request there (its head and, on a retry, the replayed body)
+    AGAIN      send it again to the same endpoint, on a new connection (a stale pooled one)
+    Answer     answer the client locally with this status (and `meshlet-proxy-error`)
+    Wait       the answer needs waiting (discovery, a name lookup): await `call(arg)`, give the
+               result to `resume`
+    PASS       give the client the upstream's failure response as it is
+    ABORT      cut the client's connection or stream (the response had started)
+    REFUSE     refuse the stream as never processed (HTTP/2 REFUSED_STREAM), so the client may
+               retry it
+
+An engine implements `Upstream` for one request (open a connection, send, answer), calls
+`start` when the request arrives, and then `advance_now`: when discovery has answered, the pick
+is immediate and a connection is at hand, the request is sent with no task at all. Only what
+needs waiting goes to `advance`, in a task the engine owns.
+
+One meaning on every protocol: a request *arrives* when the proxy takes it (its head is read,
+and on HTTP/1 the requests before it on the connection were answered). Its route's timeout and
+its `response_latency_ms` run from then, on the loop's clock: a discovery wait, a connect and
+every retry count against the timeout; the latency ends when the response head (the upstream's,
+or the proxy's own answer) goes to the client.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, NamedTuple, Protocol
+
+from meshlet.proxy.core.classify import FAILURE
+from meshlet.proxy.core.failover import Action, Attempt, Decision, Failure, decide
+from meshlet.proxy.http.contract import (
+    Endpoint,
+    Recording,
+    RequestTarget,
+    RouteError,
+    Router,
+    RouteTarget,
+)
+
+log = logging.getLogger(__name__)
+
+
+class Verdict(enum.Enum):
+    AGAIN = "again"
+    PASS = "pass"
+    ABORT = "abort"
+    REFUSE = "refuse"
+
+
+AGAIN = Verdict.AGAIN
+PASS = Verdict.PASS
+ABORT = Verdict.ABORT
+REFUSE = Verdict.REFUSE
+
+
+class Answer(NamedTuple):
+    status: int
+    reason: str
+
+
+class Wait(NamedTuple):
+    """Await `call(arg)` (a route or a pick), then give the result to `Attempts.resume`."""
+
+    call: Callable[[Any], Awaitable[Any]]
+    arg: Any
+
+
+Step = Endpoint | Answer | Wait | Verdict
+
+
+class Failed(NamedTuple):
+    """Why a connection to an endpoint failed before anything was sent."""
+
+    failure: Failure  # CONNECT, CONNECT_TIMEOUT or REFUSED
+    reason: str
+
+
+class Upstream(Protocol):
+    """What an engine does for one request (HTTP/1's shell, an HTTP/2 stream, the relay)."""
+
+    def gone(self) -> bool:
+        """The request is over (its client went away, or it was answered meanwhile)."""
+
+    def routed(self, route: RouteTarget) -> None:
+        """The request's route is known (once): its timers and replay buffer start."""
+
+    def send_now(self, endpoint: Endpoint, fresh: bool) -> bool:
+        """Sends the request on a connection to `endpoint` that is ready now (pooled, or one
+        with a free stream); False: `send` must wait for one. `fresh`: not a pooled one."""
+
+    async def send(self, endpoint: Endpoint, fresh: bool) -> Failed | None:
+        """Sends the request on a connection to `endpoint`, connecting when needed; or why the
+        connection failed (nothing was sent)."""
+
+    def answer(self, status: int, reason: str) -> None:
+        """Answers the request from the proxy."""
+
+
+_PROXY_ERROR = RouteError(502, "routing failed in the proxy")
+
+
+class Attempts:
+    """One request's route, attempts and outcome (see the module docstring)."""
+
+    __slots__ = (
+        "arrived",
+        "connects",
+        "counted",
+        "deadline",
+        "endpoint",
+        "label",
+        "latency_ms",
+        "previous",
+        "recorder",
+        "route",
+        "router",
+        "sends",
+        "stale_retried",
+        "target",
+    )
+
+    def __init__(
+        self,
+        router: Router | None,
+        recorder: Recording | None,
+        target: RequestTarget,
+        now: float,
+        route: RouteTarget | None = None,
+    ) -> None:
+        self.router = router  # None: `route` is given
+        self.recorder = recorder  # None: not recorded (opaque TCP)
+        self.target = target
+        self.arrived = now
+        self.route = route
+        self.endpoint: Endpoint | None = None  # the current attempt's
+        self.previous: Endpoint | None = None  # where the last failed attempt went
+        self.sends = 0  # times the request was (at least partly) sent
+        self.connects = 0  # connections that failed before anything was sent
+        self.stale_retried = False
+        self.counted = False  # request_total counted
+        self.label = ""  # the `authority` label of its metrics
+        self.deadline: float | None = None  # loop time of the route's timeout
+        self.latency_ms: float | None = None  # arrival to the response head
+
+    # -- routing and picking ----------------------------------------------------------
+
+    def start(self) -> Step:
+        """The request arrived: where it goes first."""
+        route = self.route
+        if route is not None:
+            return self._routed(route, self.arrived)
+        router = self.router
+        assert router is not None
+        routed = router.route_now(self.target)
+        if routed is None:
+            return Wait(router.route, self.target)
+        return self._routed(routed, self.arrived)
+
+    def resume(self, result: object, now: float) -> Step:
+        """What a `Wait` waited for arrived: the route, or then a pick."""
+        if self.route is None:
+            return self._routed(result, now)  # type: ignore[arg-type]
+        return self._picked(result)  # type: ignore[arg-type]
+
+    def _routed(self, routed: RouteTarget | RouteError, now: float) -> Step:
+        if isinstance(routed, RouteError):
+            self._count(None)
+            return Answer(routed.status, routed.reason)
+        self.route = routed
+        if routed.budget is not None:
+            routed.budget.deposit(now)
+        timeout = routed.policy.timeout
+        if timeout is not None:
+            self.deadline = self.arrived + timeout
+        return self._pick()
+
+    def _pick(self) -> Step:
+        route = self.route
+        assert route is not None
+        picked = route.endpoints.pick_now(self.previous)
+        if picked is None:
+            return Wait(route.endpoints.pick, self.previous)
+        return self._picked(picked)
+
+    def _picked(self, picked: Endpoint | RouteError) -> Step:
+        if isinstance(picked, RouteError):
+            self._count(None)
+            return Answer(picked.status, picked.reason)
+        self._count(picked)
+        self.endpoint = picked
+        return picked
+
+    def _count(self, endpoint: Endpoint | None) -> None:
+        """request_total, once: by the endpoint's label, else the route's, else the
+        authority's."""
+        if self.counted:
+            return
+        self.counted = True
+        recorder = self.recorder
+        if recorder is None:
+            return
+        route = self.route
+        if endpoint is not None:
+            self.label = endpoint.authority_label
+        elif route is not None:
+            self.label = route.dst
+        elif self.target.authority:
+            self.label = recorder.authority_label(self.target.authority)
+        recorder.request(self.label, endpoint, route)
+
+    # -- attempts -------------------------------------------------------------------------
+
+    def sent(self) -> None:
+        """The request went (at least its head) to the current endpoint."""
+        self.sends += 1
+        route = self.route
+        if route is not None and self.recorder is not None:
+            self.recorder.attempt(route)
+
+    def connect_failed(self, failed: Failed) -> Step:
+        """A connection to the current endpoint failed; nothing was sent. The balancer skips
+        the endpoint for a while; another is tried while the failover policy allows."""
+        self.connects += 1
+        decision = decide(failed.failure, self._attempt(True, False))
+        endpoint = self.endpoint
+        if endpoint is not None and endpoint.lease is not None:
+            endpoint.lease.failed()
+            if decision.action is Action.RETRY:
+                self.previous, self.endpoint = endpoint, None
+                return self._pick()
+        decision = decision.otherwise or decision  # a fixed endpoint: nowhere else to try
+        return Answer(decision.status, failed.reason)
+
+    def unprocessed(self, replayable: bool) -> Step:
+        """The upstream says it never acted on the request (HTTP/2 REFUSED_STREAM, or a GOAWAY
+        that excludes it): as a connection that failed, it is sent again, elsewhere when
+        another endpoint is left; else REFUSE."""
+        self.connects += 1
+        decision = decide(Failure.CONNECT, self._attempt(replayable, False))
+        if replayable and decision.action is Action.RETRY:
+            return self._again_elsewhere()
+        return REFUSE
+
+    def failed(self, failure: Failure, replayable: bool, responded: bool, now: float) -> Step:
+        """The request was sent and then failed (STALE, RESET), or `response` found its answer
+        a failure (STATUS): what follows, with the budget asked for a retry."""
+        decision = self._decision(failure, self._attempt(replayable, responded), now)
+        action = decision.action
+        if action is Action.RETRY:
+            return self._again_elsewhere()
+        if action is Action.RETRY_SAME:
+            self.stale_retried = True
+            return AGAIN
+        if action is Action.ANSWER:
+            return Answer(decision.status, decision.reason)
+        return PASS if action is Action.PASS else ABORT
+
+    def response(self, status: int, grpc_status: str | None, replayable: bool, now: float) -> Step:
+        """A response head came back: PASS it to the client, or retry (the route classifies
+        it a failure, and the policy and budget allow)."""
+        route = self.route
+        recorder = self.recorder
+        if route is None or recorder is None:
+            return PASS
+        if recorder.attempt_response(route, status, grpc_status) != FAILURE:
+            return PASS
+        return self.failed(Failure.STATUS, replayable, False, now)
+
+    def timed_out(self) -> Answer:
+        """The route's timeout passed before the response head."""
+        route = self.route
+        timeout = route.policy.timeout if route is not None else None
+        decision = decide(Failure.TIMEOUT, self._attempt(False, False))
+        why = f"the route's timeout of {timeout:g}s passed" if timeout else "the timeout passed"
+        return Answer(decision.status, why)
+
+    def _again_elsewhere(self) -> Step:
+        self.release()  # routed again: a new lease, on another endpoint when one is left
+        self.previous, self.endpoint = self.endpoint, None
+        return self._pick()
+
+    def _attempt(self, replayable: bool, responded: bool) -> Attempt:
+        route = self.route
+        return Attempt(
+            sends=self.sends, connects_failed=self.connects, stale_retried=self.stale_retried,
+            replayable=replayable, retryable_route=route is not None and route.policy.retryable,
+            method=self.target.method, responded=responded,
+        )  # fmt: skip
+
+    def _decision(self, failure: Failure, attempt: Attempt, now: float) -> Decision:
+        decision = decide(failure, attempt)
+        route = self.route
+        budget = route.budget if route is not None else None
+        if decision.budgeted and budget is not None and not budget.withdraw(now):
+            assert route is not None and decision.otherwise is not None
+            if self.recorder is not None:
+                self.recorder.retry_skipped(route)
+            decision = decision.otherwise
+        return decision
+
+    # -- outcome ---------------------------------------------------------------------------
+
+    def responded(self, now: float) -> None:
+        """The response head (the upstream's, or the proxy's answer) goes to the client."""
+        self.deadline = None
+        self.latency_ms = (now - self.arrived) * 1000.0
+        endpoint = self.endpoint
+        if endpoint is not None and endpoint.lease is not None:
+            endpoint.lease.responded()
+
+    def answered(self, now: float) -> None:
+        """The proxy answers the request itself (counted, even when it was never routed)."""
+        self._count(None)
+        self.deadline = None
+        self.latency_ms = (now - self.arrived) * 1000.0
+
+    def record(self, status: int, grpc_status: str | None = None, failed: bool = False) -> str:
+        """The response the client got (`failed`: cut short); its classification."""
+        recorder = self.recorder
+        if recorder is None:
+            return ""
+        return recorder.response(self.label, self.endpoint, self.route, status, grpc_status,
+                                 self.latency_ms, failed)  # fmt: skip
+
+    def release(self) -> None:
+        """The current attempt's endpoint is done with (a no-op without a lease, or repeated)."""
+        endpoint = self.endpoint
+        if endpoint is not None and endpoint.lease is not None:
+            endpoint.lease.release()
+
+
+# -- carrying it out -------------------------------------------------------------------------
+
+
+def begin(attempts: Attempts, upstream: Upstream) -> Step | None:
+    """The request arrived: `start`, then `advance_now`. Returns what is left for `advance`
+    (None: the request was sent or answered without waiting)."""
+    step = attempts.start()
+    route = attempts.route
+    if route is not None:
+        upstream.routed(route)
+    return advance_now(attempts, upstream, step)
+
+
+def advance_now(attempts: Attempts, upstream: Upstream, step: Step) -> Step | None:
+    """Does `step` when that needs no waiting: a send on a connection at hand, an answer.
+    Returns what is left for `advance` (None: nothing)."""
+    if isinstance(step, Endpoint):
+        if upstream.send_now(step, False):
+            attempts.sent()
+            return None
+        return step
+    if step is AGAIN:
+        return step
+    if isinstance(step, Answer):
+        upstream.answer(step.status, step.reason)
+        return None
+    return step
+
+
+async def advance(
+    attempts: Attempts, upstream: Upstream, step: Step, clock: Callable[[], float]
+) -> None:
+    """Carries `step` out to the end, waiting where needed: routes and picks that need
+    discovery, connections to open, connections that fail (tried elsewhere as the failover
+    policy says)."""
+    while True:
+        if isinstance(step, Wait):
+            unrouted = attempts.route is None
+            try:
+                result = await step.call(step.arg)
+            except Exception:
+                log.exception("routing a request for %r failed", attempts.target.authority)
+                result = _PROXY_ERROR
+            if upstream.gone():
+                if isinstance(result, Endpoint) and result.lease is not None:
+                    result.lease.release()
+                return
+            step = attempts.resume(result, clock())
+            if unrouted and attempts.route is not None:
+                upstream.routed(attempts.route)
+        elif isinstance(step, Endpoint) or step is AGAIN:
+            endpoint = attempts.endpoint
+            assert endpoint is not None
+            failed = await upstream.send(endpoint, step is AGAIN)
+            if failed is None:
+                attempts.sent()
+                return
+            if upstream.gone():
+                return
+            step = attempts.connect_failed(failed)
+        elif isinstance(step, Answer):
+            upstream.answer(step.status, step.reason)
+            return
+        else:
+            return
