@@ -1,12 +1,15 @@
-"""A ServiceProfile route's policy in both engines: retries within the budget, timeouts that
-answer 504 and cancel the upstream, and per-route metrics. Real sockets on 127.0.0.1: clients,
-the engine under a listener, and upstreams whose answer to each request is scripted."""
+"""A request's route policy, one table of behaviours run against both engines (they share one
+request driver, http/attempts.py): retries within the budget and its time window, retries on
+another endpoint, failover of connections, timeouts that answer 504 and cancel the upstream
+and that count discovery waits, latency from arrival, and per-route metrics. Real sockets on
+127.0.0.1: clients, the engine under a listener, and upstreams whose answer to each request is
+scripted."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +35,7 @@ from meshlet.proxy.io.connect import tcp_connector
 from meshlet.proxy.io.listener import Accepted, Listener, bind
 from meshlet.proxy.metrics import ProxyMetrics
 from meshlet.proxy.routing import FixedPicker
+from meshlet_testing.lease import RecordingLease
 
 ROUTE = "GET /items/{id}"
 
@@ -138,6 +142,33 @@ class Policy:
     retryable: bool = False
     timeout: float | None = None
     budget: RetryBudget | None = None
+    route_wait: float = 0.0  # routing waits this long (discovery not yet answered)
+
+
+class Spread:
+    """Balanced picks over endpoints in order, avoiding the one a retry comes from; each pick
+    with a lease of its own (so a failed connection may be tried elsewhere)."""
+
+    def __init__(self, addrs: list[tuple[str, int]]) -> None:
+        self.addrs = addrs
+        self.leases: list[RecordingLease] = []
+
+    def pick_now(self, after: Endpoint | None = None) -> Endpoint:
+        addr = next(a for a in self.addrs if after is None or a != after.addr)
+        self.leases.append(RecordingLease())
+        return Endpoint(addr, "items:80", lease=self.leases[-1])
+
+    async def pick(self, after: Endpoint | None = None) -> Endpoint:
+        return self.pick_now(after)
+
+
+def refused_addr() -> tuple[str, int]:
+    """An address nothing listens on (a port bound, then closed)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    addr: tuple[str, int] = sock.getsockname()
+    sock.close()
+    return addr
 
 
 @dataclass
@@ -157,26 +188,36 @@ class Engine:
 
 @pytest.fixture(params=["http/1.1", "h2"])
 async def engine(request: pytest.FixtureRequest) -> AsyncIterator[Callable[..., Awaitable[Engine]]]:
-    started: list[tuple[Listener, asyncio.Task[None], asyncio.Server]] = []
+    started: list[tuple[Listener, asyncio.Task[None]]] = []
+    servers: list[asyncio.Server] = []
     use_h2 = request.param == "h2"
 
-    async def start(script: Script, policy: Policy) -> Engine:
+    async def start(
+        script: Script, policy: Policy, *more: Script, dead_first: bool = False
+    ) -> Engine:
+        """An engine routing to `script`'s upstream, or balancing over it and `more`'s (a
+        refused address first, with `dead_first`)."""
         loop = asyncio.get_running_loop()
-        if use_h2:
-            server = await loop.create_server(lambda: H2Upstream(script), "127.0.0.1", 0)
-        else:
-            server = await h1_upstream(script)
-        addr = server.sockets[0].getsockname()[:2]
+        addrs = [refused_addr()] if dead_first else []
+        for each in (script, *more):
+            if use_h2:
+                server = await loop.create_server(lambda s=each: H2Upstream(s), "127.0.0.1", 0)
+            else:
+                server = await h1_upstream(each)
+            servers.append(server)
+            addrs.append(server.sockets[0].getsockname()[:2])
         metrics = ProxyMetrics()
+        picker = FixedPicker(Endpoint(addrs[0], "items:80")) if len(addrs) == 1 else Spread(addrs)
         route = RouteTarget("items.ns.svc.cluster.local:80",
                             RoutePolicy(ROUTE, policy.timeout, policy.retryable),
-                            policy.budget, FixedPicker(Endpoint(addr, "items:80")))  # fmt: skip
+                            policy.budget, picker)  # fmt: skip
 
         class Router:
             def route_now(self, request: RequestTarget) -> RouteTarget | RouteError | None:
-                return route
+                return None if policy.route_wait else route
 
             async def route(self, request: RequestTarget) -> RouteTarget | RouteError:
+                await asyncio.sleep(policy.route_wait)
                 return route
 
         closing = asyncio.Event()
@@ -188,15 +229,16 @@ async def engine(request: pytest.FixtureRequest) -> AsyncIterator[Callable[..., 
             await (serve_h2 if use_h2 else serve_h1)(conn)
 
         listener = Listener(bind(("127.0.0.1", 0)), handle, "outbound")
-        started.append((listener, asyncio.create_task(listener.serve()), server))
+        started.append((listener, asyncio.create_task(listener.serve())))
         return Engine(listener.address[1], metrics, use_h2)
 
     yield start
-    for listener, task, server in started:
+    for listener, task in started:
         listener.stop_accepting()
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await listener.drain(grace=1.0)
+    for server in servers:
         server.close()
 
 
@@ -264,7 +306,7 @@ async def test_the_budget_caps_retries_when_everything_fails(engine: Any) -> Non
     """Every attempt fails: retries stop at the budget (20 % of requests, no floor here), so
     retries do not multiply the load on a failing service."""
     script = Script(status=lambda n: 503)
-    budget = RetryBudget(0.2, 0, 10.0, now=time.monotonic())
+    budget = RetryBudget(0.2, 0, 10.0, now=asyncio.get_running_loop().time())
     proxy = await engine(script, Policy(retryable=True, budget=budget))
     results = await get(proxy, 50)
     assert all(status == 503 for status, _ in results)  # the upstream's own answer, passed on
@@ -312,3 +354,55 @@ async def test_without_a_budget_no_status_is_retried(engine: Any) -> None:
     proxy = await engine(script, Policy(retryable=False))
     ((status, _),) = await get(proxy, 1)
     assert status == 500 and len(script.seen) == 1
+
+
+async def test_a_retry_goes_to_another_endpoint(engine: Any) -> None:
+    failing, healthy = Script(status=lambda n: 500), Script()
+    proxy = await engine(failing, Policy(retryable=True), healthy)
+    ((status, _),) = await get(proxy, 1)
+    assert status == 200
+    assert failing.seen == ["GET /items/0"] and healthy.seen == ["GET /items/0"]
+
+
+@pytest.mark.parametrize("method", ["GET", "POST"])
+async def test_a_refused_connection_is_tried_on_another_endpoint(engine: Any, method: str) -> None:
+    """Nothing was sent: any method goes elsewhere, and the balancer is told the endpoint
+    failed."""
+    script = Script()
+    proxy = await engine(script, Policy(), dead_first=True)
+    ((status, _),) = await get(proxy, 1, method=method)
+    assert status == 200 and script.seen == [f"{method} /items/0"]
+
+
+async def test_a_discovery_wait_counts_against_the_route_timeout(engine: Any) -> None:
+    script = Script()
+    proxy = await engine(script, Policy(timeout=0.2, route_wait=0.5))
+    ((status, head),) = await get(proxy, 1)
+    assert status == 504 and b"timeout of 0.2s passed" in head
+    assert proxy.sample("response_total", status_code="504") == 1
+
+
+async def test_latency_runs_from_the_requests_arrival(engine: Any) -> None:
+    """Routing waited 0.3 s (discovery): the latency recorded includes it."""
+    proxy = await engine(Script(), Policy(route_wait=0.3))
+    ((status, _),) = await get(proxy, 1)
+    assert status == 200
+    latency = proxy.sample("response_latency_ms_sum", status_code="200")
+    assert 300 <= latency < 5000
+
+
+@pytest.mark.parametrize(("ttl", "pause", "retried"), [(10.0, 0.0, True), (1.0, 1.2, False)],
+                         ids=["within the window", "after it"])  # fmt: skip
+async def test_the_budgets_window_runs_on_the_engines_clock(
+    engine: Any, ttl: float, pause: float, retried: bool
+) -> None:
+    """Four failing requests deposit 0.8 of a retry (20 %, no floor); a fifth gets its retry
+    while they are within the budget's window, not once they slid out of it."""
+    script = Script(status=lambda n: 503)
+    budget = RetryBudget(0.2, 0, ttl, now=asyncio.get_running_loop().time())
+    proxy = await engine(script, Policy(retryable=True, budget=budget))
+    await get(proxy, 4)
+    assert len(script.seen) == 4
+    await asyncio.sleep(pause)
+    await get(proxy, 1)
+    assert len(script.seen) == 5 + retried

@@ -1,0 +1,270 @@
+"""One request's attempts without sockets or a running loop: every step, and the clock, come
+from the test (the engines' shared table of the same behaviours runs in test_route_policy.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshlet.proxy.core.failover import MAX_CONNECTS, Failure
+from meshlet.proxy.core.retry_budget import RetryBudget
+from meshlet.proxy.core.routes import DEFAULT_ROUTE, RoutePolicy
+from meshlet.proxy.http.attempts import (
+    ABORT,
+    AGAIN,
+    PASS,
+    REFUSE,
+    Answer,
+    Attempts,
+    Failed,
+    Wait,
+)
+from meshlet.proxy.http.contract import Endpoint, RequestTarget, RouteError, RouteTarget
+from meshlet.proxy.http.recorder import Recorder
+from meshlet.proxy.metrics import ProxyMetrics
+from meshlet_testing.lease import RecordingLease
+
+GET = RequestTarget("items.ns:80", "GET", "/items/1")
+POST = RequestTarget("items.ns:80", "POST", "/items")
+RETRYABLE = RoutePolicy("GET /items/{id}", timeout=0.5, retryable=True)
+
+
+class Picker:
+    """Endpoints a, b, c in turn, avoiding the one a retry comes from; each pick with a lease
+    of its own. `later`: the pick needs waiting."""
+
+    def __init__(self, later: bool = False) -> None:
+        self.later = later
+        self.leases: list[RecordingLease] = []
+        self.avoided: list[Endpoint | None] = []
+
+    def _next(self, after: Endpoint | None) -> Endpoint:
+        self.avoided.append(after)
+        name = "abc"[len(self.leases) % 3]
+        self.leases.append(RecordingLease())
+        return Endpoint((f"10.0.0.{ord(name) - 96}", 8080), f"{name}:8080",
+                        lease=self.leases[-1])  # fmt: skip
+
+    def pick_now(self, after: Endpoint | None = None) -> Endpoint | RouteError | None:
+        return None if self.later else self._next(after)
+
+    async def pick(self, after: Endpoint | None = None) -> Endpoint | RouteError:
+        return self._next(after)
+
+
+class Router:
+    """Routes to `route`; `later`: only after waiting (discovery not yet answered)."""
+
+    def __init__(self, route: RouteTarget | RouteError, later: bool = False) -> None:
+        self._route = route
+        self.later = later
+
+    def route_now(self, request: RequestTarget) -> RouteTarget | RouteError | None:
+        return None if self.later else self._route
+
+    async def route(self, request: RequestTarget) -> RouteTarget | RouteError:
+        return self._route
+
+
+class Case:
+    def __init__(
+        self,
+        policy: RoutePolicy = RETRYABLE,
+        budget: RetryBudget | None = None,
+        later: bool = False,
+        error: RouteError | None = None,
+    ) -> None:
+        self.metrics = ProxyMetrics()
+        self.recorder = Recorder(self.metrics, self.metrics.conn("outbound", "items:80"))
+        self.picker = Picker()
+        self.route = RouteTarget("items.ns.svc.cluster.local:80", policy, budget, self.picker)
+        self.router = Router(error or self.route, later)
+
+    def request(self, now: float, target: RequestTarget = GET) -> Attempts:
+        return Attempts(self.router, self.recorder, target, now)
+
+    def count(self, name: str, **labels: str) -> float:
+        return sum(
+            sample.value
+            for family in self.metrics.registry.collect()
+            for sample in family.samples
+            if sample.name == name and labels.items() <= sample.labels.items()
+        )
+
+
+def test_a_routed_request_goes_to_its_pick_and_is_counted_once() -> None:
+    case = Case()
+    att = case.request(now=100.0)
+    step = att.start()
+    assert isinstance(step, Endpoint) and step.authority_label == "a:8080"
+    assert att.deadline == 100.5  # the route's timeout, from arrival
+    att.sent()
+    assert case.count("request_total", authority="a:8080") == 1
+    assert case.count("route_actual_request_total", rt_route=RETRYABLE.name) == 1
+
+
+def test_a_route_that_needs_waiting_is_asked_later_and_its_timeout_still_runs_from_arrival() -> (
+    None
+):
+    case = Case(later=True)
+    att = case.request(now=100.0)
+    step = att.start()
+    assert isinstance(step, Wait) and step.arg is GET
+    step = att.resume(case.route, now=100.3)  # discovery answered 300 ms later
+    assert isinstance(step, Endpoint)
+    assert att.deadline == 100.5
+    att.responded(now=100.4)
+    assert att.latency_ms == pytest.approx(400.0)  # the wait counts
+
+
+def test_a_pick_that_needs_waiting_is_asked_later() -> None:
+    case = Case()
+    case.picker.later = True
+    att = case.request(now=0.0)
+    step = att.start()
+    assert isinstance(step, Wait) and step.arg is None
+    assert isinstance(att.resume(case.picker._next(None), now=0.1), Endpoint)
+
+
+def test_a_route_error_is_answered_and_counted_by_the_authority() -> None:
+    case = Case(error=RouteError(503, "items has no endpoints"))
+    att = case.request(now=0.0)
+    assert att.start() == Answer(503, "items has no endpoints")
+    att.answered(now=0.002)
+    assert att.record(503) == "failure"
+    assert case.count("request_total", authority="items.ns:80") == 1
+    assert case.count("response_total", authority="items.ns:80", status_code="503") == 1
+
+
+@pytest.mark.parametrize(
+    ("failure", "status"),
+    [(Failure.CONNECT, 502), (Failure.CONNECT_TIMEOUT, 504), (Failure.REFUSED, 503)],
+)
+def test_failed_connections_are_tried_elsewhere_up_to_the_limit(
+    failure: Failure, status: int
+) -> None:
+    case = Case(policy=DEFAULT_ROUTE)
+    att = case.request(now=0.0, target=POST)  # nothing was sent: any method
+    step = att.start()
+    for n in range(1, MAX_CONNECTS):
+        step = att.connect_failed(Failed(failure, "refused"))
+        assert isinstance(step, Endpoint) and case.picker.avoided[n] is not None
+    assert att.connect_failed(Failed(failure, "refused")) == Answer(status, "refused")
+    assert [lease.events for lease in case.picker.leases] == [["failed"]] * MAX_CONNECTS
+
+
+def test_a_fixed_endpoint_whose_connection_fails_is_answered_at_once() -> None:
+    route = RouteTarget("10.0.0.9:80", DEFAULT_ROUTE, None, FixedPicker())
+    att = Attempts(None, None, GET, 0.0, route)
+    assert isinstance(att.start(), Endpoint)
+    assert att.connect_failed(Failed(Failure.CONNECT, "refused")) == Answer(502, "refused")
+
+
+class FixedPicker:
+    def pick_now(self, after: Endpoint | None = None) -> Endpoint:
+        return Endpoint(("10.0.0.9", 80), "10.0.0.9:80")
+
+    async def pick(self, after: Endpoint | None = None) -> Endpoint:
+        return self.pick_now(after)
+
+
+def test_a_reset_retries_a_get_once_on_another_endpoint_and_a_post_never() -> None:
+    case = Case(policy=DEFAULT_ROUTE)
+    att = case.request(now=0.0)
+    first = att.start()
+    att.sent()
+    second = att.failed(Failure.RESET, replayable=True, responded=False, now=0.1)
+    assert isinstance(second, Endpoint) and second != first
+    assert case.picker.leases[0].events == ["release"]
+    att.sent()
+    assert att.failed(Failure.RESET, True, False, 0.2) == Answer(
+        502, "the upstream failed before responding"
+    )
+    post = case.request(now=0.0, target=POST)
+    post.start()
+    post.sent()
+    assert isinstance(post.failed(Failure.RESET, True, False, 0.1), Answer)
+
+
+def test_a_stale_pooled_connection_is_tried_again_once_on_the_same_endpoint() -> None:
+    att = Case(policy=DEFAULT_ROUTE).request(now=0.0, target=POST)
+    att.start()
+    att.sent()
+    assert att.failed(Failure.STALE, True, False, 0.1) is AGAIN
+    att.sent()
+    assert isinstance(att.failed(Failure.STALE, True, False, 0.2), Answer)  # then as a reset
+
+
+def test_nothing_is_retried_once_the_response_began() -> None:
+    att = Case().request(now=0.0)
+    att.start()
+    att.sent()
+    assert att.failed(Failure.RESET, True, responded=True, now=0.1) is ABORT
+
+
+def test_a_failure_status_is_retried_on_a_retryable_route_and_passed_on_others() -> None:
+    case = Case(budget=RetryBudget(0.2, 10, 10, now=0.0))
+    att = case.request(now=0.0)
+    att.start()
+    att.sent()
+    assert isinstance(att.response(500, None, replayable=True, now=0.1), Endpoint)
+    assert att.response(200, None, True, 0.2) is PASS
+    plain = Case(policy=DEFAULT_ROUTE).request(now=0.0)
+    plain.start()
+    plain.sent()
+    assert plain.response(500, None, True, 0.1) is PASS
+    unreplayable = case.request(now=0.0)
+    unreplayable.start()
+    unreplayable.sent()
+    assert unreplayable.response(500, None, replayable=False, now=0.1) is PASS
+
+
+@pytest.mark.parametrize(("later", "allowed"), [(9.5, True), (10.5, False)])
+def test_the_retry_budget_window_slides_with_the_clock_it_is_given(
+    later: float, allowed: bool
+) -> None:
+    """20 % of requests, no floor, kept 10 s (in 1-s slots): four failing requests at t=0
+    deposit 0.8 of a retry; a fifth completes one retry while the first four are in the window
+    (t=9.5), not once they slid out of it (t=10.5)."""
+    case = Case(budget=RetryBudget(0.2, 0, 10.0, now=0.0))
+
+    def retried(now: float) -> bool:
+        att = case.request(now)
+        att.start()
+        att.sent()
+        return isinstance(att.response(503, None, True, now), Endpoint)
+
+    assert [retried(0.0) for _ in range(4)] == [False] * 4
+    assert retried(later) is allowed
+    assert case.count("retry_skipped_total") == 4 + (not allowed)
+    if not allowed:  # deposits start again: the fifth request from then on retries
+        assert [retried(later) for _ in range(4)] == [False, False, False, True]
+
+
+def test_the_route_timeout_answers_504_with_the_route_named() -> None:
+    att = Case().request(now=0.0)
+    att.start()
+    assert att.timed_out() == Answer(504, "the route's timeout of 0.5s passed")
+
+
+@pytest.mark.parametrize(("replayable", "step"), [(True, Endpoint), (False, None)])
+def test_an_unprocessed_request_is_sent_again_whatever_its_method(
+    replayable: bool, step: type | None
+) -> None:
+    att = Case(policy=DEFAULT_ROUTE).request(now=0.0, target=POST)
+    att.start()
+    att.sent()
+    again = att.unprocessed(replayable)
+    assert isinstance(again, Endpoint) if step is Endpoint else again is REFUSE
+
+
+def test_the_outcome_is_recorded_with_the_latency_from_arrival() -> None:
+    case = Case()
+    att = case.request(now=10.0)
+    att.start()
+    att.sent()
+    att.responded(now=10.25)
+    assert case.picker.leases[0].events == ["responded"]
+    assert att.record(200) == "success"
+    assert case.count("response_latency_ms_sum", authority="a:8080") == pytest.approx(250.0)
+    att.release()
+    assert case.picker.leases[0].events == ["responded", "release"]
