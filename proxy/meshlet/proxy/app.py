@@ -23,7 +23,7 @@ from meshlet.proxy.core.pressure import PressureLimits
 from meshlet.proxy.http.contract import Addr, HttpLimits
 from meshlet.proxy.inbound.stack import InboundStack
 from meshlet.proxy.io.connect import tcp_connector
-from meshlet.proxy.io.listener import Accepted, Listener, bind
+from meshlet.proxy.io.listener import Listener, bind
 from meshlet.proxy.io.shedder import LoadShedder
 from meshlet.proxy.metrics import ProxyMetrics
 from meshlet.proxy.outbound.stack import OutboundStack
@@ -65,15 +65,9 @@ class Proxy:
             self.metrics, self.limits, tcp_connector(config.outbound_connect_timeout),
             self.closing, self.shedder,
         )  # fmt: skip
-        self.outbound = OutboundStack(
-            self.connections, self.router, detect_timeout=config.outbound_detect_timeout,
-            opaque_ports=config.outbound_ports_disable_protocol_detection,
-        )  # fmt: skip
-        self.inbound = InboundStack(
-            self.connections, self.identity, detect_timeout=config.inbound_detect_timeout,
-            opaque_ports=config.inbound_ports_disable_protocol_detection,
-            require_identity=config.inbound_ports_require_identity,
-        )  # fmt: skip
+        # Built by `start` once the listeners are bound, from the ports as bound.
+        self.outbound: OutboundStack
+        self.inbound: InboundStack
         self.listeners: list[Listener] = []
         self._supervisor: asyncio.Task[None] | None = None
         self.failure: str | None = None  # why an essential task stopped, when one did
@@ -90,39 +84,45 @@ class Proxy:
         identity_ready = self.identity is None or self.identity.ready
         return bool(self.listeners) and not self.closing.is_set() and identity_ready
 
-    async def handle_outbound(self, accepted: Accepted) -> None:
-        await self.outbound.handle(accepted)
-
-    async def handle_inbound(self, accepted: Accepted) -> None:
-        await self.inbound.handle(accepted)
-
     async def start(self) -> None:
-        """Binds the listeners and the admin server (ListenError when one cannot), then runs
-        the essential tasks (listeners, identity) under one supervisor: if one stops, the
-        proxy records why (`failure`) and shuts down."""
+        """Binds the listeners and the admin server (ListenError when one cannot), builds the
+        stacks from the ports as bound, then runs the essential tasks (listeners, identity)
+        under one supervisor: if one stops, the proxy records why (`failure`) and shuts
+        down."""
         cfg = self.config
+        bound: list[socket.socket] = []
         try:
-            for addr, handler, name in (
-                (cfg.outbound_listen_addr, self.handle_outbound, "outbound"),
-                (cfg.inbound_listen_addr, self.handle_inbound, "inbound"),
-            ):
-                self.listeners.append(Listener(_bind(addr, name), handler, name))
+            bound.append(_bind(cfg.outbound_listen_addr, "outbound"))
+            bound.append(_bind(cfg.inbound_listen_addr, "inbound"))
             try:
                 _, self.admin_port = await self._admin.start(*cfg.admin_listen_addr)
             except OSError as exc:
                 raise ListenError(cfg.admin_listen_addr, "admin", exc) from None
         except ListenError:
-            for listener in self.listeners:
-                listener.stop_accepting()
-            self.listeners.clear()
+            for sock in bound:
+                sock.close()
             raise
+        outbound_sock, inbound_sock = bound
         # Ports as bound (a configured port 0 is ephemeral): none of them is ever a target.
         own = SelfTargets(
-            [*(listener.address for listener in self.listeners),
+            [outbound_sock.getsockname()[:2], inbound_sock.getsockname()[:2],
              (cfg.admin_listen_addr[0], self.admin_port), cfg.control_listen_addr]
         )  # fmt: skip
-        self.outbound.self_targets = self.inbound.self_targets = own
-        self.inbound.port = self.listeners[1].address[1]
+        self.outbound = OutboundStack(
+            self.connections, self.router, self_targets=own,
+            detect_timeout=cfg.outbound_detect_timeout,
+            opaque_ports=cfg.outbound_ports_disable_protocol_detection,
+        )  # fmt: skip
+        self.inbound = InboundStack(
+            self.connections, self.identity, port=inbound_sock.getsockname()[1],
+            self_targets=own, detect_timeout=cfg.inbound_detect_timeout,
+            opaque_ports=cfg.inbound_ports_disable_protocol_detection,
+            require_identity=cfg.inbound_ports_require_identity,
+        )  # fmt: skip
+        self.listeners = [
+            Listener(outbound_sock, self.outbound.handle, "outbound"),
+            Listener(inbound_sock, self.inbound.handle, "inbound"),
+        ]
         essentials = [(f"the {lst.name} listener", lst.serve()) for lst in self.listeners]
         if self.identity is not None:
             essentials.append(("the identity client", self.identity.run()))

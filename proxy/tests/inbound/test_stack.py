@@ -26,12 +26,10 @@ LISTENER = (POD_IP, INBOUND_PORT)  # where iptables sends what arrives for the p
 
 
 def stack(connections: Any, opaque: str = "3306", require_identity: str = "9443") -> InboundStack:
-    inbound = InboundStack(connections, None, detect_timeout=DETECT_TIMEOUT,
-                           opaque_ports=parse_ports(opaque),
-                           require_identity=parse_ports(require_identity))  # fmt: skip
-    inbound.port = INBOUND_PORT
-    inbound.self_targets = SelfTargets([("0.0.0.0", INBOUND_PORT), ("0.0.0.0", ADMIN_PORT)])
-    return inbound
+    own = SelfTargets([("0.0.0.0", INBOUND_PORT), ("0.0.0.0", ADMIN_PORT)])
+    return InboundStack(connections, None, port=INBOUND_PORT, self_targets=own,
+                        detect_timeout=DETECT_TIMEOUT, opaque_ports=parse_ports(opaque),
+                        require_identity=parse_ports(require_identity))  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -728,7 +728,7 @@ class RedirectedListener:
         while True:
             sock, client = await loop.sock_accept(self._sock)
             accepted = Accepted(sock, client, self.addr, self._original_dst)
-            task = asyncio.create_task(proxy.handle_outbound(accepted))
+            task = asyncio.create_task(proxy.outbound.handle(accepted))
             self._handlers.add(task)
             task.add_done_callback(self._handlers.discard)
 

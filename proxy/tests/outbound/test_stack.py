@@ -27,10 +27,9 @@ DETECT_TIMEOUT = 0.1
 
 
 def stack(connections: Any, mesh: MeshRouter | None = None) -> OutboundStack:
-    outbound = OutboundStack(connections, mesh, detect_timeout=DETECT_TIMEOUT,
-                             opaque_ports=parse_ports("3306"))  # fmt: skip
-    outbound.self_targets = SelfTargets([("0.0.0.0", 4140), ("0.0.0.0", 4143)])
-    return outbound
+    own = SelfTargets([("0.0.0.0", 4140), ("0.0.0.0", 4143)])
+    return OutboundStack(connections, mesh, self_targets=own, detect_timeout=DETECT_TIMEOUT,
+                         opaque_ports=parse_ports("3306"))  # fmt: skip
 
 
 async def route_of(router: Any, authority: str) -> RouteTarget:

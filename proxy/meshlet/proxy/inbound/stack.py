@@ -62,6 +62,8 @@ class InboundStack:
         connections: Connections,
         identity: IdentityManager | None,
         *,
+        port: int,
+        self_targets: SelfTargets,
         detect_timeout: float,
         opaque_ports: PortRanges,
         require_identity: PortRanges,
@@ -71,8 +73,8 @@ class InboundStack:
         self._timeout = detect_timeout
         self._opaque_ports = opaque_ports
         self._require_identity = require_identity
-        self.self_targets = SelfTargets([])  # the proxy's own ports, once bound
-        self.port = 0  # the inbound listener's port, once bound
+        self.self_targets = self_targets  # the proxy's own ports, as bound
+        self.port = port  # the inbound listener's port, as bound: mesh traffic
 
     async def handle(self, accepted: Accepted) -> None:
         target = accepted.target

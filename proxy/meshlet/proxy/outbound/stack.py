@@ -55,6 +55,7 @@ class OutboundStack:
         connections: Connections,
         mesh: MeshRouter | None,
         *,
+        self_targets: SelfTargets,
         detect_timeout: float,
         opaque_ports: PortRanges,
     ) -> None:
@@ -62,7 +63,7 @@ class OutboundStack:
         self._mesh = mesh
         self._timeout = detect_timeout
         self._opaque_ports = opaque_ports
-        self.self_targets = SelfTargets([])  # the proxy's own ports, once bound
+        self.self_targets = self_targets  # the proxy's own ports, as bound
 
     async def handle(self, accepted: Accepted) -> None:
         orig = OrigDst(accepted, accepted.original_dst)
