@@ -22,6 +22,7 @@ from meshlet.proxy.http.contract import (
     RequestTarget,
     RouteError,
     RouteTarget,
+    Wait,
 )
 from meshlet.proxy.io.connect import tcp_connector
 from meshlet.proxy.io.listener import Accepted, Listener, bind
@@ -45,7 +46,7 @@ class EngineProxy:
     closing: asyncio.Event
     listener: Listener
     routes: list[str | None] = field(default_factory=list)  # authorities asked for
-    awaited: int = 0  # of those, asked by awaiting `route` (not answered by `route_now`)
+    awaited: int = 0  # of those, answered only after a Wait
 
 
 @pytest.fixture
@@ -67,16 +68,19 @@ async def engine_proxy() -> AsyncIterator[Callable[..., Awaitable[EngineProxy]]]
         proxy: EngineProxy
 
         class Picker(FixedPicker):
-            def pick_now(self, after: Endpoint | None = None) -> None:
-                return None
+            def pick(self, after: Endpoint | None = None) -> Wait:  # type: ignore[override]
+                return Wait(self._later, after)
+
+            async def _later(self, after: Endpoint | None) -> Endpoint:
+                return self.endpoint
 
         class Router:
             """Every request to `upstream`, or, without one, to its authority."""
 
-            def route_now(self, request: RequestTarget) -> RouteTarget | RouteError | None:
-                return None if waits else self.routed(request)
+            def route(self, request: RequestTarget) -> RouteTarget | RouteError | Wait:
+                return Wait(self._later, request) if waits else self.routed(request)
 
-            async def route(self, request: RequestTarget) -> RouteTarget | RouteError:
+            async def _later(self, request: RequestTarget) -> RouteTarget | RouteError:
                 proxy.awaited += 1
                 return self.routed(request)
 

@@ -65,10 +65,7 @@ class Script:
         self.afters: list[Addr | None] = []
         self.picked: list[Endpoint] = []  # where each pick was told the last attempt went
 
-    def pick_now(self, after: Endpoint | None = None) -> None:
-        return None  # the relay asks `pick`
-
-    async def pick(self, after: Endpoint | None = None) -> Endpoint | RouteError:
+    def pick(self, after: Endpoint | None = None) -> Endpoint | RouteError:
         self.afters.append(after.addr if after is not None else None)
         if not self.addrs:
             return RouteError(503, "no endpoints left")

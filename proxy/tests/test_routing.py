@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from meshlet.proxy.core.routes import DEFAULT_ROUTE
-from meshlet.proxy.http.contract import Endpoint, RequestTarget, RouteTarget
+from meshlet.proxy.http.contract import Endpoint, RequestTarget, RouteTarget, settle
 from meshlet.proxy.metrics import OVERFLOW, BoundedValues, ProxyMetrics
 from meshlet.proxy.routing import FixedPicker, FixedRouter
 
@@ -18,9 +18,9 @@ def request(authority: str | None, method: str = "GET", path: str = "/") -> Requ
 
 
 async def routed(router: FixedRouter, authority: str | None) -> tuple[RouteTarget, Endpoint]:
-    route = await router.route(request(authority))
+    route = await settle(router.route(request(authority)))
     assert isinstance(route, RouteTarget)
-    endpoint = await route.endpoints.pick()
+    endpoint = await settle(route.endpoints.pick())
     assert isinstance(endpoint, Endpoint)
     return route, endpoint
 
@@ -28,7 +28,7 @@ async def routed(router: FixedRouter, authority: str | None) -> tuple[RouteTarge
 async def test_a_fixed_picker_gives_its_endpoint_to_every_attempt() -> None:
     endpoint = Endpoint(POD, "web:8080")
     picker = FixedPicker(endpoint)
-    assert [await picker.pick() for _ in range(3)] == [endpoint] * 3
+    assert [await settle(picker.pick()) for _ in range(3)] == [endpoint] * 3
 
 
 @pytest.mark.parametrize(
@@ -55,8 +55,8 @@ async def test_every_request_goes_to_the_target_labelled_by_its_authority(
 
 async def test_method_and_path_do_not_change_the_route() -> None:
     router = FixedRouter(POD, ProxyMetrics())
-    first = await router.route(request("web:80", "GET", "/a"))
-    second = await router.route(request("web:80", "POST", "/b/c?d"))
+    first = await settle(router.route(request("web:80", "GET", "/a")))
+    second = await settle(router.route(request("web:80", "POST", "/b/c?d")))
     assert first == second
 
 

@@ -28,6 +28,7 @@ from meshlet.proxy.http.contract import (
     Router,
     RouteTarget,
     Shedder,
+    Wait,
 )
 from meshlet.proxy.io import relay
 from meshlet.proxy.io.listener import Accepted
@@ -221,10 +222,10 @@ class _Opener:
     def routed(self, route: RouteTarget) -> None:
         pass
 
-    def send_now(self, endpoint: Endpoint, fresh: bool) -> bool:
-        return False
+    def send(self, endpoint: Endpoint, fresh: bool) -> Wait:
+        return Wait(self._connect, endpoint)
 
-    async def send(self, endpoint: Endpoint, fresh: bool) -> Failed | None:
+    async def _connect(self, endpoint: Endpoint) -> Failed | None:
         connections, upstream = self._connections, self._upstream
         upstream.tcp = connections.metrics.dst_conn(self._direction, endpoint.addr,
                                                     endpoint.labels)  # fmt: skip

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshlet.proxy.core.routes import DEFAULT_ROUTE
-from meshlet.proxy.http.contract import Addr, Endpoint, RequestTarget, RouteError, RouteTarget
+from meshlet.proxy.http.contract import Addr, Endpoint, RequestTarget, RouteTarget
 from meshlet.proxy.metrics import ProxyMetrics
 
 
@@ -17,10 +17,7 @@ class FixedPicker:
 
     endpoint: Endpoint
 
-    def pick_now(self, after: Endpoint | None = None) -> Endpoint | RouteError:
-        return self.endpoint
-
-    async def pick(self, after: Endpoint | None = None) -> Endpoint | RouteError:
+    def pick(self, after: Endpoint | None = None) -> Endpoint:
         return self.endpoint
 
 
@@ -35,10 +32,7 @@ class FixedRouter:
                                     FixedPicker(Endpoint(target, default)))  # fmt: skip
         self._by_label: dict[str, RouteTarget] = {default: self._default}  # few labels
 
-    async def route(self, request: RequestTarget) -> RouteTarget | RouteError:
-        return self.route_now(request)
-
-    def route_now(self, request: RequestTarget) -> RouteTarget | RouteError:
+    def route(self, request: RequestTarget) -> RouteTarget:
         if not request.authority:
             return self._default
         label = self._metrics.authority_label(request.authority)

@@ -8,17 +8,8 @@ import pytest
 from meshlet.proxy.core.failover import MAX_CONNECTS, Failure
 from meshlet.proxy.core.retry_budget import RetryBudget
 from meshlet.proxy.core.routes import DEFAULT_ROUTE, RoutePolicy
-from meshlet.proxy.http.attempts import (
-    ABORT,
-    AGAIN,
-    PASS,
-    REFUSE,
-    Answer,
-    Attempts,
-    Failed,
-    Wait,
-)
-from meshlet.proxy.http.contract import Endpoint, RequestTarget, RouteError, RouteTarget
+from meshlet.proxy.http.attempts import ABORT, AGAIN, PASS, REFUSE, Answer, Attempts, Failed
+from meshlet.proxy.http.contract import Endpoint, RequestTarget, RouteError, RouteTarget, Wait
 from meshlet.proxy.http.recorder import Recorder
 from meshlet.proxy.metrics import ProxyMetrics
 from meshlet_testing.lease import RecordingLease
@@ -44,10 +35,10 @@ class Picker:
         return Endpoint((f"10.0.0.{ord(name) - 96}", 8080), f"{name}:8080",
                         lease=self.leases[-1])  # fmt: skip
 
-    def pick_now(self, after: Endpoint | None = None) -> Endpoint | RouteError | None:
-        return None if self.later else self._next(after)
+    def pick(self, after: Endpoint | None = None) -> Endpoint | RouteError | Wait:
+        return Wait(self._later, after) if self.later else self._next(after)
 
-    async def pick(self, after: Endpoint | None = None) -> Endpoint | RouteError:
+    async def _later(self, after: Endpoint | None) -> Endpoint | RouteError:
         return self._next(after)
 
 
@@ -58,10 +49,10 @@ class Router:
         self._route = route
         self.later = later
 
-    def route_now(self, request: RequestTarget) -> RouteTarget | RouteError | None:
-        return None if self.later else self._route
+    def route(self, request: RequestTarget) -> RouteTarget | RouteError | Wait:
+        return Wait(self._later, request) if self.later else self._route
 
-    async def route(self, request: RequestTarget) -> RouteTarget | RouteError:
+    async def _later(self, request: RequestTarget) -> RouteTarget | RouteError:
         return self._route
 
 
@@ -160,11 +151,8 @@ def test_a_fixed_endpoint_whose_connection_fails_is_answered_at_once() -> None:
 
 
 class FixedPicker:
-    def pick_now(self, after: Endpoint | None = None) -> Endpoint:
+    def pick(self, after: Endpoint | None = None) -> Endpoint:
         return Endpoint(("10.0.0.9", 80), "10.0.0.9:80")
-
-    async def pick(self, after: Endpoint | None = None) -> Endpoint:
-        return self.pick_now(after)
 
 
 def test_a_reset_retries_a_get_once_on_another_endpoint_and_a_post_never() -> None:

@@ -136,12 +136,9 @@ class LeasingPicker:
     def __init__(self) -> None:
         self.leases: list[RecordingLease] = []
 
-    def pick_now(self, after: Endpoint | None = None) -> Endpoint:
+    def pick(self, after: Endpoint | None = None) -> Endpoint:
         self.leases.append(RecordingLease())
         return Endpoint(POD, "web:80", lease=self.leases[-1])
-
-    async def pick(self, after: Endpoint | None = None) -> Endpoint:
-        return self.pick_now(after)
 
 
 class Router:
@@ -150,10 +147,7 @@ class Router:
     def __init__(self) -> None:
         self.target: RouteTarget | RouteError = RouteError(500, "no route set")
 
-    def route_now(self, request: RequestTarget) -> RouteTarget | RouteError:
-        return self.target
-
-    async def route(self, request: RequestTarget) -> RouteTarget | RouteError:
+    def route(self, request: RequestTarget) -> RouteTarget | RouteError:
         return self.target
 
 

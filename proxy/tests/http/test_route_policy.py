@@ -28,6 +28,7 @@ from meshlet.proxy.http.contract import (
     RequestTarget,
     RouteError,
     RouteTarget,
+    Wait,
 )
 from meshlet.proxy.http.h1 import serve_h1
 from meshlet.proxy.http.h2server import serve_h2
@@ -153,13 +154,10 @@ class Spread:
         self.addrs = addrs
         self.leases: list[RecordingLease] = []
 
-    def pick_now(self, after: Endpoint | None = None) -> Endpoint:
+    def pick(self, after: Endpoint | None = None) -> Endpoint:
         addr = next(a for a in self.addrs if after is None or a != after.addr)
         self.leases.append(RecordingLease())
         return Endpoint(addr, "items:80", lease=self.leases[-1])
-
-    async def pick(self, after: Endpoint | None = None) -> Endpoint:
-        return self.pick_now(after)
 
 
 def refused_addr() -> tuple[str, int]:
@@ -213,10 +211,10 @@ async def engine(request: pytest.FixtureRequest) -> AsyncIterator[Callable[..., 
                             policy.budget, picker)  # fmt: skip
 
         class Router:
-            def route_now(self, request: RequestTarget) -> RouteTarget | RouteError | None:
-                return None if policy.route_wait else route
+            def route(self, request: RequestTarget) -> RouteTarget | RouteError | Wait:
+                return Wait(self._later, request) if policy.route_wait else route
 
-            async def route(self, request: RequestTarget) -> RouteTarget | RouteError:
+            async def _later(self, request: RequestTarget) -> RouteTarget | RouteError:
                 await asyncio.sleep(policy.route_wait)
                 return route
 

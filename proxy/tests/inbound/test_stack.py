@@ -61,9 +61,9 @@ async def test_http_is_forwarded_to_the_pods_port_whatever_the_request_names(
     accepted, _ = await accept(GET, local=LISTENER, original_dst=(POD_IP, 8080))
     await stack(connections).handle(accepted)
     [served] = connections.served
-    route = await served.routing.route(RequestTarget("elsewhere.example:80", "GET", "/"))
+    route = served.routing.route(RequestTarget("elsewhere.example:80", "GET", "/"))
     assert isinstance(route, RouteTarget)
-    endpoint = await route.endpoints.pick()
+    endpoint = route.endpoints.pick()
     assert isinstance(endpoint, Endpoint) and endpoint.addr == (POD_IP, 8080)
 
 
@@ -71,7 +71,7 @@ async def test_opaque_tcp_is_relayed_to_the_pods_port(connections: Any, accept: 
     accepted, _ = await accept(b"\x00binary", local=LISTENER, original_dst=(POD_IP, 3306))
     await stack(connections).handle(accepted)
     [served] = connections.served
-    assert await served.routing.pick() == Endpoint((POD_IP, 3306), f"{POD_IP}:3306")
+    assert served.routing.pick() == Endpoint((POD_IP, 3306), f"{POD_IP}:3306")
     assert served.guard is None
 
 

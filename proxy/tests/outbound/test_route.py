@@ -12,7 +12,15 @@ from meshlet.api.transport_header import SessionProtocol
 from meshlet.proxy.core.routes import DEFAULT_ROUTE, AllOf, Method, PathRegex, Route
 from meshlet.proxy.discovery.profile import Profile, RetryBudget
 from meshlet.proxy.discovery.resolver import Destination
-from meshlet.proxy.http.contract import Addr, Endpoint, RequestTarget, RouteError, RouteTarget
+from meshlet.proxy.http.contract import (
+    Addr,
+    Endpoint,
+    RequestTarget,
+    RouteError,
+    RouteTarget,
+    Wait,
+    settle,
+)
 from meshlet.proxy.metrics import OVERFLOW, BoundedValues, ProxyMetrics
 from meshlet.proxy.outbound.route import DiscoveredPicker, DnsPicker, OutboundRouter
 from meshlet.proxy.outbound.router import MeshRouter
@@ -45,9 +53,9 @@ def router(
 
 
 async def routed(router: OutboundRouter, req: RequestTarget) -> tuple[RouteTarget, Endpoint]:
-    route = await router.route(req)
+    route = await settle(router.route(req))
     assert isinstance(route, RouteTarget)
-    endpoint = await route.endpoints.pick()
+    endpoint = await settle(route.endpoints.pick())
     assert isinstance(endpoint, Endpoint)
     return route, endpoint
 
@@ -92,9 +100,11 @@ async def test_each_attempt_of_a_service_request_is_picked_anew(discovery: Any) 
     discovery.client.service("web", 80, ep("10.1.0.1"), ep("10.1.0.2"), cluster_ip="10.96.0.10")
     mesh = discovery.mesh()
     destination = await mesh.destination(CLUSTER_IP)
-    route = await router(mesh, discovery.metrics, destination, CLUSTER_IP).route(request("x"))
+    route = await settle(
+        router(mesh, discovery.metrics, destination, CLUSTER_IP).route(request("x"))
+    )
     assert isinstance(route, RouteTarget)
-    picks = {getattr(await route.endpoints.pick(), "addr", None) for _ in range(10)}
+    picks = {getattr(await settle(route.endpoints.pick()), "addr", None) for _ in range(10)}
     assert picks == {("10.1.0.1", 8080), ("10.1.0.2", 8080)}
 
 
@@ -115,7 +125,7 @@ async def test_nothing_known_and_nowhere_to_fall_back_is_502(discovery: Any) -> 
     mesh = discovery.mesh()
     unknown = await mesh.destination(("192.0.2.1", 8080))
     picker = DiscoveredPicker(mesh, unknown, HTTP1, None)
-    assert await picker.pick() == RouteError(
+    assert await settle(picker.pick()) == RouteError(
         502, "discovery knows nothing of the request's destination"
     )
 
@@ -153,7 +163,7 @@ async def test_an_unredirected_request_goes_where_its_authority_says(
 ) -> None:
     outbound = router(discovery.mesh(), discovery.metrics)  # discovery knows none of these
     if isinstance(outcome, RouteError):
-        assert await outbound.route(request(authority)) == outcome
+        assert await settle(outbound.route(request(authority))) == outcome
         return
     addr, label = outcome
     route, endpoint = await routed(outbound, request(authority))
@@ -179,7 +189,7 @@ async def test_an_unredirected_request_to_a_cluster_name_is_routed_by_discovery(
 
 async def test_discovery_refusing_an_unredirected_request_answers_for_it(discovery: Any) -> None:
     outbound = router(discovery.mesh(max_destinations=0), discovery.metrics)
-    refused = await outbound.route(request(WEB))
+    refused = await settle(outbound.route(request(WEB)))
     assert isinstance(refused, RouteError) and refused.status == 503
 
 
@@ -195,10 +205,10 @@ async def test_dns_picks_are_labelled_within_the_authority_bound() -> None:
     metrics.authority = BoundedValues(limit=1)
     first = DnsPicker("192.0.2.1:80", PROXY, LOCAL_IP, metrics)
     second = DnsPicker("192.0.2.2:80", PROXY, LOCAL_IP, metrics)
-    assert await first.pick() == Endpoint(("192.0.2.1", 80), "192.0.2.1:80")
-    assert await second.pick() == Endpoint(("192.0.2.2", 80), OVERFLOW)
+    assert await settle(first.pick()) == Endpoint(("192.0.2.1", 80), "192.0.2.1:80")
+    assert await settle(second.pick()) == Endpoint(("192.0.2.2", 80), OVERFLOW)
     loop = DnsPicker("127.0.0.1:4143", PROXY, LOCAL_IP, metrics)
-    assert await loop.pick() == LOOP
+    assert await settle(loop.pick()) == LOOP
 
 
 # -- without waiting: what the engines ask first, for every request ---------------------------
@@ -210,33 +220,33 @@ async def test_an_unredirected_request_is_routed_at_once_after_discovery_answere
     discovery.client.service("web", 80, discovery.endpoint("10.1.0.1"), routes=(ITEM,))
     outbound = router(discovery.mesh(), discovery.metrics)
     items = request(WEB, "GET", "/items/3")
-    assert outbound.route_now(items) is None  # discovery not asked yet: `route` waits for it
-    route = await outbound.route(items)
+    assert isinstance(outbound.route(items), Wait)  # discovery not asked yet: wait for it
+    route = await settle(outbound.route(items))
     assert isinstance(route, RouteTarget)
-    assert outbound.route_now(items) is route  # kept for the connection's next requests
-    endpoint = route.endpoints.pick_now()
+    assert outbound.route(items) is route  # kept for the connection's next requests
+    endpoint = route.endpoints.pick()
     assert isinstance(endpoint, Endpoint) and endpoint.addr == ("10.1.0.1", 8080)
     assert endpoint.lease is not None
-    other = outbound.route_now(request(WEB, "POST", "/items/3"))
+    other = outbound.route(request(WEB, "POST", "/items/3"))
     assert isinstance(other, RouteTarget) and other.policy == DEFAULT_ROUTE
 
 
 async def test_without_discovery_an_ip_literal_is_routed_at_once_and_kept() -> None:
     outbound = router(None, ProxyMetrics())
-    first = outbound.route_now(request("192.0.2.9:81"))
+    first = outbound.route(request("192.0.2.9:81"))
     assert isinstance(first, RouteTarget) and first.dst == "192.0.2.9:81"
-    assert first.endpoints.pick_now() == Endpoint(("192.0.2.9", 81), "192.0.2.9:81")
-    assert outbound.route_now(request("192.0.2.9:81", "POST", "/x")) is first
-    other = outbound.route_now(request("192.0.2.10"))  # another authority: routed anew
+    assert first.endpoints.pick() == Endpoint(("192.0.2.9", 81), "192.0.2.9:81")
+    assert outbound.route(request("192.0.2.9:81", "POST", "/x")) is first
+    other = outbound.route(request("192.0.2.10"))  # another authority: routed anew
     assert isinstance(other, RouteTarget) and other.dst == "192.0.2.10:80"
-    assert outbound.route_now(request("127.0.0.1:4140")) == LOOP
-    assert outbound.route_now(request("web:http")) == RouteError(
+    assert outbound.route(request("127.0.0.1:4140")) == LOOP
+    assert outbound.route(request("web:http")) == RouteError(
         400, "the request's authority is malformed"
     )
-    assert outbound.route_now(request(None)) == RouteError(
+    assert outbound.route(request(None)) == RouteError(
         400, "the request names no authority (Host or absolute URI)"
     )
-    assert outbound.route_now(request("localhost:9000")) is None  # a name: `route` looks it up
+    assert isinstance(outbound.route(request("localhost:9000")), Wait)  # a name: looked up
 
 
 async def test_routes_follow_a_profile_that_changes_under_a_live_connection(
@@ -244,13 +254,13 @@ async def test_routes_follow_a_profile_that_changes_under_a_live_connection(
 ) -> None:
     mesh, destination = await service(discovery)
     outbound = router(mesh, discovery.metrics, destination, CLUSTER_IP)
-    first = outbound.route_now(request("10.96.0.10", "POST", "/items/1"))
+    first = outbound.route(request("10.96.0.10", "POST", "/items/1"))
     assert isinstance(first, RouteTarget) and first.policy == DEFAULT_ROUTE
-    assert outbound.route_now(request("10.96.0.10", "POST", "/items/2")) is first
+    assert outbound.route(request("10.96.0.10", "POST", "/items/2")) is first
     assert first.budget is not None and first.budget.ratio == 0.2
     # Discovery adopts a new profile of the service: another retry budget, no routes.
     destination._profile = Profile(fqn=WEB.rsplit(":", 1)[0], retry_budget=RetryBudget(0.5, 1, 5))
-    after = outbound.route_now(request("10.96.0.10", "POST", "/items/3"))
+    after = outbound.route(request("10.96.0.10", "POST", "/items/3"))
     assert isinstance(after, RouteTarget) and after.policy == DEFAULT_ROUTE
     assert after.budget is not None and after.budget.ratio == 0.5
 
@@ -261,4 +271,4 @@ async def test_a_pick_waits_while_the_service_has_not_reported_endpoints(discove
     mesh = discovery.mesh()
     destination = await mesh.destination(CLUSTER_IP)
     assert isinstance(destination, Destination)
-    assert DiscoveredPicker(mesh, destination, HTTP1, None).pick_now() is None
+    assert isinstance(DiscoveredPicker(mesh, destination, HTTP1, None).pick(), Wait)

@@ -12,7 +12,7 @@ import pytest
 from meshlet.api.transport_header import SessionProtocol
 from meshlet.proxy.discovery.profile import DstOverride, Profile, RetryBudget
 from meshlet.proxy.discovery.resolver import Destination
-from meshlet.proxy.http.contract import Endpoint, RouteError
+from meshlet.proxy.http.contract import Endpoint, RouteError, settle
 from meshlet.proxy.metrics import dst_values
 from meshlet.proxy.outbound.router import MeshRouter
 
@@ -24,7 +24,7 @@ CLUSTER_IP = ("10.96.0.10", 80)
 
 async def picked(mesh: MeshRouter, destination: Destination | RouteError) -> Endpoint:
     assert isinstance(destination, Destination)
-    chosen = await mesh.pick(destination, HTTP1)
+    chosen = await settle(mesh.pick(destination, HTTP1))
     assert isinstance(chosen, Endpoint)
     return chosen
 
@@ -44,7 +44,9 @@ async def test_what_discovery_does_not_know_is_picked_as_nothing(discovery: Any)
     mesh = discovery.mesh()
     destination = await mesh.destination(("192.0.2.1", 443))
     assert isinstance(destination, Destination) and destination.kind == "unknown"
-    assert await mesh.pick(destination, HTTP1) is None  # the caller sends it where it was going
+    assert (
+        await settle(mesh.pick(destination, HTTP1)) is None
+    )  # the caller sends it where it was going
 
 
 async def test_a_full_resolver_refuses_new_destinations(discovery: Any) -> None:
@@ -105,7 +107,7 @@ async def test_a_service_without_endpoints_fails_fast_with_503(discovery: Any) -
     discovery.client.service("web", 80, cluster_ip="10.96.0.10")
     mesh = discovery.mesh()
     destination = await mesh.destination(CLUSTER_IP)
-    assert await mesh.pick(destination, HTTP1) == RouteError(503, f"{WEB} has no endpoints")
+    assert await settle(mesh.pick(destination, HTTP1)) == RouteError(503, f"{WEB} has no endpoints")
     assert discovery.fail_fast("no_endpoints") == 1
 
 
@@ -115,7 +117,7 @@ async def test_a_meshed_endpoint_without_a_certificate_fails_closed_never_plaint
     meshed = discovery.endpoint("10.1.0.1", meshed=True)
     discovery.client.service("web", 80, meshed, cluster_ip="10.96.0.10")
     mesh = discovery.mesh()  # no identity
-    failed = await mesh.pick(await mesh.destination(CLUSTER_IP), HTTP1)
+    failed = await settle(mesh.pick(await mesh.destination(CLUSTER_IP), HTTP1))
     assert isinstance(failed, RouteError) and failed.status == 503
     assert "has no certificate yet: not sending it in plaintext" in failed.reason
     assert discovery.fail_fast("no_endpoints") == 1

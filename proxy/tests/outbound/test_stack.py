@@ -11,7 +11,7 @@ import pytest
 
 from meshlet.api.ports import parse_ports
 from meshlet.proxy.discovery.resolver import Destination
-from meshlet.proxy.http.contract import Addr, Endpoint, RequestTarget, RouteTarget
+from meshlet.proxy.http.contract import Addr, Endpoint, RequestTarget, RouteTarget, settle
 from meshlet.proxy.outbound.router import MeshRouter
 from meshlet.proxy.outbound.stack import OutboundStack
 from meshlet.proxy.targets import SelfTargets
@@ -33,13 +33,13 @@ def stack(connections: Any, mesh: MeshRouter | None = None) -> OutboundStack:
 
 
 async def route_of(router: Any, authority: str) -> RouteTarget:
-    route = await router.route(RequestTarget(authority, "GET", "/"))
+    route = await settle(router.route(RequestTarget(authority, "GET", "/")))
     assert isinstance(route, RouteTarget)
     return route
 
 
 async def endpoint_of(picker: Any) -> Endpoint:
-    endpoint = await picker.pick()
+    endpoint = await settle(picker.pick())
     assert isinstance(endpoint, Endpoint)
     return endpoint
 

@@ -10,15 +10,17 @@ next `Step`:
     Answer     answer the client locally with this status (and `meshlet-proxy-error`)
     Wait       the answer needs waiting (discovery, a name lookup): await `call(arg)`, give the
                result to `resume`
+    Sending    the send waits for a connection (its Wait's result: None, sent; or Failed)
     PASS       give the client the upstream's failure response as it is
     ABORT      cut the client's connection or stream (the response had started)
     REFUSE     refuse the stream as never processed (HTTP/2 REFUSED_STREAM), so the client may
                retry it
 
-An engine implements `Upstream` for one request (open a connection, send, answer), calls
-`start` when the request arrives, and then `advance_now`: when discovery has answered, the pick
-is immediate and a connection is at hand, the request is sent with no task at all. Only what
-needs waiting goes to `advance`, in a task the engine owns.
+An engine implements `Upstream` for one request (send, answer), calls `begin` when the
+request arrives: when discovery has answered, the pick is immediate and a connection is at
+hand, the request is sent with no task at all. Only what needs waiting goes to `advance`, in a
+task the engine owns. Every question (route, pick, send) is one synchronous call that answers
+at once or returns a `Wait`.
 
 One meaning on every protocol: a request *arrives* when the proxy takes it (its head is read,
 and on HTTP/1 the requests before it on the connection were answered). Its route's timeout and
@@ -31,8 +33,8 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any, NamedTuple, Protocol
+from collections.abc import Callable
+from typing import NamedTuple, Protocol
 
 from meshlet.proxy.core.classify import FAILURE
 from meshlet.proxy.core.failover import Action, Attempt, Decision, Failure, decide
@@ -43,6 +45,8 @@ from meshlet.proxy.http.contract import (
     RouteError,
     Router,
     RouteTarget,
+    Wait,
+    settle,
 )
 
 log = logging.getLogger(__name__)
@@ -66,14 +70,13 @@ class Answer(NamedTuple):
     reason: str
 
 
-class Wait(NamedTuple):
-    """Await `call(arg)` (a route or a pick), then give the result to `Attempts.resume`."""
+class Sending(NamedTuple):
+    """The current endpoint's send waits for a connection."""
 
-    call: Callable[[Any], Awaitable[Any]]
-    arg: Any
+    wait: Wait
 
 
-Step = Endpoint | Answer | Wait | Verdict
+Step = Endpoint | Answer | Wait | Sending | Verdict
 
 
 class Failed(NamedTuple):
@@ -92,13 +95,10 @@ class Upstream(Protocol):
     def routed(self, route: RouteTarget) -> None:
         """The request's route is known (once): its timers and replay buffer start."""
 
-    def send_now(self, endpoint: Endpoint, fresh: bool) -> bool:
-        """Sends the request on a connection to `endpoint` that is ready now (pooled, or one
-        with a free stream); False: `send` must wait for one. `fresh`: not a pooled one."""
-
-    async def send(self, endpoint: Endpoint, fresh: bool) -> Failed | None:
-        """Sends the request on a connection to `endpoint`, connecting when needed; or why the
-        connection failed (nothing was sent)."""
+    def send(self, endpoint: Endpoint, fresh: bool) -> Wait | None:
+        """Sends the request on a connection to `endpoint` that is ready (pooled, or with a
+        free stream; `fresh`: a new one); else a Wait for connecting, whose result is None
+        (sent) or why the connection failed (nothing was sent)."""
 
     def answer(self, status: int, reason: str) -> None:
         """Answers the request from the proxy."""
@@ -159,9 +159,9 @@ class Attempts:
             return self._routed(route, self.arrived)
         router = self.router
         assert router is not None
-        routed = router.route_now(self.target)
-        if routed is None:
-            return Wait(router.route, self.target)
+        routed = router.route(self.target)
+        if isinstance(routed, Wait):
+            return routed
         return self._routed(routed, self.arrived)
 
     def resume(self, result: object, now: float) -> Step:
@@ -185,9 +185,9 @@ class Attempts:
     def _pick(self) -> Step:
         route = self.route
         assert route is not None
-        picked = route.endpoints.pick_now(self.previous)
-        if picked is None:
-            return Wait(route.endpoints.pick, self.previous)
+        picked = route.endpoints.pick(self.previous)
+        if isinstance(picked, Wait):
+            return picked
         return self._picked(picked)
 
     def _picked(self, picked: Endpoint | RouteError) -> Step:
@@ -353,13 +353,14 @@ def begin(attempts: Attempts, upstream: Upstream) -> Step | None:
 def advance_now(attempts: Attempts, upstream: Upstream, step: Step) -> Step | None:
     """Does `step` when that needs no waiting: a send on a connection at hand, an answer.
     Returns what is left for `advance` (None: nothing)."""
-    if isinstance(step, Endpoint):
-        if upstream.send_now(step, False):
+    if isinstance(step, Endpoint) or step is AGAIN:
+        endpoint = attempts.endpoint
+        assert endpoint is not None
+        sending = upstream.send(endpoint, step is AGAIN)
+        if sending is None:
             attempts.sent()
             return None
-        return step
-    if step is AGAIN:
-        return step
+        return Sending(sending)
     if isinstance(step, Answer):
         upstream.answer(step.status, step.reason)
         return None
@@ -376,7 +377,7 @@ async def advance(
         if isinstance(step, Wait):
             unrouted = attempts.route is None
             try:
-                result = await step.call(step.arg)
+                result: object = await settle(step)
             except Exception:
                 log.exception("routing a request for %r failed", attempts.target.authority)
                 result = _PROXY_ERROR
@@ -387,16 +388,19 @@ async def advance(
             step = attempts.resume(result, clock())
             if unrouted and attempts.route is not None:
                 upstream.routed(attempts.route)
-        elif isinstance(step, Endpoint) or step is AGAIN:
-            endpoint = attempts.endpoint
-            assert endpoint is not None
-            failed = await upstream.send(endpoint, step is AGAIN)
+        elif isinstance(step, Sending):
+            failed: Failed | None = await settle(step.wait)
+            if upstream.gone():
+                return
             if failed is None:
                 attempts.sent()
                 return
-            if upstream.gone():
-                return
             step = attempts.connect_failed(failed)
+        elif isinstance(step, Endpoint) or step is AGAIN:
+            left = advance_now(attempts, upstream, step)
+            if left is None:
+                return
+            step = left
         elif isinstance(step, Answer):
             upstream.answer(step.status, step.reason)
             return

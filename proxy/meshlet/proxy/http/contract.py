@@ -11,11 +11,10 @@ request and the response as streams, and records metrics. It never decides where
 from __future__ import annotations
 
 import asyncio
-import enum
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Final, NamedTuple, Protocol
+from typing import Any, Final, NamedTuple, Protocol, TypeVar
 
 from meshlet.api import wellknown
 from meshlet.proxy.core.pressure import Peer
@@ -24,6 +23,7 @@ from meshlet.proxy.core.routes import RoutePolicy
 from meshlet.proxy.metrics import ConnLabels, ProxyMetrics, TcpConn, Values
 
 Addr = tuple[str, int]
+T = TypeVar("T")
 
 
 class Lease(Protocol):
@@ -76,10 +76,20 @@ class RequestTarget(NamedTuple):
     path: str  # with the query
 
 
-class Later(enum.Enum):
-    """An answer that needs waiting (for discovery, a name lookup): ask the async method."""
+class Wait(NamedTuple):
+    """An answer that needs waiting (for discovery, a name lookup, a connection): await
+    `call(arg)` for it. Every routing question is one synchronous call that answers at once
+    (the common case: the engines then need no task for the request) or returns a Wait."""
 
-    LATER = "later"
+    call: Callable[[Any], Awaitable[Any]]
+    arg: Any
+
+
+async def settle(answer: T | Wait) -> T:
+    """The answer, waited for when it is a Wait."""
+    while isinstance(answer, Wait):
+        answer = await answer.call(answer.arg)
+    return answer
 
 
 class EndpointPicker(Protocol):
@@ -87,11 +97,7 @@ class EndpointPicker(Protocol):
     is where the request's previous attempt went: a balanced pick avoids it while another
     endpoint is left, so a retry goes elsewhere."""
 
-    def pick_now(self, after: Endpoint | None = None) -> Endpoint | RouteError | None:
-        """The pick, when it needs no waiting (the common case: the engines then need no task
-        for the request); None: only `pick` can tell."""
-
-    async def pick(self, after: Endpoint | None = None) -> Endpoint | RouteError: ...
+    def pick(self, after: Endpoint | None = None) -> Endpoint | RouteError | Wait: ...
 
 
 class RouteTarget(NamedTuple):
@@ -108,11 +114,8 @@ class RouteTarget(NamedTuple):
 class Router(Protocol):
     """What an engine asks where requests go; each stack provides one per connection."""
 
-    def route_now(self, request: RequestTarget) -> RouteTarget | RouteError | None:
-        """The route, when it needs no waiting (discovery already answered); None: only
-        `route` can tell."""
-
-    async def route(self, request: RequestTarget) -> RouteTarget | RouteError: ...
+    def route(self, request: RequestTarget) -> RouteTarget | RouteError | Wait:
+        """The route; a Wait while discovery or a name lookup has not answered."""
 
 
 class Recording(Protocol):

@@ -38,11 +38,11 @@ import socket
 from typing import Any, cast
 
 from meshlet.proxy.core.failover import Failure
-from meshlet.proxy.http.attempts import Answer, Failed, Step, advance
-from meshlet.proxy.http.contract import Endpoint, HttpConn, RouteTarget
+from meshlet.proxy.http.attempts import Answer, Failed, Sending, Step, advance
+from meshlet.proxy.http.contract import Endpoint, HttpConn, RouteTarget, Wait
 from meshlet.proxy.http.h1client import H1Upstream
 from meshlet.proxy.http.h1exchange import Exchange, H1Machine
-from meshlet.proxy.http.h1pool import H1Pool
+from meshlet.proxy.http.h1pool import H1Pool, PoolKey
 from meshlet.proxy.http.recorder import Recorder
 from meshlet.proxy.io import relay
 from meshlet.proxy.io.sockets import write_pieces
@@ -164,24 +164,23 @@ class H1Shell(asyncio.Protocol):
         if self._ex is not None and self.machine is not None:
             self.machine.routed(self._ex, route)
 
-    def send_now(self, endpoint: Endpoint, fresh: bool) -> bool:
-        ex, machine = self._ex, self.machine
-        if fresh or ex is None or machine is None:
-            return False
-        key = (endpoint.connect or self._conn.connect, endpoint.addr)
-        upstream = self._pool.take(key)
-        if upstream is None:
-            return False
-        machine.attach(ex, upstream, key)
-        return True
-
-    async def send(self, endpoint: Endpoint, fresh: bool) -> Failed | None:
+    def send(self, endpoint: Endpoint, fresh: bool) -> Wait | None:
         ex, machine = self._ex, self.machine
         assert ex is not None and machine is not None
-        if self.send_now(endpoint, fresh):
-            return None
+        key = (endpoint.connect or self._conn.connect, endpoint.addr)
+        if not fresh:
+            upstream = self._pool.take(key)
+            if upstream is not None:
+                machine.attach(ex, upstream, key)
+                return None
+        return Wait(self._connect, (ex, endpoint, key))
+
+    async def _connect(self, args: tuple[Exchange, Endpoint, PoolKey]) -> Failed | None:
+        """A new connection to the endpoint, attached to the exchange; or why it failed."""
+        ex, endpoint, key = args
+        machine = self.machine
+        assert machine is not None
         conn = self._conn
-        key = (endpoint.connect or conn.connect, endpoint.addr)
         host, port = endpoint.addr
         limits = conn.limits
         try:
@@ -333,9 +332,11 @@ class H1Shell(asyncio.Protocol):
                     self.machine.routed(exchange, att.route)
             if isinstance(step, Endpoint):
                 self._ex = exchange
-                if self.send_now(step, False):
+                sending = self.send(step, False)
+                if sending is None:
                     att.sent()
                     return
+                step = Sending(sending)
         except Exception:
             log.exception("routing a request for %r failed", exchange.head.authority)
             step = Answer(502, "routing failed in the proxy")

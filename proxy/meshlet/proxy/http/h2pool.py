@@ -12,11 +12,12 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from functools import partial
 from types import TracebackType
 
 from meshlet.proxy.core.failover import Failure
 from meshlet.proxy.http.attempts import Failed
-from meshlet.proxy.http.contract import Addr, Connect, HttpLimits
+from meshlet.proxy.http.contract import Addr, Connect, Endpoint, HttpLimits, Wait
 from meshlet.proxy.http.h2client import H2Client
 from meshlet.proxy.http.h2guard import GuardLimits
 from meshlet.proxy.http.h2stream import ProxyStream
@@ -67,25 +68,26 @@ class H2Pool:
         self._clients.clear()
         self._keys.clear()
 
-    def open_now(self, addr: Addr, stream: ProxyStream, connect: Connect | None = None) -> bool:
-        """`open` when nothing needs waiting: True when `stream` was opened on the connection
-        to `addr`, which is up and has a free stream."""
-        client = self._clients.get((connect or self._connect, addr))
-        return client is not None and client.open(stream)
-
-    async def open(
-        self,
-        addr: Addr,
-        stream: ProxyStream,
-        connect: Connect | None = None,
-        tcp: Callable[[], TcpConn] = TcpConn.uncounted,
-    ) -> Failed | None:
-        """Opens `stream` upstream on the connection to `addr` (made with `connect`, by default
-        the pool's, and counted by what `tcp` makes), connecting when there is none and waiting
-        while the upstream's concurrency limit is reached. A connection made for it that closes
+    def open(
+        self, endpoint: Endpoint, stream: ProxyStream, counts: Callable[[Endpoint], TcpConn]
+    ) -> Wait | None:
+        """Opens `stream` upstream on the pooled connection to `endpoint` when it is up and
+        has a free stream (None); else a Wait that connects when there is no connection
+        (counted by `counts`) and waits while the upstream's concurrency limit is reached,
+        whose result is None (opened) or why it failed. A connection made for it that closes
         before the stream is opened fails like a refused one (the request's Attempts decide
         whether to try again)."""
-        key = (connect or self._connect, addr)
+        key = (endpoint.connect or self._connect, endpoint.addr)
+        client = self._clients.get(key)
+        if client is not None and client.open(stream):
+            return None
+        return Wait(self._open, (key, stream, partial(counts, endpoint)))
+
+    async def _open(
+        self, args: tuple[PoolKey, ProxyStream, Callable[[], TcpConn]]
+    ) -> Failed | None:
+        key, stream, tcp = args
+        addr = key[1]
         dialed = False
         while not stream.closed:
             client = self._clients.get(key)

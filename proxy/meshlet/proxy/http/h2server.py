@@ -14,8 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Callable, Sequence
-from functools import partial
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from meshlet.proxy.http.attempts import Attempts, Step, advance, advance_now, begin
@@ -305,10 +304,9 @@ class H2Server(Peer):
             log.exception("forwarding stream %d failed", stream.down_id)
             stream.answer(502, "proxy error")
 
-    def upstream_counts(self, endpoint: Endpoint) -> Callable[[], TcpConn]:
-        """What counts a new upstream connection to `endpoint`."""
-        return partial(self.conn.metrics.dst_conn, self._direction, endpoint.addr,
-                       endpoint.labels)  # fmt: skip
+    def upstream_counts(self, endpoint: Endpoint) -> TcpConn:
+        """The counts of a new upstream connection to `endpoint`."""
+        return self.conn.metrics.dst_conn(self._direction, endpoint.addr, endpoint.labels)
 
     def forget(self, stream: ProxyStream) -> None:
         self.streams.pop(stream.down_id, None)

@@ -16,15 +16,14 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from meshlet.proxy.core.failover import Failure
-from meshlet.proxy.http.attempts import (
-    PASS,
-    REFUSE,
-    Answer,
-    Attempts,
-    Failed,
-    Step,
+from meshlet.proxy.http.attempts import PASS, REFUSE, Answer, Attempts, Step
+from meshlet.proxy.http.contract import (
+    MAX_INFORMATIONAL,
+    REPLAY_LIMIT,
+    Endpoint,
+    RouteTarget,
+    Wait,
 )
-from meshlet.proxy.http.contract import MAX_INFORMATIONAL, REPLAY_LIMIT, Endpoint, RouteTarget
 from meshlet.proxy.http.h2codec import ErrorCode, StreamClosed, error_name
 from meshlet.proxy.http.h2conn import MAX_RTT, MIN_RTT, Peer
 from meshlet.proxy.http.h2headers import (
@@ -193,12 +192,8 @@ class ProxyStream:
             self.timer = self.server.loop.call_at(deadline, self._timed_out)
         self.req.kept = []
 
-    def send_now(self, endpoint: Endpoint, fresh: bool) -> bool:
-        return self.server.pool.open_now(endpoint.addr, self, endpoint.connect)
-
-    async def send(self, endpoint: Endpoint, fresh: bool) -> Failed | None:
-        return await self.server.pool.open(endpoint.addr, self, endpoint.connect,
-                                           self.server.upstream_counts(endpoint))  # fmt: skip
+    def send(self, endpoint: Endpoint, fresh: bool) -> Wait | None:
+        return self.server.pool.open(endpoint, self, self.server.upstream_counts)
 
     def from_peer_proxy(self) -> bool:
         """Whether the upstream is a meshed peer's proxy (reached over mTLS)."""

@@ -20,10 +20,11 @@ from meshlet.proxy.http.contract import (
     Addr,
     Endpoint,
     EndpointPicker,
-    Later,
     RequestTarget,
     RouteError,
     RouteTarget,
+    Wait,
+    settle,
 )
 from meshlet.proxy.metrics import ProxyMetrics
 from meshlet.proxy.routing import FixedPicker, FixedRouter
@@ -47,22 +48,23 @@ class DiscoveredPicker:
     session: SessionProtocol
     fallback: EndpointPicker | None
 
-    def pick_now(self, after: Endpoint | None = None) -> Endpoint | RouteError | None:
-        picked = self.mesh.pick_now(self.destination, self.session, after)
-        if picked is Later.LATER:
-            return None
-        if picked is not None:
-            return picked
-        if self.fallback is not None:
-            return self.fallback.pick_now(after)
-        return _UNKNOWN
+    def pick(self, after: Endpoint | None = None) -> Endpoint | RouteError | Wait:
+        picked = self.mesh.pick(self.destination, self.session, after)
+        if isinstance(picked, Wait):
+            return Wait(self._settle, (picked, after))
+        return self._or_fallback(picked, after)
 
-    async def pick(self, after: Endpoint | None = None) -> Endpoint | RouteError:
-        picked = await self.mesh.pick(self.destination, self.session, after)
+    async def _settle(self, args: tuple[Wait, Endpoint | None]) -> Endpoint | RouteError:
+        waited, after = args
+        return await settle(self._or_fallback(await settle(waited), after))
+
+    def _or_fallback(
+        self, picked: Endpoint | RouteError | None, after: Endpoint | None
+    ) -> Endpoint | RouteError | Wait:
         if picked is not None:
             return picked
         if self.fallback is not None:
-            return await self.fallback.pick(after)
+            return self.fallback.pick(after)
         return _UNKNOWN
 
 
@@ -75,10 +77,10 @@ class DnsPicker:
     local_ip: str
     metrics: ProxyMetrics
 
-    def pick_now(self, after: Endpoint | None = None) -> None:
-        return None  # a name lookup
+    def pick(self, after: Endpoint | None = None) -> Wait:
+        return Wait(self._lookup, after)  # a name lookup
 
-    async def pick(self, after: Endpoint | None = None) -> Endpoint | RouteError:
+    async def _lookup(self, after: Endpoint | None) -> Endpoint | RouteError:
         routed = await by_authority(self.authority, self.self_targets, self.local_ip)
         if isinstance(routed, RouteError):
             return routed
@@ -121,26 +123,21 @@ class OutboundRouter:
             label = metrics.authority_label(f"{target[0]}:{target[1]}")
             self._fallback = FixedPicker(Endpoint(target, label))
 
-    def route_now(self, request: RequestTarget) -> RouteTarget | RouteError | None:
+    def route(self, request: RequestTarget) -> RouteTarget | RouteError | Wait:
         mesh = self._mesh
         if mesh is not None and self._destination is not None:
             return self._discovered(mesh, self._destination, request)
         if self._fixed is not None:
-            return self._fixed.route_now(request)
+            return self._fixed.route(request)
         authority = request.authority
         if mesh is None:
-            return self._by_literal(authority)
+            routed = self._by_literal(authority)
+            return routed if routed is not None else Wait(self._by_authority, request)
         if authority:
             destination = mesh.known_destination(authority)
             if destination is not None:
                 return self._discovered(mesh, destination, request, authority)
-        return None
-
-    async def route(self, request: RequestTarget) -> RouteTarget | RouteError:
-        routed = self.route_now(request)
-        if routed is not None:
-            return routed
-        return await self._by_authority(request)
+        return Wait(self._by_authority, request)
 
     def _discovered(
         self,

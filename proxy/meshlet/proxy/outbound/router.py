@@ -28,7 +28,7 @@ from meshlet.proxy.discovery.client import DestinationClient
 from meshlet.proxy.discovery.profile import DstOverride
 from meshlet.proxy.discovery.profile import RetryBudget as ProfileBudget
 from meshlet.proxy.discovery.resolver import Destination, Resolver, ResolverFull
-from meshlet.proxy.http.contract import Addr, Connect, Endpoint, Later, RouteError
+from meshlet.proxy.http.contract import Addr, Connect, Endpoint, RouteError, Wait
 from meshlet.proxy.identity.manager import IdentityManager
 from meshlet.proxy.mesh.outbound import MeshConnectError, mesh_connect
 from meshlet.proxy.metrics import ProxyMetrics, dst_values
@@ -151,11 +151,13 @@ class MeshRouter:
             not suffix or host == suffix or host.endswith("." + suffix) for suffix in self._suffixes
         )
 
-    def pick_now(
+    def pick(
         self, destination: Destination, session: SessionProtocol, after: Endpoint | None = None
-    ) -> Endpoint | RouteError | Later | None:
-        """`pick` when it needs no waiting; LATER when it does (a traffic split to follow, or
-        endpoints not reported yet)."""
+    ) -> Endpoint | RouteError | Wait | None:
+        """The endpoint for one request or connection (not `after`, where its previous attempt
+        went, while another is left); None when discovery does not know the destination (it is
+        then sent where it was going, unmeshed); a Wait when a traffic split is to be followed
+        or endpoints are not reported yet."""
         if destination.kind == "unknown":
             return None
         if destination.kind == "endpoint":
@@ -165,20 +167,15 @@ class MeshRouter:
             return self._reach(endpoint, session, destination.target, None)
         profile = destination.profile
         if profile is not None and profile.dst_overrides:
-            return Later.LATER
+            return Wait(self._pick_later, (destination, session, after))
         if destination.endpoints.status is Status.PENDING:
-            return Later.LATER
+            return Wait(self._pick_later, (destination, session, after))
         return self._balanced(destination, session, after)
 
-    async def pick(
-        self, destination: Destination, session: SessionProtocol, after: Endpoint | None = None
+    async def _pick_later(
+        self, args: tuple[Destination, SessionProtocol, Endpoint | None]
     ) -> Endpoint | RouteError | None:
-        """The endpoint for one request or connection (not `after`, where its previous attempt
-        went, while another is left); None when discovery does not know the destination (it is
-        then sent where it was going, unmeshed)."""
-        picked = self.pick_now(destination, session, after)
-        if picked is not Later.LATER:
-            return picked
+        destination, session, after = args
         profile = destination.profile
         if profile is not None and profile.dst_overrides:
             chosen = self._split(profile.dst_overrides)
