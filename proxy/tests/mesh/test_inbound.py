@@ -22,6 +22,7 @@ from h2.events import DataReceived, RequestReceived, ResponseReceived, StreamEnd
 from meshlet.api import transport_header, wellknown
 from meshlet.api.transport_header import Header, SessionProtocol
 from meshlet.proxy.core import sni
+from meshlet.proxy.core.loops import SelfTargets
 from meshlet.proxy.http.contract import CLIENT_ID_HEADER, HttpConn, HttpLimits
 from meshlet.proxy.http.h1 import serve_h1
 from meshlet.proxy.http.h2server import serve_h2
@@ -38,7 +39,6 @@ from meshlet.proxy.mesh import (
 )
 from meshlet.proxy.metrics import ProxyMetrics, TcpConn
 from meshlet.proxy.routing import FixedRouter
-from meshlet.proxy.targets import SelfTargets
 from meshlet.proxy.tls import contexts
 
 WEB = wellknown.identity_name("web", "emojivoto")
