@@ -27,6 +27,7 @@ from meshlet.proxy.http.contract import CLIENT_ID_HEADER, HttpConn, HttpLimits
 from meshlet.proxy.http.h1 import serve_h1
 from meshlet.proxy.http.h2server import serve_h2
 from meshlet.proxy.io.connect import tcp_connector
+from meshlet.proxy.io.counters import TcpConn
 from meshlet.proxy.io.listener import Accepted, Listener, bind
 from meshlet.proxy.mesh import (
     MeshInbound,
@@ -37,7 +38,7 @@ from meshlet.proxy.mesh import (
     mesh_connect,
     relay,
 )
-from meshlet.proxy.metrics import ProxyMetrics, TcpConn
+from meshlet.proxy.metrics import ProxyMetrics
 from meshlet.proxy.routing import FixedRouter
 from meshlet.proxy.tls import contexts
 

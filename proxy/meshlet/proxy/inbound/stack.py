@@ -26,8 +26,8 @@ from meshlet.proxy.core.detect import NEED_MORE, PEEK_BYTES, Protocol, detect
 from meshlet.proxy.core.loops import SelfTargets
 from meshlet.proxy.http.contract import CLIENT_ID_HEADER, Addr, Endpoint
 from meshlet.proxy.io import relay
+from meshlet.proxy.io.counters import TcpConn
 from meshlet.proxy.io.listener import Accepted, peek_protocol
-from meshlet.proxy.metrics import TcpConn
 from meshlet.proxy.routing import FixedPicker, FixedRouter
 
 if TYPE_CHECKING:
