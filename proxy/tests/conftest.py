@@ -25,8 +25,9 @@ from meshlet.proxy.http.contract import (
     Wait,
 )
 from meshlet.proxy.io.connect import tcp_connector
+from meshlet.proxy.io.counters import ConnLabels, TcpConn
 from meshlet.proxy.io.listener import Accepted, Listener, bind
-from meshlet.proxy.metrics import ConnLabels, ProxyMetrics, TcpConn
+from meshlet.proxy.metrics import ProxyMetrics
 from meshlet.proxy.routing import FixedPicker
 
 Engine = Callable[[HttpConn], Awaitable[None]]

@@ -9,7 +9,8 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from meshlet.proxy.metrics import DST_LABELS, ProxyMetrics, TcpConn, dst_values
+from meshlet.proxy.io.counters import DST_LABELS, TcpConn, dst_values
+from meshlet.proxy.metrics import ProxyMetrics
 
 
 def scrape(metrics: ProxyMetrics) -> dict[str, list[tuple[dict[str, str], float]]]:

@@ -19,6 +19,7 @@ from meshlet.api.admin import AdminServer
 from meshlet.proxy import logs
 from meshlet.proxy.config import ProxyConfig
 from meshlet.proxy.connections import Connections
+from meshlet.proxy.core.loops import SelfTargets
 from meshlet.proxy.core.pressure import PressureLimits
 from meshlet.proxy.http.contract import Addr, HttpLimits
 from meshlet.proxy.inbound.stack import InboundStack
@@ -27,7 +28,6 @@ from meshlet.proxy.io.listener import Listener, bind
 from meshlet.proxy.io.shedder import LoadShedder
 from meshlet.proxy.metrics import ProxyMetrics
 from meshlet.proxy.outbound.stack import OutboundStack
-from meshlet.proxy.targets import SelfTargets
 
 if TYPE_CHECKING:
     from meshlet.proxy.identity.manager import IdentityManager

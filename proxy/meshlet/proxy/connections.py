@@ -31,8 +31,9 @@ from meshlet.proxy.http.contract import (
     Wait,
 )
 from meshlet.proxy.io import relay
+from meshlet.proxy.io.counters import ConnLabels, TcpConn
 from meshlet.proxy.io.listener import Accepted
-from meshlet.proxy.metrics import ConnLabels, ProxyMetrics, TcpConn
+from meshlet.proxy.metrics import ProxyMetrics
 
 if TYPE_CHECKING:
     from meshlet.proxy.http.h1pool import H1Pool

@@ -1,11 +1,11 @@
 """The proxy's Prometheus metrics, named and labelled as Linkerd's, on a registry it owns.
 
 HTTP metrics are `series` children, looked up once per label set by their recorder. TCP
-metrics (`tcp_*`) are counted in plain attributes of one `TcpConn` per connection, with no
-lookup per read or write, and summed when the registry is scraped: `peer="src"` for
-connections the proxy accepted, `peer="dst"` for those it opened (to an endpoint or to the
-app). On the outbound side, endpoints carry the destination service's metric labels as
-`dst_<name>` (`dst_namespace`, `dst_service`, `dst_pod`, `dst_deployment`, ...).
+metrics (`tcp_*`) are counted in plain attributes of one `TcpConn` per connection
+(`io/counters.py`), with no lookup per read or write, and summed when the registry is scraped:
+`peer="src"` for connections the proxy accepted, `peer="dst"` for those it opened (to an
+endpoint or to the app). On the outbound side, endpoints carry the destination service's metric
+labels as `dst_<name>` (`dst_namespace`, `dst_service`, `dst_pod`, `dst_deployment`, ...).
 
 Label values a client can choose (authority, target address) are bounded: past `MAX_VALUES`
 distinct values of one label, new ones are reported as `overflow`. No series has a `_created`
@@ -20,11 +20,11 @@ import platform
 import sys
 import time
 from collections import Counter as Tally
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
+from meshlet.proxy.io.counters import DST_LABELS, NO_DST, ConnLabels, TcpConn, TcpKey, Values
 from meshlet.proxy.series import (
     Counter,
     Family,
@@ -42,14 +42,6 @@ LATENCY_BUCKETS_MS: Final = (
     1000, 2000, 3000, 4000, 5000, 10000, 20000, 30000, 40000, 50000,
 )  # fmt: skip
 DURATION_BUCKETS_MS: Final = (1, 10, 100, 1000, 10_000, 100_000, 1_000_000, 10_000_000)
-# The destination service's metric labels the proxy reports (as dst_<name>); others are
-# dropped, so that what a controller sends cannot grow the label set.
-DST_LABELS: Final = (
-    "namespace", "service", "pod", "serviceaccount", "zone",
-    "deployment", "statefulset", "daemonset", "replicaset", "job",
-)  # fmt: skip
-_DST_INDEX: Final = {name: i for i, name in enumerate(DST_LABELS)}
-NO_DST: Final = ("",) * len(DST_LABELS)
 
 
 class BoundedValues:
@@ -68,35 +60,7 @@ class BoundedValues:
         return value
 
 
-def dst_values(labels: Iterable[tuple[str, str]]) -> tuple[str, ...]:
-    """The destination's metric labels of an endpoint, in DST_LABELS order ("" when absent)."""
-    values = list(NO_DST)
-    for name, value in labels:
-        index = _DST_INDEX.get(name)
-        if index is not None:
-            values[index] = value
-    return tuple(values)
-
-
-@dataclass(frozen=True, slots=True)
-class ConnLabels:
-    """Labels of a connection: direction, peer, TLS (Linkerd's tcp_* and request_* labels)."""
-
-    direction: str  # "inbound" | "outbound"
-    target_addr: str
-    tls: str = "no_identity"  # "true" | "no_identity"
-    no_tls_reason: str = "not_provided_by_remote"
-    client_id: str = ""  # inbound over mTLS: the client's identity
-    server_id: str = ""  # outbound over mTLS: the server's identity
-    dst: tuple[str, ...] = NO_DST  # outbound to a discovered endpoint: `dst_values`
-
-    def values(self) -> Values:
-        return (self.direction, self.target_addr, self.tls, self.no_tls_reason, self.client_id,
-                self.server_id, *self.dst)  # fmt: skip
-
-
-Values = tuple[str, ...]  # ConnLabels.values(), in _CONN's order
-_CONN: Final = [
+_CONN: Final = [  # the names of ConnLabels.values()
     "direction", "target_addr", "tls", "no_tls_reason", "client_id", "server_id",
     *(f"dst_{name}" for name in DST_LABELS),
 ]  # fmt: skip
@@ -108,35 +72,6 @@ _ROUTE_RESPONSE: Final = [*_ROUTE, "status_code", "classification"]
 _TCP: Final = ["peer", *_CONN]
 _TCP_CLOSE: Final = [*_TCP, "errno"]
 _DURATION_LES: Final = [*(str(bound) for bound in DURATION_BUCKETS_MS), "+Inf"]
-TcpKey = tuple[str, ...]  # (peer, *Values)
-
-
-class TcpConn:
-    """One TCP connection's counts. Whoever reads or writes adds to `read` / `written`; the
-    connection counts as open from `open()` (once established) until `close()`."""
-
-    __slots__ = ("_tcp", "key", "opened_at", "read", "written")
-
-    def __init__(self, tcp: TcpMetrics | None, key: TcpKey) -> None:
-        self.read = 0
-        self.written = 0
-        self.key = key
-        self.opened_at = 0.0  # 0: not open yet; -1: closed
-        self._tcp = tcp
-
-    @classmethod
-    def uncounted(cls) -> TcpConn:
-        """For a connection no metric is kept of."""
-        return cls(None, ())
-
-    def open(self) -> None:
-        if self._tcp is not None and self.opened_at == 0.0:
-            self._tcp.opened(self)
-
-    def close(self, exc: BaseException | None = None) -> None:
-        """Counted once; a close before `open` counts nothing."""
-        if self._tcp is not None and self.opened_at > 0:
-            self._tcp.closed(self, exc)
 
 
 class TcpMetrics:

@@ -1,32 +1,15 @@
-"""Where a connection or request goes, and which targets would loop back into the proxy (pure
-apart from name resolution)."""
+"""Where a connection or request goes (pure apart from name resolution); targets that would loop
+back into the proxy are refused (core/loops.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import ipaddress
 import socket
-from collections.abc import Iterable
 
 from meshlet.api.hostport import parse_hostport
+from meshlet.proxy.core.loops import SelfTargets
 from meshlet.proxy.http.contract import Addr, Endpoint, RouteError
-
-
-class SelfTargets:
-    """The proxy's own listening ports: never a destination (a routing loop)."""
-
-    def __init__(self, listen: Iterable[Addr]) -> None:
-        self._ports = {port for _, port in listen}
-
-    def loops(self, target: Addr, local_ip: str) -> bool:
-        ip, port = target
-        if port not in self._ports:
-            return False
-        try:
-            address = ipaddress.ip_address(ip)
-        except ValueError:
-            return False
-        return address.is_loopback or address.is_unspecified or ip == local_ip
 
 
 def split_authority(authority: str, default_port: int = 80) -> Addr | None:

@@ -8,7 +8,8 @@ import pytest
 
 from meshlet.api import addr, destination_pb2
 from meshlet.controlplane.destination.profiles import default_profile, profile_from_spec
-from meshlet.proxy.core.endpoints import DecodeError, Hint
+from meshlet.proxy.core.endpoints import Hint
+from meshlet.proxy.discovery.decode import DecodeError
 from meshlet.proxy.discovery.profile import (
     DEFAULT_RETRY_BUDGET,
     UNKNOWN,

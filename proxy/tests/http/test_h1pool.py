@@ -11,7 +11,7 @@ import pytest
 from meshlet.proxy.http.contract import HttpLimits
 from meshlet.proxy.http.h1pool import H1Pool, PoolKey
 from meshlet.proxy.io.connect import tcp_connector
-from meshlet.proxy.metrics import TcpConn
+from meshlet.proxy.io.counters import TcpConn
 
 
 class Server:

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from meshlet.api.ports import parse_ports
+from meshlet.proxy.core.loops import SelfTargets
 from meshlet.proxy.http.contract import Endpoint, RequestTarget, RouteTarget
 from meshlet.proxy.inbound.stack import InboundStack
-from meshlet.proxy.targets import SelfTargets
 
 POD_IP = "10.0.0.7"
 INBOUND_PORT = 4143

@@ -13,8 +13,8 @@ import pytest
 
 from meshlet.proxy.core.detect import Protocol, may_be_http
 from meshlet.proxy.io import relay
+from meshlet.proxy.io.counters import TcpConn
 from meshlet.proxy.io.listener import Accepted, Listener, bind, peek_protocol
-from meshlet.proxy.metrics import TcpConn
 
 
 async def echo_server() -> tuple[asyncio.Server, int]:

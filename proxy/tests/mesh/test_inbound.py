@@ -22,10 +22,12 @@ from h2.events import DataReceived, RequestReceived, ResponseReceived, StreamEnd
 from meshlet.api import transport_header, wellknown
 from meshlet.api.transport_header import Header, SessionProtocol
 from meshlet.proxy.core import sni
+from meshlet.proxy.core.loops import SelfTargets
 from meshlet.proxy.http.contract import CLIENT_ID_HEADER, HttpConn, HttpLimits
 from meshlet.proxy.http.h1 import serve_h1
 from meshlet.proxy.http.h2server import serve_h2
 from meshlet.proxy.io.connect import tcp_connector
+from meshlet.proxy.io.counters import TcpConn
 from meshlet.proxy.io.listener import Accepted, Listener, bind
 from meshlet.proxy.mesh import (
     MeshInbound,
@@ -36,9 +38,8 @@ from meshlet.proxy.mesh import (
     mesh_connect,
     relay,
 )
-from meshlet.proxy.metrics import ProxyMetrics, TcpConn
+from meshlet.proxy.metrics import ProxyMetrics
 from meshlet.proxy.routing import FixedRouter
-from meshlet.proxy.targets import SelfTargets
 from meshlet.proxy.tls import contexts
 
 WEB = wellknown.identity_name("web", "emojivoto")

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from meshlet.api.transport_header import SessionProtocol
+from meshlet.proxy.core.loops import SelfTargets
 from meshlet.proxy.core.routes import DEFAULT_ROUTE, AllOf, Method, PathRegex, Route
 from meshlet.proxy.discovery.profile import Profile, RetryBudget
 from meshlet.proxy.discovery.resolver import Destination
@@ -24,7 +25,6 @@ from meshlet.proxy.http.contract import (
 from meshlet.proxy.metrics import OVERFLOW, BoundedValues, ProxyMetrics
 from meshlet.proxy.outbound.route import DiscoveredPicker, DnsPicker, OutboundRouter
 from meshlet.proxy.outbound.router import MeshRouter
-from meshlet.proxy.targets import SelfTargets
 
 HTTP1 = SessionProtocol.HTTP1
 WEB = "web.emojivoto.svc.cluster.local:80"

@@ -13,7 +13,7 @@ from meshlet.api.transport_header import SessionProtocol
 from meshlet.proxy.discovery.profile import DstOverride, Profile, RetryBudget
 from meshlet.proxy.discovery.resolver import Destination
 from meshlet.proxy.http.contract import Endpoint, RouteError, settle
-from meshlet.proxy.metrics import dst_values
+from meshlet.proxy.io.counters import dst_values
 from meshlet.proxy.outbound.router import MeshRouter
 
 HTTP1 = SessionProtocol.HTTP1

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from meshlet.api.ports import parse_ports
+from meshlet.proxy.core.loops import SelfTargets
 from meshlet.proxy.discovery.resolver import Destination
 from meshlet.proxy.http.contract import Addr, Endpoint, RequestTarget, RouteTarget, settle
 from meshlet.proxy.outbound.router import MeshRouter
 from meshlet.proxy.outbound.stack import OutboundStack
-from meshlet.proxy.targets import SelfTargets
 
 GET = b"GET / HTTP/1.1\r\nHost: web:80\r\n\r\n"
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"

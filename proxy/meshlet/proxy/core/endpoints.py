@@ -1,5 +1,5 @@
-"""Endpoints as the proxy sees them: typed values decoded from `WeightedAddr`, and the set that a
-`Get` stream builds (pure: no I/O, no clock).
+"""Endpoints as the proxy sees them: typed values (decoded from `WeightedAddr` by
+`discovery/decode.py`), and the set that a `Get` stream builds (pure: no I/O, no clock).
 
 Stream rules (DESIGN §4), applied by `EndpointSet.apply`:
 
@@ -9,26 +9,17 @@ Stream rules (DESIGN §4), applied by `EndpointSet.apply`:
 - The first message of a new stream (`first=True`) replaces whatever earlier streams built:
   after a reconnect the cache is replaced, never merged. A stream that breaks changes nothing:
   the last known endpoints stay until the next stream's first message.
-
-Decoding never downgrades security: an address whose `tls_identity` is present but unusable is
-rejected (reported in `Add.rejected`), never kept as a plaintext endpoint.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from meshlet.api import addr, destination_pb2, net_pb2
-
 Addr = tuple[str, int]  # (IP literal, port), as the proxy connects to it
 Labels = tuple[tuple[str, str], ...]  # sorted by name
-
-
-class DecodeError(ValueError):
-    """A message that breaks the contract; the text says which field."""
 
 
 class Hint(enum.Enum):
@@ -76,86 +67,6 @@ class NoEndpoints:
 
 
 Update = Add | Remove | NoEndpoints
-
-
-def decode_addr(msg: net_pb2.TcpAddress) -> Addr:
-    try:
-        ip, port = addr.tcp_from_proto(msg)
-    except ValueError as exc:
-        raise DecodeError(f"address: {exc}") from None
-    if not 1 <= port <= 65535:
-        raise DecodeError(f"address {ip}: port {port} is not in 1-65535")
-    return str(ip), port
-
-
-def _identity(msg: destination_pb2.TlsIdentity) -> TlsIdentity:
-    strategy = msg.WhichOneof("strategy")
-    server_name = msg.server_name.name if msg.HasField("server_name") else ""
-    if strategy == "dns_like_identity" and msg.dns_like_identity.name:
-        name = msg.dns_like_identity.name
-        return TlsIdentity(name, server_name or name)
-    if strategy == "uri_like_identity" and msg.uri_like_identity.uri and server_name:
-        return TlsIdentity(msg.uri_like_identity.uri, server_name, "uri")
-    raise DecodeError("tls_identity is set without a usable name (or a URI without server_name)")
-
-
-def decode_endpoint(msg: destination_pb2.WeightedAddr, set_labels: Mapping[str, str]) -> Endpoint:
-    """One `WeightedAddr`; DecodeError when it cannot be used safely."""
-    if not msg.HasField("addr"):
-        raise DecodeError("WeightedAddr without addr")
-    address = decode_addr(msg.addr)
-    identity = _identity(msg.tls_identity) if msg.HasField("tls_identity") else None
-    hint: Hint | None = None
-    transport_port: int | None = None
-    if msg.HasField("protocol_hint"):
-        protocol = msg.protocol_hint.WhichOneof("protocol")
-        hint = Hint.H2 if protocol == "h2" else Hint.OPAQUE if protocol == "opaque" else None
-        if msg.protocol_hint.HasField("opaque_transport"):
-            transport_port = msg.protocol_hint.opaque_transport.inbound_port
-            if not 1 <= transport_port <= 65535:
-                raise DecodeError(f"{address[0]}: opaque_transport port {transport_port}")
-    override = msg.authority_override.authority_override or None
-    return Endpoint(
-        addr=address,
-        weight=msg.weight,
-        labels=tuple(sorted({**set_labels, **msg.metric_labels}.items())),
-        identity=identity,
-        hint=hint,
-        opaque_transport_port=transport_port,
-        authority_override=override,
-    )
-
-
-def _decode_all(
-    items: Iterable[destination_pb2.WeightedAddr], set_labels: Mapping[str, str]
-) -> tuple[tuple[Endpoint, ...], tuple[str, ...]]:
-    endpoints, rejected = [], []
-    for item in items:
-        try:
-            endpoints.append(decode_endpoint(item, set_labels))
-        except DecodeError as exc:
-            rejected.append(str(exc))
-    return tuple(endpoints), tuple(rejected)
-
-
-def decode_update(msg: destination_pb2.Update) -> Update:
-    """An `Update`; malformed addresses are left out and named in `rejected`. DecodeError when no
-    update is set at all."""
-    kind = msg.WhichOneof("update")
-    if kind == "add":
-        endpoints, rejected = _decode_all(msg.add.addrs, msg.add.metric_labels)
-        return Add(endpoints, rejected)
-    if kind == "remove":
-        addrs, problems = [], []
-        for item in msg.remove.addrs:
-            try:
-                addrs.append(decode_addr(item))
-            except DecodeError as exc:
-                problems.append(str(exc))
-        return Remove(tuple(addrs), tuple(problems))
-    if kind == "no_endpoints":
-        return NoEndpoints(msg.no_endpoints.exists)
-    raise DecodeError("Update with no update set")
 
 
 class Status(enum.Enum):

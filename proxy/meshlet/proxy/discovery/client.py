@@ -31,7 +31,8 @@ from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
 from meshlet.api import destination_grpc, destination_pb2
 from meshlet.api.backoff import Backoff
-from meshlet.proxy.core.endpoints import DecodeError, Update, decode_update
+from meshlet.proxy.core.endpoints import Update
+from meshlet.proxy.discovery.decode import DecodeError, decode_update
 from meshlet.proxy.discovery.profile import Profile, decode_profile
 from meshlet.proxy.tls.contexts import control_client_context
 

@@ -19,7 +19,7 @@ from typing import NamedTuple
 from google.protobuf import duration_pb2
 
 from meshlet.api import destination_pb2, http_types_pb2
-from meshlet.proxy.core.endpoints import DecodeError, Endpoint, decode_endpoint
+from meshlet.proxy.core.endpoints import Endpoint
 from meshlet.proxy.core.routes import (
     AllOf,
     AnyOf,
@@ -34,6 +34,7 @@ from meshlet.proxy.core.routes import (
     StatusRange,
     check,
 )
+from meshlet.proxy.discovery.decode import DecodeError, decode_endpoint
 
 MAX_DEPTH = 16  # all/any/not levels in one condition, as the control plane allows
 

@@ -5,7 +5,8 @@ set), or a connection that already exists (`handoff`: e.g. mTLS the mesh inbound
 whose transport header it read). For each request it asks `route(authority)` where the
 request goes, takes a connection to that endpoint from its pool (whose `connect` the caller
 supplies: plain TCP today, mTLS with a transport header between meshed proxies), relays the
-request and the response as streams, and records metrics. It never decides where traffic goes.
+request and the response as streams, and records metrics (`RequestMetrics`: the app's registry
+behind a port the engines define). It never decides where traffic goes.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from meshlet.api import wellknown
 from meshlet.proxy.core.pressure import Peer
 from meshlet.proxy.core.retry_budget import RetryBudget
 from meshlet.proxy.core.routes import RoutePolicy
-from meshlet.proxy.metrics import ConnLabels, ProxyMetrics, TcpConn, Values
+from meshlet.proxy.io.counters import ConnLabels, CounterFamily, HistogramFamily, TcpConn, Values
 
 Addr = tuple[str, int]
 T = TypeVar("T")
@@ -152,6 +153,40 @@ class Recording(Protocol):
         """A request or connection refused for its input."""
 
 
+class RequestMetrics(Protocol):
+    """What the engines record (`metrics.ProxyMetrics` provides it): the request, response and
+    route families (http/recorder.py writes them), bounded authority labels, and the counts of
+    each connection opened to an endpoint."""
+
+    @property
+    def request_total(self) -> CounterFamily: ...
+    @property
+    def response_total(self) -> CounterFamily: ...
+    @property
+    def response_latency_ms(self) -> HistogramFamily: ...
+    @property
+    def route_request_total(self) -> CounterFamily: ...
+    @property
+    def route_response_total(self) -> CounterFamily: ...
+    @property
+    def route_response_latency_ms(self) -> HistogramFamily: ...
+    @property
+    def route_actual_request_total(self) -> CounterFamily: ...
+    @property
+    def route_actual_response_total(self) -> CounterFamily: ...
+    @property
+    def retry_skipped_total(self) -> CounterFamily: ...
+    @property
+    def http_errors_total(self) -> CounterFamily: ...
+
+    def authority_label(self, authority: str) -> str:
+        """`authority` as a metric label (past a bound of distinct values: `overflow`)."""
+
+    def dst_conn(self, direction: str, addr: Addr, labels: Values | None) -> TcpConn:
+        """The counts of a connection the proxy opens to `addr` (`peer="dst"`), with the
+        endpoint's `labels` (None: a plain connection)."""
+
+
 # Opens a transport to an endpoint with the given protocol factory (plain TCP by default).
 Connect = Callable[
     [Addr, Callable[[], asyncio.Protocol]], Awaitable[tuple[asyncio.Transport, asyncio.Protocol]]
@@ -229,7 +264,7 @@ class HttpConn:
     sock: object  # the accepted socket.socket (unused with `handoff`)
     router: Router
     connect: Connect
-    metrics: ProxyMetrics
+    metrics: RequestMetrics
     labels: ConnLabels
     limits: HttpLimits
     closing: asyncio.Event  # set at shutdown: finish in-flight requests, then close

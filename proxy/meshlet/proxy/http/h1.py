@@ -45,8 +45,8 @@ from meshlet.proxy.http.h1exchange import Exchange, H1Machine
 from meshlet.proxy.http.h1pool import H1Pool, PoolKey
 from meshlet.proxy.http.recorder import Recorder
 from meshlet.proxy.io import relay
+from meshlet.proxy.io.counters import TcpConn
 from meshlet.proxy.io.sockets import write_pieces
-from meshlet.proxy.metrics import TcpConn
 from meshlet.proxy.tls.transport import tls_accept
 
 log = logging.getLogger(__name__)

@@ -16,8 +16,8 @@ import httptools
 
 from meshlet.proxy.http.contract import MAX_INFORMATIONAL, HttpLimits
 from meshlet.proxy.http.h1head import Body, Header
+from meshlet.proxy.io.counters import TcpConn
 from meshlet.proxy.io.sockets import write_pieces
-from meshlet.proxy.metrics import TcpConn
 
 
 class UpstreamError(Exception):

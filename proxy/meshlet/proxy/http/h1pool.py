@@ -12,7 +12,7 @@ from typing import Final
 
 from meshlet.proxy.http.contract import Addr, Connect, HttpLimits
 from meshlet.proxy.http.h1client import H1Upstream
-from meshlet.proxy.metrics import TcpConn
+from meshlet.proxy.io.counters import TcpConn
 
 PoolKey = tuple[Connect, Addr]
 

@@ -22,7 +22,7 @@ from meshlet.proxy.http.h2codec import (
     error_name,
 )
 from meshlet.proxy.http.h2guard import Guard
-from meshlet.proxy.metrics import TcpConn
+from meshlet.proxy.io.counters import TcpConn
 
 if TYPE_CHECKING:
     from meshlet.proxy.http.h2stream import ProxyStream

@@ -21,7 +21,7 @@ from meshlet.proxy.http.contract import Addr, Connect, Endpoint, HttpLimits, Wai
 from meshlet.proxy.http.h2client import H2Client
 from meshlet.proxy.http.h2guard import GuardLimits
 from meshlet.proxy.http.h2stream import ProxyStream
-from meshlet.proxy.metrics import TcpConn
+from meshlet.proxy.io.counters import TcpConn
 
 PoolKey = tuple[Connect, Addr]  # how (the connector) and where
 

@@ -13,14 +13,14 @@ from __future__ import annotations
 from typing import Any
 
 from meshlet.proxy.core.routes import DEFAULT_ROUTE, classify_response
-from meshlet.proxy.http.contract import Endpoint, RouteTarget
-from meshlet.proxy.metrics import ConnLabels, ProxyMetrics
+from meshlet.proxy.http.contract import Endpoint, RequestMetrics, RouteTarget
+from meshlet.proxy.io.counters import ConnLabels
 
 Children = dict[tuple[Any, ...], Any]
 
 
 class Recorder:
-    def __init__(self, metrics: ProxyMetrics, labels: ConnLabels) -> None:
+    def __init__(self, metrics: RequestMetrics, labels: ConnLabels) -> None:
         self.metrics = metrics
         self.direction = labels.direction
         self._labels = labels.values()

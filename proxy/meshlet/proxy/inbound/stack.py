@@ -23,12 +23,12 @@ from meshlet.api.ports import PortRanges
 from meshlet.api.transport_header import SessionProtocol
 from meshlet.proxy.connections import Connections
 from meshlet.proxy.core.detect import NEED_MORE, PEEK_BYTES, Protocol, detect
+from meshlet.proxy.core.loops import SelfTargets
 from meshlet.proxy.http.contract import CLIENT_ID_HEADER, Addr, Endpoint
 from meshlet.proxy.io import relay
+from meshlet.proxy.io.counters import TcpConn
 from meshlet.proxy.io.listener import Accepted, peek_protocol
-from meshlet.proxy.metrics import TcpConn
 from meshlet.proxy.routing import FixedPicker, FixedRouter
-from meshlet.proxy.targets import SelfTargets
 
 if TYPE_CHECKING:
     from meshlet.proxy.identity.manager import IdentityManager

@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Final, cast
 
-from meshlet.proxy.metrics import TcpConn
+from meshlet.proxy.io.counters import TcpConn
 
 HIGH_WATER: Final = 256 * 1024
 LOW_WATER: Final = 64 * 1024

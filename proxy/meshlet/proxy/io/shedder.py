@@ -10,18 +10,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Final
+from typing import Final, Protocol
 
 from meshlet.proxy.core.pressure import Peer, Pressure, PressureLimits
-from meshlet.proxy.metrics import ProxyMetrics
+from meshlet.proxy.io.counters import CounterFamily
 
 log = logging.getLogger(__name__)
 
 PERIOD: Final = 1.0  # seconds between periodic checks
 
 
+class ShedMetrics(Protocol):
+    """What the shedder records (`metrics.ProxyMetrics` provides it)."""
+
+    @property
+    def load_shed_total(self) -> CounterFamily: ...
+
+
 class LoadShedder:
-    def __init__(self, limits: PressureLimits, metrics: ProxyMetrics) -> None:
+    def __init__(self, limits: PressureLimits, metrics: ShedMetrics) -> None:
         self.pressure = Pressure(limits)
         self._metrics = metrics
         self._directions: dict[Peer, str] = {}

@@ -35,13 +35,13 @@ from typing import Final, cast
 from meshlet.api import transport_header
 from meshlet.api.transport_header import Header, Incomplete, TransportHeaderError
 from meshlet.proxy.core import sni
+from meshlet.proxy.core.loops import SelfTargets
 from meshlet.proxy.http.contract import Addr, Connect, Shedder
 from meshlet.proxy.io import relay as relay_sides
+from meshlet.proxy.io.counters import TcpConn
 from meshlet.proxy.io.listener import Accepted
 from meshlet.proxy.io.sockets import peer_closed
 from meshlet.proxy.mesh.refusal import Refusal, check_session, classify_tls_error, describe
-from meshlet.proxy.metrics import TcpConn
-from meshlet.proxy.targets import SelfTargets
 from meshlet.proxy.tls.contexts import peer_identity
 from meshlet.proxy.tls.transport import tls_accept
 

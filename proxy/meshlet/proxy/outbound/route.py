@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, NamedTuple
 
 from meshlet.api.transport_header import SessionProtocol
+from meshlet.proxy.core.loops import SelfTargets
 from meshlet.proxy.core.routes import DEFAULT_ROUTE, policy, route_for
 from meshlet.proxy.http.contract import (
     Addr,
@@ -28,7 +29,7 @@ from meshlet.proxy.http.contract import (
 )
 from meshlet.proxy.metrics import ProxyMetrics
 from meshlet.proxy.routing import FixedPicker, FixedRouter
-from meshlet.proxy.targets import SelfTargets, by_authority, by_literal
+from meshlet.proxy.targets import by_authority, by_literal
 
 if TYPE_CHECKING:  # discovery is imported only by proxies that use it
     from meshlet.proxy.discovery.profile import Profile

@@ -30,8 +30,9 @@ from meshlet.proxy.discovery.profile import RetryBudget as ProfileBudget
 from meshlet.proxy.discovery.resolver import Destination, Resolver, ResolverFull
 from meshlet.proxy.http.contract import Addr, Connect, Endpoint, RouteError, Wait
 from meshlet.proxy.identity.manager import IdentityManager
+from meshlet.proxy.io.counters import dst_values
 from meshlet.proxy.mesh.outbound import MeshConnectError, mesh_connect
-from meshlet.proxy.metrics import ProxyMetrics, dst_values
+from meshlet.proxy.metrics import ProxyMetrics
 from meshlet.proxy.outbound.balance import Balancer, Lease, NoEndpoints
 from meshlet.proxy.targets import split_authority
 

@@ -22,10 +22,10 @@ from meshlet.api.ports import PortRanges
 from meshlet.api.transport_header import SessionProtocol
 from meshlet.proxy.connections import Connections
 from meshlet.proxy.core.detect import Protocol
+from meshlet.proxy.core.loops import SelfTargets
 from meshlet.proxy.http.contract import Addr, Endpoint, EndpointPicker, RouteError
 from meshlet.proxy.io.listener import Accepted, peek_protocol
 from meshlet.proxy.routing import FixedPicker
-from meshlet.proxy.targets import SelfTargets
 
 if TYPE_CHECKING:
     from meshlet.proxy.discovery.resolver import Destination
