@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from meshlet.proxy.core.routes import DEFAULT_ROUTE
-from meshlet.proxy.http.contract import Endpoint, RequestTarget, RouteTarget, settle
+from meshlet.proxy.http.contract import Endpoint, RequestTarget, RouteTarget, Target, settle
 from meshlet.proxy.metrics import OVERFLOW, BoundedValues, ProxyMetrics
 from meshlet.proxy.routing import FixedPicker, FixedRouter
 
@@ -14,7 +14,7 @@ POD = ("10.0.0.7", 8080)
 
 
 def request(authority: str | None, method: str = "GET", path: str = "/") -> RequestTarget:
-    return RequestTarget(authority, method, path)
+    return Target(authority, method, path)
 
 
 async def routed(router: FixedRouter, authority: str | None) -> tuple[RouteTarget, Endpoint]:

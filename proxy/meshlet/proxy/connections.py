@@ -24,10 +24,10 @@ from meshlet.proxy.http.contract import (
     Handoff,
     HttpConn,
     HttpLimits,
-    RequestTarget,
     Router,
     RouteTarget,
     Shedder,
+    Target,
     Wait,
 )
 from meshlet.proxy.io import relay
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_OPAQUE: Final = RequestTarget(None, "", "")  # a connection: no authority, method or path
+_OPAQUE: Final = Target(None, "", "")  # a connection: no authority, method or path
 
 
 class Connections:

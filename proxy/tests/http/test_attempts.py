@@ -9,13 +9,20 @@ from meshlet.proxy.core.failover import MAX_CONNECTS, Failure
 from meshlet.proxy.core.retry_budget import RetryBudget
 from meshlet.proxy.core.routes import DEFAULT_ROUTE, RoutePolicy
 from meshlet.proxy.http.attempts import ABORT, AGAIN, PASS, REFUSE, Answer, Attempts, Failed
-from meshlet.proxy.http.contract import Endpoint, RequestTarget, RouteError, RouteTarget, Wait
+from meshlet.proxy.http.contract import (
+    Endpoint,
+    RequestTarget,
+    RouteError,
+    RouteTarget,
+    Target,
+    Wait,
+)
 from meshlet.proxy.http.recorder import Recorder
 from meshlet.proxy.metrics import ProxyMetrics
 from meshlet_testing.lease import RecordingLease
 
-GET = RequestTarget("items.ns:80", "GET", "/items/1")
-POST = RequestTarget("items.ns:80", "POST", "/items")
+GET = Target("items.ns:80", "GET", "/items/1")
+POST = Target("items.ns:80", "POST", "/items")
 RETRYABLE = RoutePolicy("GET /items/{id}", timeout=0.5, retryable=True)
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from meshlet.api.ports import parse_ports
 from meshlet.proxy.core.loops import SelfTargets
-from meshlet.proxy.http.contract import Endpoint, RequestTarget, RouteTarget
+from meshlet.proxy.http.contract import Endpoint, RouteTarget, Target
 from meshlet.proxy.inbound.stack import InboundStack
 
 POD_IP = "10.0.0.7"
@@ -61,7 +61,7 @@ async def test_http_is_forwarded_to_the_pods_port_whatever_the_request_names(
     accepted, _ = await accept(GET, local=LISTENER, original_dst=(POD_IP, 8080))
     await stack(connections).handle(accepted)
     [served] = connections.served
-    route = served.routing.route(RequestTarget("elsewhere.example:80", "GET", "/"))
+    route = served.routing.route(Target("elsewhere.example:80", "GET", "/"))
     assert isinstance(route, RouteTarget)
     endpoint = route.endpoints.pick()
     assert isinstance(endpoint, Endpoint) and endpoint.addr == (POD_IP, 8080)

@@ -19,6 +19,7 @@ from meshlet.proxy.http.contract import (
     RequestTarget,
     RouteError,
     RouteTarget,
+    Target,
     Wait,
     settle,
 )
@@ -39,7 +40,7 @@ ITEM = Route(
 
 
 def request(authority: str | None, method: str = "GET", path: str = "/") -> RequestTarget:
-    return RequestTarget(authority, method, path)
+    return Target(authority, method, path)
 
 
 def router(

@@ -12,7 +12,7 @@ import pytest
 from meshlet.api.ports import parse_ports
 from meshlet.proxy.core.loops import SelfTargets
 from meshlet.proxy.discovery.resolver import Destination
-from meshlet.proxy.http.contract import Addr, Endpoint, RequestTarget, RouteTarget, settle
+from meshlet.proxy.http.contract import Addr, Endpoint, RouteTarget, Target, settle
 from meshlet.proxy.outbound.router import MeshRouter
 from meshlet.proxy.outbound.stack import OutboundStack
 
@@ -33,7 +33,7 @@ def stack(connections: Any, mesh: MeshRouter | None = None) -> OutboundStack:
 
 
 async def route_of(router: Any, authority: str) -> RouteTarget:
-    route = await settle(router.route(RequestTarget(authority, "GET", "/")))
+    route = await settle(router.route(Target(authority, "GET", "/")))
     assert isinstance(route, RouteTarget)
     return route
 

@@ -112,6 +112,7 @@ class Attempts:
 
     __slots__ = (
         "arrived",
+        "classified",
         "connects",
         "counted",
         "deadline",
@@ -149,20 +150,36 @@ class Attempts:
         self.label = ""  # the `authority` label of its metrics
         self.deadline: float | None = None  # loop time of the route's timeout
         self.latency_ms: float | None = None  # arrival to the response head
+        self.classified = ""  # the response head's class, as the route classified it
 
     # -- routing and picking ----------------------------------------------------------
 
     def start(self) -> Step:
-        """The request arrived: where it goes first."""
+        """The request arrived: where it goes first. The common case (routed and picked at
+        once) is written out here: it runs for every request."""
         route = self.route
-        if route is not None:
-            return self._routed(route, self.arrived)
-        router = self.router
-        assert router is not None
-        routed = router.route(self.target)
-        if isinstance(routed, Wait):
-            return routed
-        return self._routed(routed, self.arrived)
+        if route is None:
+            router = self.router
+            assert router is not None
+            routed = router.route(self.target)
+            if not isinstance(routed, RouteTarget):
+                return routed if isinstance(routed, Wait) else self._routed(routed, self.arrived)
+            route = self.route = routed
+        if route.budget is not None:
+            route.budget.deposit(self.arrived)
+        timeout = route.policy.timeout
+        if timeout is not None:
+            self.deadline = self.arrived + timeout
+        picked = route.endpoints.pick(None)
+        if not isinstance(picked, Endpoint):
+            return picked if isinstance(picked, Wait) else self._picked(picked)
+        self.endpoint = picked
+        self.counted = True
+        recorder = self.recorder
+        if recorder is not None:
+            self.label = picked.authority_label
+            recorder.request(self.label, picked, route)
+        return picked
 
     def resume(self, result: object, now: float) -> Step:
         """What a `Wait` waited for arrived: the route, or then a pick."""
@@ -264,15 +281,20 @@ class Attempts:
         return PASS if action is Action.PASS else ABORT
 
     def response(self, status: int, grpc_status: str | None, replayable: bool, now: float) -> Step:
-        """A response head came back: PASS it to the client, or retry (the route classifies
-        it a failure, and the policy and budget allow)."""
+        """A response head came back: PASS it to the client (it is then `responded`), or
+        retry (the route classifies it a failure, and the policy and budget allow)."""
         route = self.route
         recorder = self.recorder
-        if route is None or recorder is None:
-            return PASS
-        if recorder.attempt_response(route, status, grpc_status) != FAILURE:
-            return PASS
-        return self.failed(Failure.STATUS, replayable, False, now)
+        if route is not None and recorder is not None:
+            classified = recorder.attempt_response(route, status, grpc_status)
+            if classified == FAILURE:
+                step = self.failed(Failure.STATUS, replayable, False, now)
+                if step is not PASS:
+                    return step
+            if grpc_status is None:  # else a gRPC status in trailers may still change it
+                self.classified = classified
+        self.responded(now)
+        return PASS
 
     def timed_out(self) -> Answer:
         """The route's timeout passed before the response head."""
@@ -327,8 +349,9 @@ class Attempts:
         recorder = self.recorder
         if recorder is None:
             return ""
+        known = self.classified if grpc_status is None else ""
         return recorder.response(self.label, self.endpoint, self.route, status, grpc_status,
-                                 self.latency_ms, failed)  # fmt: skip
+                                 self.latency_ms, failed, known)  # fmt: skip
 
     def release(self) -> None:
         """The current attempt's endpoint is done with (a no-op without a lease, or repeated)."""

@@ -69,12 +69,28 @@ class RouteError(NamedTuple):
     reason: str
 
 
-class RequestTarget(NamedTuple):
-    """What a request names, as its router needs it."""
+class RequestTarget(Protocol):
+    """What a request names, as its router needs it: the engines' request heads are ones
+    (h1head.RequestHead, h2headers.Request), so routing one costs no copy."""
 
-    authority: str | None  # absolute-form host, Host, or :authority
+    @property
+    def authority(self) -> str | None:
+        """The absolute-form host, Host, or :authority."""
+
+    @property
+    def method(self) -> str: ...
+
+    @property
+    def path(self) -> str:
+        """With the query."""
+
+
+class Target(NamedTuple):
+    """A RequestTarget of its own (the opaque relay's; tests')."""
+
+    authority: str | None
     method: str
-    path: str  # with the query
+    path: str
 
 
 class Wait(NamedTuple):
@@ -137,8 +153,10 @@ class Recording(Protocol):
         grpc_status: str | None,
         latency_ms: float | None,
         failed: bool = False,
+        classified: str = "",
     ) -> str:
-        """The response the client got (`failed`: cut short); its classification."""
+        """The response the client got (`failed`: cut short; `classified`: its class, when
+        already known); its classification."""
 
     def attempt(self, route: RouteTarget) -> None:
         """The request was (at least partly) sent upstream."""

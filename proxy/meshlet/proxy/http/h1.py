@@ -111,6 +111,7 @@ class H1Shell(asyncio.Protocol):
         self._tunnel: asyncio.Transport | None = None  # the upstream, after an upgrade
         self._ex: Exchange | None = None  # the exchange its Attempts are sending
         self._tcp = conn.tcp or TcpConn.uncounted()
+        self.now = self._loop.time  # Io.now
 
     # -- the task: routing and connecting, one exchange at a time ------------------------
 
@@ -277,9 +278,6 @@ class H1Shell(asyncio.Protocol):
             self.machine.shed(why)
 
     # -- Io: the machine's effects ----------------------------------------------------------
-
-    def now(self) -> float:
-        return self._loop.time()
 
     def write(self, chunks: list[bytes]) -> None:
         self._tcp.written += write_pieces(self._transport, chunks)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import collections
 import enum
 import logging
+from collections.abc import Callable
 from typing import Any, Final, Protocol
 
 import httptools
@@ -38,7 +39,6 @@ from meshlet.proxy.http.contract import (
     REPLAY_LIMIT,
     HttpLimits,
     Recording,
-    RequestTarget,
     Router,
     RouteTarget,
 )
@@ -111,7 +111,8 @@ class Reject(Exception):
 class Io(Protocol):
     """The effects of the machine (the shell: h1.py)."""
 
-    def now(self) -> float: ...
+    # The loop's clock (a builtin's bound method: no Python frame per call).
+    now: Callable[[], float]
 
     def write(self, chunks: list[bytes]) -> None:
         """To the client."""
@@ -391,9 +392,7 @@ class H1Machine:
             raise Reject(head.status, head.reason)
         if self.current is not None and len(self._queue) >= MAX_PIPELINED:
             raise Reject(503, f"more than {MAX_PIPELINED} pipelined requests; wait for responses")
-        ex = Exchange(head, Attempts(self._router, self._recorder,
-                                     RequestTarget(head.authority, head.method, head.path),
-                                     self.io.now()))  # fmt: skip
+        ex = Exchange(head, Attempts(self._router, self._recorder, head, self.io.now()))
         if head.body is not Body.NONE and not head.upgrade and parser.should_upgrade():
             ex.reparse_body = True
         self._parsing = self._last = ex
@@ -567,14 +566,14 @@ class H1Machine:
             return None
         att = ex.att
         now = self.io.now()
-        step = att.response(status, None, ex.replayable, now)
+        replayable = ex.replay is not None and ex.req is not Req.DISCARD
+        step = att.response(status, None, replayable, now)
         if step is not PASS:
             self._retry(ex, step)
             return None
         ex.response = head
         ex.resp = Resp.STREAMING
         ex.replay = None  # answered: never sent again
-        att.responded(now)
         if head.close:
             self.conn = Conn.CLOSE_AFTER if self.conn is Conn.OPEN else self.conn
         self._out.append(head.head)
@@ -895,4 +894,6 @@ def _from_peer_proxy(ex: Exchange) -> bool:
 
 def _release(ex: Exchange) -> None:
     """Tells the balancer the request is over (a no-op without a lease, or when repeated)."""
-    ex.att.release()
+    endpoint = ex.att.endpoint
+    if endpoint is not None and endpoint.lease is not None:
+        endpoint.lease.release()

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from meshlet.proxy.http.attempts import Attempts, Step, advance, advance_now, begin
-from meshlet.proxy.http.contract import Endpoint, HttpConn, RequestTarget
+from meshlet.proxy.http.contract import Endpoint, HttpConn
 from meshlet.proxy.http.h2codec import ErrorCode, Header, ProtocolError, error_name
 from meshlet.proxy.http.h2conn import Peer
 from meshlet.proxy.http.h2guard import Guard, GuardLimits
@@ -29,7 +29,7 @@ from meshlet.proxy.http.recorder import Recorder
 from meshlet.proxy.tls.transport import tls_accept
 
 if TYPE_CHECKING:
-    from meshlet.proxy.metrics import TcpConn
+    from meshlet.proxy.io.counters import TcpConn
 
 log = logging.getLogger(__name__)
 
@@ -199,9 +199,7 @@ class H2Server(Peer):
             self.count_error(ErrorCode.PROTOCOL_ERROR)
             self._refuse(sid, ErrorCode.PROTOCOL_ERROR)
             return
-        att = Attempts(self.conn.router, self.recorder,
-                       RequestTarget(request.authority, request.method, request.path),
-                       self.loop.time())  # fmt: skip
+        att = Attempts(self.conn.router, self.recorder, request, self.loop.time())
         stream = ProxyStream(self, sid, request, att)
         stream.req.ended = end
         self.streams[sid] = stream

@@ -291,7 +291,6 @@ class ProxyStream:
         self.responded = True
         self.moved += 1
         self._stop_timer()
-        att.responded(now)
         self.status = response.status
         self.grpc_status = response.grpc_status
         if not self._send_head(response.headers, end):

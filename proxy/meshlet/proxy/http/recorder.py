@@ -63,12 +63,15 @@ class Recorder:
         grpc_status: str | None,
         latency_ms: float | None,
         failed: bool = False,
+        classified: str = "",
     ) -> str:
         """The response the client got (or the exchange's end when `failed`: cut short);
-        returns its classification."""
+        returns its classification (`classified`: already known)."""
         policy = route.policy if route is not None else DEFAULT_ROUTE
         grpc = grpc_status or ""
-        classification = "failure" if failed else classify_response(policy, status, grpc)
+        classification = (
+            "failure" if failed else classified or classify_response(policy, status, grpc)
+        )
         values = endpoint.labels if endpoint is not None and endpoint.labels else None
         key = (values, authority, status, grpc, classification)
         children = self._responses.get(key)
