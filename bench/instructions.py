@@ -1,0 +1,245 @@
+"""Instructions per proxied request (callgrind): a measure of the proxy's own work that a busy or
+noisy machine does not change, beside `bench.proxy`'s CPU time.
+
+    python -m bench.instructions [--baseline REV] [--requests N]
+
+For HTTP/1.1 and HTTP/2 (h2c, prior knowledge) one hop, meshlet's proxy runs under `valgrind
+--tool=callgrind`; one client sends requests one after the other on one connection to an upstream
+that answers `200 ok` at once (outside valgrind). Each count is taken twice, with WARMUP requests
+and with WARMUP + N, and the difference divided by N: start-up, imports and the first requests'
+caches cancel out, and what is left is the instructions of one request (user space: the kernel's
+share of a request, its syscalls, is not counted). With `--baseline REV` the same is measured
+for revision REV's proxy (bench/proxy_baseline.py), and the table gives the ratio now/then.
+Without valgrind on the machine it says so and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Final
+
+import h2.config
+import h2.connection
+import h2.events
+
+from bench import proxy_baseline
+from bench.proxy_procs import free_port
+from meshlet.api.wellknown import PROXY_ENV_PREFIX, ProxyEnv
+
+REPO: Final = Path(__file__).resolve().parent.parent
+WARMUP: Final = 300
+REQUESTS: Final = 1000
+START_TIMEOUT: Final = 300.0  # seconds for a proxy under valgrind to listen (it is ~50x slower)
+_TOTAL: Final = re.compile(r"^(?:summary|totals): (\d+)", re.MULTILINE)
+
+
+# -- the upstream: a subprocess answering 200 "ok" on HTTP/1.1 and on h2c --------------------
+
+UPSTREAM: Final = """
+import asyncio, sys
+import h2.config, h2.connection, h2.events
+
+class H1(asyncio.Protocol):
+    def connection_made(self, transport):
+        self.transport, self.buffer = transport, b""
+    def data_received(self, data):
+        self.buffer += data
+        while b"\\r\\n\\r\\n" in self.buffer:
+            _, self.buffer = self.buffer.split(b"\\r\\n\\r\\n", 1)
+            self.transport.write(b"HTTP/1.1 200 OK\\r\\ncontent-length: 2\\r\\n\\r\\nok")
+
+class H2(asyncio.Protocol):
+    def connection_made(self, transport):
+        self.transport = transport
+        self.h2 = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+        self.h2.initiate_connection()
+        transport.write(self.h2.data_to_send())
+    def data_received(self, data):
+        for event in self.h2.receive_data(data):
+            if isinstance(event, h2.events.RequestReceived):
+                self.h2.send_headers(event.stream_id, [(":status", "200"),
+                                                       ("content-length", "2")])
+                self.h2.send_data(event.stream_id, b"ok", end_stream=True)
+        self.transport.write(self.h2.data_to_send())
+
+async def main():
+    loop = asyncio.get_running_loop()
+    await loop.create_server(H1, "127.0.0.1", int(sys.argv[1]))
+    await loop.create_server(H2, "127.0.0.1", int(sys.argv[2]))
+    print("ready", flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+@contextmanager
+def upstream() -> Iterator[tuple[int, int]]:
+    ports = free_port(), free_port()
+    with subprocess.Popen([sys.executable, "-c", UPSTREAM, *map(str, ports)],
+                          stdout=subprocess.PIPE, text=True) as proc:  # fmt: skip
+        try:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+            yield ports
+        finally:
+            proc.terminate()
+
+
+# -- clients: N requests one after the other on one connection --------------------------------
+
+
+def h1_requests(port: int, upstream_port: int, count: int) -> None:
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        request = f"GET / HTTP/1.1\r\nHost: 127.0.0.1:{upstream_port}\r\n\r\n".encode()
+        for _ in range(count):
+            sock.sendall(request)
+            got = b""
+            while not got.endswith(b"ok"):
+                data = sock.recv(65536)
+                if not data:
+                    raise ConnectionError("the proxy closed the connection")
+                got += data
+
+
+def h2_requests(port: int, upstream_port: int, count: int) -> None:
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        conn.initiate_connection()
+        sock.sendall(conn.data_to_send())
+        headers = [(":method", "GET"), (":scheme", "http"),
+                   (":authority", f"127.0.0.1:{upstream_port}"), (":path", "/")]  # fmt: skip
+        for _ in range(count):
+            sid = conn.get_next_available_stream_id()
+            conn.send_headers(sid, headers, end_stream=True)
+            sock.sendall(conn.data_to_send())
+            done = False
+            while not done:
+                data = sock.recv(65536)
+                if not data:
+                    raise ConnectionError("the proxy closed the connection")
+                for event in conn.receive_data(data):
+                    done = done or (isinstance(event, h2.events.StreamEnded)
+                                    and event.stream_id == sid)  # fmt: skip
+                if out := conn.data_to_send():
+                    sock.sendall(out)
+
+
+CLIENTS: Final[dict[str, tuple[Callable[[int, int, int], None], int]]] = {
+    # name: (client, which upstream port)
+    "HTTP/1.1": (h1_requests, 0),
+    "HTTP/2 (h2c)": (h2_requests, 1),
+}
+
+
+# -- one count -------------------------------------------------------------------------------
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the proxy exited with {proc.returncode} before listening")
+        try:
+            socket.create_connection(("127.0.0.1", port), 1).close()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"the proxy did not listen within {START_TIMEOUT:g}s")
+
+
+def count(pythonpath: str | None, client: str, upstream_ports: tuple[int, int], n: int,
+          scratch: Path) -> int:  # fmt: skip
+    """Instructions of one proxy's whole life, serving `n` requests of `client`."""
+    ports = {name: free_port() for name in ("outbound", "inbound", "admin", "control")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(PROXY_ENV_PREFIX)}
+    env.update({
+        ProxyEnv.OUTBOUND_LISTEN_ADDR: f"127.0.0.1:{ports['outbound']}",
+        ProxyEnv.INBOUND_LISTEN_ADDR: f"127.0.0.1:{ports['inbound']}",
+        ProxyEnv.ADMIN_LISTEN_ADDR: f"127.0.0.1:{ports['admin']}",
+        ProxyEnv.CONTROL_LISTEN_ADDR: f"127.0.0.1:{ports['control']}",
+        ProxyEnv.LOG: "error",
+        ProxyEnv.SHUTDOWN_GRACE_PERIOD: "1s",
+    })  # fmt: skip
+    if pythonpath is not None:
+        env["PYTHONPATH"] = pythonpath
+    out = scratch / f"callgrind.{n}.out"
+    proc = subprocess.Popen(
+        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+         sys.executable, "-m", "meshlet.proxy.main"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        _wait_port(ports["outbound"], proc)
+        run, which = CLIENTS[client]
+        run(ports["outbound"], upstream_ports[which], n)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=120)
+    match = _TOTAL.search(out.read_text())
+    if match is None:
+        raise RuntimeError(f"no total in {out}")
+    return int(match.group(1))
+
+
+def per_request(pythonpath: str | None, client: str, upstream_ports: tuple[int, int],
+                requests: int) -> float:  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="meshlet-instructions-") as scratch:
+        low = count(pythonpath, client, upstream_ports, WARMUP, Path(scratch))
+        high = count(pythonpath, client, upstream_ports, WARMUP + requests, Path(scratch))
+    return (high - low) / requests
+
+
+# -- the table -------------------------------------------------------------------------------
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--baseline", metavar="REV", help="also measure revision REV's proxy")
+    parser.add_argument("--requests", type=int, default=REQUESTS, help="requests counted")
+    args = parser.parse_args()
+    if shutil.which("valgrind") is None:
+        print("instructions per request: valgrind is not installed here; nothing measured")
+        return 0
+    rows: list[tuple[str, float, float | None]] = []
+    with upstream() as ports, _baseline(args.baseline) as base:
+        for client in CLIENTS:
+            print(f"{client} ...", file=sys.stderr, flush=True)
+            now = per_request(None, client, ports, args.requests)
+            then = per_request(base.pythonpath, client, ports, args.requests) if base else None
+            rows.append((client, now, then))
+    name = f"meshlet@{base.short}" if base else ""
+    print("\n## Instructions per request (callgrind, one hop, user space)\n")
+    if base:
+        print(f"| protocol | meshlet | {name} | now/then |\n| --- | ---: | ---: | ---: |")
+    else:
+        print("| protocol | meshlet |\n| --- | ---: |")
+    for client, now, then in rows:
+        if then is None:
+            print(f"| {client} | {now:,.0f} |")
+        else:
+            print(f"| {client} | {now:,.0f} | {then:,.0f} | **{now / then:.3f}x** |")
+    return 0
+
+
+@contextmanager
+def _baseline(rev: str | None) -> Iterator[proxy_baseline.Baseline | None]:
+    if rev is None:
+        yield None
+        return
+    with proxy_baseline.checked_out(REPO, rev) as base:
+        yield base
+
+
+if __name__ == "__main__":
+    sys.exit(main())
