@@ -15,6 +15,7 @@ import uvloop
 
 from meshlet.proxy.connections import Connections
 from meshlet.proxy.core.routes import DEFAULT_ROUTE
+from meshlet.proxy.fixed_router import FixedPicker
 from meshlet.proxy.http.contract import (
     Endpoint,
     HttpConn,
@@ -28,7 +29,6 @@ from meshlet.proxy.io.connect import tcp_connector
 from meshlet.proxy.io.counters import ConnLabels, TcpConn
 from meshlet.proxy.io.listener import Accepted, Listener, bind
 from meshlet.proxy.metrics import ProxyMetrics
-from meshlet.proxy.routing import FixedPicker
 
 Engine = Callable[[HttpConn], Awaitable[None]]
 

@@ -14,11 +14,11 @@ import pytest
 
 from meshlet.proxy.connections import Connections
 from meshlet.proxy.core.failover import MAX_CONNECTS
+from meshlet.proxy.fixed_router import FixedPicker
 from meshlet.proxy.http.contract import Addr, Endpoint, HttpLimits, RouteError
 from meshlet.proxy.io.connect import tcp_connector
 from meshlet.proxy.io.listener import Accepted
 from meshlet.proxy.metrics import ProxyMetrics
-from meshlet.proxy.routing import FixedPicker
 from meshlet_testing.lease import RecordingLease
 
 
@@ -156,9 +156,9 @@ def test_detection_timeouts_are_counted_by_port(port: int | None, label: str) ->
                  port=label) == 1  # fmt: skip
 
 
-def test_a_late_http_guard_refuses_http_and_counts_it() -> None:
+def test_a_late_http_check_refuses_http_and_counts_it() -> None:
     conns = connections()
-    check, refused = conns.late_http_guard("10.0.0.9:51000", 5432, 10.0)
+    check, refused = conns.late_http_check("10.0.0.9:51000", 5432, 10.0)
     assert check(b"POST /x HTTP/1.1\r\n", False) is True
     assert check(b"GE", False) is None  # not known yet: more bytes are awaited
     assert check(b"\x00\x00\x00\x08\x04\xd2\x16\x2f", True) is False  # a Postgres SSLRequest

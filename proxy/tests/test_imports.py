@@ -24,7 +24,7 @@ RUNNING = (
     "meshlet.proxy.identity.manager",
     "meshlet.proxy.discovery.client",
     "meshlet.proxy.discovery.resolver",
-    "meshlet.proxy.outbound.router",
+    "meshlet.proxy.outbound.destinations",
 )
 # Never in the running proxy: the CLI's, the controller's and the prestart's.
 FORBIDDEN = (

@@ -31,7 +31,7 @@ from meshlet.proxy.outbound.stack import OutboundStack
 
 if TYPE_CHECKING:
     from meshlet.proxy.identity.manager import IdentityManager
-    from meshlet.proxy.outbound.router import MeshRouter
+    from meshlet.proxy.outbound.destinations import Destinations
 
 log = logging.getLogger(__name__)
 
@@ -181,19 +181,19 @@ def _identity(config: ProxyConfig, metrics: ProxyMetrics) -> IdentityManager | N
 
 def _router(
     config: ProxyConfig, identity: IdentityManager | None, metrics: ProxyMetrics
-) -> MeshRouter | None:
+) -> Destinations | None:
     """Discovery and balancing, when a destination service is configured."""
     settings = config.destination
     if settings is None:
         return None
     from meshlet.proxy.discovery.client import DestinationClient
     from meshlet.proxy.discovery.resolver import Resolver
-    from meshlet.proxy.outbound.router import MeshRouter
+    from meshlet.proxy.outbound.destinations import Destinations
 
     client = DestinationClient(
         settings.svc_addr, settings.svc_name, settings.trust_anchors_pem, settings.context
     )
-    return MeshRouter(
+    return Destinations(
         client, Resolver(client), identity, metrics,
         connect_timeout=config.outbound_connect_timeout, clock=time.monotonic,
         profile_suffixes=settings.profile_suffixes,

@@ -98,7 +98,7 @@ class Connections:
             "config.meshlet.io/opaque-ports", timeout, label, direction,
         )  # fmt: skip
 
-    def late_http_guard(self, client: str, port: int, timeout: float) -> relay.Guard:
+    def late_http_check(self, client: str, port: int, timeout: float) -> relay.FirstBytesCheck:
         """For an inbound connection relayed as opaque because its client sent nothing within
         the detection timeout: an HTTP request arriving afterwards would reach the app with no
         HTTP defence and a client-chosen `meshlet-client-id`, so it is refused."""
@@ -165,12 +165,12 @@ class Connections:
         endpoints: EndpointPicker,
         labels: ConnLabels,
         tcp: TcpConn,
-        guard: relay.Guard | None = None,
+        guard: relay.FirstBytesCheck | None = None,
     ) -> None:
         """Relays the connection to the endpoint `endpoints` picks; an endpoint that cannot be
         reached is skipped and another picked, as the failover policy says (then the client's
         connection is reset, as a failed connection looks to it). `guard` checks the client's
-        first bytes (`relay.GuardedSide`)."""
+        first bytes (`relay.CheckedSide`)."""
         loop = asyncio.get_running_loop()
         client, upstream, done = relay.pair(loop, tcp, guard)
         opener = _Opener(self, accepted, labels.direction, upstream)

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from meshlet.proxy.core.endpoints import (
     Add,
-    Endpoint,
+    DiscoveredEndpoint,
     EndpointSet,
     Hint,
     NoEndpoints,
@@ -20,8 +20,8 @@ from meshlet.proxy.core.endpoints import (
 WEB_ID = "web.emojivoto.serviceaccount.identity.meshlet.cluster.local"
 
 
-def ep(n: int) -> Endpoint:
-    return Endpoint((f"10.0.0.{n}", 8080), 10000, (), None, None, None)
+def ep(n: int) -> DiscoveredEndpoint:
+    return DiscoveredEndpoint((f"10.0.0.{n}", 8080), 10000, (), None, None, None)
 
 
 def test_a_stream_transcript() -> None:
@@ -41,7 +41,7 @@ def test_a_stream_transcript() -> None:
 
 
 def test_a_changed_endpoint_replaces_the_old_one() -> None:
-    moved = Endpoint(ep(1).addr, 5000, (("zone", "b"),), None, None, None)
+    moved = DiscoveredEndpoint(ep(1).addr, 5000, (("zone", "b"),), None, None, None)
     s = EndpointSet().apply(Add((ep(1),)), first=True).apply(Add((moved,)))
     assert dict(s.endpoints) == {ep(1).addr: moved}
 
@@ -62,7 +62,7 @@ def test_replaced_starts_pending_and_keeps_counting() -> None:
 
 
 endpoints_st = st.builds(
-    Endpoint,
+    DiscoveredEndpoint,
     addr=st.tuples(st.sampled_from([f"10.0.0.{i}" for i in range(1, 6)]), st.just(8080)),
     weight=st.sampled_from([1, 10000]),
     labels=st.just(()),
@@ -87,7 +87,7 @@ def build(history: list[tuple[Update, bool]]) -> EndpointSet:
 
 @given(streams_st)
 def test_matches_a_plain_dict_model(history: list[tuple[Update, bool]]) -> None:
-    model: dict[tuple[str, int], Endpoint] = {}
+    model: dict[tuple[str, int], DiscoveredEndpoint] = {}
     exists: bool | None = None
     for update, first in history:
         if first:

@@ -1,4 +1,4 @@
-"""Endpoint values decoded from the destination service's `Update` and `WeightedAddr`."""
+"""DiscoveredEndpoint values decoded from the destination service's `Update` and `WeightedAddr`."""
 
 from __future__ import annotations
 
@@ -11,7 +11,14 @@ from hypothesis import strategies as st
 from meshlet.api import addr, destination_pb2
 from meshlet.controlplane.destination import endpoints as cp
 from meshlet.controlplane.destination import translator
-from meshlet.proxy.core.endpoints import Add, Endpoint, Hint, NoEndpoints, Remove, TlsIdentity
+from meshlet.proxy.core.endpoints import (
+    Add,
+    DiscoveredEndpoint,
+    Hint,
+    NoEndpoints,
+    Remove,
+    TlsIdentity,
+)
 from meshlet.proxy.discovery.decode import DecodeError, decode_endpoint, decode_update
 
 WEB_ID = "web.emojivoto.serviceaccount.identity.meshlet.cluster.local"
@@ -42,7 +49,7 @@ def test_a_meshed_endpoint_carries_its_identity_and_hints() -> None:
     update = decode_update(add(meshed("10.0.0.1"), service="web", namespace="emojivoto"))
     assert update == Add(
         (
-            Endpoint(
+            DiscoveredEndpoint(
                 addr=("10.0.0.1", 8080),
                 weight=10000,
                 labels=(
@@ -139,7 +146,7 @@ def test_decoding_what_the_control_plane_encodes(
     meshed = sent.identity is not None
     assert update == Add(
         (
-            Endpoint(
+            DiscoveredEndpoint(
                 addr=(sent.ip, sent.port),
                 weight=10000,
                 labels=tuple(sorted({**set_labels, **dict(sent.labels)}.items())),

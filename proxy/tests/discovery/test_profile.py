@@ -21,7 +21,7 @@ from meshlet.proxy.discovery.profile import (
     PathRegex,
     Profile,
     ResponseClass,
-    RetryBudget,
+    RetryBudgetSpec,
     Route,
     StatusRange,
     decode_profile,
@@ -61,7 +61,7 @@ def test_a_service_profile_decodes_route_by_route() -> None:
             DstOverride("web-v2.emojivoto.svc.cluster.local:80", 5000),
             DstOverride("web-v1.emojivoto.svc.cluster.local:80", 10000),
         ),
-        retry_budget=RetryBudget(0.5, 3, 1.5),
+        retry_budget=RetryBudgetSpec(0.5, 3, 1.5),
         routes=(
             Route(
                 condition=AllOf((Method("GET"), PathRegex("/api/list"))),

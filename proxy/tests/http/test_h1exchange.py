@@ -14,6 +14,7 @@ import pytest
 from meshlet.proxy.core.failover import MAX_CONNECTS, Failure
 from meshlet.proxy.core.retry_budget import RetryBudget
 from meshlet.proxy.core.routes import DEFAULT_ROUTE, RoutePolicy
+from meshlet.proxy.fixed_router import FixedPicker
 from meshlet.proxy.http.attempts import AGAIN, Answer, Failed, Step
 from meshlet.proxy.http.contract import (
     REPLAY_LIMIT,
@@ -37,7 +38,6 @@ from meshlet.proxy.http.h1exchange import (
 )
 from meshlet.proxy.http.recorder import Recorder
 from meshlet.proxy.metrics import ProxyMetrics
-from meshlet.proxy.routing import FixedPicker
 from meshlet_testing.lease import RecordingLease
 
 POD: Addr = ("10.0.0.7", 8080)

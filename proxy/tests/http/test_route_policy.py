@@ -21,6 +21,7 @@ import pytest
 
 from meshlet.proxy.core.retry_budget import RetryBudget
 from meshlet.proxy.core.routes import RoutePolicy
+from meshlet.proxy.fixed_router import FixedPicker
 from meshlet.proxy.http.contract import (
     Endpoint,
     HttpConn,
@@ -35,7 +36,6 @@ from meshlet.proxy.http.h2server import serve_h2
 from meshlet.proxy.io.connect import tcp_connector
 from meshlet.proxy.io.listener import Accepted, Listener, bind
 from meshlet.proxy.metrics import ProxyMetrics
-from meshlet.proxy.routing import FixedPicker
 from meshlet_testing.lease import RecordingLease
 
 ROUTE = "GET /items/{id}"

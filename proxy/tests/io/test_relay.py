@@ -207,7 +207,7 @@ async def guarded_proxy() -> AsyncIterator[tuple[int, list[bytes], list[str]]]:
     server = await asyncio.start_server(banner, "127.0.0.1", 0)
     upstream = server.sockets[0].getsockname()[1]
     loop = asyncio.get_running_loop()
-    guard: relay.Guard = (
+    guard: relay.FirstBytesCheck = (
         lambda first, final: may_be_http(first, final=final),
         lambda: refusals.append("late_http"),
     )

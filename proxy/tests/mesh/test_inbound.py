@@ -23,6 +23,7 @@ from meshlet.api import transport_header, wellknown
 from meshlet.api.transport_header import Header, SessionProtocol
 from meshlet.proxy.core import sni
 from meshlet.proxy.core.loops import SelfTargets
+from meshlet.proxy.fixed_router import FixedRouter
 from meshlet.proxy.http.contract import CLIENT_ID_HEADER, HttpConn, HttpLimits
 from meshlet.proxy.http.h1 import serve_h1
 from meshlet.proxy.http.h2server import serve_h2
@@ -39,7 +40,6 @@ from meshlet.proxy.mesh import (
     relay,
 )
 from meshlet.proxy.metrics import ProxyMetrics
-from meshlet.proxy.routing import FixedRouter
 from meshlet.proxy.tls import contexts
 
 WEB = wellknown.identity_name("web", "emojivoto")

@@ -12,12 +12,12 @@ from typing import Any, TypeVar
 import pytest
 
 from meshlet.proxy.core.endpoints import Add, NoEndpoints, TlsIdentity, Update
-from meshlet.proxy.core.endpoints import Endpoint as DiscoveredEndpoint
+from meshlet.proxy.core.endpoints import DiscoveredEndpoint as DiscoveredEndpoint
 from meshlet.proxy.discovery.client import DestinationClient, Received
 from meshlet.proxy.discovery.profile import UNKNOWN, Profile
 from meshlet.proxy.discovery.resolver import Resolver
 from meshlet.proxy.metrics import ProxyMetrics
-from meshlet.proxy.outbound.router import MeshRouter
+from meshlet.proxy.outbound.destinations import Destinations
 
 NS = "emojivoto"
 T = TypeVar("T")
@@ -87,11 +87,11 @@ class Discovery:
         return DiscoveredEndpoint((ip, port), 10_000, labels, identity, None,
                                   4143 if meshed else None)  # fmt: skip
 
-    def mesh(self, *, max_destinations: int = 100, seed: int = 1) -> MeshRouter:
+    def mesh(self, *, max_destinations: int = 100, seed: int = 1) -> Destinations:
         """A mesh router (without an identity) over a resolver of the scripted service."""
         resolver = Resolver(self.client, profile_timeout=0.5, max_destinations=max_destinations)
         self.resolvers.append(resolver)
-        return MeshRouter(self.client, resolver, None, self.metrics, connect_timeout=1.0,
+        return Destinations(self.client, resolver, None, self.metrics, connect_timeout=1.0,
                           clock=lambda: self.now, rng=random.Random(seed))  # fmt: skip
 
     def fail_fast(self, reason: str) -> float:

@@ -13,7 +13,7 @@ from meshlet.api.ports import parse_ports
 from meshlet.proxy.core.loops import SelfTargets
 from meshlet.proxy.discovery.resolver import Destination
 from meshlet.proxy.http.contract import Addr, Endpoint, RouteTarget, Target, settle
-from meshlet.proxy.outbound.router import MeshRouter
+from meshlet.proxy.outbound.destinations import Destinations
 from meshlet.proxy.outbound.stack import OutboundStack
 
 GET = b"GET / HTTP/1.1\r\nHost: web:80\r\n\r\n"
@@ -26,7 +26,7 @@ CLUSTER_IP: Addr = ("10.96.0.10", 80)
 DETECT_TIMEOUT = 0.1
 
 
-def stack(connections: Any, mesh: MeshRouter | None = None) -> OutboundStack:
+def stack(connections: Any, mesh: Destinations | None = None) -> OutboundStack:
     own = SelfTargets([("0.0.0.0", 4140), ("0.0.0.0", 4143)])
     return OutboundStack(connections, mesh, self_targets=own, detect_timeout=DETECT_TIMEOUT,
                          opaque_ports=parse_ports("3306"))  # fmt: skip
@@ -168,7 +168,7 @@ async def test_the_destination_is_held_while_the_connection_is_served(
     connections: Any, accept: Any, discovery: Any
 ) -> None:
     discovery.client.service("web", 80, discovery.endpoint("10.1.0.1"), cluster_ip="10.96.0.10")
-    mesh: MeshRouter = discovery.mesh()
+    mesh: Destinations = discovery.mesh()
     users: list[int] = []
     serve_http = connections.http
 

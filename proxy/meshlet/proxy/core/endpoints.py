@@ -39,7 +39,7 @@ class TlsIdentity:
 
 
 @dataclass(frozen=True, slots=True)
-class Endpoint:
+class DiscoveredEndpoint:
     addr: Addr
     weight: int
     labels: Labels  # set-level labels, overridden by per-address ones
@@ -51,7 +51,7 @@ class Endpoint:
 
 @dataclass(frozen=True, slots=True)
 class Add:
-    endpoints: tuple[Endpoint, ...]
+    endpoints: tuple[DiscoveredEndpoint, ...]
     rejected: tuple[str, ...] = ()  # why some addresses were left out
 
 
@@ -80,7 +80,7 @@ class Status(enum.Enum):
 class EndpointSet:
     """An immutable snapshot; `apply` returns the next one. Equality ignores `version`."""
 
-    endpoints: Mapping[Addr, Endpoint] = field(default_factory=dict)
+    endpoints: Mapping[Addr, DiscoveredEndpoint] = field(default_factory=dict)
     exists: bool | None = None  # None until the first message
     version: int = field(default=0, compare=False)  # +1 per applied update
 
@@ -98,7 +98,7 @@ class EndpointSet:
     def apply(self, update: Update, *, first: bool = False) -> EndpointSet:
         """The set after `update`; with `first` (the first message of a new stream) earlier
         contents are dropped first."""
-        base: Mapping[Addr, Endpoint] = {} if first else self.endpoints
+        base: Mapping[Addr, DiscoveredEndpoint] = {} if first else self.endpoints
         exists = None if first else self.exists
         version = self.version + 1
         if isinstance(update, Add):

@@ -3,7 +3,7 @@
 from meshlet.api.backoff import Backoff
 from meshlet.proxy.core.routes import Route
 from meshlet.proxy.discovery.client import DestinationClient, Received, StreamRefused
-from meshlet.proxy.discovery.profile import DstOverride, Profile, RetryBudget
+from meshlet.proxy.discovery.profile import DstOverride, Profile, RetryBudgetSpec
 from meshlet.proxy.discovery.resolver import Destination, DestinationClosed, Kind, Resolver
 
 __all__ = [
@@ -16,7 +16,7 @@ __all__ = [
     "Profile",
     "Received",
     "Resolver",
-    "RetryBudget",
+    "RetryBudgetSpec",
     "Route",
     "StreamRefused",
 ]

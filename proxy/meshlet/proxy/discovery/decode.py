@@ -1,5 +1,5 @@
 """The destination service's messages decoded into the core's endpoint values (`Update`,
-`Endpoint`): every field checked against the contract (DESIGN §4).
+`DiscoveredEndpoint`): every field checked against the contract (DESIGN §4).
 
 Decoding never downgrades security: an address whose `tls_identity` is present but unusable is
 rejected (reported in `Add.rejected`), never kept as a plaintext endpoint.
@@ -13,7 +13,7 @@ from meshlet.api import addr, destination_pb2, net_pb2
 from meshlet.proxy.core.endpoints import (
     Add,
     Addr,
-    Endpoint,
+    DiscoveredEndpoint,
     Hint,
     NoEndpoints,
     Remove,
@@ -47,7 +47,9 @@ def _identity(msg: destination_pb2.TlsIdentity) -> TlsIdentity:
     raise DecodeError("tls_identity is set without a usable name (or a URI without server_name)")
 
 
-def decode_endpoint(msg: destination_pb2.WeightedAddr, set_labels: Mapping[str, str]) -> Endpoint:
+def decode_endpoint(
+    msg: destination_pb2.WeightedAddr, set_labels: Mapping[str, str]
+) -> DiscoveredEndpoint:
     """One `WeightedAddr`; DecodeError when it cannot be used safely."""
     if not msg.HasField("addr"):
         raise DecodeError("WeightedAddr without addr")
@@ -63,7 +65,7 @@ def decode_endpoint(msg: destination_pb2.WeightedAddr, set_labels: Mapping[str, 
             if not 1 <= transport_port <= 65535:
                 raise DecodeError(f"{address[0]}: opaque_transport port {transport_port}")
     override = msg.authority_override.authority_override or None
-    return Endpoint(
+    return DiscoveredEndpoint(
         addr=address,
         weight=msg.weight,
         labels=tuple(sorted({**set_labels, **msg.metric_labels}.items())),
@@ -76,7 +78,7 @@ def decode_endpoint(msg: destination_pb2.WeightedAddr, set_labels: Mapping[str, 
 
 def _decode_all(
     items: Iterable[destination_pb2.WeightedAddr], set_labels: Mapping[str, str]
-) -> tuple[tuple[Endpoint, ...], tuple[str, ...]]:
+) -> tuple[tuple[DiscoveredEndpoint, ...], tuple[str, ...]]:
     endpoints, rejected = [], []
     for item in items:
         try:

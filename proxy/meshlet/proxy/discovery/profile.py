@@ -19,7 +19,7 @@ from typing import NamedTuple
 from google.protobuf import duration_pb2
 
 from meshlet.api import destination_pb2, http_types_pb2
-from meshlet.proxy.core.endpoints import Endpoint
+from meshlet.proxy.core.endpoints import DiscoveredEndpoint
 from meshlet.proxy.core.routes import (
     AllOf,
     AnyOf,
@@ -40,13 +40,13 @@ MAX_DEPTH = 16  # all/any/not levels in one condition, as the control plane allo
 
 
 @dataclass(frozen=True, slots=True)
-class RetryBudget:
+class RetryBudgetSpec:
     ratio: float
     min_per_second: int
     ttl: float  # seconds
 
 
-DEFAULT_RETRY_BUDGET = RetryBudget(0.2, 10, 10.0)
+DEFAULT_RETRY_BUDGET = RetryBudgetSpec(0.2, 10, 10.0)
 
 
 class DstOverride(NamedTuple):
@@ -58,9 +58,9 @@ class DstOverride(NamedTuple):
 class Profile:
     fqn: str | None = None  # the service's name without port
     opaque: bool = False
-    endpoint: Endpoint | None = None  # the lookup named a pod
+    endpoint: DiscoveredEndpoint | None = None  # the lookup named a pod
     dst_overrides: tuple[DstOverride, ...] = ()
-    retry_budget: RetryBudget = DEFAULT_RETRY_BUDGET
+    retry_budget: RetryBudgetSpec = DEFAULT_RETRY_BUDGET
     routes: tuple[Route, ...] = ()
     rejected: tuple[str, ...] = ()  # routes and overrides left out, and why
 
@@ -156,7 +156,7 @@ def decode_profile(msg: destination_pb2.DestinationProfile) -> Profile:
     if msg.HasField("retry_budget"):
         rb = msg.retry_budget
         ratio = float(f"{rb.retry_ratio:.7g}")  # a float32 on the wire: 0.2, not 0.200000003
-        budget = RetryBudget(ratio, rb.min_retries_per_second, _seconds(rb.ttl))
+        budget = RetryBudgetSpec(ratio, rb.min_retries_per_second, _seconds(rb.ttl))
     endpoint = decode_endpoint(msg.endpoint, {}) if msg.HasField("endpoint") else None
     return Profile(
         fqn=msg.fully_qualified_name or None,

@@ -37,7 +37,14 @@ from contextlib import aclosing
 from typing import Literal
 
 from meshlet.api.hostport import parse_hostport
-from meshlet.proxy.core.endpoints import Add, Endpoint, EndpointSet, NoEndpoints, Remove, Status
+from meshlet.proxy.core.endpoints import (
+    Add,
+    DiscoveredEndpoint,
+    EndpointSet,
+    NoEndpoints,
+    Remove,
+    Status,
+)
 from meshlet.proxy.discovery.client import DestinationClient, StreamRefused
 from meshlet.proxy.discovery.profile import UNKNOWN, Profile
 
@@ -92,7 +99,7 @@ class Destination:
         return "service" if profile.fqn else "unknown"
 
     @property
-    def endpoint(self) -> Endpoint | None:
+    def endpoint(self) -> DiscoveredEndpoint | None:
         """The pod's endpoint when `kind == "endpoint"`."""
         return self._profile.endpoint if self._profile is not None else None
 

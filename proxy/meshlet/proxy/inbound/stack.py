@@ -24,11 +24,11 @@ from meshlet.api.transport_header import SessionProtocol
 from meshlet.proxy.connections import Connections
 from meshlet.proxy.core.detect import NEED_MORE, PEEK_BYTES, Protocol, detect
 from meshlet.proxy.core.loops import SelfTargets
+from meshlet.proxy.fixed_router import FixedPicker, FixedRouter
 from meshlet.proxy.http.contract import CLIENT_ID_HEADER, Addr, Endpoint
 from meshlet.proxy.io import relay
 from meshlet.proxy.io.counters import TcpConn
 from meshlet.proxy.io.listener import Accepted, peek_protocol
-from meshlet.proxy.routing import FixedPicker, FixedRouter
 
 if TYPE_CHECKING:
     from meshlet.proxy.identity.manager import IdentityManager
@@ -53,7 +53,7 @@ class Forward:
 
     protocol: SessionProtocol
     target: Addr
-    guard: relay.Guard | None  # for opaque TCP whose client sent nothing at first
+    guard: relay.FirstBytesCheck | None  # for opaque TCP whose client sent nothing at first
 
 
 class InboundStack:
@@ -124,7 +124,7 @@ class InboundStack:
             self._conns.detect_timed_out(DIRECTION, self._timeout, target[1])
             if not detected.first_bytes:
                 client = f"{accepted.client[0]}:{accepted.client[1]}"
-                guard = self._conns.late_http_guard(client, target[1], self._timeout)
+                guard = self._conns.late_http_check(client, target[1], self._timeout)
         return Forward(SessionProtocol.OPAQUE, target, guard)
 
     # -- mutual TLS from another proxy --------------------------------------------------------
@@ -185,7 +185,7 @@ class InboundStack:
         guard = None
         if not first:
             self._conns.detect_timed_out(DIRECTION, self._timeout, target[1])
-            guard = self._conns.late_http_guard(session.client_id, target[1], self._timeout)
+            guard = self._conns.late_http_check(session.client_id, target[1], self._timeout)
         return Forward(SessionProtocol.OPAQUE, target, guard)
 
     async def _relay_session(self, session: Session, forward: Forward, tcp: TcpConn) -> None:

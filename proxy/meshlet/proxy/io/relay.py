@@ -16,9 +16,9 @@ from meshlet.proxy.io.counters import TcpConn
 
 HIGH_WATER: Final = 256 * 1024
 LOW_WATER: Final = 64 * 1024
-GUARD_BYTES: Final = 512  # held at most by a GuardedSide before it must decide
-# (refuse(first bytes, final) -> True / False / None: not known yet, refused()) for GuardedSide.
-Guard = tuple[Callable[[bytes, bool], bool | None], Callable[[], None]]
+GUARD_BYTES: Final = 512  # held at most by a CheckedSide before it must decide
+# (refuse(first bytes, final) -> True / False / None: not known yet, refused()) for CheckedSide.
+FirstBytesCheck = tuple[Callable[[bytes, bool], bool | None], Callable[[], None]]
 
 
 class RelaySide(asyncio.Protocol):
@@ -116,14 +116,14 @@ class RelaySide(asyncio.Protocol):
                 side.transport.close()
 
 
-class GuardedSide(RelaySide):
+class CheckedSide(RelaySide):
     """A client side whose first bytes are held until `refuse(bytes, final)` decides (None: not
     known yet; `final` when no more will be awaited: the client half-closed, or GUARD_BYTES are
     held). Refused: both connections are reset and `refused()` is called; else the bytes pass
     and the side relays as any other. Used where detection was skipped after a silent client (a
     server-speaks-first protocol), so that an HTTP request arriving late is not relayed."""
 
-    def __init__(self, done: asyncio.Future[None], tcp: TcpConn, guard: Guard):
+    def __init__(self, done: asyncio.Future[None], tcp: TcpConn, guard: FirstBytesCheck):
         super().__init__(done, tcp)
         self._refuse, self._refused = guard
         self._held: bytearray | None = bytearray()
@@ -185,16 +185,16 @@ class RelayLoad:
 def pair(
     loop: asyncio.AbstractEventLoop,
     client_tcp: TcpConn | None = None,
-    guard: Guard | None = None,
+    guard: FirstBytesCheck | None = None,
     upstream_tcp: TcpConn | None = None,
 ) -> tuple[RelaySide, RelaySide, asyncio.Future[None]]:
     """Two linked sides and a future resolved once both connections are closed. Once both
     transports are connected, call `flush()` on both. With a `guard`, the client side is a
-    GuardedSide. Connections without a TcpConn are not counted (the upstream's can be set
+    CheckedSide. Connections without a TcpConn are not counted (the upstream's can be set
     until it connects)."""
     done: asyncio.Future[None] = loop.create_future()
     client_tcp = client_tcp or TcpConn.uncounted()
-    client = RelaySide(done, client_tcp) if guard is None else GuardedSide(done, client_tcp, guard)
+    client = RelaySide(done, client_tcp) if guard is None else CheckedSide(done, client_tcp, guard)
     upstream = RelaySide(done, upstream_tcp or TcpConn.uncounted())
     client.peer, upstream.peer = upstream, client
     return client, upstream, done

@@ -355,13 +355,13 @@ async def relay(
     connect: Connect,
     client_tcp: TcpConn | None = None,
     upstream_tcp: TcpConn | None = None,
-    guard: relay_sides.Guard | None = None,
+    guard: relay_sides.FirstBytesCheck | None = None,
     shedder: Shedder | None = None,
 ) -> None:
     """Relays an opaque mesh connection to its target until both sides close. Raises what
     `connect` raises (OSError, TimeoutError) when the target cannot be reached, after closing
     the mesh connection (the client proxy sees it closed). With `guard`, the client's first
-    bytes are checked as `relay.GuardedSide` does. `upstream_tcp` is opened once connected.
+    bytes are checked as `relay.CheckedSide` does. `upstream_tcp` is opened once connected.
     With `shedder`, the relay is registered for load shedding while it lives."""
     loop = asyncio.get_running_loop()
     client, upstream, done = relay_sides.pair(loop, client_tcp, guard, upstream_tcp)

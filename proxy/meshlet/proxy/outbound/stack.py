@@ -8,7 +8,7 @@ accepted (io/listener)
   → detected: HTTP/1, HTTP/2, or opaque (core/detect.py, io/listener.py)
   → HTTP: the engine asks `outbound.route.OutboundRouter` for each request's route
     (profile route, retry budget) and endpoints (balanced per request, reached over mTLS
-    when meshed: outbound/router.py, mesh/outbound.py)
+    when meshed: outbound/destinations.py, mesh/outbound.py)
   → opaque: relayed to the endpoint picked for the connection (connections.Connections).
 """
 
@@ -23,14 +23,14 @@ from meshlet.api.transport_header import SessionProtocol
 from meshlet.proxy.connections import Connections
 from meshlet.proxy.core.detect import Protocol
 from meshlet.proxy.core.loops import SelfTargets
+from meshlet.proxy.fixed_router import FixedPicker
 from meshlet.proxy.http.contract import Addr, Endpoint, EndpointPicker, RouteError
 from meshlet.proxy.io.listener import Accepted, peek_protocol
-from meshlet.proxy.routing import FixedPicker
 
 if TYPE_CHECKING:
     from meshlet.proxy.discovery.resolver import Destination
-    from meshlet.proxy.outbound.route import OutboundRouter
-    from meshlet.proxy.outbound.router import MeshRouter
+    from meshlet.proxy.outbound.connection_router import OutboundRouter
+    from meshlet.proxy.outbound.destinations import Destinations
 
 log = logging.getLogger(__name__)
 DIRECTION = "outbound"
@@ -53,7 +53,7 @@ class OutboundStack:
     def __init__(
         self,
         connections: Connections,
-        mesh: MeshRouter | None,
+        mesh: Destinations | None,
         *,
         self_targets: SelfTargets,
         detect_timeout: float,
@@ -126,12 +126,12 @@ class OutboundStack:
         fixed = FixedPicker(Endpoint(target, f"{target[0]}:{target[1]}"))
         if logical.destination is None or self._mesh is None:
             return fixed
-        from meshlet.proxy.outbound.route import DiscoveredPicker
+        from meshlet.proxy.outbound.connection_router import DiscoveredPicker
 
         return DiscoveredPicker(self._mesh, logical.destination, SessionProtocol.OPAQUE, fixed)
 
     def _router(self, logical: Logical, session: SessionProtocol) -> OutboundRouter:
-        from meshlet.proxy.outbound.route import OutboundRouter
+        from meshlet.proxy.outbound.connection_router import OutboundRouter
 
         accepted = logical.orig.accepted
         return OutboundRouter(

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from meshlet.proxy.core.routes import DEFAULT_ROUTE
+from meshlet.proxy.fixed_router import FixedPicker, FixedRouter
 from meshlet.proxy.http.contract import Endpoint, RequestTarget, RouteTarget, Target, settle
 from meshlet.proxy.metrics import OVERFLOW, BoundedValues, ProxyMetrics
-from meshlet.proxy.routing import FixedPicker, FixedRouter
 
 POD = ("10.0.0.7", 8080)
 

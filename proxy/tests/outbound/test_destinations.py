@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from meshlet.api.transport_header import SessionProtocol
-from meshlet.proxy.discovery.profile import DstOverride, Profile, RetryBudget
+from meshlet.proxy.discovery.profile import DstOverride, Profile, RetryBudgetSpec
 from meshlet.proxy.discovery.resolver import Destination
 from meshlet.proxy.http.contract import Endpoint, RouteError, settle
 from meshlet.proxy.io.counters import dst_values
-from meshlet.proxy.outbound.router import MeshRouter
+from meshlet.proxy.outbound.destinations import Destinations
 
 HTTP1 = SessionProtocol.HTTP1
 NAME = "web.emojivoto.svc.cluster.local"
@@ -22,7 +22,7 @@ WEB = f"{NAME}:80"  # the service, as its profile names it
 CLUSTER_IP = ("10.96.0.10", 80)
 
 
-async def picked(mesh: MeshRouter, destination: Destination | RouteError) -> Endpoint:
+async def picked(mesh: Destinations, destination: Destination | RouteError) -> Endpoint:
     assert isinstance(destination, Destination)
     chosen = await settle(mesh.pick(destination, HTTP1))
     assert isinstance(chosen, Endpoint)
@@ -178,7 +178,7 @@ async def test_which_authorities_discovery_is_asked_about(
 
 
 async def test_a_services_retry_budget_is_shared_and_follows_its_profile(discovery: Any) -> None:
-    settings = RetryBudget(ratio=0.5, min_per_second=10, ttl=100.0)
+    settings = RetryBudgetSpec(ratio=0.5, min_per_second=10, ttl=100.0)
     discovery.client.service("web", 80, discovery.endpoint("10.1.0.1"), cluster_ip="10.96.0.10",
                              retry_budget=settings)  # fmt: skip
     mesh = discovery.mesh()
@@ -190,7 +190,7 @@ async def test_a_services_retry_budget_is_shared_and_follows_its_profile(discove
     assert budget.ratio == 0.5
     assert budget.balance(discovery.now) == 600  # 10/s over a ttl clamped to 60 s
     # The profile changes the budget: a destination that carries the change renews it.
-    changed = Profile(fqn=NAME, retry_budget=RetryBudget(0.1, 1, 10.0))
+    changed = Profile(fqn=NAME, retry_budget=RetryBudgetSpec(0.1, 1, 10.0))
     discovery.client.profiles_of[WEB] = changed
     fresh = await discovery.mesh().destination_for_authority(WEB)  # a new stream sees it
     assert isinstance(fresh, Destination)

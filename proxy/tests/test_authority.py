@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from meshlet.proxy.authority import by_authority, resolve, split_authority
 from meshlet.proxy.core.loops import SelfTargets
 from meshlet.proxy.http.contract import Addr, Endpoint, RouteError
-from meshlet.proxy.targets import by_authority, resolve, split_authority
 
 POD_IP = "10.0.0.7"
 NO_AUTHORITY = RouteError(400, "the request names no authority (Host or absolute URI)")

@@ -11,7 +11,7 @@ import pytest
 from meshlet.api.transport_header import SessionProtocol
 from meshlet.proxy.core.loops import SelfTargets
 from meshlet.proxy.core.routes import DEFAULT_ROUTE, AllOf, Method, PathRegex, Route
-from meshlet.proxy.discovery.profile import Profile, RetryBudget
+from meshlet.proxy.discovery.profile import Profile, RetryBudgetSpec
 from meshlet.proxy.discovery.resolver import Destination
 from meshlet.proxy.http.contract import (
     Addr,
@@ -24,8 +24,8 @@ from meshlet.proxy.http.contract import (
     settle,
 )
 from meshlet.proxy.metrics import OVERFLOW, BoundedValues, ProxyMetrics
-from meshlet.proxy.outbound.route import DiscoveredPicker, DnsPicker, OutboundRouter
-from meshlet.proxy.outbound.router import MeshRouter
+from meshlet.proxy.outbound.connection_router import DiscoveredPicker, DnsPicker, OutboundRouter
+from meshlet.proxy.outbound.destinations import Destinations
 
 HTTP1 = SessionProtocol.HTTP1
 WEB = "web.emojivoto.svc.cluster.local:80"
@@ -44,7 +44,7 @@ def request(authority: str | None, method: str = "GET", path: str = "/") -> Requ
 
 
 def router(
-    mesh: MeshRouter | None,
+    mesh: Destinations | None,
     metrics: ProxyMetrics,
     destination: Destination | None = None,
     target: Addr | None = None,
@@ -61,7 +61,7 @@ async def routed(router: OutboundRouter, req: RequestTarget) -> tuple[RouteTarge
     return route, endpoint
 
 
-async def service(discovery: Any) -> tuple[MeshRouter, Destination]:
+async def service(discovery: Any) -> tuple[Destinations, Destination]:
     """`web` with one endpoint and one profile route, as a redirected connection sees it."""
     discovery.client.service("web", 80, discovery.endpoint("10.1.0.1"), cluster_ip="10.96.0.10",
                              routes=(ITEM,))  # fmt: skip
@@ -260,7 +260,9 @@ async def test_routes_follow_a_profile_that_changes_under_a_live_connection(
     assert outbound.route(request("10.96.0.10", "POST", "/items/2")) is first
     assert first.budget is not None and first.budget.ratio == 0.2
     # Discovery adopts a new profile of the service: another retry budget, no routes.
-    destination._profile = Profile(fqn=WEB.rsplit(":", 1)[0], retry_budget=RetryBudget(0.5, 1, 5))
+    destination._profile = Profile(
+        fqn=WEB.rsplit(":", 1)[0], retry_budget=RetryBudgetSpec(0.5, 1, 5)
+    )
     after = outbound.route(request("10.96.0.10", "POST", "/items/3"))
     assert isinstance(after, RouteTarget) and after.policy == DEFAULT_ROUTE
     assert after.budget is not None and after.budget.ratio == 0.5

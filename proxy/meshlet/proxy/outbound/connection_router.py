@@ -1,12 +1,12 @@
-"""The outbound route stage: which ServiceProfile route a request takes, and what picks its
-endpoints.
+"""The Router of one outbound connection (the route stage): which ServiceProfile route each
+request takes, and what picks its endpoints.
 
 A connection's logical target is one of: a destination discovery knows (a service, or one pod),
 a redirected address discovery does not know (sent there as is), or nothing (the connection was
 not redirected: each request is routed by its authority, through discovery for cluster names and
 IP literals, else by DNS). For a service the request is matched to the profile's routes (its
 timeout, retries, classification and `rt_route`), retries are budgeted by the service's retry
-budget, and every attempt is balanced (`MeshRouter.pick`).
+budget, and every attempt is balanced (`Destinations.pick`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, NamedTuple
 
 from meshlet.api.transport_header import SessionProtocol
+from meshlet.proxy.authority import by_authority, by_literal
 from meshlet.proxy.core.loops import SelfTargets
 from meshlet.proxy.core.routes import DEFAULT_ROUTE, policy, route_for
+from meshlet.proxy.fixed_router import FixedPicker, FixedRouter
 from meshlet.proxy.http.contract import (
     Addr,
     Endpoint,
@@ -28,13 +30,11 @@ from meshlet.proxy.http.contract import (
     settle,
 )
 from meshlet.proxy.metrics import ProxyMetrics
-from meshlet.proxy.routing import FixedPicker, FixedRouter
-from meshlet.proxy.targets import by_authority, by_literal
 
 if TYPE_CHECKING:  # discovery is imported only by proxies that use it
     from meshlet.proxy.discovery.profile import Profile
     from meshlet.proxy.discovery.resolver import Destination
-    from meshlet.proxy.outbound.router import MeshRouter
+    from meshlet.proxy.outbound.destinations import Destinations
 
 _UNKNOWN: Final = RouteError(502, "discovery knows nothing of the request's destination")
 
@@ -44,7 +44,7 @@ class DiscoveredPicker:
     """Each attempt balanced over what discovery says of `destination`; `fallback` picks when
     it knows nothing (the request then goes where it was sent, or where its name resolves)."""
 
-    mesh: MeshRouter
+    mesh: Destinations
     destination: Destination
     session: SessionProtocol
     fallback: EndpointPicker | None
@@ -102,7 +102,7 @@ class OutboundRouter:
 
     def __init__(
         self,
-        mesh: MeshRouter | None,
+        mesh: Destinations | None,
         metrics: ProxyMetrics,
         session: SessionProtocol,
         *,
@@ -142,7 +142,7 @@ class OutboundRouter:
 
     def _discovered(
         self,
-        mesh: MeshRouter,
+        mesh: Destinations,
         destination: Destination,
         request: RequestTarget,
         authority: str | None = None,

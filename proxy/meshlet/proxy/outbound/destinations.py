@@ -21,12 +21,11 @@ from collections.abc import Callable
 from typing import Final
 
 from meshlet.api.transport_header import SessionProtocol
-from meshlet.proxy.core.endpoints import Endpoint as DiscoveredEndpoint
-from meshlet.proxy.core.endpoints import Status
+from meshlet.proxy.authority import split_authority
+from meshlet.proxy.core.endpoints import DiscoveredEndpoint, Status
 from meshlet.proxy.core.retry_budget import RetryBudget
 from meshlet.proxy.discovery.client import DestinationClient
-from meshlet.proxy.discovery.profile import DstOverride
-from meshlet.proxy.discovery.profile import RetryBudget as ProfileBudget
+from meshlet.proxy.discovery.profile import DstOverride, RetryBudgetSpec
 from meshlet.proxy.discovery.resolver import Destination, Resolver, ResolverFull
 from meshlet.proxy.http.contract import Addr, Connect, Endpoint, RouteError, Wait
 from meshlet.proxy.identity.manager import IdentityManager
@@ -34,7 +33,6 @@ from meshlet.proxy.io.counters import dst_values
 from meshlet.proxy.mesh.outbound import MeshConnectError, mesh_connect
 from meshlet.proxy.metrics import ProxyMetrics
 from meshlet.proxy.outbound.balance import Balancer, Lease, NoEndpoints
-from meshlet.proxy.targets import split_authority
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +40,10 @@ ENDPOINTS_WAIT: Final = 3.0  # seconds a new service may take to report its endp
 MAX_CACHED: Final = 10_000  # entries in each per-request lookup cache (cleared when full)
 
 
-class MeshRouter:
+class Destinations:
+    """The destinations discovery knows, their retry budgets, and the pick of an endpoint for
+    each request or connection (the outbound stack's one instance)."""
+
     def __init__(
         self,
         client: DestinationClient,
@@ -68,7 +69,7 @@ class MeshRouter:
         # changes, so that new connections present the new one.
         self._reaches: dict[tuple[Addr, str, int | None, SessionProtocol, str], Endpoint] = {}
         self._targets: dict[str, str | None] = {}  # request authority -> discovery target
-        self._budgets: dict[str, tuple[ProfileBudget, RetryBudget]] = {}  # per service
+        self._budgets: dict[str, tuple[RetryBudgetSpec, RetryBudget]] = {}  # per service
         if identity is not None:
             identity.on_change(self._reaches.clear)
 

@@ -1,5 +1,5 @@
-"""Where a connection or request goes (pure apart from name resolution); targets that would loop
-back into the proxy are refused (core/loops.py)."""
+"""Where a request's authority says it goes (pure apart from name resolution); targets that
+would loop back into the proxy are refused (core/loops.py)."""
 
 from __future__ import annotations
 
