@@ -85,14 +85,12 @@ class Supervisor:
         backoff = Backoff(*policy.backoff, self._rng)
         while True:
             started = self._clock()
+            error: Exception | None = None
             try:
                 await work()
-                why = "it returned"
             except Exception as exc:
-                why = f"{type(exc).__name__}: {exc}"
-                error: Exception | None = exc
-            else:
-                error = None
+                error = exc
+            why = "it returned" if error is None else f"{type(error).__name__}: {error}"
             if self.stopping.is_set():
                 return
             self._down.add(name)
