@@ -466,19 +466,26 @@ async def test_get_profile_by_ip(cluster: Cluster, server: DestinationServer, st
 
 class BreakingSource:
     """The manifests source with a sink that raises while `breaks` is above zero, as a bug in
-    applying an event would: the source's run dies with it."""
+    applying an event would: the source's run dies with it. A run after the first waits for
+    `resume`, and is not synced until it has listed again."""
 
     def __init__(self, root: Path) -> None:
         self._source = ManifestsSource(root, poll_interval=0.02)
         self.breaks = 0
         self.runs = 0
+        self.resume = asyncio.Event()
+        self._waiting = False
 
     @property
     def synced(self) -> bool:
-        return self._source.synced
+        return not self._waiting and self._source.synced
 
     async def run(self, sink: Callable[[Event], None]) -> None:
         self.runs += 1
+        if self.runs > 1:
+            self._waiting = True
+            await self.resume.wait()
+            self._waiting = False
 
         def apply(event: Event) -> None:
             if self.breaks:
@@ -520,8 +527,10 @@ async def test_a_dead_source_makes_it_unready_at_once_until_restarted(
         assert "the cluster-state source stopped (RuntimeError: cannot apply the event)" in (
             caplog.text
         )
+        await applied(lambda: source.runs == 2)  # restarted, after a backoff
+        assert await get_status(server.admin_port, "/ready") == 503  # not listed again yet
+        source.resume.set()
         await status_becomes(server.admin_port, "/ready", 200)
-        assert source.runs == 2
         assert server.state.pod_named("emojivoto", "web-1") is not None  # listed again
     finally:
         await server.stop(grace=0)
@@ -532,6 +541,7 @@ async def test_a_source_that_keeps_dying_ends_the_service_with_exit_code_1(
 ) -> None:
     source = BreakingSource(cluster.root)
     source.breaks = 1_000_000  # every run dies on its first event
+    source.resume.set()
     server = DestinationServer(
         DestinationConfig(
             addr=("127.0.0.1", 0), admin_addr=("127.0.0.1", 0), source=source,
