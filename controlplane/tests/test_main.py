@@ -13,6 +13,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -84,3 +86,40 @@ def test_serves_until_sigterm(test_ca: Any, tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _flags(name: str, test_ca: Any, tmp_path: Path) -> list[str]:
+    """What each controller needs, besides its addresses, to start on this machine."""
+    if name == "identity":
+        tokens = tmp_path / "tokens.yaml"
+        tokens.write_text("t: {namespace: ns, serviceaccount: sa}\n")
+        return ["--trust-anchors", str(test_ca.anchors_path),
+                "--issuer-dir", str(test_ca.issuer_dir), "--tokens-file", str(tokens)]  # fmt: skip
+    if name == "destination":
+        manifests = tmp_path / "manifests"
+        manifests.mkdir()
+        return ["--manifests", str(manifests)]
+    cert, key = test_ca.serving_cert("meshlet-proxy-injector.meshlet.svc", tmp_path / "tls")
+    return ["--tls-cert", str(cert), "--tls-key", str(key),
+            "--trust-anchors", str(test_ca.anchors_path)]  # fmt: skip
+
+
+@pytest.mark.parametrize("flag", ["--addr", "--admin-addr"])
+@pytest.mark.parametrize("name", ["destination", "identity", "injector"])
+def test_an_address_in_use_is_one_line_and_exit_1(
+    name: str, flag: str, test_ca: Any, tmp_path: Path
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        addrs = {"--addr": f"127.0.0.1:{free_port()}", "--admin-addr": f"127.0.0.1:{free_port()}"}
+        addrs[flag] = f"127.0.0.1:{port}"
+        proc = controller(name, *(a for pair in addrs.items() for a in pair),
+                          *_flags(name, test_ca, tmp_path))  # fmt: skip
+        _, err = proc.communicate(timeout=30)
+    what = "admin" if flag == "--admin-addr" else {"injector": "webhook"}.get(name, "gRPC")
+    assert proc.returncode == 1, err
+    assert err.strip().splitlines() == [
+        f"meshlet-controller: cannot listen on 127.0.0.1:{port} ({what}): Address already in use"
+    ]

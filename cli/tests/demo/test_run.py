@@ -5,9 +5,12 @@ the numbers the screen shows) and checks that nothing it made is left on the mac
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -240,6 +243,41 @@ def test_slow_replica_loses_its_traffic_while_slow(run_demo: Any) -> None:
     share = summary["checks"]["api-1_share_while_slow"]
     assert share is not None and share < 0.15, summary["checks"]
     assert summary["client"]["failed"] == 0
+
+
+@pytest.mark.netns
+def test_a_component_that_dies_unexpectedly_fails_the_run_and_keeps_its_log(
+    machine_unchanged: None, tmp_path: Path
+) -> None:
+    """The identity service killed from outside (no drill does that): the run goes on to its
+    end, then says what died, keeps the logs, removes the rest and exits 1."""
+    summary = tmp_path / "summary.json"
+    argv = [sys.executable, "-m", "meshlet.cli.main", "demo", "--mode", "netns",
+            "--duration", "8", "--summary-json", str(summary)]  # fmt: skip
+    demo = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    state = Path("/run/meshlet-demo/state.json")
+    deadline = time.monotonic() + 90
+    while True:  # until the load runs: the mesh is up
+        assert demo.poll() is None and time.monotonic() < deadline, demo.communicate()[0][-3000:]
+        with contextlib.suppress(OSError, ValueError):
+            processes = json.loads(state.read_text())["processes"]
+            if "app-load-1" in processes:
+                break
+        time.sleep(0.1)
+    os.kill(processes["identity"], signal.SIGKILL)
+    out, _ = demo.communicate(timeout=90)
+    assert demo.returncode == 1, out[-3000:]
+    assert "removed every namespace, link, rule, file and process it made" in out
+    kept = re.search(r"identity ended unexpectedly \(killed by SIGKILL\); its log: (\S+)", out)
+    assert kept is not None, out[-3000:]
+    log = Path(kept.group(1))
+    try:
+        assert "identity serving on" in log.read_text()
+    finally:
+        shutil.rmtree(log.parent)
+    data = json.loads(summary.read_text())
+    assert data["died"] == {"identity": "killed by SIGKILL"}
+    assert data["caption"].startswith("FAILED: identity (killed by SIGKILL)")
 
 
 def test_loopback_mode_runs_the_same_application_without_root_powers(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import click
 from meshlet.api import wellknown
 from meshlet.api.durations import parse_duration
 from meshlet.api.hostport import parse_hostport
+from meshlet.controlplane.supervise import Supervisor
 
 EX_CONFIG: Final = 64  # sysexits EX_USAGE: bad configuration
 
@@ -62,17 +63,22 @@ def setup_logging(level: str) -> None:
 
 
 class Service(Protocol):
+    supervisor: Supervisor
+
     async def start(self) -> None: ...
     async def stop(self) -> None: ...
 
 
-async def serve_until_signalled(service: Service, name: str) -> None:
-    """Starts `service` (named `name` in logs), waits for SIGTERM or SIGINT, then stops it."""
+async def serve_until_signalled(service: Service, name: str) -> int:
+    """Starts `service` (named `name` in logs), waits for SIGTERM or SIGINT, or for its
+    supervisor to give up on a background task, then stops it; the exit code (1: gave up)."""
     await service.start()
-    stop = asyncio.Event()
+    supervisor = service.supervisor
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    logging.getLogger(f"meshlet.controlplane.{name}").info("%s shutting down", name)
+        loop.add_signal_handler(sig, supervisor.stop)
+    await supervisor.stopping.wait()
+    if supervisor.failure is None:
+        logging.getLogger(f"meshlet.controlplane.{name}").info("%s shutting down", name)
     await service.stop()
+    return 0 if supervisor.failure is None else 1

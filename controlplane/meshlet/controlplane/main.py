@@ -6,7 +6,9 @@ import asyncio
 import datetime as dt
 import ssl
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -123,7 +125,7 @@ def identity(
         reload_interval=reload_interval,
         issuance_lifetime=dt.timedelta(seconds=issuance_lifetime),
     )
-    asyncio.run(serve(config))
+    _run(serve(config))
 
 
 @cli.command()
@@ -228,7 +230,7 @@ def destination(
         max_streams_per_peer=max_streams_per_peer,
         stream_queue=stream_queue,
     )
-    asyncio.run(serve(config, registry))
+    _run(serve(config, registry))
 
 
 @cli.command()
@@ -338,7 +340,20 @@ def injector(
         kube_api=api_client(kubeconfig, in_cluster),
         answer_within=answer_within,
     )
-    asyncio.run(serve(config))
+    _run(serve(config))
+
+
+def _run(serving: Coroutine[Any, Any, int]) -> None:
+    """Runs a controller to its end: exit 1 when an address is taken (one line) or when a
+    background task failed for good (its log says which)."""
+    from meshlet.controlplane.listen import ListenError
+
+    try:
+        code = asyncio.run(serving)
+    except ListenError as exc:
+        sys.stderr.write(f"meshlet-controller: {exc}\n")
+        code = 1
+    sys.exit(code)
 
 
 def main(argv: list[str] | None = None) -> None:

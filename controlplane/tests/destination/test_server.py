@@ -18,9 +18,12 @@ import h2.settings
 import pytest
 
 from meshlet.api import addr, destination_pb2, destination_pb2_grpc
+from meshlet.controlplane.cli import serve_until_signalled
 from meshlet.controlplane.destination.server import DestinationConfig, DestinationServer
 from meshlet.controlplane.k8s import objects
+from meshlet.controlplane.k8s.events import Event
 from meshlet.controlplane.k8s.manifests import ManifestsFolder, ManifestsSource
+from meshlet.controlplane.supervise import MAX_FAILURES
 
 WEB = "web.emojivoto.svc.cluster.local:80"
 
@@ -37,11 +40,13 @@ def cluster(tmp_path: Path) -> Cluster:
 
 async def start(cluster: Cluster, **overrides: Any) -> DestinationServer:
     config = DestinationConfig(
-        addr=("127.0.0.1", 0),
-        admin_addr=("127.0.0.1", 0),
-        source=ManifestsSource(cluster.root, poll_interval=0.02),
-        derive_from_pods=True,
-        **overrides,
+        **{
+            "addr": ("127.0.0.1", 0),
+            "admin_addr": ("127.0.0.1", 0),
+            "source": ManifestsSource(cluster.root, poll_interval=0.02),
+            "derive_from_pods": True,
+            **overrides,
+        }
     )
     server = DestinationServer(config)
     await server.start()
@@ -457,3 +462,99 @@ async def test_get_profile_by_ip(cluster: Cluster, server: DestinationServer, st
     assert not profile.opaque_protocol
     for stream in (by_cluster_ip, by_pod_ip, opaque, unknown):
         stream.cancel()
+
+
+class BreakingSource:
+    """The manifests source with a sink that raises while `breaks` is above zero, as a bug in
+    applying an event would: the source's run dies with it. A run after the first waits for
+    `resume`, and is not synced until it has listed again."""
+
+    def __init__(self, root: Path) -> None:
+        self._source = ManifestsSource(root, poll_interval=0.02)
+        self.breaks = 0
+        self.runs = 0
+        self.resume = asyncio.Event()
+        self._waiting = False
+
+    @property
+    def synced(self) -> bool:
+        return not self._waiting and self._source.synced
+
+    async def run(self, sink: Callable[[Event], None]) -> None:
+        self.runs += 1
+        if self.runs > 1:
+            self._waiting = True
+            await self.resume.wait()
+            self._waiting = False
+
+        def apply(event: Event) -> None:
+            if self.breaks:
+                self.breaks -= 1
+                raise RuntimeError("cannot apply the event")
+            sink(event)
+
+        await self._source.run(apply)
+
+
+async def get_status(port: int, path: str) -> int:
+    """The status of GET `path` from the admin server, over a real connection."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: admin\r\n\r\n".encode())
+    status_line = await reader.readline()
+    writer.close()
+    return int(status_line.split()[1])
+
+
+async def status_becomes(port: int, path: str, status: int, within: float = 20.0) -> None:
+    async with asyncio.timeout(within):
+        while await get_status(port, path) != status:  # noqa: ASYNC110 - polls over HTTP
+            await asyncio.sleep(0.005)
+
+
+async def test_a_dead_source_makes_it_unready_at_once_until_restarted(
+    cluster: Cluster, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    source = BreakingSource(cluster.root)
+    server = await start(cluster, source=source)
+    try:
+        cluster.put("svc", objects.service("web"))
+        await applied(lambda: ("emojivoto", "web") in server.state.services)
+        assert await get_status(server.admin_port, "/ready") == 200
+        source.breaks = 1
+        with caplog.at_level(logging.ERROR):
+            cluster.put("web-1", web_pod("web-1", "10.0.0.1"))  # this change kills the source
+            await status_becomes(server.admin_port, "/ready", 503)
+        assert "the cluster-state source stopped (RuntimeError: cannot apply the event)" in (
+            caplog.text
+        )
+        await applied(lambda: source.runs == 2)  # restarted, after a backoff
+        assert await get_status(server.admin_port, "/ready") == 503  # not listed again yet
+        source.resume.set()
+        await status_becomes(server.admin_port, "/ready", 200)
+        assert server.state.pod_named("emojivoto", "web-1") is not None  # listed again
+    finally:
+        await server.stop(grace=0)
+
+
+async def test_a_source_that_keeps_dying_ends_the_service_with_exit_code_1(
+    cluster: Cluster,
+) -> None:
+    source = BreakingSource(cluster.root)
+    source.breaks = 1_000_000  # every run dies on its first event
+    source.resume.set()
+    server = DestinationServer(
+        DestinationConfig(
+            addr=("127.0.0.1", 0), admin_addr=("127.0.0.1", 0), source=source,
+            derive_from_pods=True,
+        )
+    )  # fmt: skip
+    async with asyncio.timeout(60):
+        code = await serve_until_signalled(server, "destination")
+    assert code == 1
+    assert source.runs == MAX_FAILURES
+    assert server.supervisor.failure is not None
+    assert server.supervisor.failure.startswith(
+        f"the cluster-state source failed {MAX_FAILURES} times in a row"
+    )
+    with pytest.raises(ConnectionRefusedError):  # stopped: the admin server is closed
+        await get_status(server.admin_port, "/ready")

@@ -102,7 +102,7 @@ def demo(
     if ctx.invoked_subcommand is not None:
         return
     from meshlet.api.durations import parse_duration
-    from meshlet.cli.demo.run import Demo, DemoError, Options
+    from meshlet.cli.demo.run import Demo, DemoError, Options, exit_status
 
     if issuance_lifetime is None:
         issuance_lifetime = drills.SHORT_LIFETIME if drill == "restart-identity" else "24h"
@@ -131,6 +131,7 @@ def demo(
     try:
         runner.run()
     finally:
+        logs = runner.keep_logs() if runner.died and not keep else runner.root / "logs"
         if keep:
             runner.keep()
         else:
@@ -140,6 +141,14 @@ def demo(
                 console.print(f"[red]could not remove: {problem}[/red]")
             if not problems:
                 console.print("removed every namespace, link, rule, file and process it made")
+    if runner.died:
+        for proc in runner.died:
+            console.print(
+                f"[red]{proc.name} ended unexpectedly ({exit_status(proc)});"
+                f" its log: {logs / proc.log.name}[/red]",
+                soft_wrap=True,
+            )
+        sys.exit(1)
 
 
 @demo.command()

@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import signal
+import tempfile
 import time
 import urllib.request
 from collections import deque
@@ -88,6 +89,8 @@ class Demo:
         self.removed: set[str] = set()  # pods taken out of the manifests
         self.specs: dict[str, Process] = {}  # control-plane processes, to start again
         self.checks: dict[str, Any] = {}  # what the drill measured
+        # Processes that ended without the demo or its drill ending them: the run failed.
+        self.died: list[Process] = []
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=8)
 
     # -- bringing it up ---------------------------------------------------------------------
@@ -290,7 +293,7 @@ class Demo:
                 while deadline is None or time.monotonic() < deadline:
                     now = time.monotonic()
                     while schedule and self._since_load(now) >= schedule[0].at:
-                        schedule += drills.perform(schedule.pop(0), self)
+                        schedule += self._perform(schedule.pop(0))
                         schedule.sort(key=lambda step: step.at)
                     self._scrape_all()
                     self._watch_processes()
@@ -299,6 +302,7 @@ class Demo:
                     time.sleep(max(0.0, next_tick - time.monotonic()))
             except KeyboardInterrupt:
                 self._event("interrupted")
+        self._watch_processes()
         self._scrape_all()
         self.checks = drills.finish(self)
         summary = self._summary()
@@ -306,6 +310,19 @@ class Demo:
         if options.summary_json is not None:
             options.summary_json.write_text(json.dumps(summary, indent=1))
         return summary
+
+    def _perform(self, step: drills.Step) -> list[drills.Step]:
+        """A drill step; a control-plane process it starts that dies or never gets ready
+        fails the run (its log is kept), and the drill goes on."""
+        try:
+            return drills.perform(step, self)
+        except StartError as exc:
+            self._event(f"drill step {step.action!r} failed: {str(exc).splitlines()[0]}")
+            name = step.action.partition(" ")[2]
+            proc = self.sup.processes.pop(name, None) if self.sup is not None else None
+            if proc is not None and proc not in self.died:
+                self.died.append(proc)
+            return []
 
     def _since_load(self, now: float) -> float:
         return now - self.load_started if self.load_started is not None else 0.0
@@ -336,12 +353,20 @@ class Demo:
                     self.baseline.setdefault(pod.name, scrape)
 
     def _watch_processes(self) -> None:
+        """Notes every process that ended on its own: the drills' kills and the demo's own
+        stops take a process out of the supervisor first, so any other end is a failure."""
         assert self.sup is not None
         for proc in self.sup.died():
-            if proc.name not in self.notes.values():
-                self._event(f"{proc.name} exited ({proc.popen.returncode if proc.popen else '?'})")
-                self.notes[proc.name] = "exited"
-                self.sup.processes.pop(proc.name, None)
+            self._event(f"{proc.name} exited unexpectedly ({exit_status(proc)})")
+            self.notes[proc.name] = "exited"
+            self.sup.processes.pop(proc.name, None)
+            self.died.append(proc)
+
+    def keep_logs(self) -> Path:
+        """Copies the logs out of the state folder, which `down` removes; the copy."""
+        kept = Path(tempfile.mkdtemp(prefix="meshlet-demo-logs-"))
+        shutil.copytree(self.root / "logs", kept, dirs_exist_ok=True)
+        return kept
 
     # -- what is shown ----------------------------------------------------------------------
 
@@ -462,13 +487,15 @@ class Demo:
             if handled
             else None,
             "events": [(round(t, 1), what) for t, what in self.events],
+            "died": {p.name: exit_status(p) for p in self.died},
             "checks": self.checks,
             "certificates": self._certificates(),
         }
         share = summary["replicas_after_warmup"].get(topology.SLOW_REPLICA, {}).get("share")
         rate = summary["client"]["success_rate"]
         mtls = summary["mtls_share"]
-        summary["caption"] = (
+        dead = "".join(f"FAILED: {p.name} ({exit_status(p)}); " for p in self.died)
+        summary["caption"] = dead + (
             f"whole run ({summary['load_seconds']:.0f} s of load); client success "
             f"{'-' if rate is None else f'{rate * 100:.2f}%'}; slow replica "
             f"{topology.SLOW_REPLICA} got "
@@ -521,6 +548,16 @@ class Demo:
         if self.sup is not None:
             self.sup.stop_all()
         return undo(self.record)
+
+
+def exit_status(proc: Process) -> str:
+    """How a process ended: `exit 1`, `killed by SIGKILL`; `not ready` if it runs."""
+    code = proc.popen.poll() if proc.popen is not None else None
+    if code is None:
+        return "not ready"
+    if code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    return f"exit {code}"
 
 
 def _value(series: dict[Any, float], name: str, **labels: str) -> float:

@@ -26,6 +26,8 @@ from meshlet.controlplane.destination.service import (
 )
 from meshlet.controlplane.destination.state import ClusterState
 from meshlet.controlplane.k8s.events import Event, Source
+from meshlet.controlplane.listen import ListenError, add_grpc_port, start_admin
+from meshlet.controlplane.supervise import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -108,10 +110,14 @@ class DestinationServer:
         self.registry.register(_SourceCounters(config.source))
         self._grpc: grpc.aio.Server | None = None
         self._admin = AdminServer(partial(generate_latest, self.registry), ready=self.ready)
-        self._source_task: asyncio.Task[None] | None = None
+        self.supervisor = Supervisor("destination")
+        self.supervisor.add("the cluster-state source", partial(config.source.run, self.apply))
+        self._supervising: asyncio.Task[None] | None = None
 
     def ready(self) -> bool:
-        return self.grpc_port != 0 and self.config.source.synced
+        """Serving gRPC from a source that runs and has listed every kind: answers from a
+        dead source would be stale."""
+        return self.grpc_port != 0 and self.supervisor.healthy and self.config.source.synced
 
     def apply(self, event: Event) -> None:
         """The source's sink: update state, then every publisher the event may change."""
@@ -124,7 +130,7 @@ class DestinationServer:
 
     async def start(self) -> None:
         cfg = self.config
-        self._source_task = asyncio.create_task(cfg.source.run(self.apply))
+        self._supervising = asyncio.create_task(self.supervisor.run())
         # Calls wait in gRPC core's queue until the service takes them, one at a time: past
         # its default limits (1,000 soft, 3,000 hard) core drops them at random and the client
         # sees a bare CANCELLED. With the queue as deep as the stream caps, every call reaches
@@ -138,30 +144,34 @@ class DestinationServer:
                 ("grpc.http2.max_pings_without_data", 0),
                 ("grpc.server.max_pending_requests", queue),
                 ("grpc.server.max_pending_requests_hard_limit", queue),
+                ("grpc.so_reuseport", 0),  # a port in use is an error, not a shared port
             ]
         )
         service = DestinationService(self.publishers, self.metrics, self.limits, cfg.cluster_domain)
         self._grpc.add_generic_rpc_handlers((rpc_handler(service),))
-        address = f"{cfg.addr[0]}:{cfg.addr[1]}"
+        credentials = None
         if cfg.tls is not None:
             chain, key = (path.read_bytes() for path in cfg.tls)
             credentials = grpc.ssl_server_credentials([(key, chain)])
-            self.grpc_port = self._grpc.add_secure_port(address, credentials)
-        else:
-            self.grpc_port = self._grpc.add_insecure_port(address)
-        await self._grpc.start()
-        _, self.admin_port = await self._admin.start(*cfg.admin_addr)
+        try:
+            self.grpc_port = add_grpc_port(self._grpc, cfg.addr, credentials)
+            await self._grpc.start()
+            self.admin_port = await start_admin(self._admin, cfg.admin_addr)
+        except ListenError:
+            await self.stop(grace=0)
+            raise
         log.info("destination serving on :%d (admin :%d)", self.grpc_port, self.admin_port)
 
     async def stop(self, grace: float = 5.0) -> None:
+        self.supervisor.stop()
         if self._grpc is not None:
             await self._grpc.stop(grace)
-        if self._source_task is not None:
-            self._source_task.cancel()
-            await asyncio.gather(self._source_task, return_exceptions=True)
+        if self._supervising is not None:
+            self._supervising.cancel()
+            await asyncio.gather(self._supervising, return_exceptions=True)
         await self._admin.close()
 
 
-async def serve(config: DestinationConfig, registry: CollectorRegistry | None = None) -> None:
-    """Serves until SIGTERM or SIGINT."""
-    await serve_until_signalled(DestinationServer(config, registry), "destination")
+async def serve(config: DestinationConfig, registry: CollectorRegistry | None = None) -> int:
+    """Serves until SIGTERM or SIGINT (0), or until its source fails for good (1)."""
+    return await serve_until_signalled(DestinationServer(config, registry), "destination")

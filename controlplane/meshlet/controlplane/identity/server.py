@@ -32,6 +32,8 @@ from meshlet.controlplane.identity.source import (
     KubernetesIssuerSource,
 )
 from meshlet.controlplane.identity.tokens import TokenReviewer, TokensFile, TokenValidator
+from meshlet.controlplane.listen import ListenError, add_grpc_port, check_free, start_admin
+from meshlet.controlplane.supervise import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -75,11 +77,14 @@ class IdentityServer:
         self.admin_port = 0
         self._grpc: grpc.aio.Server | None = None
         self._admin = AdminServer(partial(generate_latest, self.registry), ready=self.ready)
-        self._tasks: list[asyncio.Task[None]] = []
+        self.supervisor = Supervisor("identity")
+        self.supervisor.add("the issuer watch", partial(self.holder.watch, config.reload_interval))
+        self.supervisor.add("the serving certificate renewal", self._renew_serving)
+        self._supervising: asyncio.Task[None] | None = None
 
     def ready(self) -> bool:
-        """Serving gRPC with a loaded issuer."""
-        return self.grpc_port != 0 and self.holder.issuer is not None
+        """Serving gRPC with a loaded issuer, its issuer watch and renewal running."""
+        return self.grpc_port != 0 and self.holder.issuer is not None and self.supervisor.healthy
 
     def _issuer_changed(self, issuer: Issuer) -> None:
         self.metrics.issuer_loaded(issuer)
@@ -88,7 +93,8 @@ class IdentityServer:
     async def start(self) -> None:
         """Serves admin at once; gRPC once an issuer is loaded (TLS needs it)."""
         cfg = self.config
-        _, self.admin_port = await self._admin.start(*cfg.admin_addr)
+        check_free(cfg.addr, "gRPC")  # before waiting for an issuer: it may take a while
+        self.admin_port = await start_admin(self._admin, cfg.admin_addr)
         while not await asyncio.to_thread(self.holder.reload):
             log.warning("waiting for a usable issuer: %s", self.holder.last_error)
             await asyncio.sleep(cfg.reload_interval)
@@ -105,18 +111,18 @@ class IdentityServer:
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_concurrent_streams", 100),
+                ("grpc.so_reuseport", 0),  # a port in use is an error, not a shared port
             ],
             maximum_concurrent_rpcs=1000,
         )
         identity_pb2_grpc.add_IdentityServicer_to_server(service, self._grpc)
-        self.grpc_port = self._grpc.add_secure_port(
-            f"{cfg.addr[0]}:{cfg.addr[1]}", self.serving.credentials()
-        )
+        try:
+            self.grpc_port = add_grpc_port(self._grpc, cfg.addr, self.serving.credentials())
+        except ListenError:
+            await self.stop(grace=0)
+            raise
         await self._grpc.start()
-        self._tasks = [
-            asyncio.create_task(self.holder.watch(cfg.reload_interval)),
-            asyncio.create_task(self._renew_serving()),
-        ]
+        self._supervising = asyncio.create_task(self.supervisor.run())
         log.info("identity serving on :%d (admin :%d)", self.grpc_port, self.admin_port)
 
     async def _renew_serving(self) -> None:
@@ -127,9 +133,10 @@ class IdentityServer:
                 self.serving.issue(issuer, utcnow())
 
     async def stop(self, grace: float = 5.0) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.supervisor.stop()
+        if self._supervising is not None:
+            self._supervising.cancel()
+            await asyncio.gather(self._supervising, return_exceptions=True)
         if self._grpc is not None:
             await self._grpc.stop(grace)
         await self._admin.close()
@@ -153,6 +160,6 @@ def _token_validator(cfg: IdentityConfig) -> TokenValidator:
     return TokenReviewer(cfg.kube_api)
 
 
-async def serve(config: IdentityConfig) -> None:
-    """Serves until SIGTERM or SIGINT."""
-    await serve_until_signalled(IdentityServer(config), "identity")
+async def serve(config: IdentityConfig) -> int:
+    """Serves until SIGTERM or SIGINT (0), or until a background task fails for good (1)."""
+    return await serve_until_signalled(IdentityServer(config), "identity")

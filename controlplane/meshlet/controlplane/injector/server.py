@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import ssl
 from dataclasses import dataclass
 from functools import partial
@@ -19,6 +18,8 @@ from meshlet.controlplane.cli import serve_until_signalled
 from meshlet.controlplane.injector.config import InjectConfig
 from meshlet.controlplane.injector.namespaces import Namespaces
 from meshlet.controlplane.injector.webhook import InjectorMetrics, Webhook
+from meshlet.controlplane.listen import ListenError, bind, start_admin
+from meshlet.controlplane.supervise import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -43,16 +44,6 @@ def server_context(cert: Path, key: Path) -> ssl.SSLContext:
     return context
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(128)
-    sock.setblocking(False)
-    return sock
-
-
 class InjectorServer:
     def __init__(self, config: InjectorConfig, registry: CollectorRegistry | None = None) -> None:
         self.config = config
@@ -68,25 +59,32 @@ class InjectorServer:
         self._stamp = self._cert_stamp()
         self._runner: web.AppRunner | None = None
         self._admin = AdminServer(partial(generate_latest, self.registry), ready=self.ready)
-        self._reload: asyncio.Task[None] | None = None
+        self.supervisor = Supervisor("injector")
+        self.supervisor.add("the webhook certificate watch", self._watch_certificate)
+        self._supervising: asyncio.Task[None] | None = None
         self.port = 0
         self.admin_port = 0
 
     def ready(self) -> bool:
-        return self.port != 0
+        """Serving HTTPS, its certificate watch running."""
+        return self.port != 0 and self.supervisor.healthy
 
     def _cert_stamp(self) -> tuple[float, float]:
         return self.config.tls_cert.stat().st_mtime, self.config.tls_key.stat().st_mtime
 
     async def start(self) -> None:
         cfg = self.config
-        _, self.admin_port = await self._admin.start(*cfg.admin_addr)
+        self.admin_port = await start_admin(self._admin, cfg.admin_addr)
+        try:
+            sock = bind(cfg.addr, "webhook")
+        except ListenError:
+            await self._admin.close()
+            raise
         self._runner = web.AppRunner(self.webhook.app(), access_log=None, handle_signals=False)
         await self._runner.setup()
-        sock = _bind(*cfg.addr)
         await web.SockSite(self._runner, sock, ssl_context=self._context).start()
         self.port = int(sock.getsockname()[1])
-        self._reload = asyncio.create_task(self._watch_certificate())
+        self._supervising = asyncio.create_task(self.supervisor.run())
         log.info("injector serving HTTPS on :%d (admin :%d)", self.port, self.admin_port)
 
     async def _watch_certificate(self) -> None:
@@ -103,14 +101,15 @@ class InjectorServer:
                 log.error("webhook certificate not reloaded: %s", exc)
 
     async def stop(self) -> None:
-        if self._reload is not None:
-            self._reload.cancel()
-            await asyncio.gather(self._reload, return_exceptions=True)
+        self.supervisor.stop()
+        if self._supervising is not None:
+            self._supervising.cancel()
+            await asyncio.gather(self._supervising, return_exceptions=True)
         if self._runner is not None:
             await self._runner.cleanup()
         await self._admin.close()
 
 
-async def serve(config: InjectorConfig) -> None:
-    """Serves until SIGTERM or SIGINT."""
-    await serve_until_signalled(InjectorServer(config), "injector")
+async def serve(config: InjectorConfig) -> int:
+    """Serves until SIGTERM or SIGINT (0), or until its certificate watch fails for good (1)."""
+    return await serve_until_signalled(InjectorServer(config), "injector")

@@ -175,6 +175,7 @@ class ManifestsSource:
 
     async def run(self, sink: Sink) -> None:
         """Emits a Snapshot of every kind, then one of each kind that changes; until cancelled."""
+        self._listed = set()  # a run that starts again (after a failure) lists again
         if not self._directory.is_dir():
             logger.warning("manifests directory %s does not exist (yet)", self._directory)
         stamps = await asyncio.to_thread(scan, self._directory)
