@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import socket
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from meshlet.api import identity_pb2, identity_pb2_grpc, wellknown
 from meshlet.controlplane.identity import ca
 from meshlet.controlplane.identity.errors import CertifyError
 from meshlet.controlplane.identity.server import IdentityConfig, IdentityServer
+from meshlet.controlplane.identity.source import IssuerHolder, KubernetesIssuerSource
 from meshlet.controlplane.identity.tokens import ServiceAccount, TokenReviewer
 from meshlet.proxy.identity import prestart
 from meshlet_testing.fakeapi import FakeKubeAPI
@@ -173,3 +175,25 @@ async def test_issuer_secret_from_another_anchor_is_refused(
         await asyncio.sleep(0.05)
     assert "does not chain to the trust anchors" in (server.holder.last_error or "")
     assert server.holder.issuer is before
+
+
+def test_an_unreachable_api_server_keeps_the_issuer_in_force(
+    kube: FakeKubeAPI, test_ca: Any
+) -> None:
+    """A reload while the API server cannot be reached fails like any other: the issuer in
+    force stays, and the watch (under the supervisor) does not die of it."""
+    for obj in _issuer_objects(test_ca):
+        kube.apply(obj)
+    with client.ApiClient(kube.client_configuration()) as api_client:
+        holder = IssuerHolder(KubernetesIssuerSource(api_client, "meshlet"))
+        assert holder.reload() and holder.issuer is not None
+        loaded = holder.issuer
+        closed = socket.socket()
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+        closed.close()  # nothing listens there now
+        api_client.configuration.host = f"https://127.0.0.1:{port}"
+        api_client.rest_client.pool_manager.clear()
+        assert holder.reload() is False
+    assert "cannot reach the Kubernetes API server" in (holder.last_error or "")
+    assert holder.issuer is loaded

@@ -57,6 +57,7 @@ class KubernetesIssuerSource:
         self._anchors_file = anchors_file
 
     def read(self) -> IssuerMaterial:
+        import urllib3
         from kubernetes.client.exceptions import ApiException
 
         try:
@@ -72,6 +73,8 @@ class KubernetesIssuerSource:
                 anchors = (roots.data or {}).get(wellknown.TRUST_ROOTS_KEY, "").encode()
         except ApiException as exc:
             raise IssuerError(f"cannot read issuer objects: {exc.status} {exc.reason}") from exc
+        except urllib3.exceptions.HTTPError as exc:  # unreachable: keep the issuer in force
+            raise IssuerError(f"cannot reach the Kubernetes API server: {exc}") from exc
         data = secret.data or {}
         try:
             return IssuerMaterial(
