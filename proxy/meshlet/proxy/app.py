@@ -119,7 +119,7 @@ class Proxy:
         # Ports as bound (a configured port 0 is ephemeral): none of them is ever a target.
         own = SelfTargets(
             [*(listener.address for listener in self.listeners),
-             (cfg.admin_listen_addr[0], self.admin_port), cfg.control_listen_addr]
+             Addr(cfg.admin_listen_addr.host, self.admin_port), cfg.control_listen_addr]
         )  # fmt: skip
         self.outbound.self_targets = self.inbound.self_targets = own
         self.inbound.port = self.listeners[1].address[1]
@@ -205,7 +205,7 @@ class ListenError(OSError):
 
     def __init__(self, addr: Addr, name: str, cause: OSError) -> None:
         why = cause.strerror or str(cause)
-        super().__init__(f"cannot listen on {addr[0]}:{addr[1]} ({name}): {why}")
+        super().__init__(f"cannot listen on {addr} ({name}): {why}")
 
 
 def _bind(addr: Addr, name: str) -> socket.socket:

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from meshlet.api import addr, destination_pb2, net_pb2
+from meshlet.api.hostport import HostPort
 
-Addr = tuple[str, int]  # (IP literal, port), as the proxy connects to it
+Addr = HostPort  # (IP literal, port), as the proxy connects to it
 Labels = tuple[tuple[str, str], ...]  # sorted by name
 
 
@@ -85,7 +86,7 @@ def decode_addr(msg: net_pb2.TcpAddress) -> Addr:
         raise DecodeError(f"address: {exc}") from None
     if not 1 <= port <= 65535:
         raise DecodeError(f"address {ip}: port {port} is not in 1-65535")
-    return str(ip), port
+    return HostPort(str(ip), port)
 
 
 def _identity(msg: destination_pb2.TlsIdentity) -> TlsIdentity:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
+from meshlet.api.hostport import format_hostport
 from meshlet.proxy.http.attempts import Attempts, Step, advance, advance_now, begin
 from meshlet.proxy.http.contract import Endpoint, HttpConn, RequestTarget
 from meshlet.proxy.http.h2codec import ErrorCode, Header, ProtocolError, error_name
@@ -382,7 +383,7 @@ class H2Server(Peer):
 
     def _peer(self) -> str:
         peer = self.transport.get_extra_info("peername") if self.transport else None
-        return f"{peer[0]}:{peer[1]}" if peer else "?"
+        return format_hostport(peer[0], peer[1]) if peer else "?"
 
     def _idle_tick(self) -> None:
         if self.closed:

@@ -20,6 +20,7 @@ import random
 from collections.abc import Callable
 from typing import Final
 
+from meshlet.api.hostport import format_hostport
 from meshlet.api.transport_header import SessionProtocol
 from meshlet.proxy.core.endpoints import Endpoint as DiscoveredEndpoint
 from meshlet.proxy.core.endpoints import Status
@@ -81,7 +82,7 @@ class MeshRouter:
         """Discovery of a redirected connection's original destination; a RouteError when
         discovery is full (the connection is refused rather than sent unmeshed)."""
         try:
-            return await self.resolver.resolve(f"{target[0]}:{target[1]}")
+            return await self.resolver.resolve(str(target))
         except ResolverFull as exc:
             return RouteError(503, str(exc))  # the caller refuses the connection and counts it
 
@@ -136,10 +137,10 @@ class MeshRouter:
         parts = split_authority(authority)
         if parts is None:
             return None
-        host, port = parts[0].rstrip(".").lower(), parts[1]
+        host = parts.host.rstrip(".").lower()
         if not self._discoverable(host):
             return None
-        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return format_hostport(host, parts.port)
 
     def _discoverable(self, host: str) -> bool:
         try:
@@ -251,7 +252,7 @@ class MeshRouter:
         plain TCP, or a mesh connector to its proxy, with the metric labels they carry."""
         label = self._label(authority)
         identity = endpoint.identity
-        where = f"{endpoint.addr[0]}:{endpoint.addr[1]}"
+        where = str(endpoint.addr)
         if identity is None or endpoint.opaque_transport_port is None:
             labels = self._metrics.conn(
                 "outbound", where, dst_values(endpoint.labels),
@@ -259,7 +260,7 @@ class MeshRouter:
             ).values()  # fmt: skip
             return Endpoint(endpoint.addr, label, labels=labels)
         assert self._identity is not None  # `_reach` checked it
-        proxy_addr = (endpoint.addr[0], endpoint.opaque_transport_port)
+        proxy_addr = Addr(endpoint.addr.host, endpoint.opaque_transport_port)
         connect = self._counted(
             mesh_connect(
                 self._identity.client_context(), identity.name, endpoint.addr[1], session,
