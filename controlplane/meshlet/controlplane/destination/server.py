@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 
 from meshlet.api import wellknown
 from meshlet.api.admin import AdminServer
+from meshlet.api.hostport import HostPort
 from meshlet.controlplane.cli import serve_until_signalled
 from meshlet.controlplane.destination.publisher import Publishers
 from meshlet.controlplane.destination.service import (
@@ -32,8 +33,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class DestinationConfig:
-    addr: tuple[str, int]
-    admin_addr: tuple[str, int]
+    addr: HostPort
+    admin_addr: HostPort
     source: Source
     # The manifests source has no endpoints controller: derive endpoints from selectors.
     derive_from_pods: bool
@@ -142,7 +143,7 @@ class DestinationServer:
         )
         service = DestinationService(self.publishers, self.metrics, self.limits, cfg.cluster_domain)
         self._grpc.add_generic_rpc_handlers((rpc_handler(service),))
-        address = f"{cfg.addr[0]}:{cfg.addr[1]}"
+        address = str(cfg.addr)
         if cfg.tls is not None:
             chain, key = (path.read_bytes() for path in cfg.tls)
             credentials = grpc.ssl_server_credentials([(key, chain)])

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from meshlet.api import identity_pb2_grpc, wellknown
 from meshlet.api.admin import AdminServer
+from meshlet.api.hostport import HostPort
 from meshlet.controlplane.cli import serve_until_signalled
 from meshlet.controlplane.identity.ca import Issuer
 from meshlet.controlplane.identity.service import (
@@ -40,8 +41,8 @@ MAX_MESSAGE_BYTES = 64 * 1024  # a CertifyRequest is a few KiB; larger ones are 
 
 @dataclass(frozen=True, slots=True)
 class IdentityConfig:
-    addr: tuple[str, int]
-    admin_addr: tuple[str, int]
+    addr: HostPort
+    admin_addr: HostPort
     trust_anchors: Path | None
     issuer_dir: Path | None
     tokens_file: Path | None
@@ -109,9 +110,7 @@ class IdentityServer:
             maximum_concurrent_rpcs=1000,
         )
         identity_pb2_grpc.add_IdentityServicer_to_server(service, self._grpc)
-        self.grpc_port = self._grpc.add_secure_port(
-            f"{cfg.addr[0]}:{cfg.addr[1]}", self.serving.credentials()
-        )
+        self.grpc_port = self._grpc.add_secure_port(str(cfg.addr), self.serving.credentials())
         await self._grpc.start()
         self._tasks = [
             asyncio.create_task(self.holder.watch(cfg.reload_interval)),
