@@ -15,6 +15,7 @@ import pytest
 from kubernetes import client
 
 from meshlet.api import wellknown as wk
+from meshlet.api.hostport import HostPort
 from meshlet.controlplane.destination.server import DestinationConfig, DestinationServer
 from meshlet.controlplane.k8s import objects
 from meshlet.controlplane.k8s.informer import KubernetesSource
@@ -111,7 +112,7 @@ class ControlPlane:
         source = KubernetesSource(self.api_client, watch_timeout=2.0, backoff=(0.05, 0.2))
         self.server = DestinationServer(
             DestinationConfig(
-                addr=("127.0.0.1", 0),
+                addr=HostPort("127.0.0.1", 0),
                 admin_addr=("127.0.0.1", 0),
                 source=source,
                 derive_from_pods=False,
@@ -266,7 +267,7 @@ def local_destination(
     chain, key = test_ca.serving_cert(wk.DESTINATION_SERVICE_NAME, tmp_path / "tls")
     server = DestinationServer(
         DestinationConfig(
-            addr=("127.0.0.1", 0),
+            addr=HostPort("127.0.0.1", 0),
             admin_addr=("127.0.0.1", 0),
             source=ManifestsSource(folder.root, poll_interval=0.05),
             derive_from_pods=True,

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import uvloop
 
+from meshlet.api.hostport import HostPort
 from meshlet.proxy.connections import Connections
 from meshlet.proxy.core.routes import DEFAULT_ROUTE
 from meshlet.proxy.fixed_router import FixedPicker
@@ -89,14 +90,15 @@ async def engine_proxy() -> AsyncIterator[Callable[..., Awaitable[EngineProxy]]]
                 authority = request.authority
                 proxy.routes.append(authority)
                 if upstream is not None:
-                    endpoint = Endpoint(upstream, f"{upstream[0]}:{upstream[1]}")
+                    addr = HostPort(*upstream)
+                    endpoint = Endpoint(addr, str(addr))
                 elif not authority:
                     return RouteError(400, "no authority")
                 else:
                     host, _, port = authority.rpartition(":")
                     if not port.isdigit():
                         return RouteError(400, "authority without port")
-                    endpoint = Endpoint((host.strip("[]"), int(port)), authority)
+                    endpoint = Endpoint(HostPort(host.strip("[]"), int(port)), authority)
                 picker = Picker(endpoint) if waits else FixedPicker(endpoint)
                 return RouteTarget(endpoint.authority_label, DEFAULT_ROUTE, None, picker)
 
@@ -107,7 +109,7 @@ async def engine_proxy() -> AsyncIterator[Callable[..., Awaitable[EngineProxy]]]
                     router=Router(),
                     connect=tcp_connector((limits or HttpLimits()).connect_timeout),
                     metrics=metrics,
-                    labels=metrics.conn("outbound", f"{accepted.local[0]}:{accepted.local[1]}"),
+                    labels=metrics.conn("outbound", str(accepted.local)),
                     limits=limits or HttpLimits(),
                     closing=closing,
                     **conn,
@@ -209,8 +211,9 @@ async def accept() -> AsyncIterator[Accept]:
         sock, addr = await loop.sock_accept(listening)
         opened.append(sock)
         sock.setblocking(False)
-        here = local or sock.getsockname()[:2]
-        return Accepted(sock, addr[:2], here, original_dst, loop.time()), client
+        here = HostPort(*local) if local else HostPort.from_sockaddr(sock.getsockname())
+        dst = HostPort(*original_dst) if original_dst else None
+        return Accepted(sock, HostPort.from_sockaddr(addr), here, dst, loop.time()), client
 
     yield connect
     for sock in opened:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from meshlet.api import wellknown
+from meshlet.api.hostport import HostPort
 from meshlet.proxy.config import ConfigError, IdentitySettings, ProxyConfig, defaults_table, load
 
 WEB = wellknown.identity_name("web", "emojivoto")
@@ -117,7 +118,7 @@ def test_identity_settings_from_the_environment(tmp_path: Path, test_ca: Any) ->
     )
     assert config.identity == IdentitySettings(
         local_name=WEB,
-        svc_addr=("meshlet-identity.meshlet.svc.cluster.local", 8080),
+        svc_addr=HostPort("meshlet-identity.meshlet.svc.cluster.local", 8080),
         svc_name=wellknown.IDENTITY_SERVICE_NAME,  # the default
         token_file=Path("/var/run/secrets/tokens/meshlet-identity-token"),
         trust_anchors_pem=test_ca.anchors_pem,

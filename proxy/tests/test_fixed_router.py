@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+from meshlet.api.hostport import HostPort
 from meshlet.proxy.core.routes import DEFAULT_ROUTE
 from meshlet.proxy.fixed_router import FixedPicker, FixedRouter
 from meshlet.proxy.http.contract import Endpoint, RequestTarget, RouteTarget, Target, settle
 from meshlet.proxy.metrics import OVERFLOW, BoundedValues, ProxyMetrics
 
-POD = ("10.0.0.7", 8080)
+POD = HostPort("10.0.0.7", 8080)
 
 
 def request(authority: str | None, method: str = "GET", path: str = "/") -> RequestTarget:

@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from meshlet.api import wellknown as wk
+from meshlet.api.hostport import HostPort
 
 KUBECONFIG_HELP = "Default: $KUBECONFIG or ~/.kube/config."
 
@@ -166,7 +167,7 @@ def endpoints(
     if bare and namespace is None:
         namespace = default_namespace(kubeconfig, context)
     names = [ep.authority(a, namespace or "default", port, cluster_domain) for a in authorities]
-    forward: contextlib.AbstractContextManager[tuple[str, int] | None]
+    forward: contextlib.AbstractContextManager[HostPort | None]
     if destination_addr is not None:
         forward, where = contextlib.nullcontext(), destination_addr
     else:
@@ -178,7 +179,7 @@ def endpoints(
         where = f"{control_plane_namespace}/{pod}:{wk.DESTINATION_PORT} (port-forward)"
     ca = destination_ca.read_bytes() if destination_ca is not None else None
     with forward as local:
-        target = f"{local[0]}:{local[1]}" if local is not None else str(destination_addr)
+        target = str(local) if local is not None else str(destination_addr)
         try:
             answers = ep.ask(target, names, token=token, timeout=seconds, ca=ca,
                              server_name=destination_name)  # fmt: skip

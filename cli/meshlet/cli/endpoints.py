@@ -12,6 +12,7 @@ from typing import Any
 
 from meshlet.api import addr, destination_pb2
 from meshlet.api import wellknown as wk
+from meshlet.api.hostport import format_hostport
 from meshlet.cli import tables
 
 
@@ -44,7 +45,7 @@ def authority(name: str, namespace: str, port: int | None, cluster_domain: str) 
     if ":" in name.rsplit("]", 1)[-1]:
         return name
     host = name if "." in name else f"{name}.{namespace}.svc.{cluster_domain}"
-    return f"{host}:{port if port is not None else 80}"
+    return format_hostport(host, port if port is not None else 80)
 
 
 def _identity(tls: destination_pb2.TlsIdentity) -> str:

@@ -10,6 +10,7 @@ import threading
 from types import TracebackType
 from typing import Any, Final
 
+from meshlet.api.hostport import HostPort
 from meshlet.cli.cluster import ClusterError
 
 POLL: Final = 0.1  # how often the accepting thread looks for the end
@@ -49,14 +50,13 @@ class PortForward:
                 f"cannot port-forward to {self.target}: {exc.reason or exc.status}"
             ) from None
 
-    def __enter__(self) -> tuple[str, int]:
+    def __enter__(self) -> HostPort:
         self._first = self._open()  # the API's refusals surface here, before any dial
         listener = socket.create_server(("127.0.0.1", 0))
         listener.settimeout(POLL)
         self._listener = listener
         self._spawn(self._accept, listener)
-        host, port = listener.getsockname()[:2]
-        return str(host), int(port)
+        return HostPort.from_sockaddr(listener.getsockname())
 
     def _spawn(self, target: Any, *args: Any) -> None:
         thread = threading.Thread(target=target, args=args, daemon=True, name="port-forward")

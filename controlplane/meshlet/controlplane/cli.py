@@ -12,7 +12,7 @@ import click
 
 from meshlet.api import wellknown
 from meshlet.api.durations import parse_duration
-from meshlet.api.hostport import parse_hostport
+from meshlet.api.hostport import HostPort, parse_hostport
 from meshlet.controlplane.supervise import Supervisor
 
 EX_CONFIG: Final = 64  # sysexits EX_USAGE: bad configuration
@@ -25,7 +25,7 @@ def option(*decls: str, **attrs: Any) -> Callable[[Any], Any]:
     return click.option(*decls, envvar=envvar, show_envvar=True, **attrs)
 
 
-def parse_addr(value: str) -> tuple[str, int]:
+def parse_addr(value: str) -> HostPort:
     """`:8080`, `0.0.0.0:8080`, `[::]:8080` or `127.0.0.1:0` → (host, port)."""
     return parse_hostport(value, empty_host="0.0.0.0", port_zero=True)
 
@@ -33,9 +33,9 @@ def parse_addr(value: str) -> tuple[str, int]:
 class Addr(click.ParamType):  # type: ignore[type-arg]
     name = "[host]:port"
 
-    def convert(self, value: Any, param: Any, ctx: Any) -> tuple[str, int]:
+    def convert(self, value: Any, param: Any, ctx: Any) -> HostPort:
         if isinstance(value, tuple):
-            return value
+            return HostPort(*value)
         try:
             return parse_addr(str(value))
         except ValueError as exc:

@@ -9,6 +9,7 @@ import socket
 import grpc
 
 from meshlet.api.admin import AdminServer
+from meshlet.api.hostport import format_hostport
 
 
 class ListenError(OSError):
@@ -19,8 +20,7 @@ class ListenError(OSError):
 
 
 def _show(addr: tuple[str, int]) -> str:
-    host, port = addr
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return format_hostport(*addr)
 
 
 def _why(exc: OSError) -> str:

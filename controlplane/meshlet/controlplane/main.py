@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from meshlet.api import wellknown
+from meshlet.api.hostport import HostPort
 from meshlet.controlplane.cli import EX_CONFIG, Addr, Duration, option, setup_logging
 
 
@@ -81,8 +82,8 @@ def cli() -> None:
     show_default=True,
 )
 def identity(
-    addr: tuple[str, int],
-    admin_addr: tuple[str, int],
+    addr: HostPort,
+    admin_addr: HostPort,
     trust_anchors: Path | None,
     issuer_dir: Path | None,
     tokens_file: Path | None,
@@ -177,8 +178,8 @@ def identity(
     show_default=True,
 )
 def destination(
-    addr: tuple[str, int],
-    admin_addr: tuple[str, int],
+    addr: HostPort,
+    admin_addr: HostPort,
     kubeconfig: Path | None,
     in_cluster: bool,
     manifests: Path | None,
@@ -290,8 +291,8 @@ def destination(
     show_default=True,
 )
 def injector(
-    addr: tuple[str, int],
-    admin_addr: tuple[str, int],
+    addr: HostPort,
+    admin_addr: HostPort,
     tls_cert: Path | None,
     tls_key: Path | None,
     config_file: Path | None,

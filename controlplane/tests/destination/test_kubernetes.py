@@ -12,6 +12,7 @@ import pytest
 from kubernetes import client
 
 from meshlet.api import addr, destination_pb2, destination_pb2_grpc
+from meshlet.api.hostport import HostPort
 from meshlet.controlplane.destination.server import DestinationConfig, DestinationServer
 from meshlet.controlplane.k8s import objects
 from meshlet.controlplane.k8s.events import Kind
@@ -33,8 +34,8 @@ async def stub(kube: FakeKubeAPI) -> AsyncIterator[Any]:
         source = KubernetesSource(api_client, watch_timeout=2.0, backoff=(0.05, 0.2))
         server = DestinationServer(
             DestinationConfig(
-                addr=("127.0.0.1", 0),
-                admin_addr=("127.0.0.1", 0),
+                addr=HostPort("127.0.0.1", 0),
+                admin_addr=HostPort("127.0.0.1", 0),
                 source=source,
                 derive_from_pods=False,
             )
@@ -132,7 +133,7 @@ async def test_informer_counters_are_exported(kube: FakeKubeAPI) -> None:
         source = KubernetesSource(api_client, watch_timeout=2.0, backoff=(0.05, 0.2))
         server = DestinationServer(
             DestinationConfig(
-                addr=("127.0.0.1", 0), admin_addr=("127.0.0.1", 0), source=source,
+                addr=HostPort("127.0.0.1", 0), admin_addr=HostPort("127.0.0.1", 0), source=source,
                 derive_from_pods=False,
             )
         )  # fmt: skip

@@ -18,6 +18,7 @@ import h2.settings
 import pytest
 
 from meshlet.api import addr, destination_pb2, destination_pb2_grpc
+from meshlet.api.hostport import HostPort
 from meshlet.controlplane.cli import serve_until_signalled
 from meshlet.controlplane.destination.server import DestinationConfig, DestinationServer
 from meshlet.controlplane.k8s import objects
@@ -41,8 +42,8 @@ def cluster(tmp_path: Path) -> Cluster:
 async def start(cluster: Cluster, **overrides: Any) -> DestinationServer:
     config = DestinationConfig(
         **{
-            "addr": ("127.0.0.1", 0),
-            "admin_addr": ("127.0.0.1", 0),
+            "addr": HostPort("127.0.0.1", 0),
+            "admin_addr": HostPort("127.0.0.1", 0),
             "source": ManifestsSource(cluster.root, poll_interval=0.02),
             "derive_from_pods": True,
             **overrides,

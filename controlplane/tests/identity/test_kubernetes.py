@@ -17,6 +17,7 @@ from cryptography.hazmat.primitives import serialization
 from kubernetes import client
 
 from meshlet.api import identity_pb2, identity_pb2_grpc, wellknown
+from meshlet.api.hostport import HostPort
 from meshlet.controlplane.identity import ca
 from meshlet.controlplane.identity.errors import CertifyError
 from meshlet.controlplane.identity.server import IdentityConfig, IdentityServer
@@ -64,8 +65,8 @@ async def server(kube: FakeKubeAPI, test_ca: Any) -> AsyncIterator[IdentityServe
     with client.ApiClient(kube.client_configuration()) as api_client:
         srv = IdentityServer(
             IdentityConfig(
-                addr=("127.0.0.1", 0),
-                admin_addr=("127.0.0.1", 0),
+                addr=HostPort("127.0.0.1", 0),
+                admin_addr=HostPort("127.0.0.1", 0),
                 trust_anchors=None,
                 issuer_dir=None,
                 tokens_file=None,

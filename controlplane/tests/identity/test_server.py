@@ -17,6 +17,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from meshlet.api import identity_pb2, identity_pb2_grpc, wellknown
+from meshlet.api.hostport import HostPort
 from meshlet.controlplane.identity import ca
 from meshlet.controlplane.identity.server import IdentityConfig, IdentityServer
 from meshlet.proxy.identity import prestart
@@ -37,8 +38,8 @@ def identity_server(
     tokens = tmp_path / "tokens.yaml"
     tokens.write_text(TOKENS)
     config = IdentityConfig(
-        addr=("127.0.0.1", 0),
-        admin_addr=("127.0.0.1", 0),
+        addr=HostPort("127.0.0.1", 0),
+        admin_addr=HostPort("127.0.0.1", 0),
         trust_anchors=test_ca.anchors_path,
         issuer_dir=issuer_dir or test_ca.issuer_dir,
         tokens_file=tokens,

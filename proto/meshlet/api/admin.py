@@ -9,6 +9,8 @@ import logging
 from collections.abc import Callable
 from typing import Final
 
+from meshlet.api.hostport import HostPort
+
 log = logging.getLogger(__name__)
 
 MAX_REQUEST_HEAD: Final = 8192
@@ -34,10 +36,9 @@ class AdminServer:
         self._log_level = log_level
         self._server: asyncio.Server | None = None
 
-    async def start(self, host: str, port: int) -> tuple[str, int]:
+    async def start(self, host: str, port: int) -> HostPort:
         self._server = await asyncio.start_server(self._serve, host, port, limit=MAX_REQUEST_HEAD)
-        sockname = self._server.sockets[0].getsockname()
-        return sockname[0], int(sockname[1])
+        return HostPort.from_sockaddr(self._server.sockets[0].getsockname())
 
     async def close(self) -> None:
         if self._server is not None:

@@ -1,18 +1,42 @@
-"""`host:port` as every setting, flag and authority writes it: the one parser.
+"""`host:port` as every setting, flag and authority writes it: the one address type, parser and
+formatter.
 
 `host` is an IP literal (IPv6 in brackets: `[::1]:80`) or, where names are allowed, a DNS name;
 `port` is 1-65535 (0 where a listener may ask for an ephemeral port). An empty host is a
 listener's "every address" where the caller allows it (`:8080`). Errors say what was expected.
+
+`HostPort` is an address as the mesh passes it around; its text (`str()`) is `format_hostport`,
+so an IPv6 address reads `[::1]:8080` in logs, metric labels and discovery targets alike. It is a
+tuple, so sockets and asyncio take it as it is.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Final
+from typing import Final, NamedTuple
 
 _NAME: Final = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]{0,251}[A-Za-z0-9_.])?")
 _FORBIDDEN: Final = frozenset(" /\\@\r\n\t?#")
+
+
+class HostPort(NamedTuple):
+    """A TCP address: an IP literal or a DNS name, and a port."""
+
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return format_hostport(self.host, self.port)
+
+    @classmethod
+    def from_sockaddr(cls, sockaddr: tuple[object, ...]) -> HostPort:
+        """The address of a socket address as sockets and asyncio return it: `(host, port)` for
+        IPv4, `(host, port, flowinfo, scope_id)` for IPv6."""
+        host, port = sockaddr[0], sockaddr[1]
+        if not isinstance(host, str) or not isinstance(port, int):
+            raise TypeError(f"{sockaddr!r} is not an IP socket address")
+        return cls(host, port)
 
 
 def parse_hostport(
@@ -22,8 +46,8 @@ def parse_hostport(
     default_port: int | None = None,
     empty_host: str | None = None,
     port_zero: bool = False,
-) -> tuple[str, int]:
-    """(host, port) of `text`; ValueError naming what is wrong.
+) -> HostPort:
+    """The address `text` names; ValueError naming what is wrong.
 
     - `names`: a DNS name may stand for the host (else an IP literal is required);
     - `default_port`: the port when `text` has none (else a port is required);
@@ -53,7 +77,7 @@ def parse_hostport(
     if not host:
         if empty_host is None:
             raise ValueError(f"{text!r} names no host")
-        return empty_host, port
+        return HostPort(empty_host, port)
     try:
         ipaddress.ip_address(host)
     except ValueError:
@@ -61,7 +85,7 @@ def parse_hostport(
             raise ValueError(f"{text!r}: {host!r} is not an IP address") from None
         if not _NAME.fullmatch(host):
             raise ValueError(f"{text!r}: {host!r} is not a host name") from None
-    return host, port
+    return HostPort(host, port)
 
 
 def _port(text: str, port_text: str | None, default: int | None, zero: bool) -> int:

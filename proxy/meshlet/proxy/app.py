@@ -105,8 +105,8 @@ class Proxy:
         outbound_sock, inbound_sock = bound
         # Ports as bound (a configured port 0 is ephemeral): none of them is ever a target.
         own = SelfTargets(
-            [outbound_sock.getsockname()[:2], inbound_sock.getsockname()[:2],
-             (cfg.admin_listen_addr[0], self.admin_port), cfg.control_listen_addr]
+            [Addr(*outbound_sock.getsockname()[:2]), Addr(*inbound_sock.getsockname()[:2]),
+             Addr(cfg.admin_listen_addr.host, self.admin_port), cfg.control_listen_addr]
         )  # fmt: skip
         self.outbound = OutboundStack(
             self.connections, self.router, self_targets=own,
@@ -205,7 +205,7 @@ class ListenError(OSError):
 
     def __init__(self, addr: Addr, name: str, cause: OSError) -> None:
         why = cause.strerror or str(cause)
-        super().__init__(f"cannot listen on {addr[0]}:{addr[1]} ({name}): {why}")
+        super().__init__(f"cannot listen on {addr} ({name}): {why}")
 
 
 def _bind(addr: Addr, name: str) -> socket.socket:

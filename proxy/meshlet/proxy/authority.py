@@ -24,7 +24,7 @@ async def resolve(host: str, port: int) -> Addr | None:
     """An IP literal as is; a name through the resolver (first address)."""
     try:
         ipaddress.ip_address(host)
-        return host, port
+        return Addr(host, port)
     except ValueError:
         pass
     loop = asyncio.get_running_loop()
@@ -34,7 +34,7 @@ async def resolve(host: str, port: int) -> Addr | None:
         return None
     for family, _, _, _, sockaddr in infos:
         if family in (socket.AF_INET, socket.AF_INET6):
-            return str(sockaddr[0]), int(sockaddr[1])
+            return Addr.from_sockaddr(sockaddr)
     return None
 
 
@@ -80,4 +80,4 @@ def _endpoint(
 ) -> Endpoint | RouteError:
     if self_targets.loops(addr, local_ip):
         return RouteError(403, "the request targets the proxy itself (a routing loop)")
-    return Endpoint(addr, f"{parts[0]}:{parts[1]}")
+    return Endpoint(addr, str(parts))

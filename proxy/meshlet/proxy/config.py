@@ -15,10 +15,10 @@ from typing import Any, Final
 
 from meshlet.api import wellknown
 from meshlet.api.durations import parse_duration
-from meshlet.api.hostport import parse_hostport
+from meshlet.api.hostport import HostPort, parse_hostport
 from meshlet.api.ports import PortRanges, parse_ports
 
-Addr = tuple[str, int]
+Addr = HostPort
 PREFIX: Final = wellknown.PROXY_ENV_PREFIX
 
 
@@ -33,7 +33,7 @@ def parse_addr(text: str) -> Addr:
     return parse_hostport(text, names=False, port_zero=True)
 
 
-def parse_svc_addr(text: str) -> tuple[str, int]:
+def parse_svc_addr(text: str) -> Addr:
     """A service's `host:port` or `[v6]:port`, where host may be a DNS name."""
     return parse_hostport(text)
 
@@ -89,7 +89,7 @@ class IdentitySettings:
     """How the proxy gets its certificate (all of them, or identity is off)."""
 
     local_name: str
-    svc_addr: tuple[str, int]  # host (a name or an IP) and port
+    svc_addr: Addr  # host (a name or an IP) and port
     svc_name: str  # the identity service's TLS identity
     token_file: Path
     trust_anchors_pem: str
@@ -100,7 +100,7 @@ class IdentitySettings:
 class DestinationSettings:
     """Where discovery asks (absent: no discovery, traffic goes where it was sent)."""
 
-    svc_addr: tuple[str, int]
+    svc_addr: Addr
     svc_name: str | None  # its TLS identity; None: plaintext
     context: str  # the context token (JSON)
     profile_suffixes: tuple[str, ...]
@@ -109,10 +109,10 @@ class DestinationSettings:
 
 @dataclass(frozen=True, slots=True)
 class ProxyConfig:
-    inbound_listen_addr: Addr = ("0.0.0.0", wellknown.PROXY_INBOUND_PORT)
-    outbound_listen_addr: Addr = ("127.0.0.1", wellknown.PROXY_OUTBOUND_PORT)
-    admin_listen_addr: Addr = ("0.0.0.0", wellknown.PROXY_ADMIN_PORT)
-    control_listen_addr: Addr = ("0.0.0.0", wellknown.PROXY_CONTROL_PORT)
+    inbound_listen_addr: Addr = HostPort("0.0.0.0", wellknown.PROXY_INBOUND_PORT)
+    outbound_listen_addr: Addr = HostPort("127.0.0.1", wellknown.PROXY_OUTBOUND_PORT)
+    admin_listen_addr: Addr = HostPort("0.0.0.0", wellknown.PROXY_ADMIN_PORT)
+    control_listen_addr: Addr = HostPort("0.0.0.0", wellknown.PROXY_CONTROL_PORT)
     destination_svc_addr: str = ""
     destination_svc_name: str = ""
     destination_context: str = ""
@@ -256,7 +256,7 @@ def _identity(config: ProxyConfig, problems: list[str]) -> IdentitySettings | No
     if _identity_off(config):
         return None
     before = len(problems)
-    svc_addr = ("", 0)
+    svc_addr = HostPort("", 0)
     if not config.identity_svc_addr:
         problems.append(f"{E.IDENTITY_SVC_ADDR} is required with identity")
     else:
@@ -347,8 +347,8 @@ def _env_text(value: object) -> str:
         return f"{value:g}s"
     if isinstance(value, PortRanges):
         return str(value) or "none"
-    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], int):
-        return f"{value[0]}:{value[1]}"
+    if isinstance(value, HostPort):
+        return str(value)
     if isinstance(value, tuple):
         return ",".join(str(item) for item in value)
     return str(value)

@@ -233,7 +233,7 @@ class _Opener:
         try:
             await (endpoint.connect or connections.connect)(endpoint.addr, lambda: upstream)
         except (OSError, TimeoutError) as exc:
-            log.info("%s: connect to %s:%d failed: %s", self._direction, *endpoint.addr, exc)
+            log.info("%s: connect to %s failed: %s", self._direction, endpoint.addr, exc)
             kind = Failure.CONNECT_TIMEOUT if isinstance(exc, TimeoutError) else Failure.CONNECT
             return Failed(kind, str(exc))
         upstream.tcp.open()

@@ -27,7 +27,7 @@ class FixedRouter:
     def __init__(self, target: Addr, metrics: ProxyMetrics) -> None:
         self._target = target
         self._metrics = metrics
-        default = metrics.authority_label(f"{target[0]}:{target[1]}")
+        default = metrics.authority_label(str(target))
         self._default = RouteTarget(default, DEFAULT_ROUTE, None,
                                     FixedPicker(Endpoint(target, default)))  # fmt: skip
         self._by_label: dict[str, RouteTarget] = {default: self._default}  # few labels

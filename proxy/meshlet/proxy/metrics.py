@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
+from meshlet.api.hostport import HostPort
 from meshlet.proxy.io.counters import DST_LABELS, NO_DST, ConnLabels, TcpConn, TcpKey, Values
 from meshlet.proxy.series import (
     Counter,
@@ -234,12 +235,12 @@ class ProxyMetrics:
     ) -> ConnLabels:
         return ConnLabels(direction, self.target(target_addr), dst=dst, **tls)
 
-    def dst_conn(self, direction: str, addr: tuple[str, int], labels: Values | None) -> TcpConn:
+    def dst_conn(self, direction: str, addr: HostPort, labels: Values | None) -> TcpConn:
         """A connection the proxy opens (`peer="dst"`): to an endpoint with its `labels`, or,
         without, a plain one (inbound: to the app on the pod's own address)."""
         if labels is None:
             reason = "loopback" if direction == "inbound" else "not_provided_by_service_discovery"
-            labels = self.conn(direction, f"{addr[0]}:{addr[1]}", no_tls_reason=reason).values()
+            labels = self.conn(direction, str(addr), no_tls_reason=reason).values()
         return self.tcp.conn("dst", labels)
 
     def authority_label(self, authority: str) -> str:

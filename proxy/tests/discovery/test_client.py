@@ -18,6 +18,7 @@ from grpclib.exceptions import GRPCError
 from grpclib.server import Server
 
 from meshlet.api import destination_grpc, destination_pb2
+from meshlet.api.hostport import HostPort
 from meshlet.controlplane.destination.server import DestinationConfig, DestinationServer
 from meshlet.controlplane.identity import ca
 from meshlet.controlplane.k8s import objects
@@ -34,8 +35,8 @@ async def start_server(
 ) -> DestinationServer:
     server = DestinationServer(
         DestinationConfig(
-            addr=("127.0.0.1", port),
-            admin_addr=("127.0.0.1", 0),
+            addr=HostPort("127.0.0.1", port),
+            admin_addr=HostPort("127.0.0.1", 0),
             source=ManifestsSource(root, poll_interval=0.02),
             derive_from_pods=True,
             tls=tls,

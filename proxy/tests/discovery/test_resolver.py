@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from meshlet.api.hostport import HostPort
 from meshlet.controlplane.destination.server import DestinationConfig, DestinationServer
 from meshlet.controlplane.k8s import objects
 from meshlet.controlplane.k8s.manifests import ManifestsFolder, ManifestsSource
@@ -46,8 +47,8 @@ async def settled(destination: Destination, condition: Callable[[], bool]) -> No
 async def start_server(cluster: Cluster, port: int = 0) -> DestinationServer:
     server = DestinationServer(
         DestinationConfig(
-            addr=("127.0.0.1", port),
-            admin_addr=("127.0.0.1", 0),
+            addr=HostPort("127.0.0.1", port),
+            admin_addr=HostPort("127.0.0.1", 0),
             source=ManifestsSource(cluster.root, poll_interval=0.02),
             derive_from_pods=True,
         )

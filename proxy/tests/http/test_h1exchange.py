@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from meshlet.api.hostport import HostPort
 from meshlet.proxy.core.failover import MAX_CONNECTS, Failure
 from meshlet.proxy.core.retry_budget import RetryBudget
 from meshlet.proxy.core.routes import DEFAULT_ROUTE, RoutePolicy
@@ -40,7 +41,7 @@ from meshlet.proxy.http.recorder import Recorder
 from meshlet.proxy.metrics import ProxyMetrics
 from meshlet_testing.lease import RecordingLease
 
-POD: Addr = ("10.0.0.7", 8080)
+POD: Addr = HostPort("10.0.0.7", 8080)
 LIMITS = HttpLimits()
 OK = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
 FAILED = b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 4\r\n\r\nfail"

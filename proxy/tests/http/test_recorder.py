@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import pytest
 
+from meshlet.api.hostport import HostPort
 from meshlet.proxy.core.routes import DEFAULT_ROUTE, ResponseClass, RoutePolicy, StatusRange
 from meshlet.proxy.fixed_router import FixedPicker
 from meshlet.proxy.http.contract import Endpoint, RouteTarget
 from meshlet.proxy.http.recorder import Recorder
 from meshlet.proxy.metrics import ProxyMetrics
 
-POD = ("10.0.0.7", 8080)
+POD = HostPort("10.0.0.7", 8080)
 WEB = "web.ns.svc.cluster.local:80"
 
 

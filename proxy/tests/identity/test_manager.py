@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from meshlet.api import wellknown
+from meshlet.api.hostport import HostPort
 from meshlet.controlplane.identity.server import IdentityConfig, IdentityServer
 from meshlet.proxy.config import IdentitySettings
 from meshlet.proxy.core import refresh
@@ -63,8 +64,8 @@ class IdentityService:
 
     async def start(self) -> None:
         config = IdentityConfig(
-            addr=("127.0.0.1", self.port),
-            admin_addr=("127.0.0.1", 0),
+            addr=HostPort("127.0.0.1", self.port),
+            admin_addr=HostPort("127.0.0.1", 0),
             trust_anchors=self.test_ca.anchors_path,
             issuer_dir=self.test_ca.issuer_dir,
             tokens_file=self.tokens,
@@ -95,7 +96,7 @@ def settings(service: IdentityService, tmp_path: Path, sa: str, token: str) -> I
     token_file.write_text(token)
     return IdentitySettings(
         local_name=wellknown.identity_name(sa, "emojivoto"),
-        svc_addr=("127.0.0.1", service.port),
+        svc_addr=HostPort("127.0.0.1", service.port),
         svc_name=wellknown.IDENTITY_SERVICE_NAME,
         token_file=token_file,
         trust_anchors_pem=service.test_ca.anchors_pem,
@@ -436,6 +437,7 @@ CHILD = """
 import asyncio, json, sys
 from pathlib import Path
 import uvloop
+from meshlet.api.hostport import HostPort
 from meshlet.proxy.config import IdentitySettings
 from meshlet.proxy.identity.manager import IdentityManager
 from meshlet.proxy.metrics import ProxyMetrics
@@ -443,7 +445,7 @@ from meshlet.proxy.metrics import ProxyMetrics
 async def main() -> None:
     args = json.loads(sys.argv[1])
     settings = IdentitySettings(
-        local_name=args["name"], svc_addr=("127.0.0.1", args["port"]), svc_name=args["svc"],
+        local_name=args["name"], svc_addr=HostPort("127.0.0.1", args["port"]), svc_name=args["svc"],
         token_file=Path(args["token"]), trust_anchors_pem=args["anchors"], directory=None,
     )
     manager = IdentityManager(settings, ProxyMetrics())

@@ -37,6 +37,7 @@ import pytest
 import yaml
 
 from meshlet.api import wellknown
+from meshlet.api.hostport import HostPort
 from meshlet.api.transport_header import SessionProtocol
 from meshlet.controlplane.destination.server import DestinationConfig, DestinationServer
 from meshlet.controlplane.identity.server import IdentityConfig, IdentityServer
@@ -393,7 +394,7 @@ class Mesh:
         ))  # fmt: skip
         self.identity = IdentityServer(
             IdentityConfig(
-                addr=("127.0.0.1", self.identity_port), admin_addr=("127.0.0.1", 0),
+                addr=HostPort("127.0.0.1", self.identity_port), admin_addr=HostPort("127.0.0.1", 0),
                 trust_anchors=self.test_ca.anchors_path, issuer_dir=self.test_ca.issuer_dir,
                 tokens_file=tokens, kube_api=None, reload_interval=1.0,
             )
@@ -409,7 +410,8 @@ class Mesh:
         tls = self.test_ca.serving_cert(wellknown.DESTINATION_SERVICE_NAME, self.root / "tls")
         self.destination = DestinationServer(
             DestinationConfig(
-                addr=("127.0.0.1", self.destination_port), admin_addr=("127.0.0.1", 0),
+                addr=HostPort("127.0.0.1", self.destination_port),
+                admin_addr=HostPort("127.0.0.1", 0),
                 source=ManifestsSource(self.manifests, poll_interval=0.02),
                 derive_from_pods=True, tls=tls,
             )
@@ -715,9 +717,9 @@ class RedirectedListener:
     with `original_dst` set, as iptables' REDIRECT and SO_ORIGINAL_DST would."""
 
     def __init__(self, pod: Pod, original_dst: tuple[str, int]) -> None:
-        self._pod, self._original_dst = pod, original_dst
+        self._pod, self._original_dst = pod, HostPort(*original_dst)
         self._sock = bind((pod.ip, 0))
-        self.addr: tuple[str, int] = self._sock.getsockname()
+        self.addr = HostPort.from_sockaddr(self._sock.getsockname())
         self._task = asyncio.create_task(self._accept())
         self._handlers: set[asyncio.Task[None]] = set()
 
@@ -727,7 +729,7 @@ class RedirectedListener:
         assert proxy is not None
         while True:
             sock, client = await loop.sock_accept(self._sock)
-            accepted = Accepted(sock, client, self.addr, self._original_dst)
+            accepted = Accepted(sock, HostPort.from_sockaddr(client), self.addr, self._original_dst)
             task = asyncio.create_task(proxy.outbound.handle(accepted))
             self._handlers.add(task)
             task.add_done_callback(self._handlers.discard)
@@ -1196,7 +1198,7 @@ async def declared(
     context = contexts.client_context(*pki.leaf(BOT_ID), mesh.test_ca.anchors_pem)
     connect = mesh_connect(context, WEB_ID, port, session)
     conversation = Conversation()
-    transport, _ = await connect((REPLICAS["web-1"], wellknown.PROXY_INBOUND_PORT),
+    transport, _ = await connect(HostPort(REPLICAS["web-1"], wellknown.PROXY_INBOUND_PORT),
                                  lambda: conversation)  # fmt: skip
     return transport, conversation
 

@@ -20,6 +20,7 @@ from h2.connection import H2Connection
 from h2.events import DataReceived, RequestReceived, ResponseReceived, StreamEnded
 
 from meshlet.api import transport_header, wellknown
+from meshlet.api.hostport import HostPort
 from meshlet.api.transport_header import Header, SessionProtocol
 from meshlet.proxy.core import sni
 from meshlet.proxy.core.loops import SelfTargets
@@ -283,7 +284,7 @@ async def mesh_to(
     pki: Any, pod: DbPod, port: int, session: SessionProtocol, protocol: asyncio.Protocol
 ) -> Any:
     connect = mesh_connect(web_context(pki), DB, port, session)
-    transport, _ = await connect((DB_IP, pod.port), lambda: protocol)
+    transport, _ = await connect(HostPort(DB_IP, pod.port), lambda: protocol)
     return transport
 
 
@@ -419,7 +420,7 @@ async def test_http1_from_the_outbound_engine_reuses_one_mesh_connection(
     metrics, closing = ProxyMetrics(), asyncio.Event()
     connect = mesh_connect(web_context(pki), DB, pod.app.h1_port, SessionProtocol.HTTP1)
 
-    router = FixedRouter((DB_IP, pod.port), metrics)
+    router = FixedRouter(HostPort(DB_IP, pod.port), metrics)
 
     async def outbound(accepted: Accepted) -> None:
         labels = metrics.conn("outbound", "db.emojivoto.svc:80")
@@ -470,7 +471,7 @@ async def test_http2_from_the_outbound_engine(pki: Any, db_pod: StartDb) -> None
     metrics, closing = ProxyMetrics(), asyncio.Event()
     connect = mesh_connect(web_context(pki), DB, pod.app.h2_port, SessionProtocol.HTTP2)
 
-    router = FixedRouter((DB_IP, pod.port), metrics)
+    router = FixedRouter(HostPort(DB_IP, pod.port), metrics)
 
     async def outbound(accepted: Accepted) -> None:
         labels = metrics.conn("outbound", "db.emojivoto.svc:80")

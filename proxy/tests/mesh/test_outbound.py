@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from meshlet.api import transport_header, wellknown
+from meshlet.api.hostport import HostPort
 from meshlet.api.transport_header import Decoded, Header, SessionProtocol
 from meshlet.proxy.mesh import MeshConnectError, Refusal, mesh_connect
 from meshlet.proxy.tls import contexts
@@ -101,7 +102,7 @@ async def test_connects_writes_the_header_then_hands_over(pki: Any, tls_server: 
     client = contexts.client_context(*pki.leaf(WEB), pki.anchors)
     connect = mesh_connect(client, DB, 8080, SessionProtocol.HTTP1, "db.emojivoto.svc:8080")
 
-    transport, protocol = await connect((SERVER_IP, server.port), Collect)
+    transport, protocol = await connect(HostPort(SERVER_IP, server.port), Collect)
     assert isinstance(protocol, Collect) and protocol.transport is transport
     assert protocol.made_before_data
     ssl_object = transport.get_extra_info("ssl_object")
@@ -150,7 +151,7 @@ async def test_refuses_a_server_that_is_not_who_discovery_named(
     made: list[Collect] = []
 
     with pytest.raises(MeshConnectError) as refused:
-        await connect((SERVER_IP, server.port), lambda: made.append(Collect()) or made[-1])
+        await connect(HostPort(SERVER_IP, server.port), lambda: made.append(Collect()) or made[-1])
     assert refused.value.reason is reason
     assert DB in str(refused.value) and reason.value in str(refused.value)
     assert not made  # the caller's protocol never saw the connection
@@ -171,7 +172,7 @@ async def test_tls_below_1_3_is_refused(pki: Any, tls_server: Any) -> None:
 
     with pytest.raises(MeshConnectError) as refused:
         await mesh_connect(client, DB, 80, SessionProtocol.OPAQUE)(
-            (SERVER_IP, server.port), Collect
+            HostPort(SERVER_IP, server.port), Collect
         )
     # The server alerts "protocol version", which reaches this side as the connection closing.
     assert refused.value.reason in (Refusal.TLS_VERSION, Refusal.HANDSHAKE_FAILED)
@@ -188,7 +189,7 @@ async def test_a_server_that_never_answers_times_out(pki: Any) -> None:
         loop = asyncio.get_running_loop()
         started = loop.time()
         with pytest.raises(TimeoutError, match=r"TLS handshake with .* timed out after 0\.2s"):
-            await connect(silent.getsockname(), Collect)
+            await connect(HostPort.from_sockaddr(silent.getsockname()), Collect)
         assert loop.time() - started < 1.0
     finally:
         silent.close()
@@ -201,7 +202,7 @@ async def test_an_unreachable_peer_is_an_os_error_not_a_refusal(pki: Any) -> Non
     try:
         with pytest.raises(ConnectionRefusedError):
             await mesh_connect(client, DB, 80, SessionProtocol.OPAQUE)(
-                not_listening.getsockname(), Collect
+                HostPort.from_sockaddr(not_listening.getsockname()), Collect
             )
     finally:
         not_listening.close()

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from meshlet.api.hostport import HostPort
 from meshlet.proxy.core.endpoints import Add, NoEndpoints, TlsIdentity, Update
 from meshlet.proxy.core.endpoints import DiscoveredEndpoint as DiscoveredEndpoint
 from meshlet.proxy.discovery.client import DestinationClient, Received
@@ -84,7 +85,7 @@ class Discovery:
         """An endpoint as discovery reports it; a meshed one has an identity and a proxy port."""
         identity = TlsIdentity(f"web.{NS}.serviceaccount.identity", "web") if meshed else None
         labels = (("namespace", NS), ("pod", pod or f"web-{ip.rsplit('.', 1)[1]}"))
-        return DiscoveredEndpoint((ip, port), 10_000, labels, identity, None,
+        return DiscoveredEndpoint(HostPort(ip, port), 10_000, labels, identity, None,
                                   4143 if meshed else None)  # fmt: skip
 
     def mesh(self, *, max_destinations: int = 100, seed: int = 1) -> Destinations:

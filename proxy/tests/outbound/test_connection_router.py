@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from meshlet.api.hostport import HostPort
 from meshlet.api.transport_header import SessionProtocol
 from meshlet.proxy.core.loops import SelfTargets
 from meshlet.proxy.core.routes import DEFAULT_ROUTE, AllOf, Method, PathRegex, Route
@@ -29,7 +30,7 @@ from meshlet.proxy.outbound.destinations import Destinations
 
 HTTP1 = SessionProtocol.HTTP1
 WEB = "web.emojivoto.svc.cluster.local:80"
-CLUSTER_IP: Addr = ("10.96.0.10", 80)
+CLUSTER_IP: Addr = HostPort("10.96.0.10", 80)
 PROXY = SelfTargets([("0.0.0.0", 4140), ("0.0.0.0", 4143)])
 LOCAL_IP = "10.0.0.7"
 LOOP = RouteError(403, "the request targets the proxy itself (a routing loop)")
@@ -113,7 +114,7 @@ async def test_a_redirected_address_discovery_does_not_know_goes_where_it_was_se
     discovery: Any,
 ) -> None:
     mesh = discovery.mesh()
-    unknown = await mesh.destination(("192.0.2.1", 8080))
+    unknown = await mesh.destination(HostPort("192.0.2.1", 8080))
     assert isinstance(unknown, Destination) and unknown.kind == "unknown"
     outbound = router(mesh, discovery.metrics, unknown, ("192.0.2.1", 8080))
     route, endpoint = await routed(outbound, request("api.example:8080"))
@@ -124,7 +125,7 @@ async def test_a_redirected_address_discovery_does_not_know_goes_where_it_was_se
 
 async def test_nothing_known_and_nowhere_to_fall_back_is_502(discovery: Any) -> None:
     mesh = discovery.mesh()
-    unknown = await mesh.destination(("192.0.2.1", 8080))
+    unknown = await mesh.destination(HostPort("192.0.2.1", 8080))
     picker = DiscoveredPicker(mesh, unknown, HTTP1, None)
     assert await settle(picker.pick()) == RouteError(
         502, "discovery knows nothing of the request's destination"

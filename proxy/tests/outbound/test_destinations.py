@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from meshlet.api.hostport import HostPort
 from meshlet.api.transport_header import SessionProtocol
 from meshlet.proxy.discovery.profile import DstOverride, Profile, RetryBudgetSpec
 from meshlet.proxy.discovery.resolver import Destination
@@ -19,7 +20,7 @@ from meshlet.proxy.outbound.destinations import Destinations
 HTTP1 = SessionProtocol.HTTP1
 NAME = "web.emojivoto.svc.cluster.local"
 WEB = f"{NAME}:80"  # the service, as its profile names it
-CLUSTER_IP = ("10.96.0.10", 80)
+CLUSTER_IP = HostPort("10.96.0.10", 80)
 
 
 async def picked(mesh: Destinations, destination: Destination | RouteError) -> Endpoint:
@@ -42,7 +43,7 @@ async def test_a_redirected_address_is_looked_up_as_it_is(discovery: Any) -> Non
 
 async def test_what_discovery_does_not_know_is_picked_as_nothing(discovery: Any) -> None:
     mesh = discovery.mesh()
-    destination = await mesh.destination(("192.0.2.1", 443))
+    destination = await mesh.destination(HostPort("192.0.2.1", 443))
     assert isinstance(destination, Destination) and destination.kind == "unknown"
     assert (
         await settle(mesh.pick(destination, HTTP1)) is None
@@ -51,8 +52,8 @@ async def test_what_discovery_does_not_know_is_picked_as_nothing(discovery: Any)
 
 async def test_a_full_resolver_refuses_new_destinations(discovery: Any) -> None:
     mesh = discovery.mesh(max_destinations=1)
-    assert isinstance(await mesh.destination(("192.0.2.1", 80)), Destination)
-    refused = await mesh.destination(("192.0.2.2", 80))
+    assert isinstance(await mesh.destination(HostPort("192.0.2.1", 80)), Destination)
+    refused = await mesh.destination(HostPort("192.0.2.2", 80))
     assert isinstance(refused, RouteError) and refused.status == 503
     assert "discovery already follows 1 destinations" in refused.reason
     by_name = await mesh.destination_for_authority(WEB)
@@ -65,7 +66,7 @@ async def test_a_pod_named_by_its_address_is_that_endpoint_unbalanced(discovery:
     pod = discovery.endpoint("10.1.0.9", 9090, pod="web-9")
     discovery.client.profiles_of["10.1.0.9:9090"] = Profile(endpoint=pod)
     mesh = discovery.mesh()
-    destination = await mesh.destination(("10.1.0.9", 9090))
+    destination = await mesh.destination(HostPort("10.1.0.9", 9090))
     assert isinstance(destination, Destination) and destination.kind == "endpoint"
     chosen = await picked(mesh, destination)
     assert chosen.addr == ("10.1.0.9", 9090) and chosen.lease is None
@@ -202,7 +203,7 @@ async def test_only_services_have_a_retry_budget(discovery: Any) -> None:
     pod = discovery.endpoint("10.1.0.9", 9090)
     discovery.client.profiles_of["10.1.0.9:9090"] = Profile(endpoint=pod)
     mesh = discovery.mesh()
-    for target in (("10.1.0.9", 9090), ("192.0.2.1", 80)):
+    for target in (HostPort("10.1.0.9", 9090), HostPort("192.0.2.1", 80)):
         destination = await mesh.destination(target)
         assert isinstance(destination, Destination)
         assert mesh.budget_for(destination) is None

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from meshlet.api.hostport import HostPort
 from meshlet.api.ports import parse_ports
 from meshlet.proxy.core.loops import SelfTargets
 from meshlet.proxy.discovery.resolver import Destination
@@ -22,7 +23,7 @@ HELLO = b"\x16\x03\x01\x00\xa5\x01\x00"  # the start of a TLS ClientHello
 POD_IP = "10.0.0.7"
 LISTENER = (POD_IP, 4140)
 WEB = "web.emojivoto.svc.cluster.local:80"
-CLUSTER_IP: Addr = ("10.96.0.10", 80)
+CLUSTER_IP: Addr = HostPort("10.96.0.10", 80)
 DETECT_TIMEOUT = 0.1
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from meshlet.api import wellknown
+from meshlet.api.hostport import HostPort
 from meshlet.controlplane.k8s import objects
 
 NAMESPACE: Final = "demo"
@@ -107,12 +108,12 @@ class Layout:
         return tuple(pod for pod in self.pods if pod.workload == workload)
 
     @property
-    def destination(self) -> tuple[str, int]:
-        return self.control_ip, wellknown.DESTINATION_PORT
+    def destination(self) -> HostPort:
+        return HostPort(self.control_ip, wellknown.DESTINATION_PORT)
 
     @property
-    def identity(self) -> tuple[str, int]:
-        return self.control_ip, wellknown.IDENTITY_PORT
+    def identity(self) -> HostPort:
+        return HostPort(self.control_ip, wellknown.IDENTITY_PORT)
 
     def admin(self, pod: Pod) -> str:
         return f"http://{pod.ip}:{wellknown.PROXY_ADMIN_PORT}"
@@ -217,10 +218,10 @@ def proxy_env(
         f"{wellknown.PROXY_OUTBOUND_PORT}",
         f"{p}ADMIN_LISTEN_ADDR": f"{bind}:{wellknown.PROXY_ADMIN_PORT}",
         f"{p}CONTROL_LISTEN_ADDR": f"{bind}:{wellknown.PROXY_CONTROL_PORT}",
-        f"{p}DESTINATION_SVC_ADDR": "{}:{}".format(*layout.destination),
+        f"{p}DESTINATION_SVC_ADDR": str(layout.destination),
         f"{p}DESTINATION_SVC_NAME": wellknown.DESTINATION_SERVICE_NAME,
         f"{p}DESTINATION_CONTEXT": json.dumps(context, separators=(",", ":")),
-        f"{p}IDENTITY_SVC_ADDR": "{}:{}".format(*layout.identity),
+        f"{p}IDENTITY_SVC_ADDR": str(layout.identity),
         f"{p}IDENTITY_SVC_NAME": wellknown.IDENTITY_SERVICE_NAME,
         f"{p}IDENTITY_LOCAL_NAME": pod.identity,
         f"{p}IDENTITY_TOKEN_FILE": token_file,

@@ -37,6 +37,7 @@ from typing import Final, Generic, TypeVar
 from google.protobuf import duration_pb2
 
 from meshlet.api import destination_pb2, http_types_pb2
+from meshlet.api.hostport import format_hostport
 from meshlet.api.pathregex import compile_path_regex
 
 DEFAULT_RETRY_RATIO: Final = 0.2
@@ -340,8 +341,7 @@ def _dst_override(
     if not isinstance(authority, str) or weight is None:
         return None
     if port is not None and not _has_port(authority):
-        host = f"[{authority}]" if ":" in authority else authority  # a bare IPv6 address
-        authority = f"{host}:{port}"
+        authority = format_hostport(authority, port)  # a bare IPv6 address is bracketed
     return destination_pb2.WeightedDst(authority=authority, weight=weight)
 
 

@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 
 from meshlet.api import wellknown
 from meshlet.api.admin import AdminServer
+from meshlet.api.hostport import HostPort
 from meshlet.controlplane.cli import serve_until_signalled
 from meshlet.controlplane.destination.publisher import Publishers
 from meshlet.controlplane.destination.service import (
@@ -34,8 +35,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class DestinationConfig:
-    addr: tuple[str, int]
-    admin_addr: tuple[str, int]
+    addr: HostPort
+    admin_addr: HostPort
     source: Source
     # The manifests source has no endpoints controller: derive endpoints from selectors.
     derive_from_pods: bool

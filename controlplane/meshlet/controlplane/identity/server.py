@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from meshlet.api import identity_pb2_grpc, wellknown
 from meshlet.api.admin import AdminServer
+from meshlet.api.hostport import HostPort
 from meshlet.controlplane.cli import serve_until_signalled
 from meshlet.controlplane.identity.ca import Issuer
 from meshlet.controlplane.identity.service import (
@@ -42,8 +43,8 @@ MAX_MESSAGE_BYTES = 64 * 1024  # a CertifyRequest is a few KiB; larger ones are 
 
 @dataclass(frozen=True, slots=True)
 class IdentityConfig:
-    addr: tuple[str, int]
-    admin_addr: tuple[str, int]
+    addr: HostPort
+    admin_addr: HostPort
     trust_anchors: Path | None
     issuer_dir: Path | None
     tokens_file: Path | None

@@ -14,6 +14,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 
 from meshlet.api.admin import AdminServer
+from meshlet.api.hostport import HostPort
 from meshlet.controlplane.cli import serve_until_signalled
 from meshlet.controlplane.injector.config import InjectConfig
 from meshlet.controlplane.injector.namespaces import Namespaces
@@ -28,8 +29,8 @@ CERT_CHECK_SECONDS = 10.0
 
 @dataclass(frozen=True, slots=True)
 class InjectorConfig:
-    addr: tuple[str, int]
-    admin_addr: tuple[str, int]
+    addr: HostPort
+    admin_addr: HostPort
     tls_cert: Path
     tls_key: Path
     inject: InjectConfig

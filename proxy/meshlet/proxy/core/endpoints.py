@@ -18,7 +18,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-Addr = tuple[str, int]  # (IP literal, port), as the proxy connects to it
+from meshlet.api.hostport import HostPort
+
+Addr = HostPort  # (IP literal, port), as the proxy connects to it
 Labels = tuple[tuple[str, str], ...]  # sorted by name
 
 

@@ -31,6 +31,7 @@ from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
 from meshlet.api import destination_grpc, destination_pb2
 from meshlet.api.backoff import Backoff
+from meshlet.api.hostport import HostPort
 from meshlet.proxy.core.endpoints import Update
 from meshlet.proxy.discovery.decode import DecodeError, decode_update
 from meshlet.proxy.discovery.profile import Profile, decode_profile
@@ -59,7 +60,7 @@ class DestinationClient:
 
     def __init__(
         self,
-        addr: tuple[str, int],
+        addr: HostPort,
         server_name: str | None,
         trust_anchors_pem: str | None,
         context_token: str,
@@ -142,11 +143,11 @@ class DestinationClient:
             level = logging.WARNING if backoff.failures == 1 else logging.DEBUG
             log.log(
                 level,
-                "%s %s from the destination service at %s:%d failed (%s); keeping what it "
+                "%s %s from the destination service at %s failed (%s); keeping what it "
                 "last said and retrying in %.2fs",
                 method,
                 path,
-                *self.addr,
+                self.addr,
                 problem,
                 delay,
             )

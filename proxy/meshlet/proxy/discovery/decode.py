@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from meshlet.api import addr, destination_pb2, net_pb2
+from meshlet.api.hostport import HostPort
 from meshlet.proxy.core.endpoints import (
     Add,
     Addr,
@@ -33,7 +34,7 @@ def decode_addr(msg: net_pb2.TcpAddress) -> Addr:
         raise DecodeError(f"address: {exc}") from None
     if not 1 <= port <= 65535:
         raise DecodeError(f"address {ip}: port {port} is not in 1-65535")
-    return str(ip), port
+    return HostPort(str(ip), port)
 
 
 def _identity(msg: destination_pb2.TlsIdentity) -> TlsIdentity:

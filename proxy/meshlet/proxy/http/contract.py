@@ -18,12 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple, Protocol, TypeVar
 
 from meshlet.api import wellknown
+from meshlet.api.hostport import HostPort
 from meshlet.proxy.core.pressure import Peer
 from meshlet.proxy.core.retry_budget import RetryBudget
 from meshlet.proxy.core.routes import RoutePolicy
 from meshlet.proxy.io.counters import ConnLabels, CounterFamily, HistogramFamily, TcpConn, Values
 
-Addr = tuple[str, int]
+Addr = HostPort  # printed as host:port, [v6]:port
 T = TypeVar("T")
 
 

@@ -182,16 +182,15 @@ class H1Shell(asyncio.Protocol):
         machine = self.machine
         assert machine is not None
         conn = self._conn
-        host, port = endpoint.addr
         limits = conn.limits
         try:
             tcp = conn.metrics.dst_conn(conn.labels.direction, endpoint.addr, endpoint.labels)
             upstream = await self._pool.open(key, limits, tcp)
         except TimeoutError:
-            why = f"connecting to {host}:{port} timed out after {limits.connect_timeout}s"
+            why = f"connecting to {endpoint.addr} timed out after {limits.connect_timeout}s"
             return Failed(Failure.CONNECT_TIMEOUT, why)
         except Exception as exc:  # refused, unreachable, TLS failure: all end here
-            return Failed(Failure.CONNECT, f"connecting to {host}:{port} failed: {exc}")
+            return Failed(Failure.CONNECT, f"connecting to {endpoint.addr} failed: {exc}")
         if machine.abandoned(ex):
             self._pool.give(key, upstream)
             return None

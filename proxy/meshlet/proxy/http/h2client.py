@@ -201,7 +201,7 @@ class H2Client(Peer):
         """RFC 9113 §6.8: no new stream goes on this connection; streams above `last_sid`
         were never processed and go elsewhere; the others finish here (after an error code,
         within GOAWAY_GRACE)."""
-        log.info("upstream %s:%d sent GOAWAY %s (last stream %d): %r", *self.addr,
+        log.info("upstream %s sent GOAWAY %s (last stream %d): %r", self.addr,
                  error_name(code), last_sid, debug[:200])  # fmt: skip
         self._retire_now()
         for up_id, stream in list(self.streams.items()):
@@ -222,7 +222,7 @@ class H2Client(Peer):
     def _calm(self, reason: str | None, hard: bool = False) -> None:
         if reason is None or self.closed:
             return
-        log.warning("upstream %s:%d: %s; closing it", *self.addr, reason)
+        log.warning("upstream %s: %s; closing it", self.addr, reason)
         self.h2.goaway(0, ErrorCode.ENHANCE_YOUR_CALM)
         self.flush()
         self._fail(f"upstream misbehaved: {reason}")

@@ -93,7 +93,7 @@ class H2Pool:
             client = self._clients.get(key)
             if client is None or not client.usable:
                 if dialed:
-                    why = f"the connection to {addr[0]}:{addr[1]} closed at once"
+                    why = f"the connection to {addr} closed at once"
                     return Failed(Failure.CONNECT, why)
                 dialed = True
                 got = await self._client(key, tcp)
@@ -114,8 +114,7 @@ class H2Pool:
             if client.usable and client.h2.peer_max_streams == 0:
                 return Failed(
                     Failure.REFUSED,
-                    f"{addr[0]}:{addr[1]} allows no HTTP/2 stream"
-                    " (SETTINGS_MAX_CONCURRENT_STREAMS 0)",
+                    f"{addr} allows no HTTP/2 stream (SETTINGS_MAX_CONCURRENT_STREAMS 0)",
                 )
         return None
 
@@ -137,7 +136,7 @@ class H2Pool:
         """Connects, then waits for the upstream's SETTINGS (its stream limit, its windows)."""
         connect, addr = key
         limits, guard = self._limits, self._guard
-        where = f"{addr[0]}:{addr[1]}"
+        where = str(addr)
 
         def client() -> H2Client:
             made = H2Client(addr, limits, guard, self._retire)

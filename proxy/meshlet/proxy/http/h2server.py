@@ -17,6 +17,7 @@ import socket
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
+from meshlet.api.hostport import format_hostport
 from meshlet.proxy.http.attempts import Attempts, Step, advance, advance_now, begin
 from meshlet.proxy.http.contract import Endpoint, HttpConn
 from meshlet.proxy.http.h2codec import ErrorCode, Header, ProtocolError, error_name
@@ -378,7 +379,7 @@ class H2Server(Peer):
 
     def _peer(self) -> str:
         peer = self.transport.get_extra_info("peername") if self.transport else None
-        return f"{peer[0]}:{peer[1]}" if peer else "?"
+        return format_hostport(peer[0], peer[1]) if peer else "?"
 
     def _idle_tick(self) -> None:
         if self.closed:

@@ -246,11 +246,10 @@ class IdentityManager:
             client.close()
 
     def _certify_failed(self, exc: CertifyFailed) -> RefreshResult:
-        host, port = self._settings.svc_addr
         if exc.status in _TRANSIENT:
             log.warning(
-                "identity: the identity service at %s:%d is unavailable (%s); %s",
-                host, port, exc, self._keeping(),
+                "identity: the identity service at %s is unavailable (%s); %s",
+                self._settings.svc_addr, exc, self._keeping(),
             )  # fmt: skip
             return RefreshResult.UNAVAILABLE
         log.warning(

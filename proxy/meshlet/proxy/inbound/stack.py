@@ -87,7 +87,7 @@ class InboundStack:
             return
         if self.self_targets.loops(target, accepted.local[0]):
             self._conns.refuse(accepted, DIRECTION, "loop",
-                               f"{target[0]}:{target[1]} is the proxy's own port")  # fmt: skip
+                               f"{target} is the proxy's own port")  # fmt: skip
             return
         await self._plain(accepted, target)
 
@@ -95,13 +95,13 @@ class InboundStack:
 
     async def _plain(self, accepted: Accepted, target: Addr) -> None:
         conns = self._conns
-        labels = conns.metrics.conn(DIRECTION, f"{target[0]}:{target[1]}")
+        labels = conns.metrics.conn(DIRECTION, str(target))
         async with conns.counted(labels) as tcp:
             forward = await self._detect_plain(accepted, target)
             if forward is None:
                 return
             if forward.protocol is SessionProtocol.OPAQUE:
-                endpoint = Endpoint(target, f"{target[0]}:{target[1]}")
+                endpoint = Endpoint(target, str(target))
                 await conns.relay(accepted, FixedPicker(endpoint), labels, tcp, forward.guard)
                 return
             h2 = forward.protocol is SessionProtocol.HTTP2
@@ -123,7 +123,7 @@ class InboundStack:
         if detected.timed_out:
             self._conns.detect_timed_out(DIRECTION, self._timeout, target[1])
             if not detected.first_bytes:
-                client = f"{accepted.client[0]}:{accepted.client[1]}"
+                client = str(accepted.client)
                 guard = self._conns.late_http_check(client, target[1], self._timeout)
         return Forward(SessionProtocol.OPAQUE, target, guard)
 
@@ -151,7 +151,7 @@ class InboundStack:
         session = Session(outcome, outcome.client_id, outcome.target)
         target = session.target
         labels = conns.metrics.conn(
-            DIRECTION, f"{target[0]}:{target[1]}", tls="true", no_tls_reason="",
+            DIRECTION, str(target), tls="true", no_tls_reason="",
             client_id=session.client_id,
         )  # fmt: skip
         async with conns.counted(labels) as tcp:
@@ -196,7 +196,7 @@ class InboundStack:
             await mesh_relay(session.terminated, self._conns.connect, tcp, app, forward.guard,
                              self._conns.shedder)  # fmt: skip
         except (OSError, TimeoutError) as exc:
-            log.info("inbound: connect to %s:%d failed: %s", *session.target, exc)
+            log.info("inbound: connect to %s failed: %s", session.target, exc)
 
 
 def _decided(first: bytes) -> bool:

@@ -131,8 +131,7 @@ class Listener:
 
     @property
     def address(self) -> Addr:
-        host, port = self.sock.getsockname()[:2]
-        return host, port
+        return Addr.from_sockaddr(self.sock.getsockname())
 
     @property
     def stopped(self) -> bool:
@@ -157,8 +156,9 @@ class Listener:
                 continue
             conn.setblocking(False)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            local = Addr.from_sockaddr(conn.getsockname())
             accepted = Accepted(
-                conn, client[:2], conn.getsockname()[:2], original_dst(conn), loop.time()
+                conn, Addr.from_sockaddr(client), local, original_dst(conn), loop.time()
             )
             task = asyncio.create_task(self._run(accepted))
             self._tasks.add(task)

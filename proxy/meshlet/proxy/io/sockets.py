@@ -10,9 +10,11 @@ import struct
 from collections.abc import Sequence
 from typing import Final
 
+from meshlet.api.hostport import HostPort
+
 SO_ORIGINAL_DST: Final = 80  # linux/netfilter_ipv4.h; IP6T_SO_ORIGINAL_DST has the same value
 
-Addr = tuple[str, int]
+Addr = HostPort
 COALESCE_LIMIT: Final = 64 * 1024  # pieces smaller than this together are written as one
 
 
@@ -48,7 +50,7 @@ def original_dst(sock: socket.socket) -> Addr | None:
         return None
     if (address, port) == (local[0], local[1]):
         return None
-    return address, port
+    return HostPort(address, port)
 
 
 def peer_closed(sock: socket.socket) -> bool:

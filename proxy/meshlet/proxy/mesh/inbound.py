@@ -181,9 +181,9 @@ class MeshInbound:
             return self._close(accepted, transport, reader, Refusal.BAD_HEADER, str(exc))
         except ConnectionError as exc:
             return self._close(accepted, transport, reader, Refusal.CLOSED, str(exc))
-        target = (accepted.target[0], header.port)
-        local_ip = accepted.local[0]
-        if self._self.loops((local_ip, header.port), local_ip):  # any of our ports, on any IP
+        target = Addr(accepted.target.host, header.port)
+        local_ip = accepted.local.host
+        if self._self.loops(Addr(local_ip, header.port), local_ip):  # any of our ports, on any IP
             why = f"the header asks for port {header.port}, one of the proxy's own"
             return self._close(accepted, transport, reader, Refusal.LOOP, why)
         return Terminated(transport, header, client_id, target, initial, reader)
@@ -203,8 +203,7 @@ class MeshInbound:
 
 def _refused(accepted: Accepted, reason: Refusal, why: str) -> Refused:
     level = logging.INFO if reason is Refusal.CLOSED else logging.WARNING
-    client = f"{accepted.client[0]}:{accepted.client[1]}"
-    log.log(level, "inbound mTLS from %s refused (%s): %s; %s", client, reason.value, why,
+    log.log(level, "inbound mTLS from %s refused (%s): %s; %s", accepted.client, reason.value, why,
             reason.hint)  # fmt: skip
     return Refused(reason, why)
 

@@ -77,8 +77,8 @@ async def _connect(
 ) -> tuple[asyncio.Transport, asyncio.Protocol]:
     """Connects within `budget` seconds (TCP and TLS together)."""
     loop = asyncio.get_running_loop()
-    where = f"{addr[0]}:{addr[1]}"
-    sock = socket.socket(socket.AF_INET6 if ":" in addr[0] else socket.AF_INET)
+    where = str(addr)
+    sock = socket.socket(socket.AF_INET6 if ":" in addr.host else socket.AF_INET)
     try:
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

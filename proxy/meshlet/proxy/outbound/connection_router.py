@@ -121,7 +121,7 @@ class OutboundRouter:
         self._known: _Known | None = None
         self._literal: tuple[str, RouteTarget | RouteError] | None = None
         if target is not None:
-            label = metrics.authority_label(f"{target[0]}:{target[1]}")
+            label = metrics.authority_label(str(target))
             self._fallback = FixedPicker(Endpoint(target, label))
 
     def route(self, request: RequestTarget) -> RouteTarget | RouteError | Wait:

@@ -20,6 +20,7 @@ import random
 from collections.abc import Callable
 from typing import Final
 
+from meshlet.api.hostport import format_hostport
 from meshlet.api.transport_header import SessionProtocol
 from meshlet.proxy.authority import split_authority
 from meshlet.proxy.core.endpoints import DiscoveredEndpoint, Status
@@ -83,7 +84,7 @@ class Destinations:
         """Discovery of a redirected connection's original destination; a RouteError when
         discovery is full (the connection is refused rather than sent unmeshed)."""
         try:
-            return await self.resolver.resolve(f"{target[0]}:{target[1]}")
+            return await self.resolver.resolve(str(target))
         except ResolverFull as exc:
             return RouteError(503, str(exc))  # the caller refuses the connection and counts it
 
@@ -138,10 +139,10 @@ class Destinations:
         parts = split_authority(authority)
         if parts is None:
             return None
-        host, port = parts[0].rstrip(".").lower(), parts[1]
+        host = parts.host.rstrip(".").lower()
         if not self._discoverable(host):
             return None
-        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return format_hostport(host, parts.port)
 
     def _discoverable(self, host: str) -> bool:
         try:
@@ -250,7 +251,7 @@ class Destinations:
         plain TCP, or a mesh connector to its proxy, with the metric labels they carry."""
         label = self._label(authority)
         identity = endpoint.identity
-        where = f"{endpoint.addr[0]}:{endpoint.addr[1]}"
+        where = str(endpoint.addr)
         if identity is None or endpoint.opaque_transport_port is None:
             labels = self._metrics.conn(
                 "outbound", where, dst_values(endpoint.labels),
@@ -258,7 +259,7 @@ class Destinations:
             ).values()  # fmt: skip
             return Endpoint(endpoint.addr, label, labels=labels)
         assert self._identity is not None  # `_reach` checked it
-        proxy_addr = (endpoint.addr[0], endpoint.opaque_transport_port)
+        proxy_addr = Addr(endpoint.addr.host, endpoint.opaque_transport_port)
         connect = self._counted(
             mesh_connect(
                 self._identity.client_context(), identity.name, endpoint.addr[1], session,

@@ -70,7 +70,7 @@ class OutboundStack:
         target = orig.target
         if target is not None and self.self_targets.loops(target, accepted.local[0]):
             self._conns.refuse(accepted, DIRECTION, "loop",
-                               f"{target[0]}:{target[1]} is the proxy's own port")  # fmt: skip
+                               f"{target} is the proxy's own port")  # fmt: skip
             return
         if target is None or self._mesh is None:
             await self._serve(Logical(orig, None, self._opaque(target, None)))
@@ -91,8 +91,7 @@ class OutboundStack:
     async def _serve(self, logical: Logical) -> None:
         accepted, target = logical.orig.accepted, logical.orig.target
         conns = self._conns
-        labels = conns.metrics.conn(DIRECTION, f"{target[0]}:{target[1]}" if target else
-                                    "authority")  # fmt: skip
+        labels = conns.metrics.conn(DIRECTION, str(target) if target else "authority")
         async with conns.counted(labels) as tcp:
             if logical.opaque:
                 await conns.relay(accepted, self._endpoints(logical), labels, tcp)
@@ -123,7 +122,7 @@ class OutboundStack:
         """What picks the endpoint of an opaque connection."""
         target = logical.orig.target
         assert target is not None
-        fixed = FixedPicker(Endpoint(target, f"{target[0]}:{target[1]}"))
+        fixed = FixedPicker(Endpoint(target, str(target)))
         if logical.destination is None or self._mesh is None:
             return fixed
         from meshlet.proxy.outbound.connection_router import DiscoveredPicker
