@@ -21,6 +21,7 @@ import contextlib
 import json
 import random
 import socket
+import ssl
 import urllib.request
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -77,6 +78,14 @@ async def eventually(condition: Callable[[], bool], within: float = 10.0) -> Non
     async with asyncio.timeout(within):
         while not condition():  # noqa: ASYNC110 - polls state that no event announces
             await asyncio.sleep(0.02)
+
+
+async def closed(writer: asyncio.StreamWriter) -> None:
+    """Closes the connection and waits until its transport has let go of the socket (a
+    transport still closing when the test's loop closes is a leak)."""
+    writer.close()
+    with contextlib.suppress(ConnectionError, ssl.SSLError):
+        await writer.wait_closed()
 
 
 # --- the apps --------------------------------------------------------------------------------
@@ -165,8 +174,11 @@ class App:
     async def stop(self) -> None:
         for server in self._servers:
             server.close()
-        for writer in self._writers:
+        for writer in list(self._writers):
             writer.transport.abort()
+            await closed(writer)
+        for server in self._servers:
+            await server.wait_closed()
         if self._grpc is not None:
             await self._grpc.stop(grace=None)
 
@@ -177,6 +189,7 @@ class App:
                 await serve(reader, writer)
             finally:
                 self._writers.discard(writer)
+                await closed(writer)
 
         return tracked
 
@@ -292,9 +305,7 @@ class H1Client:
         return int(lines[0].split()[1]), fields, body
 
     async def close(self) -> None:
-        self.writer.close()
-        with contextlib.suppress(ConnectionError):
-            await self.writer.wait_closed()
+        await closed(self.writer)
 
 
 async def h2_get(addr: tuple[str, int], authority: str) -> tuple[int, bytes]:
@@ -322,7 +333,7 @@ async def h2_get(addr: tuple[str, int], authority: str) -> tuple[int, bytes]:
                     return status, body
             writer.write(conn.data_to_send())
     finally:
-        writer.close()
+        await closed(writer)
 
 
 # --- the mesh --------------------------------------------------------------------------------
@@ -705,7 +716,8 @@ async def test_a_thousand_cancellations_by_an_h2_client_leave_the_mesh_connectio
         assert terminated == []
     finally:
         reading.cancel()
-        writer.close()
+        await asyncio.gather(reading, return_exceptions=True)
+        await closed(writer)
     for pod in mesh.pods.values():
         assert pod.metric("http_client_errors_total", status_code="enhance_your_calm") == 0
 
@@ -750,7 +762,7 @@ async def test_opaque_tcp_across_mtls_with_a_server_that_speaks_first(mesh: Mesh
                 banner = await reader.readline()  # no detection wait: the port is opaque
                 writer.write(b"ping %d\n" % i)
                 assert await reader.readline() == b"echo:ping %d\n" % i
-            writer.close()
+            await closed(writer)
             assert banner.startswith(b"hello from web-")
             pods.add(banner.decode().split()[-1])
         assert pods <= set(REPLICAS)
@@ -776,7 +788,7 @@ async def test_a_client_that_half_closes_across_mtls_gets_the_whole_reply(mesh: 
                 writer.writelines(lines)
                 writer.write_eof()
                 reply = await reader.read()  # until the server closes
-            writer.close()
+            await closed(writer)
             assert banner.startswith(b"hello from web-")
             assert reply == b"".join(b"echo:" + line for line in lines) + LAST_WORD
     finally:
@@ -1153,7 +1165,7 @@ async def test_opaque_tcp_to_a_service_without_endpoints_is_reset(mesh: Mesh) ->
                 except TimeoutError:
                     pass
                 finally:
-                    writer.close()
+                    await closed(writer)
     finally:
         await listener.close()
     assert mesh.pods["vote-bot"].metric("fail_fast_total", reason="no_endpoints") >= 1
@@ -1169,6 +1181,7 @@ class Conversation(asyncio.Protocol):
         self.received = bytearray()
         self.ended = asyncio.Event()
         self.arrived = asyncio.Event()
+        self.lost = asyncio.Event()
 
     def data_received(self, data: bytes) -> None:
         self.received += data
@@ -1180,12 +1193,20 @@ class Conversation(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.ended.set()
+        self.lost.set()
 
     async def until(self, text: bytes) -> None:
         async with asyncio.timeout(5):
             while text not in self.received and not self.ended.is_set():
                 self.arrived.clear()
                 await self.arrived.wait()
+
+    async def close(self, transport: asyncio.BaseTransport) -> None:
+        """Closes the connection, and waits until TLS has said goodbye and let go of the
+        socket."""
+        transport.close()
+        async with asyncio.timeout(10):
+            await self.lost.wait()
 
 
 async def declared(
@@ -1235,7 +1256,7 @@ async def test_a_meshed_client_cannot_forge_the_identity_header(
         f"Content-Length: 0\r\n\r\n".encode()
     )
     await conversation.until(b"}")
-    transport.close()
+    await conversation.close(transport)
     head, _, body = bytes(conversation.received).partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200"), head
     assert json.loads(body) == {"pod": "web-1", "client_id": BOT_ID}
@@ -1262,7 +1283,7 @@ async def test_http2_declared_opaque_is_served_as_http2_with_the_verified_identi
                 if isinstance(event, h2.events.DataReceived):
                     body += event.data or b""
             conversation.received.clear()
-    transport.close()
+    await conversation.close(transport)
     assert json.loads(body) == {"pod": "web-1", "client_id": BOT_ID}
 
 
@@ -1278,7 +1299,7 @@ async def test_a_server_speaks_first_app_on_a_port_not_declared_opaque_works_aft
     transport.write(b"EHLO vote-bot\n")
     await conversation.until(b"echo:")
     await conversation.until(b"vote-bot\n")
-    transport.close()
+    await conversation.close(transport)
     assert bytes(conversation.received).endswith(b"echo:EHLO vote-bot\n")
     assert mesh.pods["web-1"].metric("protocol_detect_timeout_total", direction="inbound",
                                       port=str(BANNER_PORT)) == 1  # fmt: skip
@@ -1294,6 +1315,7 @@ async def test_http_sent_after_the_detection_timeout_is_refused_not_relayed(
     transport.write(f"GET / HTTP/1.1\r\n{wellknown.CLIENT_ID_HEADER}: {FORGED}\r\n\r\n".encode())
     async with asyncio.timeout(5):
         await conversation.ended.wait()
+    await conversation.close(transport)
     assert b"echo:" not in conversation.received  # the app never saw the request
     assert mesh.pods["web-1"].metric("fail_fast_total", direction="inbound",
                                       reason="late_http") == 1  # fmt: skip
