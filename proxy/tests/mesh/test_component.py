@@ -49,6 +49,7 @@ from meshlet.proxy.io.listener import Accepted, bind
 from meshlet.proxy.mesh import mesh_connect
 from meshlet.proxy.tls import contexts
 from meshlet_testing.grpcload import deadline_storm
+from meshlet_testing.polling import eventually
 
 NS = "emojivoto"
 FQN = f"web.{NS}.svc.cluster.local"
@@ -72,12 +73,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-async def eventually(condition: Callable[[], bool], within: float = 10.0) -> None:
-    async with asyncio.timeout(within):
-        while not condition():  # noqa: ASYNC110 - polls state that no event announces
-            await asyncio.sleep(0.02)
 
 
 async def closed(writer: asyncio.StreamWriter) -> None:
@@ -1082,8 +1077,11 @@ async def test_a_route_timeout_answers_504_and_cancels_the_upstream_request(mesh
         await client.close()
     assert status == 504, fields
     assert fields[wellknown.PROXY_ERROR_HEADER] == "the route's timeout of 0.2s passed"
-    assert 0.199 <= elapsed < 0.3, elapsed  # the loop's clock counts whole milliseconds
-    await eventually(lambda: mesh.faults.cancelled == 1, within=1.0)  # long before 1.5 s
+    # The route's 200 ms, not the app's 1.5 s (the loop's clock counts whole milliseconds;
+    # the rest is slack for a busy machine).
+    assert 0.199 <= elapsed < 1.0, elapsed
+    # The app counts a cancel only if the client left before its 1.5 s answer.
+    await eventually(lambda: mesh.faults.cancelled == 1)
     bot = mesh.pods["vote-bot"]
     assert bot.metric("route_response_total", rt_route="GET /slow", status_code="504",
                       classification="failure") == 1  # fmt: skip
