@@ -2,10 +2,10 @@
 
 The control plane runs on 127.0.0.1 as it runs in a cluster, over TLS from the test CA: the
 destination service reading a manifests folder and the identity service checking a tokens file.
-Pods are loopback addresses: a client pod (127.0.0.2) and three replicas of service `web`
-(127.0.0.3-5), each with a real proxy (identity, discovery, balancing, mTLS, metrics) on
-the pod's address, and each replica with its app (HTTP/1.1 and HTTP/2 on 8080, gRPC on 8081, a
-server-speaks-first TCP service on 9000).
+Pods are loopback addresses in a /24 of the test process's own: a client pod (.2) and three
+replicas of service `web` (.3-5), each with a real proxy (identity, discovery, balancing, mTLS,
+metrics) on the pod's address, and each replica with its app (HTTP/1.1 and HTTP/2 on 8080, gRPC
+on 8081, a server-speaks-first TCP service on 9000).
 
 Nothing redirects traffic without iptables, so HTTP is sent to the client proxy's outbound
 listener and routed by its authority (`web.emojivoto.svc.cluster.local:80`, looked up in
@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import random
 import socket
 import ssl
@@ -59,8 +60,14 @@ BOT_ID = wellknown.identity_name("vote-bot", NS)
 HTTP_PORT, GRPC_PORT, TCP_PORT = 80, 81, 9000
 BANNER_PORT = 9001  # a server-speaks-first service on a port nobody declared opaque
 INBOUND_DETECT_TIMEOUT = 1.0
-CLIENT_IP = "127.0.0.2"
-REPLICAS = {"web-1": "127.0.0.3", "web-2": "127.0.0.4", "web-3": "127.0.0.5"}
+# The pods bind the proxy's well-known ports: in a /24 of this process's own (never 127.0.0.x),
+# another checkout's suite running this module on the same machine binds other addresses.
+POD_NET = f"127.{1 + os.getpid() // 256 % 254}.{os.getpid() % 256}."
+CLIENT_IP = f"{POD_NET}2"
+REPLICAS = {"web-1": f"{POD_NET}3", "web-2": f"{POD_NET}4", "web-3": f"{POD_NET}5"}
+EXTRA_POD_IP = f"{POD_NET}6"  # a pod a test adds
+CANARY_IP = f"{POD_NET}7"
+OUTSIDE_IP = f"{POD_NET}9"  # no pod: an address discovery does not know
 TOKENS = {"tok-web": "web", "tok-bot": "vote-bot", "tok-impostor": "impostor"}
 ECHO = "/meshlet.test.Echo/Unary"
 SLOW = "/meshlet.test.Echo/Slow"
@@ -908,7 +915,7 @@ async def test_a_replica_that_dies_costs_no_request(mesh: Mesh) -> None:
 
 async def test_identity_down_at_start_keeps_ready_503_until_it_returns(mesh: Mesh) -> None:
     await mesh.stop_identity()
-    pod = await mesh.start_pod("web-4", "127.0.0.6", "tok-web", app=True, wait_ready=False)
+    pod = await mesh.start_pod("web-4", EXTRA_POD_IP, "tok-web", app=True, wait_ready=False)
     assert pod.proxy is not None
     await asyncio.sleep(1.0)
     assert not pod.proxy.ready()
@@ -926,9 +933,9 @@ async def test_a_pod_whose_proxy_holds_another_identity_gets_nothing(mesh: Mesh)
     refuses the handshake for `api`'s; nothing is sent in plaintext and nothing reaches the app.
     (A peer that completes the handshake with another name's certificate is refused by the
     client side: proxy/tests/mesh/test_outbound.py.)"""
-    pod = await mesh.start_pod("api-1", "127.0.0.6", "tok-impostor", app=True)
+    pod = await mesh.start_pod("api-1", EXTRA_POD_IP, "tok-impostor", app=True)
     mesh.put("api", objects.service("api", NS, cluster_ip="10.96.0.21"),
-             objects.pod("api-1", "127.0.0.6", NS, app="api", sa="api"))  # fmt: skip
+             objects.pod("api-1", EXTRA_POD_IP, NS, app="api", sa="api"))  # fmt: skip
     client = await H1Client.connect(mesh.pods["vote-bot"].outbound)
     try:
         status, fields = await discovered(client, f"api.{NS}.svc.cluster.local:80")
@@ -951,9 +958,9 @@ async def test_a_pod_whose_proxy_holds_another_identity_gets_nothing(mesh: Mesh)
 async def test_dst_overrides_split_traffic_between_services_by_weight(mesh: Mesh) -> None:
     # A canary: service web-v2 with one pod; web's ServiceProfile sends it a quarter of web's
     # traffic.
-    await mesh.start_pod("web-v2-1", "127.0.0.7", "tok-web", app=True)
+    await mesh.start_pod("web-v2-1", CANARY_IP, "tok-web", app=True)
     mesh.put("web-v2", objects.service("web-v2", NS, cluster_ip="10.96.0.22"),
-             objects.pod("web-v2-1", "127.0.0.7", NS, app="web-v2", sa="web"))  # fmt: skip
+             objects.pod("web-v2-1", CANARY_IP, NS, app="web-v2", sa="web"))  # fmt: skip
     mesh.put("profile", objects.profile("web", {"dstOverrides": [
         {"authority": f"{FQN}:{HTTP_PORT}", "weight": 3},
         {"authority": f"web-v2.{NS}.svc.cluster.local:80", "weight": 1},
@@ -1129,18 +1136,18 @@ async def test_a_service_without_endpoints_fails_fast_with_503(mesh: Mesh) -> No
 async def test_what_discovery_does_not_know_is_forwarded_as_is_unmeshed(mesh: Mesh) -> None:
     """An address that is no service and no pod (`no_endpoints{exists: false}`) goes where the
     client sent it, in plaintext."""
-    outside = App("outside", "127.0.0.9", mesh.faults)
+    outside = App("outside", OUTSIDE_IP, mesh.faults)
     await outside.start()
     client = await H1Client.connect(mesh.pods["vote-bot"].outbound)
     try:
-        status, _, body = await client.get("127.0.0.9:8080")
+        status, _, body = await client.get(f"{OUTSIDE_IP}:8080")
         assert status == 200
         assert json.loads(body) == {"pod": "outside", "client_id": None}  # no mTLS: no identity
     finally:
         await client.close()
         await outside.stop()
     assert mesh.pods["vote-bot"].metric(
-        "request_total", direction="outbound", authority="127.0.0.9:8080", tls="no_identity"
+        "request_total", direction="outbound", authority=f"{OUTSIDE_IP}:8080", tls="no_identity"
     ) == 1  # fmt: skip
 
 
