@@ -1,5 +1,6 @@
-"""What a test leaves behind fails that test: tasks still pending once its fixtures are torn
-down, threads still running, and transports, sockets or files left to the garbage collector.
+"""What a test leaves behind fails that test: tasks still pending a while after its fixtures
+are torn down, threads still running, and transports, sockets or files left to the garbage
+collector.
 
 Without these checks a leak shows up later, somewhere else, or not at all: the event loop
 cancels pending tasks without a word when it closes, and an unclosed transport warns only when
@@ -18,6 +19,7 @@ from collections.abc import Iterator
 
 import pytest
 
+TASK_GRACE = 5.0  # seconds a task may take to finish after the test's fixtures are torn down
 THREAD_GRACE = 10.0  # seconds a thread the test started may take to finish after its teardown
 # grpc.aio's completion-queue poller ("Thread-N (_poll_wrapper)") is grpc's own: it stops once
 # no grpc.aio object is left, and pytest holds the fixtures' requests until after teardown.
@@ -38,9 +40,12 @@ def _no_task_left(request: pytest.FixtureRequest) -> Iterator[None]:
     loop = runner.get_loop()
     if loop.is_closed():
         return
-    # What was cancelled last gets a turn to finish.
-    loop.run_until_complete(asyncio.sleep(0))
-    pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
+    # What was cancelled or stopped last gets a while to finish (a grpc.aio server's call
+    # tasks end some loop turns after its stop returns; later still on a busy machine).
+    pending = asyncio.all_tasks(loop)
+    if pending:
+        loop.run_until_complete(asyncio.wait(pending, timeout=TASK_GRACE))
+    pending = {task for task in pending if not task.done()}
     if pending:
         message = f"the test left {len(pending)} task(s) pending: {pending}"
         for task in pending:
