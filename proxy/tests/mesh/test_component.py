@@ -485,14 +485,19 @@ class Mesh:
             await pod.app.stop()
 
     async def close(self) -> None:
-        """Stops everything, even when one part fails to stop (then raises the first error)."""
+        """Stops everything, even when one part fails to stop (then raises the first error).
+
+        The control plane first: its servers close the proxies' TLS connections to it while
+        the proxies still read them. A proxy that closed its end first waited for the server's
+        answer to its close_notify, and on a busy machine that answer came as the test's loop
+        closed (uvloop: EBUSY, and an unclosed transport)."""
         results = [
+            await asyncio.gather(self.stop_destination(), return_exceptions=True),
+            await asyncio.gather(self.stop_identity(), return_exceptions=True),
             *[
                 await asyncio.gather(self.kill(name), return_exceptions=True)
                 for name in list(self.pods)
             ],
-            await asyncio.gather(self.stop_destination(), return_exceptions=True),
-            await asyncio.gather(self.stop_identity(), return_exceptions=True),
         ]
         for (result,) in results:
             if isinstance(result, BaseException):
