@@ -61,13 +61,11 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 @pytest.hookimpl(wrapper=True, trylast=True)
 def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
-    """After the test's fixtures are torn down (its event loop closed), still under the test's
-    warning filters: the collector finalizes now what the test left open, and what that raises
-    (an unclosed transport's ResourceWarning) fails this test, not whichever runs next. Then
-    waits a while for the threads the test started, and fails it if one still runs."""
-    yield
-    if isinstance(item, pytest.Function):
-        item.funcargs.clear()  # the fixtures' values, torn down: theirs to collect too
+    """While the test's fixtures are torn down (its event loop closed) and right after, under
+    the test's warning filters: what the loop's close or the collector finalizes (an unclosed
+    transport's ResourceWarning) fails this test, not whichever runs next, also when the
+    teardown itself failed. Then waits a while for the threads the test started, and fails it
+    if one still runs."""
     unraisable: list[str] = []
 
     def record(args: sys.UnraisableHookArgs) -> None:
@@ -76,12 +74,21 @@ def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
 
     previous, sys.unraisablehook = sys.unraisablehook, record
     try:
-        gc.collect()
+        try:
+            yield
+        finally:
+            if isinstance(item, pytest.Function):
+                item.funcargs.clear()  # the fixtures' values, torn down: theirs to collect too
+            gc.collect()
+    except BaseException as error:
+        for text in unraisable:
+            error.add_note(text)
+        raise
     finally:
         sys.unraisablehook = previous
-    # What survives is the session's (modules, caches): the next test's collection skips it,
-    # and so costs what that test allocated, not the whole heap again.
-    gc.freeze()
+        # What survives is the session's (modules, caches): the next test's collection skips
+        # it, and so costs what that test allocated, not the whole heap again.
+        gc.freeze()
     if unraisable:
         pytest.fail("left to the garbage collector:\n" + "\n".join(unraisable), pytrace=False)
     before = item.stash.get(_THREADS_BEFORE, set())
