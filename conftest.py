@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from meshlet.api import wellknown
 from meshlet.controlplane.identity import ca
 
-pytest_plugins = ["meshlet_testing.fixtures"]
+pytest_plugins = ["meshlet_testing.fixtures", "meshlet_testing.leaks"]
 
 
 @dataclass

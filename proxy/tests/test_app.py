@@ -18,6 +18,7 @@ import pytest
 from meshlet.proxy.app import Proxy
 from meshlet.proxy.config import load
 from meshlet.proxy.metrics import ProxyMetrics
+from meshlet_testing.polling import eventually
 
 
 async def http_upstream() -> tuple[asyncio.Server, int]:
@@ -179,10 +180,11 @@ def _free_port() -> int:
 
 
 async def test_sigterm_finishes_in_flight_requests_then_exits_0() -> None:
-    release = asyncio.Event()
+    arrived, release = asyncio.Event(), asyncio.Event()
 
     async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
+        arrived.set()
         await release.wait()
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nslow")
         await writer.drain()
@@ -207,11 +209,10 @@ async def test_sigterm_finishes_in_flight_requests_then_exits_0() -> None:
             await asyncio.sleep(0.1)
         reader, writer = await asyncio.open_connection("127.0.0.1", outbound)
         writer.write(b"GET / HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % upstream_port)
-        await asyncio.sleep(0.3)  # the request is in flight upstream
+        async with asyncio.timeout(10):
+            await arrived.wait()  # the request is in flight upstream
         proc.terminate()
-        await asyncio.sleep(0.3)
-        with pytest.raises(OSError):  # no longer accepting
-            socket.create_connection(("127.0.0.1", outbound), timeout=1).close()
+        await eventually(lambda: not _accepts(outbound))  # no longer accepting
         release.set()
         response = await asyncio.wait_for(reader.read(-1), 5)
         assert response.startswith(b"HTTP/1.1 200") and response.endswith(b"slow")
@@ -224,6 +225,14 @@ async def test_sigterm_finishes_in_flight_requests_then_exits_0() -> None:
         assert proc.stderr is not None
         await proc.stderr.read()
         upstream.close()
+
+
+def _accepts(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
 
 
 def _get_or_zero(port: int, path: str) -> int:

@@ -239,7 +239,7 @@ def test_server_speaks_first_on_an_opaque_port_is_immediate(pods: tuple[Pod, Pod
     a, _ = pods
     elapsed, data = a.connect(SERVER_B, 3306)
     assert data.strip() == "220 greetings"
-    assert elapsed < 0.1
+    assert elapsed < 0.4  # no wait for detection (0.5 s); the rest is slack for a busy machine
 
 
 @pytest.mark.netns

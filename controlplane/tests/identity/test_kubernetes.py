@@ -25,6 +25,7 @@ from meshlet.controlplane.identity.source import IssuerHolder, KubernetesIssuerS
 from meshlet.controlplane.identity.tokens import ServiceAccount, TokenReviewer
 from meshlet.proxy.identity import prestart
 from meshlet_testing.fakeapi import FakeKubeAPI
+from meshlet_testing.polling import eventually
 
 WEB = wellknown.identity_name("web", "emojivoto")
 
@@ -170,10 +171,7 @@ async def test_issuer_secret_from_another_anchor_is_refused(
         wellknown.ISSUER_KEY_KEY: base64.b64encode(ca.key_pem(foreign_key)).decode(),
     }
     kube.apply(secret)
-    for _ in range(50):
-        if server.holder.last_error:
-            break
-        await asyncio.sleep(0.05)
+    await eventually(lambda: bool(server.holder.last_error))
     assert "does not chain to the trust anchors" in (server.holder.last_error or "")
     assert server.holder.issuer is before
 

@@ -23,6 +23,7 @@ from meshlet.controlplane.identity.server import IdentityConfig, IdentityServer
 from meshlet.proxy.identity import prestart
 from meshlet.proxy.identity.certify import CertifyClient, CertifyFailed
 from meshlet.proxy.tls import contexts
+from meshlet_testing.polling import eventually
 
 WEB = wellknown.identity_name("web", "emojivoto")
 TOKENS = """
@@ -241,10 +242,7 @@ async def test_bad_rotation_keeps_the_old_issuer(
     foreign, foreign_key = ca.create_issuer(stranger, stranger_key, now)
     (test_ca.issuer_dir / "crt.pem").write_bytes(ca.cert_pem(foreign))
     (test_ca.issuer_dir / "key.pem").write_bytes(ca.key_pem(foreign_key))
-    for _ in range(50):
-        if server.holder.last_error:
-            break
-        await asyncio.sleep(0.05)
+    await eventually(lambda: bool(server.holder.last_error))
     assert "does not chain to the trust anchors" in (server.holder.last_error or "")
     assert server.holder.issuer is before
     assert (await certify(server, anchors)).leaf_certificate
@@ -256,10 +254,10 @@ async def test_expired_issuer_is_unavailable(test_ca: Any, tmp_path: Path) -> No
     srv = identity_server(test_ca, tmp_path)
     # An expired issuer is never loaded: the service waits, not ready, saying why.
     task = asyncio.create_task(srv.start())
-    await asyncio.sleep(0.3)
+    await eventually(lambda: srv.holder.last_error is not None)
+    assert "expired" in srv.holder.last_error
     assert not srv.ready()
     assert not task.done()
-    assert "expired" in (srv.holder.last_error or "")
     assert (await asyncio.to_thread(_get, srv.admin_port, "/ready"))[0] == 503
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
@@ -288,10 +286,7 @@ async def test_waits_for_issuer_then_serves(test_ca: Any, tmp_path: Path) -> Non
     srv = identity_server(test_ca, tmp_path, issuer_dir=empty, reload_interval=0.05)
     task = asyncio.create_task(srv.start())
     try:
-        for _ in range(40):
-            if srv.admin_port:
-                break
-            await asyncio.sleep(0.05)
+        await eventually(lambda: bool(srv.admin_port))
         assert (await asyncio.to_thread(_get, srv.admin_port, "/ready"))[0] == 503
         assert (await asyncio.to_thread(_get, srv.admin_port, "/live"))[0] == 200
         for name in ("crt.pem", "key.pem"):

@@ -251,11 +251,15 @@ async def test_a_stalled_body_is_cut_by_the_opt_in_stream_idle_timeout(
 
 
 async def test_body_is_not_buffered_when_the_upstream_stops_reading(engine_proxy: Any) -> None:
-    stalled: list[asyncio.StreamWriter] = []
+    release = asyncio.Event()
+    stalled: list[asyncio.Task[Any]] = []
 
     async def never_reads(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        stalled.append(writer)
-        await asyncio.sleep(10)
+        task = asyncio.current_task()
+        assert task is not None
+        stalled.append(task)
+        await release.wait()  # until the test is over
+        writer.close()
 
     server = await asyncio.start_server(never_reads, "127.0.0.1", 0)
     try:
@@ -276,8 +280,8 @@ async def test_body_is_not_buffered_when_the_upstream_stops_reading(engine_proxy
         assert sent < 64 * 1024 * 1024
         writer.transport.abort()
     finally:
-        for w in stalled:
-            w.close()
+        release.set()
+        await asyncio.gather(*stalled)
         server.close()
         await server.wait_closed()
 

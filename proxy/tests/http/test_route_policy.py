@@ -324,8 +324,9 @@ async def test_a_route_timeout_answers_504_and_cancels_the_upstream(engine: Any)
     elapsed = loop.time() - started
     assert status == 504
     assert b"timeout of 0.2s passed" in head
-    # The timeout (the loop's timers round to whole milliseconds), not the upstream's 1.5 s.
-    assert 0.199 <= elapsed < 0.3 + 0.2
+    # The timeout (the loop's timers round to whole milliseconds), not the upstream's 1.5 s;
+    # the rest is slack for a busy machine.
+    assert 0.199 <= elapsed < 1.0
     async with asyncio.timeout(3):
         while script.cancelled == 0:  # noqa: ASYNC110 - the upstream notices the cancel
             await asyncio.sleep(0.02)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography.hazmat.primitives.serialization import Encoding
 
 from meshlet.api import wellknown
 from meshlet.api.hostport import HostPort
@@ -242,6 +243,16 @@ def shm_folders() -> set[Path]:
     return set(SHM.glob("meshlet-identity-*"))
 
 
+def holds_chain_from(folder: Path, issuer: Any) -> bool:
+    """Whether `folder` holds a chain issued by `issuer`: a folder of this test's, not of a
+    proxy that another program on the machine runs at the same time."""
+    try:
+        chain = (folder / contexts.CHAIN_FILE).read_text()
+    except OSError:
+        return False
+    return ssl.DER_cert_to_PEM_cert(issuer.public_bytes(Encoding.DER)) in chain
+
+
 @pytest.mark.skipif(not SHM.is_dir(), reason="no /dev/shm here")
 async def test_without_a_directory_the_key_lives_in_a_private_memory_folder_removed_at_exit(
     identity: IdentityService, tmp_path: Path
@@ -252,7 +263,8 @@ async def test_without_a_directory_the_key_lives_in_a_private_memory_folder_remo
     manager = IdentityManager(configured, ProxyMetrics())
     async with running(manager):
         await eventually(lambda: manager.ready)
-        (folder,) = shm_folders() - before
+        issuer = identity.test_ca.issuer
+        (folder,) = [f for f in shm_folders() - before if holds_chain_from(f, issuer)]
         assert folder.stat().st_mode & 0o777 == 0o700
         assert (folder / "key.pem").stat().st_mode & 0o777 == 0o600
         assert (folder / "chain.pem").exists()

@@ -15,6 +15,7 @@ from meshlet.proxy.core.detect import Protocol, may_be_http
 from meshlet.proxy.io import relay
 from meshlet.proxy.io.counters import TcpConn
 from meshlet.proxy.io.listener import Accepted, Listener, bind, peek_protocol
+from meshlet_testing.polling import eventually
 
 
 async def echo_server() -> tuple[asyncio.Server, int]:
@@ -242,7 +243,7 @@ async def test_a_guarded_relay_passes_a_protocol_that_is_not_http(
     writer.write(b"GET / HTTP/1.1\r\n\r\n")  # later bytes are not the guard's concern
     assert await asyncio.wait_for(reader.readline(), 5) == b"ok\r\n"
     writer.close()
-    await asyncio.sleep(0.1)
+    await eventually(lambda: bool(received))  # the server saw the connection end
     assert received == [b"EHLO client\r\nGET / HTTP/1.1\r\n\r\n"]
     assert refusals == []
 
@@ -269,8 +270,8 @@ async def test_a_guarded_relay_refuses_http_and_forwards_none_of_it(
     with contextlib.suppress(ConnectionResetError):
         assert await asyncio.wait_for(reader.read(100), 5) == b""
     writer.close()
-    await asyncio.sleep(0.1)
-    assert received == [b""]  # the server saw the connection end, and none of the bytes
+    await eventually(lambda: bool(received))  # the server saw the connection end
+    assert received == [b""]  # and none of the bytes
     assert refusals == ["late_http"]
 
 

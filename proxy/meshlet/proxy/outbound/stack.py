@@ -6,7 +6,7 @@ accepted (io/listener)
   → Logical: what discovery says of that address (a service, a pod, or nothing), leased
     for the connection's life; an opaque port or profile skips detection
   → detected: HTTP/1, HTTP/2, or opaque (core/detect.py, io/listener.py)
-  → HTTP: the engine asks `outbound.route.OutboundRouter` for each request's route
+  → HTTP: the engine asks `outbound.connection_router.OutboundRouter` for each request's route
     (profile route, retry budget) and endpoints (balanced per request, reached over mTLS
     when meshed: outbound/destinations.py, mesh/outbound.py)
   → opaque: relayed to the endpoint picked for the connection (connections.Connections).
