@@ -27,6 +27,7 @@ class PortForward:
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._sockets: list[Any] = []
+        self._clients: list[socket.socket] = []  # the accepted connections (ours to end)
         self._first: Any = None
         self._listener: socket.socket | None = None
         self.errors: list[str] = []  # what the kubelet said on the port's error channel
@@ -83,19 +84,23 @@ class PortForward:
                 continue
             remote = forward.socket(self.port)
             with self._lock:
+                self._clients.append(conn)
                 self._sockets += [conn, remote]
             self._spawn(self._copy, conn, remote, forward)
             self._spawn(self._copy, remote, conn, forward)
 
     def _copy(self, source: Any, sink: Any, forward: Any) -> None:
+        """One direction, then its end passed on as a half-close (SHUT_WR). The `kubernetes`
+        client's own thread writes into `forward.socket()`'s peer until it reads our end's
+        EOF: shutting that socket for reading first would make its next write fail (EPIPE) in
+        a thread that is not ours."""
         with contextlib.suppress(OSError):
             while data := source.recv(CHUNK):
                 sink.sendall(data)
         if (error := forward.error(self.port)) and error.strip() not in self.errors:
             self.errors.append(error.strip())  # before the client sees the connection end
-        for sock in (source, sink):
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
 
     def __exit__(
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
@@ -106,9 +111,12 @@ class PortForward:
         with self._lock:
             first, self._first = self._first, None
             sockets = list(self._sockets)
+            clients = list(self._clients)
         if first is not None:
             first.close()
-        for sock in sockets:
+        # The local ends only: each copy then passes the end on, and the `kubernetes` client's
+        # thread ends once it reads it (its sockets are closed after, when it no longer writes).
+        for sock in clients:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
         with self._lock:
