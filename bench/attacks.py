@@ -41,8 +41,14 @@ from h2.events import (
 from hpack import Encoder
 from hyperframe.frame import Frame, GoAwayFrame, HeadersFrame, RstStreamFrame, SettingsFrame
 
-from bench.proxy_procs import CpuMeter, Processes, free_port, wait_for_port, wait_for_ready
-from meshlet.api.wellknown import ProxyEnv
+from bench.proxy_procs import (
+    CpuMeter,
+    Processes,
+    free_port,
+    local_proxy_env,
+    wait_for_port,
+    wait_for_ready,
+)
 from meshlet_testing.sockets import read_until_closed
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -244,19 +250,6 @@ class Row:
     note: str
 
 
-def _env(ports: dict[str, int]) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MESHLET_PROXY_")}
-    env.update({
-        ProxyEnv.OUTBOUND_LISTEN_ADDR: f"127.0.0.1:{ports['outbound']}",
-        ProxyEnv.INBOUND_LISTEN_ADDR: f"127.0.0.1:{ports['inbound']}",
-        ProxyEnv.ADMIN_LISTEN_ADDR: f"127.0.0.1:{ports['admin']}",
-        ProxyEnv.CONTROL_LISTEN_ADDR: f"127.0.0.1:{ports['control']}",
-        ProxyEnv.LOG: "error",
-        ProxyEnv.SHUTDOWN_GRACE_PERIOD: "1s",
-    })  # fmt: skip
-    return env
-
-
 async def _measure(proxy_pid: int, port: int, upstream: int, connections: int) -> list[Row]:
     rows = []
     before = await _count(port, upstream)
@@ -307,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         wait_for_port(upstream, up, up_log, 10)
         ports = {name: free_port() for name in ("outbound", "inbound", "admin", "control")}
         proxy, log = procs.start("meshlet", [sys.executable, "-m", "meshlet.proxy.main"],
-                                 cpu=1 if two else None, env=_env(ports))  # fmt: skip
+                                 cpu=1 if two else None, env=local_proxy_env(ports))  # fmt: skip
         wait_for_ready(f"http://127.0.0.1:{ports['admin']}/ready", proxy, log, 20)
         rows = asyncio.run(_measure(proxy.pid, ports["outbound"], upstream, args.connections))
     lines = [

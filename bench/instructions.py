@@ -16,7 +16,6 @@ Without valgrind on the machine it says so and exits 0.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import shutil
 import socket
@@ -34,8 +33,7 @@ import h2.connection
 import h2.events
 
 from bench import proxy_baseline
-from bench.proxy_procs import free_port
-from meshlet.api.wellknown import PROXY_ENV_PREFIX, ProxyEnv
+from bench.proxy_procs import free_port, local_proxy_env
 
 REPO: Final = Path(__file__).resolve().parent.parent
 WARMUP: Final = 300
@@ -162,15 +160,7 @@ def count(pythonpath: str | None, client: str, upstream_ports: tuple[int, int], 
           scratch: Path) -> int:  # fmt: skip
     """Instructions of one proxy's whole life, serving `n` requests of `client`."""
     ports = {name: free_port() for name in ("outbound", "inbound", "admin", "control")}
-    env = {k: v for k, v in os.environ.items() if not k.startswith(PROXY_ENV_PREFIX)}
-    env.update({
-        ProxyEnv.OUTBOUND_LISTEN_ADDR: f"127.0.0.1:{ports['outbound']}",
-        ProxyEnv.INBOUND_LISTEN_ADDR: f"127.0.0.1:{ports['inbound']}",
-        ProxyEnv.ADMIN_LISTEN_ADDR: f"127.0.0.1:{ports['admin']}",
-        ProxyEnv.CONTROL_LISTEN_ADDR: f"127.0.0.1:{ports['control']}",
-        ProxyEnv.LOG: "error",
-        ProxyEnv.SHUTDOWN_GRACE_PERIOD: "1s",
-    })  # fmt: skip
+    env = local_proxy_env(ports)
     if pythonpath is not None:
         env["PYTHONPATH"] = pythonpath
     out = scratch / f"callgrind.{n}.out"

@@ -248,3 +248,21 @@ class Processes:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # a stuck leader, or workers it left behind
         proc.wait()
+
+
+def local_proxy_env(ports: Mapping[str, int]) -> dict[str, str]:
+    """This process's environment without its MESHLET_PROXY_* settings, plus a meshlet proxy's
+    four listeners on 127.0.0.1 at `ports` (outbound, inbound, admin, control), errors-only
+    logs and a short grace period (nothing is in flight when a benchmark stops it)."""
+    from meshlet.api.wellknown import PROXY_ENV_PREFIX, ProxyEnv
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(PROXY_ENV_PREFIX)}
+    env.update({
+        ProxyEnv.OUTBOUND_LISTEN_ADDR: f"127.0.0.1:{ports['outbound']}",
+        ProxyEnv.INBOUND_LISTEN_ADDR: f"127.0.0.1:{ports['inbound']}",
+        ProxyEnv.ADMIN_LISTEN_ADDR: f"127.0.0.1:{ports['admin']}",
+        ProxyEnv.CONTROL_LISTEN_ADDR: f"127.0.0.1:{ports['control']}",
+        ProxyEnv.LOG: "error",
+        ProxyEnv.SHUTDOWN_GRACE_PERIOD: "1s",
+    })  # fmt: skip
+    return env
