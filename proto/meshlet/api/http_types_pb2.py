@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cmeshlet/api/http_types.proto\x12\x1bio.linkerd.proxy.http_types\"\xe6\x01\n\nHttpMethod\x12H\n\nregistered\x18\x01 \x01(\x0e\x32\x32.io.linkerd.proxy.http_types.HttpMethod.RegisteredH\x00\x12\x16\n\x0cunregistered\x18\x02 \x01(\tH\x00\"n\n\nRegistered\x12\x07\n\x03GET\x10\x00\x12\x08\n\x04POST\x10\x01\x12\x07\n\x03PUT\x10\x02\x12\n\n\x06\x44\x45LETE\x10\x03\x12\t\n\x05PATCH\x10\x04\x12\x0b\n\x07OPTIONS\x10\x05\x12\x0b\n\x07\x43ONNECT\x10\x06\x12\x08\n\x04HEAD\x10\x07\x12\t\n\x05TRACE\x10\x08\x42\x06\n\x04typeb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cmeshlet/api/http_types.proto\x12\x1bio.linkerd.proxy.http_types\"\xe6\x01\n\nHttpMethod\x12H\n\nregistered\x18\x01 \x01(\x0e\x32\x32.io.linkerd.proxy.http_types.HttpMethod.RegisteredH\x00\x12\x16\n\x0cunregistered\x18\x02 \x01(\tH\x00\"n\n\nRegistered\x12\x07\n\x03GET\x10\x00\x12\x08\n\x04POST\x10\x01\x12\x07\n\x03PUT\x10\x02\x12\n\n\x06\x44\x45LETE\x10\x03\x12\t\n\x05PATCH\x10\x04\x12\x0b\n\x07OPTIONS\x10\x05\x12\x0b\n\x07\x43ONNECT\x10\x06\x12\x08\n\x04HEAD\x10\x07\x12\t\n\x05TRACE\x10\x08\x42\x06\n\x04type\"\x91\x01\n\x06Scheme\x12\x44\n\nregistered\x18\x01 \x01(\x0e\x32..io.linkerd.proxy.http_types.Scheme.RegisteredH\x00\x12\x16\n\x0cunregistered\x18\x02 \x01(\tH\x00\"!\n\nRegistered\x12\x08\n\x04HTTP\x10\x00\x12\t\n\x05HTTPS\x10\x01\x42\x06\n\x04type\"n\n\x07Headers\x12<\n\x07headers\x18\x01 \x03(\x0b\x32+.io.linkerd.proxy.http_types.Headers.Header\x1a%\n\x06Header\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,4 +35,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HTTPMETHOD']._serialized_end=292
   _globals['_HTTPMETHOD_REGISTERED']._serialized_start=174
   _globals['_HTTPMETHOD_REGISTERED']._serialized_end=284
+  _globals['_SCHEME']._serialized_start=295
+  _globals['_SCHEME']._serialized_end=440
+  _globals['_SCHEME_REGISTERED']._serialized_start=399
+  _globals['_SCHEME_REGISTERED']._serialized_end=432
+  _globals['_HEADERS']._serialized_start=442
+  _globals['_HEADERS']._serialized_end=552
+  _globals['_HEADERS_HEADER']._serialized_start=515
+  _globals['_HEADERS_HEADER']._serialized_end=552
 # @@protoc_insertion_point(module_scope)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15meshlet/api/net.proto\x12\x14io.linkerd.proxy.net\"M\n\tIPAddress\x12\x0e\n\x04ipv4\x18\x01 \x01(\x07H\x00\x12*\n\x04ipv6\x18\x02 \x01(\x0b\x32\x1a.io.linkerd.proxy.net.IPv6H\x00\x42\x04\n\x02ip\"#\n\x04IPv6\x12\r\n\x05\x66irst\x18\x01 \x01(\x06\x12\x0c\n\x04last\x18\x02 \x01(\x06\"G\n\nTcpAddress\x12+\n\x02ip\x18\x01 \x01(\x0b\x32\x1f.io.linkerd.proxy.net.IPAddress\x12\x0c\n\x04port\x18\x02 \x01(\rb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15meshlet/api/net.proto\x12\x14io.linkerd.proxy.net\"M\n\tIPAddress\x12\x0e\n\x04ipv4\x18\x01 \x01(\x07H\x00\x12*\n\x04ipv6\x18\x02 \x01(\x0b\x32\x1a.io.linkerd.proxy.net.IPv6H\x00\x42\x04\n\x02ip\"#\n\x04IPv6\x12\r\n\x05\x66irst\x18\x01 \x01(\x06\x12\x0c\n\x04last\x18\x02 \x01(\x06\"L\n\tIPNetwork\x12+\n\x02ip\x18\x01 \x01(\x0b\x32\x1f.io.linkerd.proxy.net.IPAddress\x12\x12\n\nprefix_len\x18\x02 \x01(\r\"G\n\nTcpAddress\x12+\n\x02ip\x18\x01 \x01(\x0b\x32\x1f.io.linkerd.proxy.net.IPAddress\x12\x0c\n\x04port\x18\x02 \x01(\rb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,6 +35,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_IPADDRESS']._serialized_end=124
   _globals['_IPV6']._serialized_start=126
   _globals['_IPV6']._serialized_end=161
-  _globals['_TCPADDRESS']._serialized_start=163
-  _globals['_TCPADDRESS']._serialized_end=234
+  _globals['_IPNETWORK']._serialized_start=163
+  _globals['_IPNETWORK']._serialized_end=239
+  _globals['_TCPADDRESS']._serialized_start=241
+  _globals['_TCPADDRESS']._serialized_end=312
 # @@protoc_insertion_point(module_scope)

@@ -71,6 +71,33 @@ class IPv6(_message.Message):
 Global___IPv6: _TypeAlias = IPv6  # noqa: Y015
 
 @_typing.final
+class IPNetwork(_message.Message):
+    """A network: `ip` with the first `prefix_len` bits significant (10.0.0.0/8 is ipv4 0x0A000000,
+    prefix_len 8). prefix_len MUST be at most 32 for IPv4 and 128 for IPv6.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    IP_FIELD_NUMBER: _builtins.int
+    PREFIX_LEN_FIELD_NUMBER: _builtins.int
+    prefix_len: _builtins.int
+    @_builtins.property
+    def ip(self) -> Global___IPAddress: ...
+    def __init__(
+        self,
+        *,
+        ip: Global___IPAddress | None = ...,
+        prefix_len: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ip", b"ip"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ip", b"ip", "prefix_len", b"prefix_len"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___IPNetwork: _TypeAlias = IPNetwork  # noqa: Y015
+
+@_typing.final
 class TcpAddress(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
