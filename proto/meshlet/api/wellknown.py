@@ -26,6 +26,8 @@ INJECTOR_SERVICE_PORT: Final = 443
 DESTINATION_ADMIN_PORT: Final = 9996
 IDENTITY_ADMIN_PORT: Final = 9990
 INJECTOR_ADMIN_PORT: Final = 9995
+POLICY_PORT: Final = 8090
+POLICY_ADMIN_PORT: Final = 9997
 
 CONTROL_PLANE_NAMESPACE: Final = "meshlet"
 TRUST_DOMAIN: Final = "cluster.local"
@@ -44,6 +46,8 @@ INJECT_ANNOTATION: Final = "meshlet.io/inject"
 INJECT_ENABLED: Final = "enabled"
 INJECT_DISABLED: Final = "disabled"
 CONFIG_ANNOTATION_PREFIX: Final = "config.meshlet.io/"
+# The inbound policy of a namespace's or a pod's ports when no Server selects them.
+DEFAULT_INBOUND_POLICY_ANNOTATION: Final = CONFIG_ANNOTATION_PREFIX + "default-inbound-policy"
 SKIP_INBOUND_PORTS_ANNOTATION: Final = CONFIG_ANNOTATION_PREFIX + "skip-inbound-ports"
 SKIP_OUTBOUND_PORTS_ANNOTATION: Final = CONFIG_ANNOTATION_PREFIX + "skip-outbound-ports"
 OPAQUE_PORTS_ANNOTATION: Final = CONFIG_ANNOTATION_PREFIX + "opaque-ports"
@@ -95,6 +99,16 @@ class ProxyEnv(enum.StrEnum):
     DESTINATION_SVC_NAME = PROXY_ENV_PREFIX + "DESTINATION_SVC_NAME"
     DESTINATION_CONTEXT = PROXY_ENV_PREFIX + "DESTINATION_CONTEXT"
     DESTINATION_PROFILE_SUFFIXES = PROXY_ENV_PREFIX + "DESTINATION_PROFILE_SUFFIXES"
+    POLICY_SVC_ADDR = PROXY_ENV_PREFIX + "POLICY_SVC_ADDR"
+    POLICY_SVC_NAME = PROXY_ENV_PREFIX + "POLICY_SVC_NAME"
+    # `{"ns":"NAMESPACE","pod":"NAME"}`: the workload the proxy asks the policy controller for
+    POLICY_WORKLOAD = PROXY_ENV_PREFIX + "POLICY_WORKLOAD"
+    # CIDRs that `cluster-*` default policies admit
+    POLICY_CLUSTER_NETWORKS = PROXY_ENV_PREFIX + "POLICY_CLUSTER_NETWORKS"
+    # the default policy until the controller has answered (and without a controller)
+    INBOUND_DEFAULT_POLICY = PROXY_ENV_PREFIX + "INBOUND_DEFAULT_POLICY"
+    # the pod's ports whose policies the proxy watches
+    INBOUND_PORTS = PROXY_ENV_PREFIX + "INBOUND_PORTS"
     IDENTITY_SVC_ADDR = PROXY_ENV_PREFIX + "IDENTITY_SVC_ADDR"
     IDENTITY_SVC_NAME = PROXY_ENV_PREFIX + "IDENTITY_SVC_NAME"
     IDENTITY_LOCAL_NAME = PROXY_ENV_PREFIX + "IDENTITY_LOCAL_NAME"
@@ -135,6 +149,8 @@ INJECTOR_TLS_SECRET: Final = "meshlet-proxy-injector-k8s-tls"
 CONFIG_CONFIGMAP: Final = "meshlet-config"
 CONFIG_KEY: Final = "values"
 SERVICEPROFILE_CRD: Final = "serviceprofiles.meshlet.io"
+POLICY_NAME: Final = "meshlet-policy"
+POLICY_API_GROUP: Final = "policy.meshlet.io"
 
 # What the injector adds to a pod.
 PROXY_CONTAINER: Final = "meshlet-proxy"
@@ -191,3 +207,14 @@ def spiffe_uri(serviceaccount: str, namespace: str, trust_domain: str = TRUST_DO
 
 IDENTITY_SERVICE_NAME: Final = identity_name("meshlet-identity", CONTROL_PLANE_NAMESPACE)
 DESTINATION_SERVICE_NAME: Final = identity_name("meshlet-destination", CONTROL_PLANE_NAMESPACE)
+POLICY_SERVICE_NAME: Final = identity_name(POLICY_NAME, CONTROL_PLANE_NAMESPACE)
+
+# Default inbound policies (Linkerd's names): what a port allows when no Server selects it.
+DEFAULT_INBOUND_POLICIES: Final = (
+    "all-unauthenticated",
+    "all-authenticated",
+    "cluster-unauthenticated",
+    "cluster-authenticated",
+    "deny",
+    "audit",
+)
