@@ -53,8 +53,9 @@ class ClusterConfig:
     detect_timeout: float = wellknown.DETECT_TIMEOUT_SECONDS
 
     def identity(self, serviceaccount: str, namespace: str) -> str:
-        return wellknown.identity_name(serviceaccount, namespace, self.control_ns,
-                                       self.trust_domain)  # fmt: skip
+        return wellknown.identity_name(
+            serviceaccount, namespace, self.control_ns, self.trust_domain
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,8 +162,10 @@ def _authz(
             resource=meta_pb2.Resource(group=r.GROUP, kind=kind, name=name)
         )
         labels = _labels(r.GROUP, kind, name)
-    nets = [inbound_pb2.Network(net=_net(n.net), **{"except": [_net(e) for e in n.excepts]})
-            for n in networks]  # fmt: skip
+    nets = [
+        inbound_pb2.Network(net=_net(n.net), **{"except": [_net(e) for e in n.excepts]})
+        for n in networks
+    ]
     if identities is None:
         authn = inbound_pb2.Authn(unauthenticated=inbound_pb2.Authn.PermitUnauthenticated())
     else:
@@ -208,8 +211,14 @@ class Translator:
         if selected is None:
             return self._default(ns, pod, port)
         srv: r.Server = selected
-        authzs = self._policy_authzs(ns, pod.namespace, lambda t: (
-            t.targets(r.GROUP, "Server") and t.name == srv.meta.name) or t.targets("", "Namespace"))  # fmt: skip
+        authzs = self._policy_authzs(
+            ns,
+            pod.namespace,
+            lambda t: (
+                (t.targets(r.GROUP, "Server") and t.name == srv.meta.name)
+                or t.targets("", "Namespace")
+            ),
+        )
         authzs += default_authzs(srv.access_policy, self.cluster)
         protocol = self._protocol(ns, pod, port, srv)
         return inbound_pb2.Server(
@@ -233,8 +242,8 @@ class Translator:
         return None
 
     def _default_policy(self, ns: Namespace, pod: Pod) -> str:
-        for where, annotations in (("pod", pod.annotations), ("namespace", ns.annotations)):
-            value = annotations.get(wellknown.DEFAULT_INBOUND_POLICY_ANNOTATION)
+        for where, notes in (("pod", pod.annotations), ("namespace", ns.annotations)):
+            value = notes.get(wellknown.DEFAULT_INBOUND_POLICY_ANNOTATION)
             if value in wellknown.DEFAULT_INBOUND_POLICIES:
                 return value
             if value is not None:
@@ -242,10 +251,10 @@ class Translator:
         return self.cluster.default_policy
 
     def _ports_annotation(self, ns: Namespace, pod: Pod, key: str, port: int) -> bool:
-        for annotations in (pod.annotations, ns.annotations):
-            if key in annotations:
+        for notes in (pod.annotations, ns.annotations):
+            if key in notes:
                 try:
-                    return port in parse_ports(annotations[key])
+                    return port in parse_ports(notes[key])
                 except ValueError:
                     return False
         return False
@@ -279,21 +288,28 @@ class Translator:
         """Linkerd's default route (every request, the Server's own authorizations), and a
         `probe` route admitting the pod's HTTP probes from the probe networks."""
         everything = http_route_pb2.HttpRouteMatch(path=http_route_pb2.PathMatch(prefix="/"))
-        routes = [inbound_pb2.HttpRoute(
-            metadata=meta_pb2.Metadata(default="default"),
-            rules=[inbound_pb2.HttpRoute.Rule(matches=[everything])],
-        )]  # fmt: skip
+        routes = [
+            inbound_pb2.HttpRoute(
+                metadata=meta_pb2.Metadata(default="default"),
+                rules=[inbound_pb2.HttpRoute.Rule(matches=[everything])],
+            )
+        ]
         paths = sorted(pod.probes.get(port, ()))
         if paths and self.cluster.probe_networks:
             get = http_types_pb2.HttpMethod(registered=http_types_pb2.HttpMethod.GET)
-            matches = [http_route_pb2.HttpRouteMatch(path=http_route_pb2.PathMatch(exact=p),
-                                                     method=get) for p in paths]  # fmt: skip
-            routes.append(inbound_pb2.HttpRoute(
-                metadata=meta_pb2.Metadata(default="probe"),
-                rules=[inbound_pb2.HttpRoute.Rule(matches=matches)],
-                authorizations=[_authz(("default", "probe"), _plain(self.cluster.probe_networks),
-                                       None)],
-            ))  # fmt: skip
+            matches = [
+                http_route_pb2.HttpRouteMatch(path=http_route_pb2.PathMatch(exact=p), method=get)
+                for p in paths
+            ]
+            routes.append(
+                inbound_pb2.HttpRoute(
+                    metadata=meta_pb2.Metadata(default="probe"),
+                    rules=[inbound_pb2.HttpRoute.Rule(matches=matches)],
+                    authorizations=[
+                        _authz(("default", "probe"), _plain(self.cluster.probe_networks), None)
+                    ],
+                )
+            )
         return routes
 
     def _protocol(
@@ -315,8 +331,9 @@ class Translator:
                 return P(http1=P.Http1(routes=http, local_rate_limit=limit))
             case "HTTP/2":
                 return P(http2=P.Http2(routes=http, local_rate_limit=limit))
-        return P(detect=P.Detect(timeout=self._timeout(), http_routes=http,
-                                 http_local_rate_limit=limit))  # fmt: skip
+        return P(
+            detect=P.Detect(timeout=self._timeout(), http_routes=http, http_local_rate_limit=limit)
+        )
 
     def _route_authzs(
         self, ns: Namespace, namespace: str, group: str, kind: str, name: str
@@ -328,8 +345,9 @@ class Translator:
 
     def _attached(self, ns: Namespace, kinds: tuple[Kind, Kind], server: str) -> list[Any]:
         routes = [rt for kind in kinds for rt in ns.of(kind).values() if server in rt.servers]
-        return sorted(routes, key=lambda rt: (rt.meta.created == "", rt.meta.created, rt.group,
-                                              rt.meta.name))  # fmt: skip
+        return sorted(
+            routes, key=lambda rt: (rt.meta.created == "", rt.meta.created, rt.group, rt.meta.name)
+        )
 
     def _http_routes(
         self, ns: Namespace, pod: Pod, port: int, server: str
@@ -341,18 +359,26 @@ class Translator:
             return self._default_http_routes(pod, port)
         return [
             inbound_pb2.HttpRoute(
-                metadata=meta_pb2.Metadata(resource=meta_pb2.Resource(
-                    group=rt.group, kind="HTTPRoute", name=rt.meta.name)),
+                metadata=meta_pb2.Metadata(
+                    resource=meta_pb2.Resource(group=rt.group, kind="HTTPRoute", name=rt.meta.name)
+                ),
                 hosts=[_host(h) for h in rt.hostnames],
-                authorizations=self._route_authzs(ns, pod.namespace, rt.group, "HTTPRoute", rt.meta.name),
-                rules=[inbound_pb2.HttpRoute.Rule(
-                    matches=[_http_match(m) for m in rule.matches],
-                    filters=[inbound_pb2.HttpRoute.Filter(request_header_modifier=_modifier(f))
-                             for f in rule.filters],
-                ) for rule in rt.rules],
+                authorizations=self._route_authzs(
+                    ns, pod.namespace, rt.group, "HTTPRoute", rt.meta.name
+                ),
+                rules=[
+                    inbound_pb2.HttpRoute.Rule(
+                        matches=[_http_match(m) for m in rule.matches],
+                        filters=[
+                            inbound_pb2.HttpRoute.Filter(request_header_modifier=_modifier(f))
+                            for f in rule.filters
+                        ],
+                    )
+                    for rule in rt.rules
+                ],
             )
             for rt in attached
-        ]  # fmt: skip
+        ]
 
     def _grpc_routes(
         self, ns: Namespace, namespace: str, server: str
@@ -362,26 +388,42 @@ class Translator:
         )
         if not attached:
             every = grpc_route_pb2.GrpcRouteMatch(rpc=grpc_route_pb2.GrpcRpcMatch())
-            return [inbound_pb2.GrpcRoute(
-                metadata=meta_pb2.Metadata(default="default"),
-                rules=[inbound_pb2.GrpcRoute.Rule(matches=[every])],
-            )]  # fmt: skip
+            return [
+                inbound_pb2.GrpcRoute(
+                    metadata=meta_pb2.Metadata(default="default"),
+                    rules=[inbound_pb2.GrpcRoute.Rule(matches=[every])],
+                )
+            ]
         return [
             inbound_pb2.GrpcRoute(
-                metadata=meta_pb2.Metadata(resource=meta_pb2.Resource(
-                    group=rt.group, kind="GRPCRoute", name=rt.meta.name)),
+                metadata=meta_pb2.Metadata(
+                    resource=meta_pb2.Resource(group=rt.group, kind="GRPCRoute", name=rt.meta.name)
+                ),
                 hosts=[_host(h) for h in rt.hostnames],
-                authorizations=self._route_authzs(ns, namespace, rt.group, "GRPCRoute", rt.meta.name),
-                rules=[inbound_pb2.GrpcRoute.Rule(
-                    matches=[grpc_route_pb2.GrpcRouteMatch(
-                        rpc=grpc_route_pb2.GrpcRpcMatch(service=m.service or "", method=m.method or ""),
-                        headers=[_header_match(h) for h in m.headers]) for m in rule.matches],
-                    filters=[inbound_pb2.GrpcRoute.Filter(request_header_modifier=_modifier(f))
-                             for f in rule.filters],
-                ) for rule in rt.rules],
+                authorizations=self._route_authzs(
+                    ns, namespace, rt.group, "GRPCRoute", rt.meta.name
+                ),
+                rules=[
+                    inbound_pb2.GrpcRoute.Rule(
+                        matches=[
+                            grpc_route_pb2.GrpcRouteMatch(
+                                rpc=grpc_route_pb2.GrpcRpcMatch(
+                                    service=m.service or "", method=m.method or ""
+                                ),
+                                headers=[_header_match(h) for h in m.headers],
+                            )
+                            for m in rule.matches
+                        ],
+                        filters=[
+                            inbound_pb2.GrpcRoute.Filter(request_header_modifier=_modifier(f))
+                            for f in rule.filters
+                        ],
+                    )
+                    for rule in rt.rules
+                ],
             )
             for rt in attached
-        ]  # fmt: skip
+        ]
 
     def _rate_limit(
         self, ns: Namespace, namespace: str, server: str
@@ -395,17 +437,28 @@ class Translator:
         p = policies[0]
         L = inbound_pb2.HttpLocalRateLimit
         return L(
-            metadata=meta_pb2.Metadata(resource=meta_pb2.Resource(
-                group=r.GROUP, kind="HTTPLocalRateLimitPolicy", name=p.meta.name)),
+            metadata=meta_pb2.Metadata(
+                resource=meta_pb2.Resource(
+                    group=r.GROUP, kind="HTTPLocalRateLimitPolicy", name=p.meta.name
+                )
+            ),
             total=L.Limit(requestsPerSecond=p.total) if p.total is not None else None,
             identity=L.Limit(requestsPerSecond=p.identity) if p.identity is not None else None,
-            overrides=[L.Override(
-                limit=L.Limit(requestsPerSecond=o.requests_per_second),
-                clients=L.Override.ClientIdentities(identities=[
-                    inbound_pb2.Identity(name=self.cluster.identity(c.name, c.namespace or namespace))
-                    for c in o.clients]),
-            ) for o in p.overrides],
-        )  # fmt: skip
+            overrides=[
+                L.Override(
+                    limit=L.Limit(requestsPerSecond=o.requests_per_second),
+                    clients=L.Override.ClientIdentities(
+                        identities=[
+                            inbound_pb2.Identity(
+                                name=self.cluster.identity(c.name, c.namespace or namespace)
+                            )
+                            for c in o.clients
+                        ]
+                    ),
+                )
+                for o in p.overrides
+            ],
+        )
 
     def _policy_authzs(
         self, ns: Namespace, namespace: str, targets: Callable[[r.Ref], bool]
@@ -434,9 +487,15 @@ class Translator:
             if ref.targets("", "ServiceAccount"):
                 identities = (self.cluster.identity(ref.name, where),)
                 continue
-            found = (self.namespaces.get(where) or Namespace()).of(
-                Kind.MESH_TLS_AUTHENTICATION if ref.kind.lower() == "meshtlsauthentication"
-                else Kind.NETWORK_AUTHENTICATION).get(ref.name)  # fmt: skip
+            found = (
+                (self.namespaces.get(where) or Namespace())
+                .of(
+                    Kind.MESH_TLS_AUTHENTICATION
+                    if ref.kind.lower() == "meshtlsauthentication"
+                    else Kind.NETWORK_AUTHENTICATION
+                )
+                .get(ref.name)
+            )
             if found is None:
                 raise LookupError(f"{ref.kind} {where}/{ref.name} does not exist")
             if isinstance(found, r.MeshTLSAuthentication):
@@ -672,8 +731,11 @@ class Index:
         if kind in (Kind.MESH_TLS_AUTHENTICATION, Kind.NETWORK_AUTHENTICATION):
             for other in self._watches:
                 policies = self.namespaces.get(other, Namespace()).of(Kind.AUTHORIZATION_POLICY)
-                if any(ref.namespace == namespace for p in policies.values()
-                       for ref in p.authentications):  # fmt: skip
+                if any(
+                    ref.namespace == namespace
+                    for p in policies.values()
+                    for ref in p.authentications
+                ):
                     touched.add((other, None))
         return touched
 

@@ -343,13 +343,20 @@ def _show(value: str) -> str:
 def _meta(c: _Check, obj: Mapping[str, Any]) -> Meta:
     metadata = c.mapping(obj.get("metadata"), "metadata", required=True) or {}
     name = c.string(
-        metadata.get("name"), "metadata.name", required=True, pattern=_SUBDOMAIN,
-        what="a DNS subdomain name (lower case letters, digits, '-' and '.')", limit=253,
-    )  # fmt: skip
+        metadata.get("name"),
+        "metadata.name",
+        required=True,
+        pattern=_SUBDOMAIN,
+        what="a DNS subdomain name (lower case letters, digits, '-' and '.')",
+        limit=253,
+    )
     namespace = c.string(
-        metadata.get("namespace"), "metadata.namespace", pattern=_LABEL_RE,
-        what="a namespace name", limit=63,
-    )  # fmt: skip
+        metadata.get("namespace"),
+        "metadata.namespace",
+        pattern=_LABEL_RE,
+        what="a namespace name",
+        limit=63,
+    )
     created = metadata.get("creationTimestamp")
     return Meta(namespace or "default", name or "", created if isinstance(created, str) else "")
 
@@ -372,10 +379,12 @@ def _selector(c: _Check, value: Any, path: str) -> Selector:
     for i, item in enumerate(c.array(sel.get("matchExpressions"), f"{path}.matchExpressions")):
         at = f"{path}.matchExpressions[{i}]"
         expr = c.mapping(item, at) or {}
-        key = c.string(expr.get("key"), f"{at}.key", required=True, pattern=_LABEL_KEY,
-                       what="a label key")  # fmt: skip
-        op = c.string(expr.get("operator"), f"{at}.operator", required=True,
-                      choices=_SELECTOR_OPERATORS)  # fmt: skip
+        key = c.string(
+            expr.get("key"), f"{at}.key", required=True, pattern=_LABEL_KEY, what="a label key"
+        )
+        op = c.string(
+            expr.get("operator"), f"{at}.operator", required=True, choices=_SELECTOR_OPERATORS
+        )
         raw = c.array(expr.get("values"), f"{at}.values")
         values = tuple(v for j, v in enumerate(raw) if c.string(v, f"{at}.values[{j}]") is not None)
         if op in ("In", "NotIn") and not values:
@@ -398,8 +407,13 @@ def _ref(
     name = c.string(ref.get("name"), f"{path}.name", required=True, limit=253)
     namespace = None
     if namespaced:
-        namespace = c.string(ref.get("namespace"), f"{path}.namespace", pattern=_LABEL_RE,
-                             what="a namespace name", limit=63)  # fmt: skip
+        namespace = c.string(
+            ref.get("namespace"),
+            f"{path}.namespace",
+            pattern=_LABEL_RE,
+            what="a namespace name",
+            limit=63,
+        )
     elif ref.get("namespace") is not None:
         c.fail(f"{path}.namespace", "must not be set: the reference is local")
     if kind is None or name is None:
@@ -423,14 +437,22 @@ def _server(c: _Check, obj: Mapping[str, Any]) -> Server:
     port: int | str | None = None
     raw = spec.get("port")
     if isinstance(raw, str) and not raw.isdigit():
-        port = c.string(raw, "spec.port", required=True, pattern=_PORT_NAME,
-                        what="a container port name", limit=15)  # fmt: skip
+        port = c.string(
+            raw,
+            "spec.port",
+            required=True,
+            pattern=_PORT_NAME,
+            what="a container port name",
+            limit=15,
+        )
     else:
-        port = c.integer(int(raw) if isinstance(raw, str) else raw, "spec.port", low=1,
-                         high=65535, required=True)  # fmt: skip
+        port = c.integer(
+            int(raw) if isinstance(raw, str) else raw, "spec.port", low=1, high=65535, required=True
+        )
     protocol = c.string(spec.get("proxyProtocol"), "spec.proxyProtocol", choices=PROXY_PROTOCOLS)
-    access = c.string(spec.get("accessPolicy"), "spec.accessPolicy",
-                      choices=wellknown.DEFAULT_INBOUND_POLICIES)  # fmt: skip
+    access = c.string(
+        spec.get("accessPolicy"), "spec.accessPolicy", choices=wellknown.DEFAULT_INBOUND_POLICIES
+    )
     return Server(meta, labels, selector, port or 0, protocol or "unknown", access or "deny")
 
 
@@ -448,11 +470,17 @@ def _authorization_policy(c: _Check, obj: Mapping[str, Any]) -> AuthorizationPol
             or target.targets(GATEWAY_GROUP, "GRPCRoute")
         )
         if not allowed:
-            c.fail("spec.targetRef", f"{_kind(target)} is not a target; target a Server, an"
-                   f" HTTPRoute or a GRPCRoute ({GROUP} or {GATEWAY_GROUP}), or a Namespace")  # fmt: skip
+            c.fail(
+                "spec.targetRef",
+                f"{_kind(target)} is not a target; target a Server, an"
+                f" HTTPRoute or a GRPCRoute ({GROUP} or {GATEWAY_GROUP}), or a Namespace",
+            )
         elif target.targets("", "Namespace") and target.name != meta.namespace:
-            c.fail("spec.targetRef.name", f"{target.name!r} is another namespace; a policy can"
-                   f" only target its own namespace ({meta.namespace!r})")  # fmt: skip
+            c.fail(
+                "spec.targetRef.name",
+                f"{target.name!r} is another namespace; a policy can"
+                f" only target its own namespace ({meta.namespace!r})",
+            )
     path = "spec.requiredAuthenticationRefs"
     refs = []
     for i, item in enumerate(c.array(spec.get(path.split(".")[1]), path, required=True)):
@@ -464,12 +492,21 @@ def _authorization_policy(c: _Check, obj: Mapping[str, Any]) -> AuthorizationPol
             or ref.targets(GROUP, "NetworkAuthentication")
             or ref.targets("", "ServiceAccount")
         ):
-            c.fail(f"{path}[{i}]", f"{_kind(ref)} is not an authentication; refer to a"
-                   " MeshTLSAuthentication, a NetworkAuthentication or a ServiceAccount")  # fmt: skip
+            c.fail(
+                f"{path}[{i}]",
+                f"{_kind(ref)} is not an authentication; refer to a"
+                " MeshTLSAuthentication, a NetworkAuthentication or a ServiceAccount",
+            )
             continue
         refs.append(ref)
-    count = {k: sum(r.targets(g, k) for r in refs) for g, k in (
-        (GROUP, "MeshTLSAuthentication"), (GROUP, "NetworkAuthentication"), ("", "ServiceAccount"))}  # fmt: skip
+    count = {
+        k: sum(r.targets(g, k) for r in refs)
+        for g, k in (
+            (GROUP, "MeshTLSAuthentication"),
+            (GROUP, "NetworkAuthentication"),
+            ("", "ServiceAccount"),
+        )
+    }
     if count["MeshTLSAuthentication"] > 1:
         c.fail(path, "lists several MeshTLSAuthentications; list one")
     if count["ServiceAccount"] > 1:
@@ -548,8 +585,10 @@ def _network_auth(c: _Check, obj: Mapping[str, Any]) -> NetworkAuthentication:
             if out is None or net is None:
                 continue
             if out.version != net.version or not out.subnet_of(net):  # type: ignore[arg-type]
-                c.fail(f"{at}.except[{j}]", f"{out} is not within {net}; list only exceptions"
-                       " inside the cidr")  # fmt: skip
+                c.fail(
+                    f"{at}.except[{j}]",
+                    f"{out} is not within {net}; list only exceptions inside the cidr",
+                )
             elif out == net:
                 c.fail(f"{at}.except[{j}]", f"{out} negates all of {net}; remove the network")
             else:
@@ -583,8 +622,14 @@ def _parents(c: _Check, spec: Mapping[str, Any], meta: Meta) -> tuple[str, ...]:
 def _hostnames(c: _Check, spec: Mapping[str, Any]) -> tuple[str, ...]:
     out = []
     for i, item in enumerate(c.array(spec.get("hostnames"), "spec.hostnames", limit=MAX_HOSTNAMES)):
-        host = c.string(item, f"spec.hostnames[{i}]", required=True, pattern=_HOSTNAME,
-                        what="a hostname (optionally starting with '*.')", limit=253)  # fmt: skip
+        host = c.string(
+            item,
+            f"spec.hostnames[{i}]",
+            required=True,
+            pattern=_HOSTNAME,
+            what="a hostname (optionally starting with '*.')",
+            limit=253,
+        )
         if host is not None:
             out.append(host)
     return tuple(out)
@@ -604,8 +649,14 @@ def _value_matches(
     for i, item in enumerate(c.array(value, path, limit=limit)):
         at = f"{path}[{i}]"
         entry = c.mapping(item, at, required=True) or {}
-        name = c.string(entry.get("name"), f"{at}.name", required=True, limit=256,
-                        pattern=_HEADER_NAME if header else None, what="a header name")  # fmt: skip
+        name = c.string(
+            entry.get("name"),
+            f"{at}.name",
+            required=True,
+            limit=256,
+            pattern=_HEADER_NAME if header else None,
+            what="a header name",
+        )
         kind = c.string(entry.get("type"), f"{at}.type", choices=("Exact", "RegularExpression"))
         val = c.string(entry.get("value"), f"{at}.value", required=True)
         if val is not None and kind == "RegularExpression":
@@ -622,8 +673,14 @@ def _header_modifier(c: _Check, value: Any, path: str) -> HeaderModifier:
         for i, item in enumerate(c.array(mod.get(field), f"{path}.{field}", limit=16)):
             at = f"{path}.{field}[{i}]"
             entry = c.mapping(item, at, required=True) or {}
-            name = c.string(entry.get("name"), f"{at}.name", required=True, pattern=_HEADER_NAME,
-                            what="a header name", limit=256)  # fmt: skip
+            name = c.string(
+                entry.get("name"),
+                f"{at}.name",
+                required=True,
+                pattern=_HEADER_NAME,
+                what="a header name",
+                limit=256,
+            )
             val = c.string(entry.get("value"), f"{at}.value", required=True)
             if name is not None and val is not None:
                 pairs[field].append((name, val))
@@ -640,7 +697,7 @@ def _header_modifier(c: _Check, value: Any, path: str) -> HeaderModifier:
                 limit=256,
             )
         )
-        is not None  # fmt: skip
+        is not None
     ]
     return HeaderModifier(tuple(pairs["add"]), tuple(pairs["set"]), tuple(remove))
 
@@ -652,11 +709,16 @@ def _filters(c: _Check, value: Any, path: str) -> tuple[HeaderModifier, ...]:
         entry = c.mapping(item, at, required=True) or {}
         kind = c.string(entry.get("type"), f"{at}.type", required=True)
         if kind == "RequestHeaderModifier":
-            out.append(_header_modifier(c, entry.get("requestHeaderModifier"),
-                                        f"{at}.requestHeaderModifier"))  # fmt: skip
+            out.append(
+                _header_modifier(
+                    c, entry.get("requestHeaderModifier"), f"{at}.requestHeaderModifier"
+                )
+            )
         elif kind is not None:
-            c.fail(f"{at}.type", f"{kind!r} is not supported on inbound routes; use"
-                   " RequestHeaderModifier")  # fmt: skip
+            c.fail(
+                f"{at}.type",
+                f"{kind!r} is not supported on inbound routes; use RequestHeaderModifier",
+            )
     return tuple(out)
 
 
@@ -665,8 +727,14 @@ def _http_match(c: _Check, item: Any, at: str) -> HttpMatch:
     path: tuple[str, str] | None = None
     raw = c.mapping(entry.get("path"), f"{at}.path")
     if raw is not None:
-        kind = c.string(raw.get("type"), f"{at}.path.type",
-                        choices=("Exact", "PathPrefix", "RegularExpression")) or "PathPrefix"  # fmt: skip
+        kind = (
+            c.string(
+                raw.get("type"),
+                f"{at}.path.type",
+                choices=("Exact", "PathPrefix", "RegularExpression"),
+            )
+            or "PathPrefix"
+        )
         value = c.string(raw.get("value"), f"{at}.path.value", limit=1024)
         value = "/" if value is None else value
         if kind == "RegularExpression":
@@ -675,8 +743,9 @@ def _http_match(c: _Check, item: Any, at: str) -> HttpMatch:
             c.fail(f"{at}.path.value", f"{_show(value)} is not an absolute path; start it with '/'")
         path = (kind, value)
     headers = _value_matches(c, entry.get("headers"), f"{at}.headers", MAX_HEADER_MATCHES, True)
-    query = _value_matches(c, entry.get("queryParams"), f"{at}.queryParams", MAX_QUERY_MATCHES,
-                           False)  # fmt: skip
+    query = _value_matches(
+        c, entry.get("queryParams"), f"{at}.queryParams", MAX_QUERY_MATCHES, False
+    )
     method = c.string(entry.get("method"), f"{at}.method", choices=HTTP_METHODS)
     return HttpMatch(path, headers, query, method)
 
@@ -711,16 +780,18 @@ def _grpc_route(c: _Check, obj: Mapping[str, Any]) -> GRPCRoute:
             service = method = None
             raw = c.mapping(entry.get("method"), f"{mat}.method")
             if raw is not None:
-                kind = c.string(raw.get("type"), f"{mat}.method.type",
-                                choices=("Exact", "RegularExpression"))  # fmt: skip
+                kind = c.string(
+                    raw.get("type"), f"{mat}.method.type", choices=("Exact", "RegularExpression")
+                )
                 if kind == "RegularExpression":
                     c.fail(f"{mat}.method.type", "RegularExpression is not supported; use Exact")
                 service = c.string(raw.get("service"), f"{mat}.method.service", limit=1024)
                 method = c.string(raw.get("method"), f"{mat}.method.method", limit=1024)
                 if not service and not method:
                     c.fail(f"{mat}.method", "names neither a service nor a method; give one")
-            headers = _value_matches(c, entry.get("headers"), f"{mat}.headers",
-                                     MAX_HEADER_MATCHES, True)  # fmt: skip
+            headers = _value_matches(
+                c, entry.get("headers"), f"{mat}.headers", MAX_HEADER_MATCHES, True
+            )
             matches.append(GrpcMatch(service or None, method or None, headers))
         rules.append(GrpcRule(tuple(matches), _filters(c, rule.get("filters"), f"{at}.filters")))
     group = str(obj.get("apiVersion", "")).split("/")[0]
@@ -738,30 +809,47 @@ def _rate_limit(c: _Check, obj: Mapping[str, Any]) -> HTTPLocalRateLimitPolicy:
         limit = c.mapping(value, path)
         if limit is None:
             return None
-        return c.integer(limit.get("requestsPerSecond"), f"{path}.requestsPerSecond", low=1,
-                         high=2**32 - 1, required=True)  # fmt: skip
+        return c.integer(
+            limit.get("requestsPerSecond"),
+            f"{path}.requestsPerSecond",
+            low=1,
+            high=2**32 - 1,
+            required=True,
+        )
 
     total = rps(spec.get("total"), "spec.total")
     identity = rps(spec.get("identity"), "spec.identity")
     if total is not None and identity is not None and identity > total:
-        c.fail("spec.identity.requestsPerSecond", f"{identity} exceeds total.requestsPerSecond"
-               f" ({total}); make it at most the total")  # fmt: skip
+        c.fail(
+            "spec.identity.requestsPerSecond",
+            f"{identity} exceeds total.requestsPerSecond ({total}); make it at most the total",
+        )
     overrides = []
     for i, item in enumerate(c.array(spec.get("overrides"), "spec.overrides")):
         at = f"spec.overrides[{i}]"
         entry = c.mapping(item, at, required=True) or {}
-        limit = c.integer(entry.get("requestsPerSecond"), f"{at}.requestsPerSecond", low=1,
-                          high=2**32 - 1, required=True)  # fmt: skip
+        limit = c.integer(
+            entry.get("requestsPerSecond"),
+            f"{at}.requestsPerSecond",
+            low=1,
+            high=2**32 - 1,
+            required=True,
+        )
         if limit is not None and total is not None and limit > total:
-            c.fail(f"{at}.requestsPerSecond", f"{limit} exceeds total.requestsPerSecond"
-                   f" ({total}); make it at most the total")  # fmt: skip
+            c.fail(
+                f"{at}.requestsPerSecond",
+                f"{limit} exceeds total.requestsPerSecond ({total}); make it at most the total",
+            )
         clients = []
-        for j, ref_obj in enumerate(c.array(entry.get("clientRefs"), f"{at}.clientRefs",
-                                            required=True)):  # fmt: skip
+        for j, ref_obj in enumerate(
+            c.array(entry.get("clientRefs"), f"{at}.clientRefs", required=True)
+        ):
             ref = _ref(c, ref_obj, f"{at}.clientRefs[{j}]", namespaced=True)
             if ref is not None and not ref.targets("", "ServiceAccount"):
-                c.fail(f"{at}.clientRefs[{j}]", f"{_kind(ref)} is not a client; refer to a"
-                       " ServiceAccount")  # fmt: skip
+                c.fail(
+                    f"{at}.clientRefs[{j}]",
+                    f"{_kind(ref)} is not a client; refer to a ServiceAccount",
+                )
             elif ref is not None:
                 clients.append(ref)
         if limit is not None:
@@ -793,7 +881,7 @@ def parse(obj: Mapping[str, Any]) -> Resource:
     if not isinstance(obj, Mapping):
         raise Invalid([f"(object): must be an object, not {_type(obj)}"])
     key = (obj.get("apiVersion"), obj.get("kind"))
-    parser = _PARSERS.get(key) if all(isinstance(k, str) for k in key) else None
+    parser = _PARSERS.get((str(key[0]), str(key[1])))
     if parser is None:
         known = ", ".join(f"{kind} {version}" for version, kind in KINDS)
         raise Invalid([f"apiVersion/kind: {key[0]!s} {key[1]!s} is not one of: {known}"])
