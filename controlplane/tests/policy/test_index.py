@@ -28,12 +28,29 @@ def pod(
     labels: dict[str, str] | None = None,
     annotations: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": ns, "labels": labels or {"app": "web"},
-                         "annotations": annotations or {}},
-            "spec": {"serviceAccountName": "web", "containers": [{"name": "c", "ports": [
-                {"name": "http", "containerPort": 8080}, {"name": "admin", "containerPort": 9000}],
-                "livenessProbe": {"httpGet": {"port": "admin", "path": "/live"}}}]}}  # fmt: skip
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "labels": labels or {"app": "web"},
+            "annotations": annotations or {},
+        },
+        "spec": {
+            "serviceAccountName": "web",
+            "containers": [
+                {
+                    "name": "c",
+                    "ports": [
+                        {"name": "http", "containerPort": 8080},
+                        {"name": "admin", "containerPort": 9000},
+                    ],
+                    "livenessProbe": {"httpGet": {"port": "admin", "path": "/live"}},
+                }
+            ],
+        },
+    }
 
 
 def res(
@@ -48,17 +65,23 @@ def res(
     meta = {"name": name, "namespace": ns}
     if created:
         meta["creationTimestamp"] = created
-    return {"apiVersion": api, "kind": kind, "metadata": meta, "spec": spec}  # fmt: skip
+    return {"apiVersion": api, "kind": kind, "metadata": meta, "spec": spec}
 
 
 def server(name: str = "web", port: Any = "http", created: str = "", **spec: Any) -> dict[str, Any]:
-    return res("Server", name, {"podSelector": {"matchLabels": {"app": "web"}}, "port": port,
-                                **spec}, "v1beta3", created=created)  # fmt: skip
+    return res(
+        "Server",
+        name,
+        {"podSelector": {"matchLabels": {"app": "web"}}, "port": port, **spec},
+        "v1beta3",
+        created=created,
+    )
 
 
 def policy(name: str, target: dict[str, Any], refs: list[dict[str, Any]]) -> dict[str, Any]:
-    return res("AuthorizationPolicy", name, {"targetRef": target,
-                                             "requiredAuthenticationRefs": refs})  # fmt: skip
+    return res(
+        "AuthorizationPolicy", name, {"targetRef": target, "requiredAuthenticationRefs": refs}
+    )
 
 
 SRV = {"group": G, "kind": "Server", "name": "web"}
@@ -70,8 +93,16 @@ def index(
     cluster: ClusterConfig = CLUSTER,
 ) -> Index:
     idx = Index(cluster)
-    idx.apply(Upsert(Kind.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {
-        "name": "ns", "annotations": namespace_annotations or {}}}))  # fmt: skip
+    idx.apply(
+        Upsert(
+            Kind.NAMESPACE,
+            {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {"name": "ns", "annotations": namespace_annotations or {}},
+            },
+        )
+    )
     for o in objs:
         kind = Kind.of(o["apiVersion"], o["kind"])
         assert kind is not None
@@ -83,8 +114,11 @@ def nets(authz: inbound_pb2.Authz) -> list[str]:
     out = []
     for n in authz.networks:
         ip = n.net.ip
-        addr: Any = (ipaddress.IPv4Address(ip.ipv4) if ip.HasField("ipv4") else
-                     ipaddress.IPv6Address((ip.ipv6.first << 64) | ip.ipv6.last))  # fmt: skip
+        addr: Any = (
+            ipaddress.IPv4Address(ip.ipv4)
+            if ip.HasField("ipv4")
+            else ipaddress.IPv6Address((ip.ipv6.first << 64) | ip.ipv6.last)
+        )
         out.append(
             f"{addr}/{n.net.prefix_len}"
             + "".join(
@@ -99,8 +133,10 @@ def authn(authz: inbound_pb2.Authz) -> Any:
     if a.HasField("unauthenticated"):
         return "unauthenticated"
     ids = a.meshTLS.identities
-    return sorted([i.name for i in ids.identities] + ["*" + "".join("." + p for p in s.parts)
-                                                      for s in ids.suffixes])  # fmt: skip
+    return sorted(
+        [i.name for i in ids.identities]
+        + ["*" + "".join("." + p for p in s.parts) for s in ids.suffixes]
+    )
 
 
 def get(idx: Index, port: int = 8080, name: str = "web-1") -> inbound_pb2.Server:
@@ -174,34 +210,60 @@ def test_server_by_port_name_and_by_number_with_its_protocol_and_access_policy()
 def test_a_server_selects_by_labels() -> None:
     other = index(pod(labels={"app": "other"}), server())
     assert get(other).labels["kind"] == "default"
-    exprs = server(podSelector={"matchExpressions": [{"key": "app", "operator": "NotIn",
-                                                       "values": ["other"]}]})  # fmt: skip
+    exprs = server(
+        podSelector={"matchExpressions": [{"key": "app", "operator": "NotIn", "values": ["other"]}]}
+    )
     assert get(index(pod(), exprs)).labels["kind"] == "server"
 
 
 def test_the_oldest_server_wins_a_port() -> None:
-    idx = index(pod(), server("b", created="2024-01-01T00:00:00Z"),
-                server("a", created="2024-02-01T00:00:00Z"))  # fmt: skip
+    idx = index(
+        pod(),
+        server("b", created="2024-01-01T00:00:00Z"),
+        server("a", created="2024-02-01T00:00:00Z"),
+    )
     assert get(idx).labels["name"] == "b"
 
 
 def test_meshtls_identities_suffixes_and_service_accounts() -> None:
-    idx = index(pod(), server(), policy("p", SRV, [{"group": G, "kind": "MeshTLSAuthentication",
-                                                    "name": "m"}]),
-                res("MeshTLSAuthentication", "m", {
-                    "identities": ["*", "a.b.c", "*.other.serviceaccount.identity.meshlet.cluster.local"],
-                    "identityRefs": [{"kind": "ServiceAccount", "name": "sa"},
-                                     {"kind": "Namespace", "name": "team"}]}))  # fmt: skip
+    idx = index(
+        pod(),
+        server(),
+        policy("p", SRV, [{"group": G, "kind": "MeshTLSAuthentication", "name": "m"}]),
+        res(
+            "MeshTLSAuthentication",
+            "m",
+            {
+                "identities": [
+                    "*",
+                    "a.b.c",
+                    "*.other.serviceaccount.identity.meshlet.cluster.local",
+                ],
+                "identityRefs": [
+                    {"kind": "ServiceAccount", "name": "sa"},
+                    {"kind": "Namespace", "name": "team"},
+                ],
+            },
+        ),
+    )
     [authz] = get(idx).authorizations
     assert authz.metadata.resource.kind == "authorizationpolicy"
     assert authz.metadata.resource.name == "p"
     assert nets(authz) == ALL
-    assert authn(authz) == sorted([
-        "*", "a.b.c", "*.other.serviceaccount.identity.meshlet.cluster.local",
-        "sa.ns.serviceaccount.identity.meshlet.cluster.local",
-        "*.team.serviceaccount.identity.meshlet.cluster.local"])  # fmt: skip
-    sa = index(pod(), server(), policy("p", SRV, [{"kind": "ServiceAccount", "name": "c",
-                                                   "namespace": "x"}]))  # fmt: skip
+    assert authn(authz) == sorted(
+        [
+            "*",
+            "a.b.c",
+            "*.other.serviceaccount.identity.meshlet.cluster.local",
+            "sa.ns.serviceaccount.identity.meshlet.cluster.local",
+            "*.team.serviceaccount.identity.meshlet.cluster.local",
+        ]
+    )
+    sa = index(
+        pod(),
+        server(),
+        policy("p", SRV, [{"kind": "ServiceAccount", "name": "c", "namespace": "x"}]),
+    )
     assert authn(get(sa).authorizations[0]) == ["c.x.serviceaccount.identity.meshlet.cluster.local"]
 
 
@@ -222,10 +284,17 @@ def test_a_namespace_targeted_policy_applies_to_every_server() -> None:
 
 
 def test_route_level_authorizations() -> None:
-    route = res("HTTPRoute", "r", {
-        "parentRefs": [{"group": G, "kind": "Server", "name": "web"}],
-        "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/api"}, "method": "POST"}]}],
-    }, "v1beta3")  # fmt: skip
+    route = res(
+        "HTTPRoute",
+        "r",
+        {
+            "parentRefs": [{"group": G, "kind": "Server", "name": "web"}],
+            "rules": [
+                {"matches": [{"path": {"type": "PathPrefix", "value": "/api"}, "method": "POST"}]}
+            ],
+        },
+        "v1beta3",
+    )
     target = {"group": G, "kind": "HTTPRoute", "name": "r"}
     idx = index(
         pod(),
@@ -240,9 +309,15 @@ def test_route_level_authorizations() -> None:
     assert http.rules[0].matches[0].path.prefix == "/api"
     [authz] = http.authorizations
     assert authz.metadata.resource.name == "rp"
-    grpc_route = res("GRPCRoute", "g", {"parentRefs": [{"group": G, "kind": "Server", "name": "web"}],
-                                        "rules": [{"matches": [{"method": {"service": "a.B"}}]}]},
-                     "gateway.networking.k8s.io/v1")  # fmt: skip
+    grpc_route = res(
+        "GRPCRoute",
+        "g",
+        {
+            "parentRefs": [{"group": G, "kind": "Server", "name": "web"}],
+            "rules": [{"matches": [{"method": {"service": "a.B"}}]}],
+        },
+        "gateway.networking.k8s.io/v1",
+    )
     grpc = get(index(pod(), server(proxyProtocol="gRPC"), grpc_route)).protocol.grpc
     assert grpc.routes[0].rules[0].matches[0].rpc.service == "a.B"
     plain = get(index(pod(), server(proxyProtocol="gRPC"))).protocol.grpc
@@ -250,10 +325,18 @@ def test_route_level_authorizations() -> None:
 
 
 def test_rate_limit_total_identity_overrides() -> None:
-    limit = res("HTTPLocalRateLimitPolicy", "rl", {
-        "targetRef": SRV, "total": {"requestsPerSecond": 100}, "identity": {"requestsPerSecond": 10},
-        "overrides": [{"requestsPerSecond": 50, "clientRefs": [{"kind": "ServiceAccount",
-                                                                "name": "vip"}]}]})  # fmt: skip
+    limit = res(
+        "HTTPLocalRateLimitPolicy",
+        "rl",
+        {
+            "targetRef": SRV,
+            "total": {"requestsPerSecond": 100},
+            "identity": {"requestsPerSecond": 10},
+            "overrides": [
+                {"requestsPerSecond": 50, "clientRefs": [{"kind": "ServiceAccount", "name": "vip"}]}
+            ],
+        },
+    )
     rl = get(index(pod(), server(), limit)).protocol.detect.http_local_rate_limit
     assert rl.metadata.resource.kind == "HTTPLocalRateLimitPolicy"
     assert (rl.total.requestsPerSecond, rl.identity.requestsPerSecond) == (100, 10)
@@ -280,8 +363,10 @@ def test_unknown_pod_is_none() -> None:
 def test_a_change_notifies_only_affected_watchers() -> None:
     other = pod("other-1", "other")
     idx = index(pod(), pod("web-2"), other, server())
-    boxes = {key: Mailbox() for key in (("ns", "web-1", 8080), ("ns", "web-2", 9000),
-                                        ("other", "other-1", 8080))}  # fmt: skip
+    boxes = {
+        key: Mailbox()
+        for key in (("ns", "web-1", 8080), ("ns", "web-2", 9000), ("other", "other-1", 8080))
+    }
     for (ns, name, port), box in boxes.items():
         assert idx.subscribe(ns, name, port, box)
         assert box.take() is not None

@@ -23,21 +23,38 @@ NAMESPACES, PER_NS = 100, 100  # 10,000 Servers, pods and policies
 def objects(i: int, ns: str) -> tuple[dict[str, Any], ...]:
     name = f"app-{i}"
     return (
-        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{name}-0", "namespace": ns,
-         "labels": {"app": name}}, "spec": {"containers": [{"name": "c", "ports": [
-             {"name": "http", "containerPort": 8080}]}]}},
-        {"apiVersion": f"{G}/v1beta3", "kind": "Server", "metadata": {"name": name, "namespace": ns},
-         "spec": {"podSelector": {"matchLabels": {"app": name}}, "port": "http"}},
-        {"apiVersion": f"{G}/v1alpha1", "kind": "AuthorizationPolicy",
-         "metadata": {"name": name, "namespace": ns},
-         "spec": {"targetRef": {"group": G, "kind": "Server", "name": name},
-                  "requiredAuthenticationRefs": [{"kind": "ServiceAccount", "name": name}]}},
-    )  # fmt: skip
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"{name}-0", "namespace": ns, "labels": {"app": name}},
+            "spec": {
+                "containers": [{"name": "c", "ports": [{"name": "http", "containerPort": 8080}]}]
+            },
+        },
+        {
+            "apiVersion": f"{G}/v1beta3",
+            "kind": "Server",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"podSelector": {"matchLabels": {"app": name}}, "port": "http"},
+        },
+        {
+            "apiVersion": f"{G}/v1alpha1",
+            "kind": "AuthorizationPolicy",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {
+                "targetRef": {"group": G, "kind": "Server", "name": name},
+                "requiredAuthenticationRefs": [{"kind": "ServiceAccount", "name": name}],
+            },
+        },
+    )
 
 
 def test_ten_thousand_servers(capsys: Any) -> None:
-    by_kind: dict[Kind, list[dict[str, Any]]] = {Kind.POD: [], Kind.SERVER: [],
-                                                  Kind.AUTHORIZATION_POLICY: []}  # fmt: skip
+    by_kind: dict[Kind, list[dict[str, Any]]] = {
+        Kind.POD: [],
+        Kind.SERVER: [],
+        Kind.AUTHORIZATION_POLICY: [],
+    }
     for n in range(NAMESPACES):
         for i in range(PER_NS):
             pod, srv, pol = objects(i, f"ns-{n}")
@@ -71,9 +88,11 @@ def test_ten_thousand_servers(capsys: Any) -> None:
         assert boxes[n * PER_NS + 8].take() is None
     worst = max(latencies)
     with capsys.disabled():
-        print(f"\n10,000 Servers/policies/pods and 10,000 watches: {memory / 2**20:.1f} MiB"
-              f" (tracemalloc), loaded in {load:.2f}s; an update reaches its watcher in"
-              f" {1000 * sorted(latencies)[len(latencies) // 2]:.1f} ms (median),"
-              f" {1000 * worst:.1f} ms (worst)")  # fmt: skip
+        print(
+            f"\n10,000 Servers/policies/pods and 10,000 watches: {memory / 2**20:.1f} MiB"
+            f" (tracemalloc), loaded in {load:.2f}s; an update reaches its watcher in"
+            f" {1000 * sorted(latencies)[len(latencies) // 2]:.1f} ms (median),"
+            f" {1000 * worst:.1f} ms (worst)"
+        )
     assert memory < 400 * 2**20
     assert worst < 1.0

@@ -34,17 +34,25 @@ def free_port() -> int:
 
 
 def pod() -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "web-1", "namespace": "ns", "labels": {"app": "web"}},
-            "spec": {"containers": [{"name": "c", "ports": [{"name": "http",
-                                                             "containerPort": 8080}]}]}}  # fmt: skip
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "web-1", "namespace": "ns", "labels": {"app": "web"}},
+        "spec": {"containers": [{"name": "c", "ports": [{"name": "http", "containerPort": 8080}]}]},
+    }
 
 
 def server(protocol: str) -> dict[str, Any]:
-    return {"apiVersion": f"{G}/v1beta3", "kind": "Server",
-            "metadata": {"name": "web", "namespace": "ns"},
-            "spec": {"podSelector": {"matchLabels": {"app": "web"}}, "port": "http",
-                     "proxyProtocol": protocol}}  # fmt: skip
+    return {
+        "apiVersion": f"{G}/v1beta3",
+        "kind": "Server",
+        "metadata": {"name": "web", "namespace": "ns"},
+        "spec": {
+            "podSelector": {"matchLabels": {"app": "web"}},
+            "port": "http",
+            "proxyProtocol": protocol,
+        },
+    }
 
 
 @pytest.fixture
@@ -55,11 +63,27 @@ def process(test_ca: Any, tmp_path: Path) -> Iterator[tuple[int, ManifestsFolder
     cert, key = test_ca.serving_cert(NAME, tmp_path / "tls")
     port, admin = free_port(), free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "meshlet.controlplane.main", "policy",
-         "--addr", f"127.0.0.1:{port}", "--admin-addr", f"127.0.0.1:{admin}",
-         "--manifests", str(folder.root), "--tls-cert", str(cert), "--tls-key", str(key)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ),
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "meshlet.controlplane.main",
+            "policy",
+            "--addr",
+            f"127.0.0.1:{port}",
+            "--admin-addr",
+            f"127.0.0.1:{admin}",
+            "--manifests",
+            str(folder.root),
+            "--tls-cert",
+            str(cert),
+            "--tls-key",
+            str(key),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ),
+    )
     try:
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
@@ -83,9 +107,10 @@ def process(test_ca: Any, tmp_path: Path) -> Iterator[tuple[int, ManifestsFolder
 
 def channel(port: int, anchors: bytes) -> grpc.Channel:
     return grpc.secure_channel(
-        f"127.0.0.1:{port}", grpc.ssl_channel_credentials(anchors),
+        f"127.0.0.1:{port}",
+        grpc.ssl_channel_credentials(anchors),
         options=[("grpc.ssl_target_name_override", NAME)],
-    )  # fmt: skip
+    )
 
 
 def test_get_and_watch_over_tls_and_an_update_arrives_within_a_second(
@@ -109,9 +134,11 @@ def test_get_and_watch_over_tls_and_an_update_arrives_within_a_second(
         assert update.labels["kind"] == "server" and update.protocol.HasField("opaque")
         watch.cancel()
         for workload, port_number, what in [
-            ("web-1", 8080, "invalid workload"), ('{"ns":"ns"}', 8080, "invalid workload"),
-            ("ns:web-1", 0, "invalid port"), ("ns:web-1", 70000, "invalid port"),
-        ]:  # fmt: skip
+            ("web-1", 8080, "invalid workload"),
+            ('{"ns":"ns"}', 8080, "invalid workload"),
+            ("ns:web-1", 0, "invalid port"),
+            ("ns:web-1", 70000, "invalid port"),
+        ]:
             with pytest.raises(grpc.RpcError) as err:
                 stub.GetPort(inbound_pb2.PortSpec(workload=workload, port=port_number), timeout=5)
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -144,19 +171,28 @@ async def test_the_kubernetes_source_through_the_fake_api(tmp_path: Path) -> Non
     from meshlet_testing.fakeapi import RESOURCES, FakeKubeAPI, Resource
 
     extra = tuple(
-        Resource(kind.api_version.split("/")[0], kind.api_version.split("/")[1], kind.plural,
-                 kind.kind, namespaced=True)
-        for kind in POLICY_KINDS if "/" in kind.api_version
-    )  # fmt: skip
+        Resource(
+            kind.api_version.split("/")[0],
+            kind.api_version.split("/")[1],
+            kind.plural,
+            kind.kind,
+            namespaced=True,
+        )
+        for kind in POLICY_KINDS
+        if "/" in kind.api_version
+    )
     with FakeKubeAPI(resources=RESOURCES + extra) as api:
         api.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ns"}})
         api.apply(pod())
-        source = KubernetesSource(k8s_client.ApiClient(api.client_configuration()),
-                                  kinds=POLICY_KINDS, watch_timeout=5)  # fmt: skip
+        source = KubernetesSource(
+            k8s_client.ApiClient(api.client_configuration()), kinds=POLICY_KINDS, watch_timeout=5
+        )
         config = PolicyConfig(
-            addr=HostPort("127.0.0.1", 0), admin_addr=HostPort("127.0.0.1", 0), source=source,
+            addr=HostPort("127.0.0.1", 0),
+            admin_addr=HostPort("127.0.0.1", 0),
+            source=source,
             cluster=ClusterConfig(networks=parse_networks("10.0.0.0/8")),
-        )  # fmt: skip
+        )
         srv = PolicyServer(config)
         await srv.start()
         try:
