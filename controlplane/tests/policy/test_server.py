@@ -212,3 +212,32 @@ async def test_the_kubernetes_source_through_the_fake_api(tmp_path: Path) -> Non
                 watch.cancel()
         finally:
             await srv.stop(grace=0)
+
+
+def test_a_bad_configuration_names_every_problem_and_exits_64(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "meshlet.controlplane.main",
+            "policy",
+            "--cluster-networks",
+            "10.0.0.0/8,nope",
+            "--default-policy",
+            "allow",
+            "--tls-key",
+            __file__,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 64
+    for expected in (
+        "exactly one of --kubeconfig",
+        "--tls-cert and --tls-key go together",
+        "--cluster-networks: 'nope'",
+        "--default-policy: 'allow'",
+    ):
+        assert expected in done.stderr
+    assert "Traceback" not in done.stderr
