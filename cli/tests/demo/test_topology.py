@@ -62,13 +62,13 @@ def test_the_destination_reads_the_manifests_as_the_demo_means_them() -> None:
     """The manifests, read by the destination's own state: each cluster IP names its service,
     every pod is known at its address, and the store's port is opaque."""
     from meshlet.controlplane.destination.state import ClusterState
-    from meshlet.controlplane.k8s.events import Kind, Snapshot
+    from meshlet.controlplane.k8s.events import DESTINATION_KINDS, Kind, Snapshot
 
     layout = topology.layout(Mode.NETNS)
     objs = [o for objs in topology.manifests_static().values() for o in objs]
     objs += [topology.pod_manifest(pod) for pod in layout.pods]
     state = ClusterState()
-    for kind in Kind:
+    for kind in DESTINATION_KINDS:
         of_kind = tuple(o for o in objs if Kind.of(o["apiVersion"], o["kind"]) is kind)
         state.apply(Snapshot(kind, of_kind))
     for svc in topology.SERVICES:

@@ -344,6 +344,127 @@ def injector(
     _run(serve(config))
 
 
+@cli.command()
+@option(
+    "--addr",
+    type=Addr(),
+    default=f":{wellknown.POLICY_PORT}",
+    show_default=True,
+    help="gRPC listen address.",
+)
+@option(
+    "--admin-addr",
+    type=Addr(),
+    default=f":{wellknown.POLICY_ADMIN_PORT}",
+    show_default=True,
+    help="Admin (/metrics, /ready, /live) listen address.",
+)
+@option(
+    "--kubeconfig",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Watch the Kubernetes API reached with this kubeconfig.",
+)
+@option("--in-cluster", is_flag=True, help="Watch the Kubernetes API as the pod's service account.")
+@option(
+    "--manifests",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Read Namespaces, Pods and the policy resources from YAML files here.",
+)
+@option(
+    "--tls-cert",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Serve TLS with this PEM certificate chain (the local mesh); default: plaintext.",
+)
+@option("--tls-key", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@option(
+    "--cluster-networks",
+    default="10.0.0.0/8,100.64.0.0/10,172.16.0.0/12,192.168.0.0/16,fd00::/8",
+    show_default=True,
+    help="Comma-separated CIDRs that the cluster-* default policies admit.",
+)
+@option(
+    "--default-policy",
+    default="all-unauthenticated",
+    show_default=True,
+    help="Policy of ports no Server selects, unless a pod or namespace annotation says"
+    f" otherwise: one of {', '.join(wellknown.DEFAULT_INBOUND_POLICIES)}.",
+)
+@option("--control-plane-namespace", default=wellknown.CONTROL_PLANE_NAMESPACE, show_default=True)
+@option("--trust-domain", default=wellknown.TRUST_DOMAIN, show_default=True)
+@option("--max-streams", type=click.IntRange(min=1), default=20_000, show_default=True)
+@option("--max-streams-per-peer", type=click.IntRange(min=1), default=4_096, show_default=True)
+@option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    show_default=True,
+)
+def policy(
+    addr: HostPort,
+    admin_addr: HostPort,
+    kubeconfig: Path | None,
+    in_cluster: bool,
+    manifests: Path | None,
+    tls_cert: Path | None,
+    tls_key: Path | None,
+    cluster_networks: str,
+    default_policy: str,
+    control_plane_namespace: str,
+    trust_domain: str,
+    max_streams: int,
+    max_streams_per_peer: int,
+    log_level: str,
+) -> None:
+    """Inbound policy: streams each workload port's authorization policy to proxies."""
+    from meshlet.controlplane.k8s.client import api_client
+    from meshlet.controlplane.k8s.events import POLICY_KINDS, Source
+    from meshlet.controlplane.policy.index import ClusterConfig, parse_networks
+    from meshlet.controlplane.policy.server import PolicyConfig, serve
+
+    problems = []
+    if sum((kubeconfig is not None, in_cluster, manifests is not None)) != 1:
+        problems.append("give exactly one of --kubeconfig, --in-cluster, --manifests")
+    if (tls_cert is None) != (tls_key is None):
+        problems.append("--tls-cert and --tls-key go together")
+    networks: tuple[Any, ...] = ()
+    try:
+        networks = parse_networks(cluster_networks)
+    except ValueError as exc:
+        problems.append(f"--cluster-networks: {exc}")
+    if default_policy not in wellknown.DEFAULT_INBOUND_POLICIES:
+        problems.append(
+            f"--default-policy: {default_policy!r} is not one of"
+            f" {', '.join(wellknown.DEFAULT_INBOUND_POLICIES)}"
+        )
+    if problems:
+        raise click.UsageError("; ".join(problems))
+    setup_logging(log_level)
+    source: Source
+    if manifests is not None:
+        from meshlet.controlplane.k8s.manifests import ManifestsSource
+
+        source = ManifestsSource(manifests, kinds=POLICY_KINDS, poll_interval=0.2)
+    else:
+        from meshlet.controlplane.k8s.informer import KubernetesSource
+
+        source = KubernetesSource(api_client(kubeconfig, in_cluster), kinds=POLICY_KINDS)
+    config = PolicyConfig(
+        addr=addr,
+        admin_addr=admin_addr,
+        source=source,
+        cluster=ClusterConfig(
+            networks=networks,
+            default_policy=default_policy,
+            control_ns=control_plane_namespace,
+            trust_domain=trust_domain,
+        ),
+        tls=(tls_cert, tls_key) if tls_cert is not None and tls_key is not None else None,
+        max_streams=max_streams,
+        max_streams_per_peer=max_streams_per_peer,
+    )
+    _run(serve(config))
+
+
 def _run(serving: Coroutine[Any, Any, int]) -> None:
     """Runs a controller to its end: exit 1 when an address is taken (one line) or when a
     background task failed for good (its log says which)."""

@@ -9,7 +9,7 @@ from meshlet.controlplane.destination.paths import ServiceName
 from meshlet.controlplane.destination.publisher import EndpointPublisher
 from meshlet.controlplane.destination.state import ClusterState
 from meshlet.controlplane.k8s import objects
-from meshlet.controlplane.k8s.events import Delete, Kind, Snapshot, Upsert
+from meshlet.controlplane.k8s.events import DESTINATION_KINDS, Delete, Kind, Snapshot, Upsert
 
 WEB = ServiceName("emojivoto", "web", 80)
 
@@ -28,7 +28,7 @@ def addrs(update: destination_pb2.Update) -> list[tuple[str, int]]:
 
 def state_with(*objs: dict, derive: bool = False) -> tuple[ClusterState, EndpointPublisher]:
     state = ClusterState()
-    by_kind: dict[Kind, list[dict]] = {k: [] for k in Kind}
+    by_kind: dict[Kind, list[dict]] = {k: [] for k in DESTINATION_KINDS}
     for obj in objs:
         kind = Kind.of(obj["apiVersion"], obj["kind"])
         assert kind is not None

@@ -15,7 +15,7 @@ from meshlet.api import addr, destination_pb2, destination_pb2_grpc
 from meshlet.api.hostport import HostPort
 from meshlet.controlplane.destination.server import DestinationConfig, DestinationServer
 from meshlet.controlplane.k8s import objects
-from meshlet.controlplane.k8s.events import Kind
+from meshlet.controlplane.k8s.events import DESTINATION_KINDS
 from meshlet.controlplane.k8s.informer import KubernetesSource
 from meshlet_testing.fakeapi import FakeKubeAPI
 
@@ -144,7 +144,7 @@ async def test_informer_counters_are_exported(kube: FakeKubeAPI) -> None:
                     break
                 await asyncio.sleep(0.02)
             # Ready means every kind is listed; its watch may open a moment later.
-            assert await asyncio.to_thread(kube.wait_for_watches, len(Kind))
+            assert await asyncio.to_thread(kube.wait_for_watches, len(DESTINATION_KINDS))
             kube.break_watches()
             for _ in range(200):
                 count = server.registry.get_sample_value(

@@ -14,7 +14,7 @@ import pytest
 from kubernetes import client
 
 from meshlet.controlplane.k8s import informer
-from meshlet.controlplane.k8s.events import Delete, Event, Kind, Snapshot, Upsert
+from meshlet.controlplane.k8s.events import DESTINATION_KINDS, Delete, Event, Kind, Snapshot, Upsert
 from meshlet.controlplane.k8s.informer import KubernetesSource
 from meshlet_testing.fakeapi import RESOURCES, FakeKubeAPI
 
@@ -132,7 +132,7 @@ async def test_first_snapshots_hold_the_objects_as_the_api_serves_them(
     async with running(source, rec):
         await rec.wait_for(lambda: source.synced)
 
-    assert sorted(e.kind.name for e in rec.events) == sorted(k.name for k in Kind)
+    assert sorted(e.kind.name for e in rec.events) == sorted(k.name for k in DESTINATION_KINDS)
     assert all(isinstance(e, Snapshot) for e in rec.events)
     [svc] = rec.snapshots(Kind.SERVICE)[0].objects
     [web] = rec.snapshots(Kind.POD)[0].objects
@@ -149,7 +149,7 @@ async def test_first_snapshots_hold_the_objects_as_the_api_serves_them(
         web["metadata"]["resourceVersion"]
         == api.get("v1", "Pod", "web-1")["metadata"]["resourceVersion"]
     )
-    assert sorted(k.name for k, _ in lags) == sorted(k.name for k in Kind)
+    assert sorted(k.name for k, _ in lags) == sorted(k.name for k in DESTINATION_KINDS)
     assert all(0 <= lag < 5 for _, lag in lags)
 
     # Every kind is listed and watched across all namespaces, with bookmarks.
@@ -196,7 +196,7 @@ async def test_a_kind_that_cannot_be_listed_keeps_synced_false_and_is_retried() 
             await rec.wait_for(lambda: source.reconnects[Kind.SERVICE_PROFILE] >= 3)
             await rec.wait_for(lambda: len(rec.events) == 3)
             assert not source.synced
-        assert {e.kind for e in rec.events} == set(Kind) - {Kind.SERVICE_PROFILE}
+        assert {e.kind for e in rec.events} == set(DESTINATION_KINDS) - {Kind.SERVICE_PROFILE}
         lists = [p for _, p in api.requests if p.startswith("/apis/meshlet.io/")]
         assert len(lists) >= 3 and not any("watch=true" in p for p in lists)
         assert source.relists[Kind.SERVICE_PROFILE] == 0
@@ -209,7 +209,7 @@ async def test_changes_arrive_as_upserts_and_deletes(
     rec = Recorder()
     async with running(source, rec):
         await rec.wait_for(lambda: source.synced)
-        assert all(s.objects == () for k in Kind for s in rec.snapshots(k))
+        assert all(s.objects == () for k in DESTINATION_KINDS for s in rec.snapshots(k))
         api.apply(pod("web-1", "10.0.0.1"))
         api.apply(pod("web-1", "10.0.0.2"))
         api.apply(endpoint_slice("web-abc", "10.0.0.2", ready=False))
@@ -234,7 +234,7 @@ async def test_changes_arrive_as_upserts_and_deletes(
     assert eps.obj["endpoints"][0]["conditions"]["ready"] is False
     [sp] = [e for e in rec.events if isinstance(e, Upsert) and e.kind == Kind.SERVICE_PROFILE]
     assert sp.obj["spec"]["retryBudget"]["retryRatio"] == 0.2
-    assert source.relists == dict.fromkeys(Kind, 0)
+    assert source.relists == dict.fromkeys(DESTINATION_KINDS, 0)
 
 
 async def test_a_broken_watch_resumes_from_the_last_version_without_relisting(
@@ -246,7 +246,7 @@ async def test_a_broken_watch_resumes_from_the_last_version_without_relisting(
     async with running(source, rec):
         await rec.wait_for(lambda: source.synced)
         assert await asyncio.to_thread(api.wait_for_watches, 4)
-        assert source.reconnects == dict.fromkeys(Kind, 0)
+        assert source.reconnects == dict.fromkeys(DESTINATION_KINDS, 0)
         api.break_watches()
         api.apply(pod("web-2", "10.0.0.2"))  # while every watch is down (backoff >= 0.15 s)
         await rec.wait_for(lambda: all(n == 1 for n in source.reconnects.values()))
@@ -256,7 +256,7 @@ async def test_a_broken_watch_resumes_from_the_last_version_without_relisting(
 
     assert rec.changes()[1] == ("Upsert", Kind.POD, "web-3")
     assert len(rec.snapshots(Kind.POD)) == 1
-    assert source.relists == dict.fromkeys(Kind, 0)
+    assert source.relists == dict.fromkeys(DESTINATION_KINDS, 0)
     pod_requests = [p for _, p in api.requests if p.startswith("/api/v1/pods")]
     assert sum("watch=true" not in p for p in pod_requests) == 1  # listed once only
     assert sum("watch=true" in p for p in pod_requests) >= 2
@@ -283,8 +283,8 @@ async def test_a_watch_ended_cleanly_is_resumed_and_a_silent_short_one_backs_off
             api.apply(pod("web-2", "10.0.0.2"))
             await rec.wait_for(lambda: len(rec.changes()) == 2)
         # The pods watch had an event: a clean end is resumed at once. The silent ones back off.
-        assert source.reconnects == {k: int(k != Kind.POD) for k in Kind}
-        assert source.relists == dict.fromkeys(Kind, 0)
+        assert source.reconnects == {k: int(k != Kind.POD) for k in DESTINATION_KINDS}
+        assert source.relists == dict.fromkeys(DESTINATION_KINDS, 0)
         assert rec.changes() == [("Upsert", Kind.POD, "web-1"), ("Upsert", Kind.POD, "web-2")]
 
 
@@ -311,7 +311,7 @@ async def test_an_expired_watch_relists_and_the_snapshot_shows_what_was_missed(
     assert [o["metadata"]["name"] for o in second.objects] == ["b"]
     assert second.objects[0] == api.get("v1", "Pod", "b")
     assert not any(isinstance(e, Delete) for e in rec.events)  # the Snapshot replaced state
-    assert source.reconnects == dict.fromkeys(Kind, 1)
+    assert source.reconnects == dict.fromkeys(DESTINATION_KINDS, 1)
 
 
 async def test_resync_relists_every_interval(
@@ -321,9 +321,9 @@ async def test_resync_relists_every_interval(
     source = source_for(api_client, resync_interval=0.3)
     rec = Recorder()
     async with running(source, rec):
-        await rec.wait_for(lambda: all(len(rec.snapshots(k)) >= 3 for k in Kind))
-    assert all(source.relists[k] >= 2 for k in Kind)
-    assert source.reconnects == dict.fromkeys(Kind, 0)
+        await rec.wait_for(lambda: all(len(rec.snapshots(k)) >= 3 for k in DESTINATION_KINDS))
+    assert all(source.relists[k] >= 2 for k in DESTINATION_KINDS)
+    assert source.reconnects == dict.fromkeys(DESTINATION_KINDS, 0)
     assert all(
         s.objects[0]["spec"]["clusterIP"] == "10.96.0.10" for s in rec.snapshots(Kind.SERVICE)
     )

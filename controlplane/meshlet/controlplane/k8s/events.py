@@ -1,4 +1,7 @@
-"""What a source of cluster state emits: snapshots and changes of the kinds destination reads."""
+"""What a source of cluster state emits: snapshots and changes of the kinds the controllers read.
+
+Each controller watches its own subset (`DESTINATION_KINDS`, `POLICY_KINDS`); a source is given
+the subset it feeds."""
 
 from __future__ import annotations
 
@@ -15,6 +18,24 @@ class Kind(enum.Enum):
     ENDPOINT_SLICE = ("discovery.k8s.io/v1", "EndpointSlice", "endpointslices")
     POD = ("v1", "Pod", "pods")
     SERVICE_PROFILE = ("meshlet.io/v1alpha1", "ServiceProfile", "serviceprofiles")
+    NAMESPACE = ("v1", "Namespace", "namespaces")
+    SERVER = ("policy.meshlet.io/v1beta3", "Server", "servers")
+    AUTHORIZATION_POLICY = (
+        "policy.meshlet.io/v1alpha1", "AuthorizationPolicy", "authorizationpolicies",
+    )  # fmt: skip
+    MESH_TLS_AUTHENTICATION = (
+        "policy.meshlet.io/v1alpha1", "MeshTLSAuthentication", "meshtlsauthentications",
+    )  # fmt: skip
+    NETWORK_AUTHENTICATION = (
+        "policy.meshlet.io/v1alpha1", "NetworkAuthentication", "networkauthentications",
+    )  # fmt: skip
+    HTTP_ROUTE = ("policy.meshlet.io/v1beta3", "HTTPRoute", "httproutes")
+    GATEWAY_HTTP_ROUTE = ("gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes")
+    GRPC_ROUTE = ("policy.meshlet.io/v1alpha1", "GRPCRoute", "grpcroutes")
+    GATEWAY_GRPC_ROUTE = ("gateway.networking.k8s.io/v1", "GRPCRoute", "grpcroutes")
+    RATE_LIMIT_POLICY = (
+        "policy.meshlet.io/v1alpha1", "HTTPLocalRateLimitPolicy", "httplocalratelimitpolicies",
+    )  # fmt: skip
 
     @property
     def api_version(self) -> str:
@@ -35,6 +56,23 @@ class Kind(enum.Enum):
                 return member
         return None
 
+
+DESTINATION_KINDS: tuple[Kind, ...] = (
+    Kind.SERVICE, Kind.ENDPOINT_SLICE, Kind.POD, Kind.SERVICE_PROFILE,
+)  # fmt: skip
+POLICY_KINDS: tuple[Kind, ...] = (
+    Kind.NAMESPACE,
+    Kind.POD,
+    Kind.SERVER,
+    Kind.AUTHORIZATION_POLICY,
+    Kind.MESH_TLS_AUTHENTICATION,
+    Kind.NETWORK_AUTHENTICATION,
+    Kind.HTTP_ROUTE,
+    Kind.GATEWAY_HTTP_ROUTE,
+    Kind.GRPC_ROUTE,
+    Kind.GATEWAY_GRPC_ROUTE,
+    Kind.RATE_LIMIT_POLICY,
+)
 
 Object = dict[str, Any]  # a Kubernetes object as JSON
 

@@ -24,7 +24,15 @@ from typing import Any
 from kubernetes import client, watch
 
 from meshlet.api.backoff import jittered
-from meshlet.controlplane.k8s.events import Delete, Event, Kind, Sink, Snapshot, Upsert
+from meshlet.controlplane.k8s.events import (
+    DESTINATION_KINDS,
+    Delete,
+    Event,
+    Kind,
+    Sink,
+    Snapshot,
+    Upsert,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +99,9 @@ def lister_for(api_client: Any, kind: Kind) -> Lister:
         case Kind.ENDPOINT_SLICE:
             api = client.DiscoveryV1Api(api_client)
             return api.list_endpoint_slice_for_all_namespaces
-        case Kind.SERVICE_PROFILE:
+        case Kind.NAMESPACE:
+            return client.CoreV1Api(api_client).list_namespace
+        case _:  # a custom resource (ServiceProfile, the policy kinds, Gateway API routes)
             group, version = kind.api_version.split("/")
             custom = client.CustomObjectsApi(api_client)
             return functools.partial(custom.list_cluster_custom_object, group, version, kind.plural)
@@ -145,7 +155,7 @@ class KubernetesSource:
         self,
         api_client: Any,
         *,
-        kinds: tuple[Kind, ...] = tuple(Kind),
+        kinds: tuple[Kind, ...] = DESTINATION_KINDS,
         resync_interval: float = 300.0,
         watch_timeout: float = 30.0,
         backoff: tuple[float, float] = (0.1, 5.0),

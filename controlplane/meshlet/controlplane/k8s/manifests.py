@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from meshlet.controlplane.k8s.events import Kind, Object, Sink, Snapshot
+from meshlet.controlplane.k8s.events import DESTINATION_KINDS, Kind, Object, Sink, Snapshot
 
 logger = logging.getLogger(__name__)
 
@@ -69,26 +69,28 @@ def parse_manifest(text: str, *, is_json: bool = False) -> list[Object]:
     return objects
 
 
-def group_by_kind(objects: Iterable[Object]) -> ByKind:
-    """The objects of the watched kinds, per kind (every kind present), in their given order.
+def group_by_kind(objects: Iterable[Object], kinds: tuple[Kind, ...] = DESTINATION_KINDS) -> ByKind:
+    """The objects of the watched `kinds`, per kind (every kind present), in their given order.
 
-    Objects without `metadata.namespace` get `default`, as `kubectl apply` would give them."""
-    grouped: dict[Kind, list[Object]] = {kind: [] for kind in Kind}
+    Objects without `metadata.namespace` get `default`, as `kubectl apply` would give them
+    (cluster-scoped Namespaces excepted)."""
+    grouped: dict[Kind, list[Object]] = {kind: [] for kind in kinds}
     for obj in objects:
         kind = Kind.of(str(obj.get("apiVersion")), str(obj.get("kind")))
-        if kind is None:
+        if kind is None or kind not in grouped:
             logger.debug("ignored %s %s", obj.get("apiVersion"), obj.get("kind"))
             continue
         metadata = obj.get("metadata")
         metadata = dict(metadata) if isinstance(metadata, dict) else {}
-        metadata.setdefault("namespace", DEFAULT_NAMESPACE)
+        if kind is not Kind.NAMESPACE:
+            metadata.setdefault("namespace", DEFAULT_NAMESPACE)
         grouped[kind].append({**obj, "metadata": metadata})
     return {kind: tuple(objs) for kind, objs in grouped.items()}
 
 
 def changed_kinds(before: Mapping[Kind, tuple[Object, ...]], after: ByKind) -> list[Kind]:
-    """The kinds whose set of objects differs (order does not count), in `Kind` order."""
-    return [kind for kind in Kind if _canonical(before.get(kind, ())) != _canonical(after[kind])]
+    """The kinds whose set of objects differs (order does not count), in `after`'s order."""
+    return [kind for kind in after if _canonical(before.get(kind, ())) != _canonical(after[kind])]
 
 
 def _canonical(objects: Iterable[Object]) -> list[str]:
@@ -161,8 +163,15 @@ class ManifestsSource:
     A file that fails to parse keeps the objects it had when it last parsed; the rest of the
     directory still updates."""
 
-    def __init__(self, directory: Path, *, poll_interval: float = 0.5) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        poll_interval: float = 0.5,
+        kinds: tuple[Kind, ...] = DESTINATION_KINDS,
+    ) -> None:
         self._directory = directory
+        self._kinds = kinds
         self._poll_interval = poll_interval
         self._stamps: Stamps = {}
         self._files: dict[Path, tuple[Object, ...]] = {}  # the last objects each file parsed to
@@ -171,7 +180,7 @@ class ManifestsSource:
 
     @property
     def synced(self) -> bool:
-        return self._listed.issuperset(Kind)
+        return self._listed.issuperset(self._kinds)
 
     async def run(self, sink: Sink) -> None:
         """Emits a Snapshot of every kind, then one of each kind that changes; until cancelled."""
@@ -181,7 +190,7 @@ class ManifestsSource:
         stamps = await asyncio.to_thread(scan, self._directory)
         current = await asyncio.to_thread(self._load, stamps)
         self._emitted = current
-        for kind in Kind:
+        for kind in self._kinds:
             self._listed.add(kind)  # synced as the last kind's first Snapshot is delivered
             sink(Snapshot(kind, current[kind]))
         while True:
@@ -210,4 +219,4 @@ class ManifestsSource:
                 logger.error("%s; keeping its previous %d objects", exc, len(kept))
                 files[path] = kept
         self._stamps, self._files = stamps, files
-        return group_by_kind(obj for path in sorted(files) for obj in files[path])
+        return group_by_kind((obj for path in sorted(files) for obj in files[path]), self._kinds)

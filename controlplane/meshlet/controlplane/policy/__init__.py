@@ -1,0 +1,1 @@
+"""The policy controller: inbound server policies streamed to proxies."""

@@ -1,0 +1,264 @@
+"""Runs the policy controller: a cluster-state source feeding the index, the
+`io.linkerd.proxy.inbound.InboundServerPolicies` gRPC service, and the admin server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import grpc
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from meshlet.api import inbound_pb2
+from meshlet.api.admin import AdminServer
+from meshlet.api.hostport import HostPort
+from meshlet.controlplane.cli import serve_until_signalled
+from meshlet.controlplane.destination.service import StreamLimits, peer_host
+from meshlet.controlplane.grpcmetrics import HandledCounter
+from meshlet.controlplane.k8s.events import Event, Source
+from meshlet.controlplane.listen import ListenError, add_grpc_port, start_admin
+from meshlet.controlplane.policy.index import ClusterConfig, Index, Mailbox
+from meshlet.controlplane.supervise import Supervisor
+
+log = logging.getLogger(__name__)
+
+SERVICE = "io.linkerd.proxy.inbound.InboundServerPolicies"
+MAX_WORKLOAD = 512  # characters of PortSpec.workload
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+class WorkloadError(ValueError):
+    pass
+
+
+def parse_workload(text: str) -> tuple[str, str]:
+    """(namespace, pod) from `{"ns":"NS","pod":"NAME"}` or the older `NS:NAME`."""
+    if len(text) > MAX_WORKLOAD:
+        raise WorkloadError(f"invalid workload: longer than {MAX_WORKLOAD} characters")
+    if text.startswith("{"):
+        try:
+            value = json.loads(text)
+        except ValueError:
+            raise WorkloadError(f"invalid workload: {text!r} is not JSON") from None
+        ns, pod = (value.get("ns"), value.get("pod")) if isinstance(value, dict) else (None, None)
+        if isinstance(ns, str) and isinstance(pod, str) and ns and pod:
+            return ns, pod
+        raise WorkloadError(f'invalid workload: {text!r}; expected {{"ns":"NS","pod":"NAME"}}')
+    ns, sep, pod = text.partition(":")
+    if not sep or not ns or not pod:
+        raise WorkloadError(f'invalid workload: {text!r}; expected {{"ns":"NS","pod":"NAME"}}')
+    return ns, pod
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyConfig:
+    addr: HostPort
+    admin_addr: HostPort
+    source: Source
+    cluster: ClusterConfig
+    tls: tuple[Path, Path] | None = None  # (certificate chain, key) PEM files
+    max_streams: int = 20_000
+    max_streams_per_peer: int = 4_096
+
+
+class PolicyService:
+    """GetPort and WatchPort over the index."""
+
+    def __init__(self, index: Index, registry: CollectorRegistry, limits: StreamLimits) -> None:
+        self._index = index
+        self._limits = limits
+        self.handled = HandledCounter(registry, SERVICE)
+        self.streams = Gauge(
+            "policy_watch_streams_active", "Open WatchPort streams.", registry=registry
+        )
+
+    def _target(self, request: inbound_pb2.PortSpec) -> tuple[str, str, int]:
+        ns, pod = parse_workload(request.workload)
+        if not 1 <= request.port <= 65535:
+            raise WorkloadError(f"invalid port: {request.port}; expected 1..65535")
+        return ns, pod, request.port
+
+    async def GetPort(self, request: inbound_pb2.PortSpec, context: Context) -> bytes:
+        try:
+            ns, pod, port = self._target(request)
+        except WorkloadError as exc:
+            await self._abort(
+                context, "unary", "GetPort", grpc.StatusCode.INVALID_ARGUMENT, str(exc)
+            )
+        server = self._index.get(ns, pod, port)
+        if server is None:
+            await self._abort(
+                context,
+                "unary",
+                "GetPort",
+                grpc.StatusCode.NOT_FOUND,
+                f"unknown server: no pod {ns}/{pod}",
+            )
+        assert server is not None
+        self.handled.observe("unary", "GetPort", grpc.StatusCode.OK)
+        return server.SerializeToString(deterministic=True)
+
+    async def WatchPort(self, request: inbound_pb2.PortSpec, context: Context) -> None:
+        method = "WatchPort"
+        try:
+            ns, pod, port = self._target(request)
+        except WorkloadError as exc:
+            await self._abort(
+                context, "server_stream", method, grpc.StatusCode.INVALID_ARGUMENT, str(exc)
+            )
+        peer = peer_host(context.peer())
+        refusal = self._limits.acquire(peer)
+        if refusal is not None:
+            await self._abort(
+                context, "server_stream", method, grpc.StatusCode.RESOURCE_EXHAUSTED, refusal
+            )
+        wakeup = asyncio.Event()
+        mailbox = Mailbox(wakeup.set)
+        try:
+            if not self._index.subscribe(ns, pod, port, mailbox):
+                await self._abort(
+                    context,
+                    "server_stream",
+                    method,
+                    grpc.StatusCode.NOT_FOUND,
+                    f"unknown server: no pod {ns}/{pod}",
+                )
+            self.streams.inc()
+            try:
+                while True:
+                    message = mailbox.take()
+                    if message is not None:
+                        await context.write(message)
+                        continue
+                    if mailbox.closed:  # the pod is gone: the proxy asks again
+                        break
+                    wakeup.clear()
+                    await wakeup.wait()
+            finally:
+                self.streams.dec()
+        except asyncio.CancelledError:
+            self.handled.observe("server_stream", method, grpc.StatusCode.CANCELLED)
+            raise
+        finally:
+            self._index.unsubscribe(ns, pod, port, mailbox)
+            self._limits.release(peer)
+        self.handled.observe("server_stream", method, grpc.StatusCode.OK)
+
+    async def _abort(
+        self, context: Context, kind: str, method: str, code: grpc.StatusCode, message: str
+    ) -> None:
+        self.handled.observe(kind, method, code)
+        await context.abort(code, message)
+
+
+def rpc_handler(service: PolicyService) -> grpc.GenericRpcHandler:
+    def passthrough(message: bytes) -> bytes:
+        return message
+
+    return grpc.method_handlers_generic_handler(
+        SERVICE,
+        {
+            "GetPort": grpc.unary_unary_rpc_method_handler(
+                service.GetPort,
+                request_deserializer=inbound_pb2.PortSpec.FromString,
+                response_serializer=passthrough,
+            ),
+            "WatchPort": grpc.unary_stream_rpc_method_handler(
+                service.WatchPort,
+                request_deserializer=inbound_pb2.PortSpec.FromString,
+                response_serializer=passthrough,
+            ),
+        },
+    )
+
+
+class PolicyServer:
+    def __init__(self, config: PolicyConfig, registry: CollectorRegistry | None = None) -> None:
+        self.config = config
+        self.registry = registry or CollectorRegistry()
+        self.index = Index(config.cluster)
+        self.limits = StreamLimits(config.max_streams, config.max_streams_per_peer)
+        self.grpc_port = 0
+        self.admin_port = 0
+        self._events = Counter(
+            "policy_source_events_total",
+            "Cluster events applied, by kind.",
+            ["kind"],
+            registry=self.registry,
+        )
+        self._invalid = Gauge(
+            "policy_invalid_objects", "Objects ignored for their problems.", registry=self.registry
+        )
+        self._invalid.set_function(lambda: self.index.invalid)
+        self._processing = Histogram(
+            "policy_event_processing_seconds",
+            "From an event reaching the index to every changed watch's mailbox filled.",
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
+            registry=self.registry,
+        )
+        self._grpc: grpc.aio.Server | None = None
+        self._admin = AdminServer(partial(generate_latest, self.registry), ready=self.ready)
+        self.supervisor = Supervisor("policy")
+        self.supervisor.add("the cluster-state source", partial(config.source.run, self.apply))
+        self._supervising: asyncio.Task[None] | None = None
+
+    def ready(self) -> bool:
+        return self.grpc_port != 0 and self.supervisor.healthy and self.config.source.synced
+
+    def apply(self, event: Event) -> None:
+        started = time.perf_counter()
+        self.index.apply(event)
+        self._processing.observe(time.perf_counter() - started)
+        self._events.labels(event.kind.kind).inc()
+
+    async def start(self) -> None:
+        cfg = self.config
+        self._supervising = asyncio.create_task(self.supervisor.run())
+        queue = cfg.max_streams + cfg.max_streams_per_peer
+        self._grpc = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", 16 * 1024),
+                ("grpc.max_concurrent_streams", 10_000),
+                ("grpc.keepalive_time_ms", 30_000),
+                ("grpc.http2.max_pings_without_data", 0),
+                ("grpc.server.max_pending_requests", queue),
+                ("grpc.server.max_pending_requests_hard_limit", queue),
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+        self._grpc.add_generic_rpc_handlers(
+            (rpc_handler(PolicyService(self.index, self.registry, self.limits)),)
+        )
+        credentials = None
+        if cfg.tls is not None:
+            chain, key = (path.read_bytes() for path in cfg.tls)
+            credentials = grpc.ssl_server_credentials([(key, chain)])
+        try:
+            self.grpc_port = add_grpc_port(self._grpc, cfg.addr, credentials)
+            await self._grpc.start()
+            self.admin_port = await start_admin(self._admin, cfg.admin_addr)
+        except ListenError:
+            await self.stop(grace=0)
+            raise
+        log.info("policy serving on :%d (admin :%d)", self.grpc_port, self.admin_port)
+
+    async def stop(self, grace: float = 5.0) -> None:
+        self.supervisor.stop()
+        if self._grpc is not None:
+            await self._grpc.stop(grace)
+        if self._supervising is not None:
+            self._supervising.cancel()
+            await asyncio.gather(self._supervising, return_exceptions=True)
+        await self._admin.close()
+
+
+async def serve(config: PolicyConfig, registry: CollectorRegistry | None = None) -> int:
+    """Serves until SIGTERM or SIGINT (0), or until its source fails for good (1)."""
+    return await serve_until_signalled(PolicyServer(config, registry), "policy")
