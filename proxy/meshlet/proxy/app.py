@@ -19,9 +19,11 @@ from meshlet.api.admin import AdminServer
 from meshlet.proxy import logs
 from meshlet.proxy.config import ProxyConfig
 from meshlet.proxy.connections import Connections
+from meshlet.proxy.core.authz import Network, default_policy
 from meshlet.proxy.core.loops import SelfTargets
 from meshlet.proxy.core.pressure import PressureLimits
 from meshlet.proxy.http.contract import Addr, HttpLimits
+from meshlet.proxy.inbound.authz import InboundPolicy
 from meshlet.proxy.inbound.stack import InboundStack
 from meshlet.proxy.io.connect import tcp_connector
 from meshlet.proxy.io.listener import Listener, bind
@@ -30,6 +32,7 @@ from meshlet.proxy.metrics import ProxyMetrics
 from meshlet.proxy.outbound.stack import OutboundStack
 
 if TYPE_CHECKING:
+    from meshlet.proxy.discovery.inbound_policy import PolicyWatcher
     from meshlet.proxy.identity.manager import IdentityManager
     from meshlet.proxy.outbound.destinations import Destinations
 
@@ -54,6 +57,7 @@ class Proxy:
         self.stopped = asyncio.Event()
         self.identity = _identity(config, self.metrics)
         self.router = _router(config, self.identity, self.metrics)
+        self.policy, self.policy_watcher = _inbound_policy(config, self.metrics)
         self.shedder = LoadShedder(
             PressureLimits(
                 connections=config.load_shed_connections, streams=config.load_shed_streams,
@@ -117,7 +121,7 @@ class Proxy:
             self.connections, self.identity, port=inbound_sock.getsockname()[1],
             self_targets=own, detect_timeout=cfg.inbound_detect_timeout,
             opaque_ports=cfg.inbound_ports_disable_protocol_detection,
-            require_identity=cfg.inbound_ports_require_identity,
+            require_identity=cfg.inbound_ports_require_identity, policy=self.policy,
         )  # fmt: skip
         self.listeners = [
             Listener(outbound_sock, self.outbound.handle, "outbound"),
@@ -126,6 +130,8 @@ class Proxy:
         essentials = [(f"the {lst.name} listener", lst.serve()) for lst in self.listeners]
         if self.identity is not None:
             essentials.append(("the identity client", self.identity.run()))
+        if self.policy_watcher is not None:
+            essentials.append(("the policy watch", self.policy_watcher.run()))
         self._supervisor = asyncio.create_task(self._supervise(essentials))
         log.info(
             "proxy listening: outbound %s, inbound %s, admin :%d",
@@ -198,6 +204,25 @@ def _router(
         connect_timeout=config.outbound_connect_timeout, clock=time.monotonic,
         profile_suffixes=settings.profile_suffixes,
     )  # fmt: skip
+
+
+def _inbound_policy(
+    config: ProxyConfig, metrics: ProxyMetrics
+) -> tuple[InboundPolicy, PolicyWatcher | None]:
+    """The inbound ports' policies: the default policy until the policy controller answers for
+    a port (and for ports it is not asked about, or without a controller)."""
+    from meshlet.proxy.discovery.inbound_policy import Policies, PolicyWatcher
+
+    cluster = tuple(Network(net) for net in config.policy_cluster_networks)
+    policies = Policies(default_policy(config.inbound_default_policy, cluster))
+    settings = config.policy
+    watcher = None
+    if settings is not None and settings.ports:
+        watcher = PolicyWatcher(
+            policies, settings.svc_addr, settings.svc_name, settings.trust_anchors_pem,
+            settings.workload, settings.ports,
+        )  # fmt: skip
+    return InboundPolicy(policies.get, metrics), watcher
 
 
 class ListenError(OSError):

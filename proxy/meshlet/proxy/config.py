@@ -6,6 +6,8 @@ Every error is collected and reported together; `main` exits 64 on any of them.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
+import json
 import re
 import ssl
 from collections.abc import Callable, Mapping
@@ -80,6 +82,59 @@ def _text(text: str) -> str:
     return text
 
 
+Net = ipaddress.IPv4Network | ipaddress.IPv6Network
+# Linkerd's default cluster networks (`clusterNetworks`).
+CLUSTER_NETWORKS: Final = "10.0.0.0/8,100.64.0.0/10,172.16.0.0/12,192.168.0.0/16,fd00::/8"
+MAX_INBOUND_PORTS: Final = 1000  # a WatchPort stream each
+
+
+def parse_networks(text: str) -> tuple[Net, ...]:
+    """Comma-separated CIDRs (`10.0.0.0/8,fd00::/8`)."""
+    nets = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        try:
+            nets.append(ipaddress.ip_network(item, strict=False))
+        except ValueError:
+            raise ValueError(f"{item!r} is not a CIDR network such as 10.0.0.0/8") from None
+    return tuple(nets)
+
+
+def _default_policy(text: str) -> str:
+    name = text.strip()
+    if name not in wellknown.DEFAULT_INBOUND_POLICIES:
+        raise ValueError("expected one of " + ", ".join(wellknown.DEFAULT_INBOUND_POLICIES))
+    return name
+
+
+def parse_port_list(text: str) -> tuple[int, ...]:
+    """Comma-separated ports in 1-65535 (no ranges: each is watched on its own)."""
+    ports: set[int] = set()
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        if not item.isdigit() or not 1 <= int(item) <= 65535:
+            raise ValueError(f"{item!r} is not a port in 1-65535")
+        ports.add(int(item))
+    if len(ports) > MAX_INBOUND_PORTS:
+        raise ValueError(f"more than {MAX_INBOUND_PORTS} ports")
+    return tuple(sorted(ports))
+
+
+def parse_workload(text: str) -> str:
+    """`{"ns":"NAMESPACE","pod":"NAME"}` or `NAMESPACE:NAME`, kept as written."""
+    if text.lstrip().startswith("{"):
+        try:
+            value = json.loads(text)
+        except ValueError:
+            raise ValueError('expected JSON {"ns": "NAMESPACE", "pod": "NAME"}') from None
+        if not (isinstance(value, dict) and isinstance(value.get("ns"), str) and value["ns"]
+                and isinstance(value.get("pod"), str) and value["pod"]):  # fmt: skip
+            raise ValueError('expected JSON {"ns": "NAMESPACE", "pod": "NAME"}')
+        return text
+    ns, sep, pod = text.partition(":")
+    if not sep or not ns or not pod:
+        raise ValueError('expected {"ns": "NAMESPACE", "pod": "NAME"} or NAMESPACE:NAME')
+    return text
+
+
 _DEFAULT_OPAQUE: Final = PortRanges.of(wellknown.DEFAULT_OPAQUE_PORTS)
 _NO_PORTS: Final = PortRanges()
 
@@ -108,6 +163,18 @@ class DestinationSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class PolicySettings:
+    """Where the policy controller is and what to ask it (absent: every port has the default
+    policy)."""
+
+    svc_addr: Addr
+    svc_name: str | None  # its TLS identity; None: plaintext
+    workload: str
+    ports: tuple[int, ...]
+    trust_anchors_pem: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class ProxyConfig:
     inbound_listen_addr: Addr = HostPort("0.0.0.0", wellknown.PROXY_INBOUND_PORT)
     outbound_listen_addr: Addr = HostPort("127.0.0.1", wellknown.PROXY_OUTBOUND_PORT)
@@ -118,6 +185,12 @@ class ProxyConfig:
     destination_context: str = ""
     # Request authorities under these suffixes (and IP literals) are looked up in discovery.
     destination_profile_suffixes: tuple[str, ...] = ("svc.cluster.local",)
+    policy_svc_addr: str = ""
+    policy_svc_name: str = ""
+    policy_workload: str = ""
+    policy_cluster_networks: tuple[Net, ...] = parse_networks(CLUSTER_NETWORKS)
+    inbound_default_policy: str = "all-unauthenticated"
+    inbound_ports: tuple[int, ...] = ()
     identity_svc_addr: str = ""
     identity_svc_name: str = ""
     identity_local_name: str = ""
@@ -149,6 +222,7 @@ class ProxyConfig:
     # Derived by `load` from the settings above, checked with them.
     identity: IdentitySettings | None = None
     destination: DestinationSettings | None = None
+    policy: PolicySettings | None = None
 
 
 def _log_format(text: str) -> str:
@@ -176,6 +250,12 @@ _TABLE: Final[dict[wellknown.ProxyEnv, tuple[str, Callable[[str], Any]]]] = {
     E.DESTINATION_SVC_NAME: ("destination_svc_name", _text),
     E.DESTINATION_CONTEXT: ("destination_context", _text),
     E.DESTINATION_PROFILE_SUFFIXES: ("destination_profile_suffixes", parse_suffixes),
+    E.POLICY_SVC_ADDR: ("policy_svc_addr", _text),
+    E.POLICY_SVC_NAME: ("policy_svc_name", _text),
+    E.POLICY_WORKLOAD: ("policy_workload", parse_workload),
+    E.POLICY_CLUSTER_NETWORKS: ("policy_cluster_networks", parse_networks),
+    E.INBOUND_DEFAULT_POLICY: ("inbound_default_policy", _default_policy),
+    E.INBOUND_PORTS: ("inbound_ports", parse_port_list),
     E.IDENTITY_SVC_ADDR: ("identity_svc_addr", _text),
     E.IDENTITY_SVC_NAME: ("identity_svc_name", _text),
     E.IDENTITY_LOCAL_NAME: ("identity_local_name", _text),
@@ -247,9 +327,10 @@ def load(env: Mapping[str, str]) -> ProxyConfig:
     config = ProxyConfig(**values)
     identity = _identity(config, problems)
     destination = _destination(config, problems)
+    policy = _policy(config, problems)
     if problems:
         raise ConfigError(problems)
-    return dataclasses.replace(config, identity=identity, destination=destination)
+    return dataclasses.replace(config, identity=identity, destination=destination, policy=policy)
 
 
 def _identity(config: ProxyConfig, problems: list[str]) -> IdentitySettings | None:
@@ -314,6 +395,41 @@ def _destination(config: ProxyConfig, problems: list[str]) -> DestinationSetting
     )
 
 
+def _policy(config: ProxyConfig, problems: list[str]) -> PolicySettings | None:
+    if config.inbound_default_policy.startswith("cluster-") and not config.policy_cluster_networks:
+        problems.append(
+            f"{E.INBOUND_DEFAULT_POLICY}={config.inbound_default_policy} needs"
+            f" {E.POLICY_CLUSTER_NETWORKS}"
+        )
+    if not config.policy_svc_addr:
+        if config.policy_svc_name:
+            problems.append(f"{E.POLICY_SVC_NAME} needs {E.POLICY_SVC_ADDR}")
+        return None
+    before = len(problems)
+    svc_addr = HostPort("", 0)
+    try:
+        svc_addr = parse_svc_addr(config.policy_svc_addr)
+    except ValueError as exc:
+        problems.append(f"{E.POLICY_SVC_ADDR}={config.policy_svc_addr[:80]!r}: {exc}")
+    if not config.policy_workload:
+        problems.append(
+            f"{E.POLICY_SVC_ADDR} needs {E.POLICY_WORKLOAD}: the pod the policies are asked for"
+        )
+    if config.policy_svc_name and not config.identity_trust_anchors:
+        problems.append(
+            f"{E.POLICY_SVC_NAME} (TLS to the policy controller) needs {E.IDENTITY_TRUST_ANCHORS}"
+        )
+    if len(problems) > before:
+        return None
+    return PolicySettings(
+        svc_addr=svc_addr,
+        svc_name=config.policy_svc_name or None,
+        workload=config.policy_workload,
+        ports=config.inbound_ports,
+        trust_anchors_pem=config.identity_trust_anchors or None,
+    )
+
+
 def _identity_off(config: ProxyConfig) -> bool:
     return not config.identity_svc_addr and not config.identity_local_name
 
@@ -350,5 +466,5 @@ def _env_text(value: object) -> str:
     if isinstance(value, HostPort):
         return str(value)
     if isinstance(value, tuple):
-        return ",".join(str(item) for item in value)
+        return ",".join(str(item) for item in value) or "none"
     return str(value)

@@ -71,6 +71,13 @@ _RESPONSE: Final = [*_REQUEST, "status_code", "grpc_status", "classification"]
 _ROUTE: Final = ["direction", "dst", "rt_route"]
 _ROUTE_RESPONSE: Final = [*_ROUTE, "status_code", "classification"]
 _TCP: Final = ["peer", *_CONN]
+# Inbound policy (Linkerd's names and labels): the server, the route, the authorization that
+# allowed, the rate limit that refused; the client's TLS as on connections.
+_SRV: Final = ["target_addr", "srv_group", "srv_kind", "srv_name"]
+_ROUTE_AUTHZ: Final = [*_SRV, "route_group", "route_kind", "route_name"]
+_CLIENT_TLS: Final = ["tls", "no_tls_reason", "client_id"]
+_AUTHZ: Final = ["authz_group", "authz_kind", "authz_name"]
+_RATELIMIT: Final = ["ratelimit_group", "ratelimit_kind", "ratelimit_name", "ratelimit_scope"]
 _TCP_CLOSE: Final = [*_TCP, "errno"]
 _DURATION_LES: Final = [*(str(bound) for bound in DURATION_BUCKETS_MS), "+Inf"]
 
@@ -215,6 +222,30 @@ class ProxyMetrics:
             ["direction", "status_code"],
             registry=r,
         )
+        self.inbound_http_authz_allow_total = Counter(
+            "inbound_http_authz_allow", "Inbound HTTP requests allowed, by authorization.",
+            [*_ROUTE_AUTHZ, *_AUTHZ, *_CLIENT_TLS], registry=r,
+        )  # fmt: skip
+        self.inbound_http_authz_deny_total = Counter(
+            "inbound_http_authz_deny", "Inbound HTTP requests denied by their route's policy.",
+            [*_ROUTE_AUTHZ, *_CLIENT_TLS], registry=r,
+        )  # fmt: skip
+        self.inbound_http_route_not_found_total = Counter(
+            "inbound_http_route_not_found", "Inbound HTTP requests no route of the server matched.",
+            [*_SRV, *_CLIENT_TLS], registry=r,
+        )  # fmt: skip
+        self.inbound_http_local_ratelimit_total = Counter(
+            "inbound_http_local_ratelimit", "Inbound HTTP requests refused by the rate limit.",
+            [*_SRV, *_RATELIMIT, *_CLIENT_TLS], registry=r,
+        )  # fmt: skip
+        self.inbound_tcp_authz_allow_total = Counter(
+            "inbound_tcp_authz_allow", "Inbound TCP connections allowed, by authorization.",
+            [*_SRV, *_AUTHZ, *_CLIENT_TLS], registry=r,
+        )  # fmt: skip
+        self.inbound_tcp_authz_deny_total = Counter(
+            "inbound_tcp_authz_deny", "Inbound TCP connections denied by the server's policy.",
+            [*_SRV, *_CLIENT_TLS], registry=r,
+        )  # fmt: skip
         self.identity_cert_expiration_timestamp_seconds = Gauge(
             "identity_cert_expiration_timestamp_seconds",
             "When the proxy's current certificate expires (Unix time).",

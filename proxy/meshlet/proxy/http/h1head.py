@@ -105,6 +105,7 @@ class RequestHead(NamedTuple):
     upgrade: bool  # a protocol upgrade (never h2c): bytes are relayed after a 101
     method: str = "GET"
     path: str = "/"  # origin-form, with the query
+    headers: Sequence[Header] = ()  # the fields as received (route matching reads them)
 
 
 class ResponseHead(NamedTuple):
@@ -251,6 +252,7 @@ def parse_request(
         upgrading,
         method.decode("latin-1"),
         path.decode("latin-1"),
+        fields,
     )
 
 

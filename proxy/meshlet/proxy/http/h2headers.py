@@ -33,6 +33,10 @@ CONNECTION_HEADERS: Final = frozenset(
 SENSITIVE_HEADERS: Final = frozenset({b"authorization", b"proxy-authorization"})
 GRPC_UNAVAILABLE: Final = "14"
 GRPC_DEADLINE_EXCEEDED: Final = "4"
+# The gRPC status of the proxy's own answers, by the HTTP status it would give (as Linkerd's
+# synthetic responses): 403 PERMISSION_DENIED, 404 NOT_FOUND, 429 RESOURCE_EXHAUSTED, 504
+# DEADLINE_EXCEEDED; any other UNAVAILABLE.
+GRPC_STATUS_OF: Final = {403: "7", 404: "5", 429: "8", 504: GRPC_DEADLINE_EXCEEDED}
 
 # RFC 9113 §8.2.1: a name is 0x21-0x7e without uppercase and, past a pseudo-header's leading
 # colon, without ':'. Deleting the allowed bytes leaves something only when the name is bad.
@@ -276,8 +280,12 @@ def _grpc_message(text: str) -> bytes:
     )
 
 
+def grpc_status_of(status: int) -> str:
+    return GRPC_STATUS_OF.get(status, GRPC_UNAVAILABLE)
+
+
 def local_response(
-    status: int, reason: str, grpc: bool, grpc_status: str = GRPC_UNAVAILABLE
+    status: int, reason: str, grpc: bool, grpc_status: str | None = None
 ) -> list[Header]:
     """The head of a response the proxy answers itself (ends the stream). gRPC clients get a
     trailers-only response (HTTP 200, `grpc-status`: 14 UNAVAILABLE, or 4 DEADLINE_EXCEEDED for
@@ -287,7 +295,7 @@ def local_response(
         return [
             (b":status", b"200"),
             (b"content-type", b"application/grpc"),
-            (b"grpc-status", grpc_status.encode()),
+            (b"grpc-status", (grpc_status or grpc_status_of(status)).encode()),
             (b"grpc-message", _grpc_message(reason.strip())[:512]),
             proxy_error,
         ]

@@ -28,11 +28,11 @@ from meshlet.proxy.http.h2codec import ErrorCode, StreamClosed, error_name
 from meshlet.proxy.http.h2conn import MAX_RTT, MIN_RTT, Peer
 from meshlet.proxy.http.h2headers import (
     GRPC_DEADLINE_EXCEEDED,
-    GRPC_UNAVAILABLE,
     Header,
     Request,
     Response,
     Trailers,
+    grpc_status_of,
     local_response,
 )
 
@@ -546,9 +546,10 @@ class ProxyStream:
             if resp.done:
                 self._maybe_finish()
 
-    def answer(self, status: int, reason: str, grpc_status: str = GRPC_UNAVAILABLE) -> None:
+    def answer(self, status: int, reason: str, grpc_status: str | None = None) -> None:
         """Answers the request from the proxy (routing failed, upstream unreachable, a
-        timeout...); a gRPC request gets `grpc_status` instead of `status`."""
+        timeout, a policy...); a gRPC request gets `grpc_status` instead of `status` (by
+        default the one that `status` means: h2headers.GRPC_STATUS_OF)."""
         if self.closed or self.responded:
             return
         grpc = self.request.grpc
@@ -556,6 +557,8 @@ class ProxyStream:
         self._stop_timer()
         self.att.answered(self.server.loop.time())
         self.status = 200 if grpc else status
+        if grpc and grpc_status is None:
+            grpc_status = grpc_status_of(status)
         self.grpc_status = grpc_status if grpc else None
         self.up_closed = True
         self._drop_request_body()

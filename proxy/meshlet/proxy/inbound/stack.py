@@ -7,6 +7,9 @@ accepted (io/listener)
     one of the pod's ports (refused where identity is required)
   → detected: HTTP/1, HTTP/2 or opaque, from the first bytes; a mesh session's declared
     protocol is not trusted on ports that are not opaque: it is detected like any other
+  → authorized by the port's policy (inbound/authz.py): opaque TCP once, before it is
+    relayed (a port whose policy is opaque is not detected); HTTP and gRPC per request, by
+    the connection's router
   → forwarded to the pod's own address at that port: HTTP through the engines (over mTLS
     with `meshlet-client-id` set from the verified certificate, any client-sent one
     removed), opaque TCP through the relay (guarded against HTTP that arrives after a
@@ -22,12 +25,14 @@ from typing import TYPE_CHECKING
 from meshlet.api.ports import PortRanges
 from meshlet.api.transport_header import SessionProtocol
 from meshlet.proxy.connections import Connections
+from meshlet.proxy.core.authz import PortProtocol
 from meshlet.proxy.core.detect import NEED_MORE, PEEK_BYTES, Protocol, detect
 from meshlet.proxy.core.loops import SelfTargets
 from meshlet.proxy.fixed_router import FixedPicker, FixedRouter
-from meshlet.proxy.http.contract import CLIENT_ID_HEADER, Addr, Endpoint
+from meshlet.proxy.http.contract import CLIENT_ID_HEADER, Addr, Endpoint, Router
+from meshlet.proxy.inbound.authz import InboundPolicy, PolicyRouter, client_of
 from meshlet.proxy.io import relay
-from meshlet.proxy.io.counters import TcpConn
+from meshlet.proxy.io.counters import ConnLabels, TcpConn
 from meshlet.proxy.io.listener import Accepted, peek_protocol
 
 if TYPE_CHECKING:
@@ -67,8 +72,10 @@ class InboundStack:
         detect_timeout: float,
         opaque_ports: PortRanges,
         require_identity: PortRanges,
+        policy: InboundPolicy | None = None,
     ) -> None:
         self._conns = connections
+        self._policy = policy  # None: every client is allowed
         self._identity = identity
         self._timeout = detect_timeout
         self._opaque_ports = opaque_ports
@@ -101,15 +108,38 @@ class InboundStack:
             if forward is None:
                 return
             if forward.protocol is SessionProtocol.OPAQUE:
+                if not self._tcp_allowed(accepted.client[0], None, target, labels):
+                    accepted.sock.close()
+                    return
                 endpoint = Endpoint(target, str(target))
                 await conns.relay(accepted, FixedPicker(endpoint), labels, tcp, forward.guard)
                 return
             h2 = forward.protocol is SessionProtocol.HTTP2
-            router = FixedRouter(target, conns.metrics)
+            router = self._router(accepted.client[0], None, target, labels)
             await conns.http(h2, router, labels, tcp, accepted=accepted)
 
+    def _router(self, ip: str, client_id: str | None, target: Addr, labels: ConnLabels) -> Router:
+        fixed = FixedRouter(target, self._conns.metrics)
+        if self._policy is None:
+            return fixed
+        client = client_of(ip, client_id, client_id is not None)
+        return PolicyRouter(fixed, self._policy, client, target[1], labels)
+
+    def _tcp_allowed(
+        self, ip: str, client_id: str | None, target: Addr, labels: ConnLabels
+    ) -> bool:
+        if self._policy is None:
+            return True
+        client = client_of(ip, client_id, client_id is not None)
+        return self._policy.connection(client, target[1], labels)
+
+    def _opaque_by_policy(self, port: int) -> bool:
+        if self._policy is None:
+            return False
+        return self._policy.policies(port).protocol in (PortProtocol.OPAQUE, PortProtocol.TLS)
+
     async def _detect_plain(self, accepted: Accepted, target: Addr) -> Forward | None:
-        if target[1] in self._opaque_ports:
+        if target[1] in self._opaque_ports or self._opaque_by_policy(target[1]):
             return Forward(SessionProtocol.OPAQUE, target, None)
         detected = await peek_protocol(accepted, self._timeout)
         if detected is None:
@@ -157,11 +187,14 @@ class InboundStack:
         async with conns.counted(labels) as tcp:
             forward = await self._detect_session(session)
             if forward.protocol is SessionProtocol.OPAQUE:
+                if not self._tcp_allowed(accepted.client[0], session.client_id, target, labels):
+                    session.terminated.close()
+                    return
                 await self._relay_session(session, forward, tcp)
                 return
             await conns.http(
                 forward.protocol is SessionProtocol.HTTP2,
-                FixedRouter(target, conns.metrics),
+                self._router(accepted.client[0], session.client_id, target, labels),
                 labels,
                 tcp,
                 handoff=session.terminated,
@@ -174,6 +207,8 @@ class InboundStack:
         app without the HTTP defences and with a `meshlet-client-id` of the client's own."""
         declared = session.terminated.header.protocol
         target = session.target
+        if self._opaque_by_policy(target[1]):
+            return Forward(SessionProtocol.OPAQUE, target, None)
         if declared is not SessionProtocol.OPAQUE or target[1] in self._opaque_ports:
             return Forward(declared, target, None)
         first = await session.terminated.sniff(_decided, self._timeout)

@@ -1,0 +1,452 @@
+"""Inbound authorization (pure): a port's decoded policy, who it lets in, and which route a
+request takes, with Linkerd's meanings (linkerd2-proxy `proxy/server-policy`,
+`app/inbound/src/policy`).
+
+A client is allowed by an authorization when one of its networks (less the exceptions) holds
+the client's address and its authentication is met: `UNAUTHENTICATED` by anyone, `TLS_ANY` by
+any mesh TLS client, `TLS_IDENTITIES` by a mesh TLS client whose identity is listed or ends with
+a listed suffix (an empty suffix matches every identity). The identity is the one the TLS
+handshake proved; the address is the socket's. Nothing a client writes in a request counts.
+
+Opaque and TLS ports, and connections on a detect port that turn out not to be HTTP, are checked
+once per connection against the Server's authorizations. HTTP and gRPC requests are checked per
+request against the authorizations of the route they match, which are the route's own followed
+by the Server's (so a Server authorization allows every route of it). A request no route matches
+is answered 404. With no routes, one default route matches everything. The policy a controller
+sends also allows the loopback addresses (127.0.0.1, ::1) unauthenticated; the built-in default
+policies do not. An authorization whose metadata is the default `audit` allows, and the caller
+counts and logs what it allowed as a would-be denial.
+
+A client is fixed for its connection: `Client.permits(policy)` computes, once per connection
+and policy, the first authorization allowing it for each route, so a request costs a route
+match and a tuple index.
+"""
+
+from __future__ import annotations
+
+import enum
+import ipaddress
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, NamedTuple
+from urllib.parse import parse_qsl
+
+from meshlet.proxy.core.ratelimit import RateLimitSpec
+
+IP = ipaddress.IPv4Address | ipaddress.IPv6Address
+Net = ipaddress.IPv4Network | ipaddress.IPv6Network
+Header = tuple[bytes, bytes]
+
+
+class Meta(NamedTuple):
+    """Where a policy object comes from (Linkerd's `Meta`): a resource, or a default named by
+    the controller (`kind` "default", no group)."""
+
+    group: str
+    kind: str
+    name: str
+
+    @classmethod
+    def default(cls, name: str) -> Meta:
+        return cls("", "default", name)
+
+    @property
+    def is_audit(self) -> bool:
+        return self.kind == "default" and not self.group and self.name == "audit"
+
+    def __str__(self) -> str:
+        return (
+            f"{self.kind}/{self.name}"
+            if not self.group
+            else f"{self.kind}.{self.group}/{self.name}"
+        )
+
+
+class Authn(enum.Enum):
+    UNAUTHENTICATED = "unauthenticated"
+    TLS_ANY = "mesh TLS"
+    TLS_IDENTITIES = "mesh TLS identity"
+
+
+@dataclass(frozen=True, slots=True)
+class Network:
+    net: Net
+    excepts: tuple[Net, ...] = ()
+
+    def contains(self, ip: IP) -> bool:
+        if ip.version != self.net.version or ip not in self.net:
+            return False
+        return not any(ip.version == e.version and ip in e for e in self.excepts)
+
+
+ALL_NETWORKS: Final = (
+    Network(ipaddress.IPv4Network("0.0.0.0/0")),
+    Network(ipaddress.IPv6Network("::/0")),
+)
+LOOPBACK: Final = (
+    Network(ipaddress.IPv4Network("127.0.0.1/32")),
+    Network(ipaddress.IPv6Network("::1/128")),
+)
+
+
+def suffix(parts: Sequence[str]) -> str:
+    """The `ends_with` of a suffix given as labels: [] → "" (every name), [a, b] → ".a.b"."""
+    return "." + ".".join(parts) if parts else ""
+
+
+@dataclass(frozen=True, slots=True)
+class Authorization:
+    networks: tuple[Network, ...]
+    authn: Authn
+    meta: Meta
+    identities: frozenset[str] = frozenset()
+    suffixes: tuple[str, ...] = ()  # each an `ends_with`, see `suffix`
+
+    def permits(self, ip: IP, client_id: str | None, tls: bool) -> bool:
+        if not any(n.contains(ip) for n in self.networks):
+            return False
+        if self.authn is Authn.UNAUTHENTICATED:
+            return True
+        if not tls:
+            return False
+        if self.authn is Authn.TLS_ANY:
+            return True
+        if client_id is None:
+            return False
+        if client_id in self.identities:
+            return True
+        if client_id.startswith("spiffe://"):  # a URI identity: only named, never by suffix
+            return False
+        return any(client_id.endswith(s) for s in self.suffixes)
+
+    def describe(self) -> str:
+        """What a client needs to meet this authorization, for a denial's log line."""
+        who = self.authn.value
+        if self.authn is Authn.TLS_IDENTITIES:
+            names = sorted(self.identities) + [f"*{s}" for s in self.suffixes]
+            who += " (" + ", ".join(names[:4]) + (", …" if len(names) > 4 else "") + ")"
+        nets = ", ".join(str(n.net) for n in self.networks[:3])
+        return f"{self.meta}: {who} from {nets}"
+
+
+LOCALHOST: Final = Authorization(LOOPBACK, Authn.UNAUTHENTICATED, Meta.default("localhost"))
+
+
+# -- routes ---------------------------------------------------------------------------------
+
+
+class PathKind(enum.Enum):
+    EXACT = "exact"
+    PREFIX = "prefix"
+    REGEX = "regex"
+
+
+@dataclass(frozen=True, slots=True)
+class PathMatch:
+    kind: PathKind
+    value: str
+    regex: Any = None  # compiled (meshlet.api.pathregex) for REGEX
+
+    def length(self, path: str) -> int | None:
+        """The match's length (Linkerd orders path matches by it), None when it fails."""
+        if self.kind is PathKind.EXACT:
+            return len(path) if path == self.value else None
+        if self.kind is PathKind.REGEX:
+            return len(path) if self.regex.fullmatch(path) is not None else None
+        if self.value == "/":
+            return 1
+        prefix = self.value.rstrip("/")
+        rest = path.rstrip("/")
+        if not rest.startswith(prefix):
+            return None
+        tail = rest[len(prefix) :]
+        return len(prefix) if not tail or tail[0] == "/" else None
+
+
+@dataclass(frozen=True, slots=True)
+class ValueMatch:
+    """A header's (bytes) or a query parameter's (str) value: exact, or a full regex match."""
+
+    name: str  # lower case for headers
+    exact: bytes | str | None = None
+    regex: Any = None
+
+    def matches(self, value: Any) -> bool:
+        if self.exact is not None:
+            return bool(value == self.exact)
+        text = value.decode("latin-1") if isinstance(value, bytes) else value
+        return self.regex.fullmatch(text) is not None
+
+
+@dataclass(frozen=True, slots=True)
+class HttpMatch:
+    path: PathMatch | None = None
+    headers: tuple[ValueMatch, ...] = ()
+    query: tuple[ValueMatch, ...] = ()
+    method: str | None = None
+
+    def summary(self, req: Request) -> tuple[int, int, int, bool] | None:
+        """Linkerd's `RequestMatch` order: path length, headers, query params, method."""
+        if self.method is not None and req.method != self.method:
+            return None
+        length = 1
+        if self.path is not None:
+            found = self.path.length(req.path_only)
+            if found is None:
+                return None
+            length = found
+        if self.headers and not all(_header(m, req.headers) for m in self.headers):
+            return None
+        if self.query:
+            params = parse_qsl(req.query, keep_blank_values=True)
+            if not all(any(k == m.name and m.matches(v) for k, v in params) for m in self.query):
+                return None
+        return (length, len(self.headers), len(self.query), self.method is not None)
+
+
+@dataclass(frozen=True, slots=True)
+class GrpcMatch:
+    service: str = ""  # empty: any
+    method: str = ""
+    headers: tuple[ValueMatch, ...] = ()
+
+    def summary(self, req: Request) -> tuple[int, int, int, bool] | None:
+        service, _, method = req.path_only[1:].partition("/")
+        if self.service and service != self.service:
+            return None
+        if self.method and method != self.method:
+            return None
+        if self.headers and not all(_header(m, req.headers) for m in self.headers):
+            return None
+        return (len(self.service), len(self.method), len(self.headers), False)
+
+
+def _header(match: ValueMatch, headers: Sequence[Header]) -> bool:
+    name = match.name.encode("latin-1")
+    return any(n.lower() == name and match.matches(v) for n, v in headers)
+
+
+class HostKind(enum.Enum):
+    EXACT = "exact"
+    SUFFIX = "suffix"
+
+
+@dataclass(frozen=True, slots=True)
+class HostMatch:
+    kind: HostKind
+    value: str  # EXACT: the host; SUFFIX: ".example.com" ("" for every host)
+
+    def summary(self, host: str) -> tuple[int, int] | None:
+        """(exact?, length): an exact match outranks any suffix, a longer one a shorter."""
+        if self.kind is HostKind.EXACT:
+            return (1, len(self.value)) if host == self.value else None
+        return (0, len(self.value)) if host.endswith(self.value) else None
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """An HTTP or gRPC route: its rules' matches (an empty list matches every request) and the
+    authorizations of the route, followed by the Server's."""
+
+    meta: Meta
+    hosts: tuple[HostMatch, ...]
+    rules: tuple[tuple[HttpMatch | GrpcMatch, ...], ...]
+    authorizations: tuple[Authorization, ...]
+
+
+class Request(NamedTuple):
+    """What route matching reads of a request."""
+
+    host: str  # the authority without its port, lower case
+    method: str
+    path_only: str
+    query: str
+    headers: Sequence[Header]
+
+
+def request(authority: str | None, method: str, path: str, headers: Sequence[Header]) -> Request:
+    host = (authority or "").lower()
+    if host.startswith("["):
+        host = host[: host.find("]") + 1]
+    elif host.count(":") == 1:
+        host = host.partition(":")[0]
+    path_only, _, query = path.partition("?")
+    return Request(host, method, path_only, query, headers)
+
+
+_Summary = tuple[tuple[int, int] | tuple[()], tuple[int, int, int, bool]]
+
+
+def find_route(routes: Sequence[Route], req: Request) -> int | None:
+    """The index of the route a request takes (Linkerd's precedence: the best host match, then
+    the best rule match; the first of equals), None when none matches."""
+    best: _Summary | None = None
+    found = None
+    for index, route in enumerate(routes):
+        host: tuple[int, int] | tuple[()] = ()
+        if route.hosts:
+            hosts = [hs for h in route.hosts if (hs := h.summary(req.host)) is not None]
+            if not hosts:
+                continue
+            host = max(hosts)
+        rule_best = None
+        for rule in route.rules:
+            if not rule:
+                summary: tuple[int, int, int, bool] | None = (1, 0, 0, False)
+            else:
+                summaries = [ms for m in rule if (ms := m.summary(req)) is not None]
+                summary = max(summaries) if summaries else None
+            if summary is not None and (rule_best is None or summary > rule_best):
+                rule_best = summary
+        if rule_best is None:
+            continue
+        candidate = (host, rule_best)
+        if best is None or candidate > best:
+            best, found = candidate, index
+    return found
+
+
+# -- the policy of a port -------------------------------------------------------------------
+
+
+class PortProtocol(enum.Enum):
+    DETECT = "detect"
+    OPAQUE = "opaque"
+    TLS = "tls"
+    HTTP1 = "http1"
+    HTTP2 = "http2"
+    GRPC = "grpc"
+
+
+@dataclass(frozen=True, slots=True)
+class ServerPolicy:
+    """One port's policy. `tcp_authorizations` decide connections that are not HTTP (none on
+    HTTP-only ports); `routes` decide HTTP or gRPC requests (`grpc` says which kind)."""
+
+    meta: Meta
+    protocol: PortProtocol
+    tcp_authorizations: tuple[Authorization, ...]
+    routes: tuple[Route, ...]
+    grpc: bool = False
+    rate_limit: RateLimitSpec | None = None
+    detect_timeout: float | None = None
+    version: int = field(default=0, compare=False)  # set by whoever publishes it
+
+    @property
+    def http_only(self) -> bool:
+        return self.protocol in (PortProtocol.HTTP1, PortProtocol.HTTP2, PortProtocol.GRPC)
+
+
+def default_route(authorizations: tuple[Authorization, ...]) -> Route:
+    return Route(Meta.default("default"), (), ((),), authorizations)
+
+
+def builtin(name: str, networks: tuple[Network, ...], authn: Authn) -> ServerPolicy:
+    """A default policy as linkerd2-proxy builds it (`policy/defaults.rs`): detection, one
+    authorization for TCP and for the default route; no loopback exception."""
+    authz = Authorization(
+        networks, authn, Meta.default(name), suffixes=("",) if authn is Authn.TLS_IDENTITIES else ()
+    )
+    return ServerPolicy(
+        Meta.default(name), PortProtocol.DETECT, (authz,), (default_route((authz,)),)
+    )
+
+
+DENY: Final = ServerPolicy(Meta.default("deny"), PortProtocol.OPAQUE, (), ())
+
+
+def default_policy(name: str, cluster: tuple[Network, ...]) -> ServerPolicy:
+    """One of wellknown.DEFAULT_INBOUND_POLICIES; ValueError for another name."""
+    if name == "deny":
+        return DENY
+    table: dict[str, tuple[tuple[Network, ...], Authn]] = {
+        "all-unauthenticated": (ALL_NETWORKS, Authn.UNAUTHENTICATED),
+        "all-authenticated": (ALL_NETWORKS, Authn.TLS_IDENTITIES),
+        "cluster-unauthenticated": (cluster, Authn.UNAUTHENTICATED),
+        "cluster-authenticated": (cluster, Authn.TLS_IDENTITIES),
+        "audit": (ALL_NETWORKS, Authn.UNAUTHENTICATED),
+    }
+    if name not in table:
+        raise ValueError(f"unknown default policy {name!r}")
+    return builtin(name, *table[name])
+
+
+# -- decisions ------------------------------------------------------------------------------
+
+
+class Allowed(NamedTuple):
+    authz: Authorization
+
+
+class Denied(NamedTuple):
+    """Why a client was refused: the authorizations it met none of."""
+
+    reason: str
+
+
+def deny_reason(authorizations: Sequence[Authorization], what: str) -> str:
+    if not authorizations:
+        return f"{what} authorizes no client"
+    needed = "; ".join(a.describe() for a in authorizations[:3])
+    more = f" (and {len(authorizations) - 3} more)" if len(authorizations) > 3 else ""
+    return f"{what} needs one of: {needed}{more}"
+
+
+def authorize(
+    authorizations: Sequence[Authorization], ip: IP, client_id: str | None, tls: bool, what: str
+) -> Allowed | Denied:
+    """The first authorization that allows the client, or why none does."""
+    for authz in authorizations:
+        if authz.permits(ip, client_id, tls):
+            return Allowed(authz)
+    return Denied(deny_reason(authorizations, what))
+
+
+@dataclass(frozen=True, slots=True)
+class Client:
+    """A connection's client, fixed for the connection: the socket's address and the identity
+    its TLS handshake proved (None: plaintext, or mesh TLS without an identity)."""
+
+    ip: IP
+    client_id: str | None
+    tls: bool
+
+    def connection(self, policy: ServerPolicy) -> Allowed | Denied:
+        return authorize(policy.tcp_authorizations, self.ip, self.client_id, self.tls,
+                         f"server {policy.meta}")  # fmt: skip
+
+    def permits(self, policy: ServerPolicy) -> Permits:
+        routes = tuple(
+            authorize(
+                r.authorizations,
+                self.ip,
+                self.client_id,
+                self.tls,
+                f"route {r.meta} of server {policy.meta}",
+            )
+            for r in policy.routes
+        )
+        return Permits(policy, routes)
+
+
+class Permits(NamedTuple):
+    """A client's decisions on every route of one policy (see `Client.permits`)."""
+
+    policy: ServerPolicy
+    routes: tuple[Allowed | Denied, ...]
+
+
+class NoRoute(NamedTuple):
+    reason: str
+
+
+def decide(permits: Permits, req: Callable[[], Request]) -> tuple[int, Allowed | Denied | NoRoute]:
+    """The route a request takes and its decision. `req` builds the matching view only when a
+    route needs more than the default route's nothing."""
+    routes = permits.policy.routes
+    if len(routes) == 1 and not routes[0].hosts and routes[0].rules == ((),):
+        return 0, permits.routes[0]
+    index = find_route(routes, req())
+    if index is None:
+        return -1, NoRoute(f"no route of server {permits.policy.meta} matches the request")
+    return index, permits.routes[index]

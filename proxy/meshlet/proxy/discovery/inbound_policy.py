@@ -1,0 +1,136 @@
+"""Follows the policy controller's `WatchPort` stream for each of the pod's inbound ports, over
+grpclib (TLS to the controller, verified by its name), reconnecting with jittered backoff.
+
+`Policies.get(port)` is what the inbound stack reads, per connection and per request: the port's
+current `ServerPolicy`. Until the controller has answered for a port, and for ports it does not
+watch, that is the default policy (`deny` fails closed). When the stream breaks the last policy
+stands; a message that does not decode is logged and skipped, the policy before it kept. Each
+policy published gets a new `version`, so that a connection recomputes what it precomputed only
+when the policy changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import random
+from collections.abc import Mapping
+from typing import Any
+
+import h2.exceptions
+from grpclib.client import Channel
+from grpclib.config import Configuration
+from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
+
+from meshlet.api import inbound_grpc, inbound_pb2
+from meshlet.api.backoff import Backoff
+from meshlet.api.hostport import HostPort
+from meshlet.proxy.core.authz import ServerPolicy
+from meshlet.proxy.discovery.decode import DecodeError
+from meshlet.proxy.discovery.policy_decode import decode_server
+from meshlet.proxy.tls.contexts import control_client_context
+
+log = logging.getLogger(__name__)
+_BROKEN = (StreamTerminatedError, ProtocolError, OSError, h2.exceptions.H2Error)
+
+
+class Policies:
+    """The current policy of every inbound port (a plain dict read: cheap per request)."""
+
+    def __init__(self, default: ServerPolicy, ports: Mapping[int, ServerPolicy] | None = None):
+        self._versions = itertools.count(1)
+        self.default = self._stamped(default)
+        self._ports: dict[int, ServerPolicy] = {}
+        for port, policy in (ports or {}).items():
+            self.set(port, policy)
+
+    def get(self, port: int) -> ServerPolicy:
+        return self._ports.get(port, self.default)
+
+    def set(self, port: int, policy: ServerPolicy) -> ServerPolicy:
+        stamped = self._ports[port] = self._stamped(policy)
+        return stamped
+
+    def _stamped(self, policy: ServerPolicy) -> ServerPolicy:
+        object.__setattr__(policy, "version", next(self._versions))  # frozen, but new
+        return policy
+
+
+class PolicyWatcher:
+    """One WatchPort stream per port in `ports`, into `policies`. `run()` runs until cancelled;
+    `first_answers` says how many ports have heard from the controller."""
+
+    def __init__(
+        self,
+        policies: Policies,
+        addr: HostPort,
+        server_name: str | None,
+        trust_anchors_pem: str | None,
+        workload: str,
+        ports: tuple[int, ...],
+        *,
+        backoff: tuple[float, float] = (0.1, 5.0),
+        rng: random.Random | None = None,
+    ) -> None:
+        self.policies = policies
+        self.addr = addr
+        self.server_name = server_name or None
+        self._ssl = (control_client_context(trust_anchors_pem)
+                     if server_name and trust_anchors_pem else None)  # fmt: skip
+        self.workload = workload
+        self.ports = ports
+        self._backoff = backoff
+        self._rng = rng or random.Random()
+        self.answered: set[int] = set()
+        self.failures = 0
+        self.last_error: str | None = None
+
+    async def run(self) -> None:
+        config = Configuration(ssl_target_name_override=self.server_name)
+        channel = Channel(*self.addr, ssl=self._ssl, config=config)
+        stub = inbound_grpc.InboundServerPoliciesStub(channel)
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                for port in self.ports:
+                    tasks.create_task(self._follow(stub, port), name=f"policy watch :{port}")
+        finally:
+            channel.close()
+
+    async def _follow(self, stub: Any, port: int) -> None:
+        request = inbound_pb2.PortSpec(workload=self.workload, port=port)
+        backoff = Backoff(*self._backoff, self._rng)
+        while True:
+            try:
+                async with stub.WatchPort.open() as stream:
+                    await stream.send_message(request, end=True)
+                    while (message := await stream.recv_message()) is not None:
+                        backoff.reset()
+                        self._apply(port, message)
+                problem = "the server ended the stream"
+            except GRPCError as exc:
+                problem = f"{exc.status.name}: {exc.message}"
+            except _BROKEN as exc:
+                problem = f"{type(exc).__name__}: {exc}"
+            self.failures += 1
+            self.last_error = problem
+            delay = backoff.next()
+            level = logging.WARNING if backoff.failures == 1 else logging.DEBUG
+            log.log(level, "WatchPort :%d from the policy controller at %s failed (%s); "
+                    "keeping the port's last policy and retrying in %.2fs",
+                    port, self.addr, problem, delay)  # fmt: skip
+            await asyncio.sleep(delay)
+
+    def _apply(self, port: int, message: inbound_pb2.Server) -> None:
+        try:
+            policy = decode_server(message)
+        except DecodeError as exc:
+            log.warning("ignoring a policy for port %d from the policy controller: %s; the "
+                        "port keeps its previous policy", port, exc)  # fmt: skip
+            return
+        self.answered.add(port)
+        current = self.policies.get(port)
+        if policy == current:
+            return
+        self.policies.set(port, policy)
+        log.info("port %d: policy %s (%s)", port, policy.meta, policy.protocol.value)

@@ -1,0 +1,298 @@
+"""Who a port lets in and which route a request takes, as linkerd2-proxy decides."""
+
+from __future__ import annotations
+
+import ipaddress
+
+import pytest
+
+from meshlet.api.pathregex import compile_path_regex
+from meshlet.proxy.core.authz import (
+    ALL_NETWORKS,
+    LOCALHOST,
+    Allowed,
+    Authn,
+    Authorization,
+    Client,
+    Denied,
+    GrpcMatch,
+    HostKind,
+    HostMatch,
+    HttpMatch,
+    Meta,
+    Network,
+    NoRoute,
+    PathKind,
+    PathMatch,
+    PortProtocol,
+    Route,
+    ServerPolicy,
+    ValueMatch,
+    decide,
+    default_policy,
+    default_route,
+    find_route,
+    request,
+    suffix,
+)
+
+WEB = "web.emojivoto.serviceaccount.identity.meshlet.cluster.local"
+BOT = "vote-bot.emojivoto.serviceaccount.identity.meshlet.cluster.local"
+CLUSTER = (Network(ipaddress.ip_network("10.0.0.0/8")), Network(ipaddress.ip_network("fd00::/8")))
+
+
+def net(cidr: str, *excepts: str) -> Network:
+    return Network(ipaddress.ip_network(cidr), tuple(ipaddress.ip_network(e) for e in excepts))
+
+
+def authz(
+    authn: Authn,
+    *networks: Network,
+    ids: tuple[str, ...] = (),
+    suffixes: tuple[tuple[str, ...], ...] = (),
+    name: str = "a",
+) -> Authorization:
+    return Authorization(
+        networks or ALL_NETWORKS, authn, Meta("policy.meshlet.io", "authorizationpolicy", name),
+        frozenset(ids), tuple(suffix(list(s)) for s in suffixes),
+    )  # fmt: skip
+
+
+def ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    return ipaddress.ip_address(text)
+
+
+@pytest.mark.parametrize(
+    ("authorization", "client_ip", "client_id", "tls", "allowed"),
+    [
+        (authz(Authn.UNAUTHENTICATED), "10.1.2.3", None, False, True),
+        (authz(Authn.UNAUTHENTICATED), "2001:db8::1", None, False, True),
+        (authz(Authn.TLS_ANY), "10.1.2.3", None, False, False),
+        (authz(Authn.TLS_ANY), "10.1.2.3", None, True, True),
+        (authz(Authn.TLS_IDENTITIES, ids=(WEB,)), "10.1.2.3", WEB, True, True),
+        (authz(Authn.TLS_IDENTITIES, ids=(WEB,)), "10.1.2.3", BOT, True, False),
+        (authz(Authn.TLS_IDENTITIES, ids=(WEB,)), "10.1.2.3", WEB, False, False),  # no TLS
+        (authz(Authn.TLS_IDENTITIES, ids=(WEB,)), "10.1.2.3", None, True, False),
+        # Suffixes are whole labels; the empty suffix matches every identity.
+        (
+            authz(
+                Authn.TLS_IDENTITIES,
+                suffixes=(
+                    ("emojivoto", "serviceaccount", "identity", "meshlet", "cluster", "local"),
+                ),
+            ),
+            "10.1.2.3",
+            BOT,
+            True,
+            True,
+        ),
+        (
+            authz(
+                Authn.TLS_IDENTITIES,
+                suffixes=(("voto", "serviceaccount", "identity", "meshlet", "cluster", "local"),),
+            ),
+            "10.1.2.3",
+            BOT,
+            True,
+            False,
+        ),
+        (authz(Authn.TLS_IDENTITIES, suffixes=((),)), "10.1.2.3", BOT, True, True),
+        (authz(Authn.TLS_IDENTITIES, suffixes=((),)), "10.1.2.3", None, False, False),
+        # A URI identity only by name, never by suffix.
+        (
+            authz(Authn.TLS_IDENTITIES, suffixes=((),)),
+            "10.1.2.3",
+            "spiffe://cluster.local/ns/e/sa/w",
+            True,
+            False,
+        ),
+        (
+            authz(Authn.TLS_IDENTITIES, ids=("spiffe://cluster.local/ns/e/sa/w",)),
+            "10.1.2.3",
+            "spiffe://cluster.local/ns/e/sa/w",
+            True,
+            True,
+        ),
+        # Networks, with exceptions, per address family.
+        (authz(Authn.UNAUTHENTICATED, net("10.0.0.0/8")), "10.9.9.9", None, False, True),
+        (authz(Authn.UNAUTHENTICATED, net("10.0.0.0/8")), "11.0.0.1", None, False, False),
+        (
+            authz(Authn.UNAUTHENTICATED, net("10.0.0.0/8", "10.9.0.0/16")),
+            "10.9.9.9",
+            None,
+            False,
+            False,
+        ),
+        (
+            authz(Authn.UNAUTHENTICATED, net("10.0.0.0/8", "10.9.0.0/16")),
+            "10.8.9.9",
+            None,
+            False,
+            True,
+        ),
+        (authz(Authn.UNAUTHENTICATED, net("10.0.0.0/8")), "::ffff:10.0.0.1", None, False, False),
+        (
+            authz(Authn.UNAUTHENTICATED, net("fd00::/8", "fd00:1::/32")),
+            "fd00:2::1",
+            None,
+            False,
+            True,
+        ),
+        (
+            authz(Authn.UNAUTHENTICATED, net("fd00::/8", "fd00:1::/32")),
+            "fd00:1::1",
+            None,
+            False,
+            False,
+        ),
+        (authz(Authn.TLS_ANY, net("0.0.0.0/0")), "::1", None, True, False),
+    ],
+)
+def test_an_authorization_permits_by_network_and_authentication(
+    authorization: Authorization, client_ip: str, client_id: str | None, tls: bool, allowed: bool
+) -> None:
+    assert authorization.permits(ip(client_ip), client_id, tls) is allowed
+
+
+def test_loopback_is_allowed_on_controller_policies_only_from_127_0_0_1_and_the_v6_one() -> None:
+    assert LOCALHOST.permits(ip("127.0.0.1"), None, False)
+    assert LOCALHOST.permits(ip("::1"), None, False)
+    assert not LOCALHOST.permits(ip("127.0.0.2"), None, False)  # another "pod" on loopback
+
+
+@pytest.mark.parametrize(
+    ("name", "client", "allowed"),
+    [
+        ("all-unauthenticated", Client(ip("192.0.2.1"), None, False), True),
+        ("all-authenticated", Client(ip("192.0.2.1"), None, False), False),
+        ("all-authenticated", Client(ip("192.0.2.1"), BOT, True), True),
+        ("cluster-unauthenticated", Client(ip("10.1.1.1"), None, False), True),
+        ("cluster-unauthenticated", Client(ip("192.0.2.1"), None, False), False),
+        ("cluster-authenticated", Client(ip("10.1.1.1"), BOT, True), True),
+        ("cluster-authenticated", Client(ip("10.1.1.1"), None, False), False),
+        ("deny", Client(ip("127.0.0.1"), BOT, True), False),  # fails closed, even on loopback
+        ("audit", Client(ip("192.0.2.1"), None, False), True),
+    ],
+)
+def test_default_policies(name: str, client: Client, allowed: bool) -> None:
+    policy = default_policy(name, CLUSTER)
+    assert isinstance(client.connection(policy), Allowed) is allowed
+    if policy.routes:
+        _, decision = decide(client.permits(policy), lambda: request("x", "GET", "/", ()))
+        assert isinstance(decision, Allowed) is allowed
+    else:
+        assert policy.protocol is PortProtocol.OPAQUE  # deny: not even detected
+
+
+def test_audit_is_the_default_named_audit() -> None:
+    assert Meta.default("audit").is_audit
+    assert not Meta("policy.meshlet.io", "authorizationpolicy", "audit").is_audit
+    with pytest.raises(ValueError, match="unknown default policy"):
+        default_policy("allow", CLUSTER)
+
+
+def test_a_denial_names_what_was_needed() -> None:
+    policy = ServerPolicy(
+        Meta("policy.meshlet.io", "server", "web-http"), PortProtocol.DETECT,
+        (authz(Authn.TLS_IDENTITIES, ids=(WEB,), name="web-only"),), (),
+    )  # fmt: skip
+    decision = Client(ip("10.0.0.1"), BOT, True).connection(policy)
+    assert isinstance(decision, Denied)
+    assert "server.policy.meshlet.io/web-http" in decision.reason
+    assert "authorizationpolicy.policy.meshlet.io/web-only" in decision.reason
+    assert WEB in decision.reason
+
+
+# -- routes -----------------------------------------------------------------------------------
+
+
+def route(name: str, *rules: tuple[HttpMatch | GrpcMatch, ...], hosts: tuple[HostMatch, ...] = (),
+          authzs: tuple[Authorization, ...] = ()) -> Route:  # fmt: skip
+    return Route(Meta("policy.meshlet.io", "httproute", name), hosts, rules, authzs)
+
+
+def path(kind: PathKind, value: str) -> HttpMatch:
+    regex = compile_path_regex(value) if kind is PathKind.REGEX else None
+    return HttpMatch(PathMatch(kind, value, regex))
+
+
+def taken(routes: list[Route], authority: str, method: str = "GET", target: str = "/",
+          headers: tuple[tuple[bytes, bytes], ...] = ()) -> str | None:  # fmt: skip
+    index = find_route(routes, request(authority, method, target, headers))
+    return None if index is None else routes[index].meta.name
+
+
+def test_path_matches_exact_prefix_by_segment_and_regex() -> None:
+    routes = [
+        route("prefix", (path(PathKind.PREFIX, "/api"),)),
+        route("exact", (path(PathKind.EXACT, "/api/v1"),)),
+        route("regex", (path(PathKind.REGEX, "/api/v[0-9]+/items"),)),
+    ]
+    assert taken(routes, "web", target="/api/v1") == "exact"
+    assert taken(routes, "web", target="/api/v2/items?x=1") == "regex"  # longer than the prefix
+    assert taken(routes, "web", target="/api/") == "prefix"
+    assert taken(routes, "web", target="/apis") is None  # a prefix is whole segments
+    assert taken(routes, "web", target="/") is None
+
+
+def test_precedence_host_then_path_length_then_headers_query_method_then_first() -> None:
+    exact_host = HostMatch(HostKind.EXACT, "web.example.com")
+    suffix_host = HostMatch(HostKind.SUFFIX, ".example.com")
+    routes = [
+        route("any-host", (path(PathKind.PREFIX, "/very/long/prefix"),)),
+        route("suffix-host", (), hosts=(suffix_host,)),
+        route("exact-host", (), hosts=(exact_host,)),
+    ]
+    assert taken(routes, "web.example.com:80", target="/very/long/prefix") == "exact-host"
+    assert taken(routes, "api.example.com", target="/very/long/prefix") == "suffix-host"
+    assert taken(routes, "other", target="/very/long/prefix") == "any-host"
+    assert taken(routes, "other", target="/") is None
+
+    header = ValueMatch("x-canary", exact=b"1")
+    query = ValueMatch("debug", regex=compile_path_regex("y.*"))
+    routes = [
+        route("plain", (path(PathKind.PREFIX, "/"),)),
+        route("method", (HttpMatch(PathMatch(PathKind.PREFIX, "/"), method="POST"),)),
+        route("query", (HttpMatch(PathMatch(PathKind.PREFIX, "/"), query=(query,)),)),
+        route("header", (HttpMatch(PathMatch(PathKind.PREFIX, "/"), headers=(header,)),)),
+        route("plain-again", (path(PathKind.PREFIX, "/"),)),
+    ]
+    assert taken(routes, "w", "POST", "/?debug=yes", ((b"X-Canary", b"1"),)) == "header"
+    assert taken(routes, "w", "POST", "/?debug=yes") == "query"
+    assert taken(routes, "w", "POST", "/?debug=no") == "method"
+    assert taken(routes, "w", "GET", "/", ((b"x-canary", b"2"),)) == "plain"  # the first of equals
+
+
+def test_grpc_routes_match_service_method_and_headers() -> None:
+    routes = [
+        route("service", (GrpcMatch("meshlet.test.Echo"),)),
+        route("method", (GrpcMatch("meshlet.test.Echo", "Unary"),)),
+        route("other", (GrpcMatch("other.Svc"),)),
+    ]
+    assert taken(routes, "web", "POST", "/meshlet.test.Echo/Unary") == "method"
+    assert taken(routes, "web", "POST", "/meshlet.test.Echo/Chat") == "service"
+    assert taken(routes, "web", "POST", "/nope.Svc/X") is None
+
+
+def test_route_decisions_use_the_routes_authorizations_and_no_route_is_a_404() -> None:
+    bot_only = authz(Authn.TLS_IDENTITIES, ids=(BOT,), name="bot-only")
+    policy = ServerPolicy(
+        Meta("policy.meshlet.io", "server", "web"), PortProtocol.HTTP1, (LOCALHOST,),
+        (route("admin", (path(PathKind.PREFIX, "/admin"),), authzs=(bot_only, LOCALHOST)),
+         route("public", (path(PathKind.PREFIX, "/public"),),
+               authzs=(authz(Authn.UNAUTHENTICATED, name="anyone"), LOCALHOST))),
+    )  # fmt: skip
+    web = Client(ip("10.0.0.5"), WEB, True).permits(policy)
+    bot = Client(ip("10.0.0.6"), BOT, True).permits(policy)
+    get = lambda p: lambda: request("web", "GET", p, ())  # noqa: E731
+    assert isinstance(decide(web, get("/admin"))[1], Denied)
+    assert decide(bot, get("/admin")) == (0, Allowed(bot_only))
+    assert decide(web, get("/public"))[1] == Allowed(policy.routes[1].authorizations[0])
+    index, decision = decide(web, get("/elsewhere"))
+    assert index == -1 and isinstance(decision, NoRoute)
+
+
+def test_the_default_route_takes_everything_with_the_servers_authorizations() -> None:
+    server = (authz(Authn.TLS_ANY),)
+    policy = ServerPolicy(Meta.default("x"), PortProtocol.DETECT, server, (default_route(server),))
+    assert decide(Client(ip("10.0.0.1"), BOT, True).permits(policy), lambda: 1 / 0)[0] == 0  # type: ignore[arg-type,return-value]
