@@ -113,7 +113,7 @@ def demo(
     chosen, why = choose_mode(mode)
     problem = drills.unavailable(drill, chosen)
     if problem is not None:
-        raise click.UsageError(f"{problem} (loopback mode: {why})")
+        raise click.UsageError(f"{problem} (this run: loopback mode, {why})")
     console = Console()
     if chosen is Mode.LOOPBACK:
         console.print(

@@ -58,7 +58,7 @@ def unavailable(drill: str | None, mode: topology.Mode) -> str | None:
         return (
             "--drill deny needs netns mode: in loopback mode the store is called directly, not"
             " through its proxy, so no policy can act on its connections; run it as root"
-            " (--mode netns)"
+            " with --mode netns"
         )
     return None
 
