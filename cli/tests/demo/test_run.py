@@ -276,10 +276,11 @@ def test_deny_refuses_a_client_stores_policy_does_not_name_and_leaves_web_alone(
 
 
 @pytest.mark.netns
+@pytest.mark.parametrize("component", ["identity", "policy"])
 def test_a_component_that_dies_unexpectedly_fails_the_run_and_keeps_its_log(
-    machine_unchanged: None, tmp_path: Path
+    machine_unchanged: None, tmp_path: Path, component: str
 ) -> None:
-    """The identity service killed from outside (no drill does that): the run goes on to its
+    """A control-plane process killed from outside (no drill does that): the run goes on to its
     end, then says what died, keeps the logs, removes the rest and exits 1."""
     summary = tmp_path / "summary.json"
     argv = [sys.executable, "-m", "meshlet.cli.main", "demo", "--mode", "netns",
@@ -294,20 +295,20 @@ def test_a_component_that_dies_unexpectedly_fails_the_run_and_keeps_its_log(
             if "app-load-1" in processes:
                 break
         time.sleep(0.1)
-    os.kill(processes["identity"], signal.SIGKILL)
+    os.kill(processes[component], signal.SIGKILL)
     out, _ = demo.communicate(timeout=90)
     assert demo.returncode == 1, out[-3000:]
     assert "removed every namespace, link, rule, file and process it made" in out
-    kept = re.search(r"identity ended unexpectedly \(killed by SIGKILL\); its log: (\S+)", out)
+    kept = re.search(rf"{component} ended unexpectedly \(killed by SIGKILL\); its log: (\S+)", out)
     assert kept is not None, out[-3000:]
     log = Path(kept.group(1))
     try:
-        assert "identity serving on" in log.read_text()
+        assert f"{component} serving on" in log.read_text()
     finally:
         shutil.rmtree(log.parent)
     data = json.loads(summary.read_text())
-    assert data["died"] == {"identity": "killed by SIGKILL"}
-    assert data["caption"].startswith("FAILED: identity (killed by SIGKILL)")
+    assert data["died"] == {component: "killed by SIGKILL"}
+    assert data["caption"].startswith(f"FAILED: {component} (killed by SIGKILL)")
 
 
 def test_loopback_mode_runs_the_same_application_without_root_powers(tmp_path: Path) -> None:
