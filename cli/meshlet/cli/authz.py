@@ -150,7 +150,8 @@ def _cluster(api: Any, control_ns: str) -> Any:
     except (ClusterError, yaml.YAMLError):
         values = {}
     values = values if isinstance(values, dict) else {}
-    proxy = values.get("proxy") if isinstance(values.get("proxy"), dict) else {}
+    proxy = values.get("proxy")
+    proxy = proxy if isinstance(proxy, dict) else {}
     policy = str(proxy.get("defaultInboundPolicy") or "all-unauthenticated")
     if policy not in wk.DEFAULT_INBOUND_POLICIES:
         policy = "all-unauthenticated"
