@@ -95,9 +95,19 @@ def test_the_names_other_components_rely_on(installed: list[dict[str, Any]]) -> 
 
 
 def test_crds(meshlet: Callable[..., Any]) -> None:
-    (crd,) = docs(meshlet("install", "--crds").out)
-    assert crd["metadata"]["name"] == wk.SERVICEPROFILE_CRD
-    assert [v["name"] for v in crd["spec"]["versions"]] == ["v1alpha1"]  # what destination reads
+    crds = {c["metadata"]["name"]: c for c in docs(meshlet("install", "--crds").out)}
+    versions = {name: [v["name"] for v in crd["spec"]["versions"]] for name, crd in crds.items()}
+    assert versions == {
+        wk.SERVICEPROFILE_CRD: ["v1alpha1"],  # what destination reads
+        # one served and stored version of each policy kind: Linkerd's newest
+        f"servers.{wk.POLICY_API_GROUP}": ["v1beta3"],
+        f"authorizationpolicies.{wk.POLICY_API_GROUP}": ["v1alpha1"],
+        f"meshtlsauthentications.{wk.POLICY_API_GROUP}": ["v1alpha1"],
+        f"networkauthentications.{wk.POLICY_API_GROUP}": ["v1alpha1"],
+        f"httproutes.{wk.POLICY_API_GROUP}": ["v1beta3"],
+        f"grpcroutes.{wk.POLICY_API_GROUP}": ["v1"],
+        f"httplocalratelimitpolicies.{wk.POLICY_API_GROUP}": ["v1alpha1"],
+    }
 
 
 def test_webhook_configuration(installed: list[dict[str, Any]]) -> None:
