@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+import jsonschema  # type: ignore[import-untyped]  # kubernetes-validate's own validator
 import kubernetes_validate
 
 KUBERNETES_VERSION: Final = "1.33"
@@ -86,8 +87,6 @@ def crd_errors(crd: dict[str, Any], doc: dict[str, Any]) -> list[str]:
     """Where `doc` breaks the openAPIV3Schema of its version in `crd` ([] when it is valid).
 
     The JSON-schema rules only: x-kubernetes-validations (CEL) are not evaluated."""
-    import jsonschema  # kubernetes-validate's own validator
-
     version = str(doc.get("apiVersion", "")).rpartition("/")[2]
     (served,) = [v for v in crd["spec"]["versions"] if v["name"] == version]
     validator = jsonschema.Draft4Validator(served["schema"]["openAPIV3Schema"])
