@@ -150,7 +150,7 @@ def test_validating_webhook_configuration(
                 "key": "config.meshlet.io/admission-webhooks",
                 "operator": "NotIn",
                 "values": ["disabled"],
-            }  # fmt: skip
+            }
         ]
     }
     judged = {
