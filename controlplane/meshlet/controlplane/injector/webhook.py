@@ -20,6 +20,7 @@ from typing import Final
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 
+from meshlet.api import wellknown
 from meshlet.controlplane.injector import review, validation
 from meshlet.controlplane.injector.config import InjectConfig
 from meshlet.controlplane.injector.namespaces import NamespaceError
@@ -29,7 +30,7 @@ log = logging.getLogger(__name__)
 
 NamespaceLookup = Callable[[str], Awaitable[Mapping[str, str]]]
 PATHS: Final = ("/", "/inject")
-VALIDATE_PATH: Final = "/validate"
+VALIDATE_PATH: Final = wellknown.INJECTOR_VALIDATE_PATH
 TIMEOUT: Final = "timeout"
 INTERNAL_ERROR: Final = "internal_error"
 
