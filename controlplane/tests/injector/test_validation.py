@@ -81,13 +81,13 @@ def test_a_table_entry_is_all_it_takes_to_judge_a_kind() -> None:
     def no_x(obj: Mapping[str, Any]) -> list[str]:
         return ["spec.x: not allowed"] if "x" in (obj.get("spec") or {}) else []
 
-    table = {**VALIDATORS, ("policy.meshlet.io", "Server"): no_x}
-    server = {"apiVersion": "policy.meshlet.io/v1beta3", "kind": "Server",
+    table = {**VALIDATORS, ("example.meshlet.io", "Widget"): no_x}
+    server = {"apiVersion": "example.meshlet.io/v1", "kind": "Widget",
               "metadata": {"name": "web"}, "spec": {"x": 1}}  # fmt: skip
     assert validation.judge(request(server), VALIDATORS).judged is False
     verdict = validation.judge(request(server), table)
     assert verdict.message == (
-        "Server emojivoto/web is invalid (1 problem; fix each and apply it again): "
+        "Widget emojivoto/web is invalid (1 problem; fix each and apply it again): "
         "spec.x: not allowed"
     )
 
