@@ -30,6 +30,11 @@ def webhook(ca_bundle: str, failure_policy: str = "Ignore") -> dict[str, Any]:
     return {"webhooks": [hook]}
 
 
+def validator(ca_bundle: str, path: str = wk.INJECTOR_VALIDATE_PATH) -> dict[str, Any]:
+    service = {"name": wk.INJECTOR_NAME, "namespace": "meshlet", "path": path}
+    return {"webhooks": [{"clientConfig": {"service": service, "caBundle": b64(ca_bundle)}}]}
+
+
 def snapshot(**changes: Any) -> Snapshot:
     injector = VALUES["proxyInjector"]
     base: dict[str, Any] = {
@@ -55,6 +60,7 @@ def snapshot(**changes: Any) -> Snapshot:
         },
         "trust_roots": {"data": {wk.TRUST_ROOTS_KEY: pki.anchors_pem()}},
         "webhook": webhook(injector["caBundle"]),
+        "validator": validator(injector["caBundle"]),
         "webhook_secret": {"data": {"tls.crt": b64(injector["crtPEM"])}},
     }
     base.update(changes)
@@ -110,4 +116,22 @@ def test_a_proxy_not_ready() -> None:
     assert result["data plane proxies are ready"] == (
         Status.ERROR,
         "proxies not ready: emojivoto/web-1",
+    )
+
+
+def test_the_validating_webhook_is_checked() -> None:
+    ca_bundle = VALUES["proxyInjector"]["caBundle"]
+    check = "validating webhook is configured"
+    assert outcome(snapshot(validator=None))[check] == (
+        Status.ERROR,
+        "ValidatingWebhookConfiguration not found",
+    )
+    assert outcome(snapshot(validator=validator(ca_bundle, "/inject")))[check] == (
+        Status.ERROR,
+        "the validating webhook calls meshlet/meshlet-proxy-injector at /inject",
+    )
+    other = tls.webhook_certificate("meshlet", NOW)
+    assert outcome(snapshot(validator=validator(other.ca_pem)))[check] == (
+        Status.ERROR,
+        "the webhook certificate is not signed by the validating webhook's caBundle",
     )

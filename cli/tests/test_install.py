@@ -17,6 +17,7 @@ from meshlet.api import wellknown as wk
 from meshlet.cli import charts
 from meshlet.cli.main import main
 from meshlet.controlplane.identity import ca
+from meshlet.controlplane.injector.webhook import VALIDATE_PATH
 from meshlet.proxy import config as proxy_config
 from meshlet_testing import kubelet, pki, schema
 
@@ -95,9 +96,19 @@ def test_the_names_other_components_rely_on(installed: list[dict[str, Any]]) -> 
 
 
 def test_crds(meshlet: Callable[..., Any]) -> None:
-    (crd,) = docs(meshlet("install", "--crds").out)
-    assert crd["metadata"]["name"] == wk.SERVICEPROFILE_CRD
-    assert [v["name"] for v in crd["spec"]["versions"]] == ["v1alpha1"]  # what destination reads
+    crds = {c["metadata"]["name"]: c for c in docs(meshlet("install", "--crds").out)}
+    versions = {name: [v["name"] for v in crd["spec"]["versions"]] for name, crd in crds.items()}
+    assert versions == {
+        wk.SERVICEPROFILE_CRD: ["v1alpha1"],  # what destination reads
+        # one served and stored version of each policy kind: Linkerd's newest
+        f"servers.{wk.POLICY_API_GROUP}": ["v1beta3"],
+        f"authorizationpolicies.{wk.POLICY_API_GROUP}": ["v1alpha1"],
+        f"meshtlsauthentications.{wk.POLICY_API_GROUP}": ["v1alpha1"],
+        f"networkauthentications.{wk.POLICY_API_GROUP}": ["v1alpha1"],
+        f"httproutes.{wk.POLICY_API_GROUP}": ["v1beta3"],
+        f"grpcroutes.{wk.POLICY_API_GROUP}": ["v1"],
+        f"httplocalratelimitpolicies.{wk.POLICY_API_GROUP}": ["v1alpha1"],
+    }
 
 
 def test_webhook_configuration(installed: list[dict[str, Any]]) -> None:
@@ -115,6 +126,50 @@ def test_webhook_configuration(installed: list[dict[str, Any]]) -> None:
     assert set(excluded["values"]) == {"kube-system", "meshlet"}
     ca_bundle = base64.b64decode(hook["clientConfig"]["caBundle"]).decode()
     assert ca_bundle == yaml.safe_load(pki.VALUES.read_text())["proxyInjector"]["caBundle"]
+
+
+def test_validating_webhook_configuration(
+    installed: list[dict[str, Any]], meshlet: Callable[..., Any]
+) -> None:
+    (config,) = [o for o in installed if o["kind"] == "ValidatingWebhookConfiguration"]
+    (mutating,) = [o for o in installed if o["kind"] == "MutatingWebhookConfiguration"]
+    (hook,) = config["webhooks"]
+    assert hook["failurePolicy"] == "Ignore"  # as Linkerd's validators
+    assert hook["clientConfig"] == {
+        **mutating["webhooks"][0]["clientConfig"],
+        "service": {
+            "name": wk.INJECTOR_NAME,
+            "namespace": "meshlet",
+            "path": VALIDATE_PATH,
+            "port": 443,
+        },
+    }
+    assert hook["namespaceSelector"] == {
+        "matchExpressions": [
+            {
+                "key": "config.meshlet.io/admission-webhooks",
+                "operator": "NotIn",
+                "values": ["disabled"],
+            }
+        ]
+    }
+    judged = {
+        (group, resource)
+        for rule in hook["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        if rule["operations"] == ["CREATE", "UPDATE"]
+    }
+    crds = {
+        (c["spec"]["group"], c["spec"]["names"]["plural"])
+        for c in docs(meshlet("install", "--crds").out)
+    }
+    # every meshlet kind, and the Gateway API routes the policy controller also reads
+    gateway = {
+        ("gateway.networking.k8s.io", "httproutes"),
+        ("gateway.networking.k8s.io", "grpcroutes"),
+    }
+    assert judged == crds | gateway
 
 
 def test_control_plane_pods_are_meshed(installed: list[dict[str, Any]]) -> None:

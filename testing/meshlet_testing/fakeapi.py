@@ -99,6 +99,13 @@ RESOURCES: tuple[Resource, ...] = (
         "MutatingWebhookConfiguration",
         namespaced=False,
     ),
+    Resource(
+        "admissionregistration.k8s.io",
+        "v1",
+        "validatingwebhookconfigurations",
+        "ValidatingWebhookConfiguration",
+        namespaced=False,
+    ),
     Resource("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", namespaced=False),
     Resource(
         "rbac.authorization.k8s.io",

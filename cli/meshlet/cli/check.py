@@ -41,6 +41,16 @@ def _reader(errors: dict[str, str]) -> Callable[..., Any]:
     return read
 
 
+def _calling(namespace: str, listing: Obj | None) -> Obj | None:
+    """The webhook configuration whose webhooks call a Service in `namespace`."""
+    return next(
+        (w for w in (listing or {}).get("items", [])
+         if any(((h.get("clientConfig") or {}).get("service") or {}).get("namespace") == namespace
+                for h in w.get("webhooks") or [])),
+        None,
+    )  # fmt: skip
+
+
 def snapshot(kubeconfig: Path | None, context: str | None, namespace: str) -> Snapshot:
     """Everything the checks look at, read from the cluster."""
     from kubernetes import client as k8s
@@ -71,15 +81,11 @@ def snapshot(kubeconfig: Path | None, context: str | None, namespace: str) -> Sn
     data_plane = tuple(
         p for p in meshed.get("items", []) if p["metadata"].get("namespace") != namespace
     )
-    webhooks = read(
-        "webhook", k8s.AdmissionregistrationV1Api(api).list_mutating_webhook_configuration
-    ) or {}  # fmt: skip
-    webhook = next(
-        (w for w in webhooks.get("items", [])
-         if any(((h.get("clientConfig") or {}).get("service") or {}).get("namespace") == namespace
-                for h in w.get("webhooks") or [])),
-        None,
-    )  # fmt: skip
+    admission = k8s.AdmissionregistrationV1Api(api)
+    webhook = _calling(namespace, read("webhook", admission.list_mutating_webhook_configuration))
+    validator = _calling(
+        namespace, read("validator", admission.list_validating_webhook_configuration)
+    )
     return Snapshot(
         namespace=namespace,
         version=version,
@@ -92,6 +98,7 @@ def snapshot(kubeconfig: Path | None, context: str | None, namespace: str) -> Sn
         trust_roots=read("trust roots", core.read_namespaced_config_map,
                          wk.TRUST_ROOTS_CONFIGMAP, namespace),
         webhook=webhook,
+        validator=validator,
         webhook_secret=read("webhook secret", core.read_namespaced_secret,
                             wk.INJECTOR_TLS_SECRET, namespace),
         data_plane=data_plane,

@@ -48,6 +48,7 @@ class Snapshot:
     issuer_secret: Obj | None = None
     trust_roots: Obj | None = None
     webhook: Obj | None = None
+    validator: Obj | None = None  # the ValidatingWebhookConfiguration
     webhook_secret: Obj | None = None
     data_plane: tuple[Obj, ...] = ()  # meshed pods outside the control plane
     errors: Mapping[str, str] = field(default_factory=dict)
@@ -270,6 +271,32 @@ def webhook_not_expiring(s: Snapshot, now: dt.datetime) -> None:
     _expiry([_webhook_cert(s)], "webhook certificate", now, warn=True)
 
 
+def validator_config(s: Snapshot, now: dt.datetime) -> None:
+    """The validating webhook calls the injector at /validate and trusts its certificate."""
+    from cryptography.exceptions import InvalidSignature
+
+    if s.validator is None:
+        raise _Fail(s.errors.get("validator", "ValidatingWebhookConfiguration not found"))
+    hooks = s.validator.get("webhooks") or []
+    if not hooks:
+        raise _Fail("the ValidatingWebhookConfiguration has no webhook")
+    client = hooks[0].get("clientConfig") or {}
+    service = client.get("service") or {}
+    called = (service.get("name"), service.get("namespace"), service.get("path"))
+    if called != (wk.INJECTOR_NAME, s.namespace, wk.INJECTOR_VALIDATE_PATH):
+        raise _Fail(f"the validating webhook calls {called[1]}/{called[0]} at {called[2]}")
+    cert = _webhook_cert(s)
+    roots = _load_certs(base64.b64decode(str(client.get("caBundle", ""))).decode(),
+                        "the validating webhook's caBundle")  # fmt: skip
+    for root in roots:
+        try:
+            cert.verify_directly_issued_by(root)
+            return
+        except (ValueError, TypeError, InvalidSignature):
+            continue
+    raise _Fail("the webhook certificate is not signed by the validating webhook's caBundle")
+
+
 def _proxy_status(pod: Obj) -> Obj | None:
     status = pod.get("status") or {}
     for entry in [
@@ -346,6 +373,8 @@ INSTALLED: Final[tuple[Entry, ...]] = (
      "reinstall to make a new webhook certificate"),
     ("meshlet-webhook", "proxy-injector webhook certificate is valid for at least 60 days",
      webhook_not_expiring, "reinstall to make a new webhook certificate"),
+    ("meshlet-webhook", "validating webhook is configured", validator_config,
+     "run: meshlet install | kubectl apply -f -"),
     ("meshlet-data-plane", "data plane proxies are ready", proxies_ready,
      "kubectl describe the pods named; meshlet diagnostics proxy-metrics POD"),
     ("meshlet-data-plane", "data plane proxies use the current trust root", proxies_trust_root,
