@@ -126,7 +126,7 @@ POLICY_RESOURCES: tuple[Resource, ...] = tuple(
         ("policy.meshlet.io", "v1alpha1", "meshtlsauthentications", "MeshTLSAuthentication"),
         ("policy.meshlet.io", "v1alpha1", "networkauthentications", "NetworkAuthentication"),
         ("policy.meshlet.io", "v1beta3", "httproutes", "HTTPRoute"),
-        ("policy.meshlet.io", "v1alpha1", "grpcroutes", "GRPCRoute"),
+        ("policy.meshlet.io", "v1", "grpcroutes", "GRPCRoute"),
         ("policy.meshlet.io", "v1alpha1", "httplocalratelimitpolicies", "HTTPLocalRateLimitPolicy"),
         ("gateway.networking.k8s.io", "v1", "httproutes", "HTTPRoute"),
         ("gateway.networking.k8s.io", "v1", "grpcroutes", "GRPCRoute"),

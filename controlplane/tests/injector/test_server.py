@@ -303,3 +303,31 @@ def test_bad_configuration_exits_64_naming_every_problem(tmp_path: Path, test_ca
     assert "proxy.logLevel='loud'" in err
     assert "--tls-cert/--tls-key: not a usable certificate and key" in err
     assert "Traceback" not in err
+
+
+def test_validates_policy_resources_naming_every_problem(injector: Injector) -> None:
+    """The policy kinds are judged by the policy controller's own definition of valid."""
+    good = {
+        "apiVersion": "policy.meshlet.io/v1beta3",
+        "kind": "Server",
+        "metadata": {"name": "web-http", "namespace": "emojivoto"},
+        "spec": {"podSelector": {"matchLabels": {"app": "web"}}, "port": "http"},
+    }
+    assert validate(injector, good)["allowed"] is True
+    bad = {**good, "spec": {"port": 70000, "proxyProtocol": "SPDY"}}
+    response = validate(injector, bad)
+    assert response["allowed"] is False
+    message = response["status"]["message"]
+    assert message.startswith("Server emojivoto/web-http is invalid (3 problems"), message
+    for field in ("spec.port", "spec.proxyProtocol", "podSelector"):
+        assert field in message, (field, message)
+    policy = {
+        "apiVersion": "policy.meshlet.io/v1alpha1",
+        "kind": "AuthorizationPolicy",
+        "metadata": {"name": "p", "namespace": "emojivoto"},
+        "spec": {"targetRef": {"kind": "Pod", "name": "x"}},
+    }
+    response = validate(injector, policy, "UPDATE")
+    assert response["allowed"] is False
+    assert "spec.targetRef" in response["status"]["message"]
+    assert "spec.requiredAuthenticationRefs" in response["status"]["message"]

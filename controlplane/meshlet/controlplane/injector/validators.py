@@ -12,10 +12,13 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from meshlet.controlplane.destination import profiles
+from meshlet.controlplane.policy import resources
 
 Validator = Callable[[Mapping[str, Any]], list[str]]
 
 # (API group, kind) → validator. Kinds not listed are allowed unjudged.
 VALIDATORS: Final[Mapping[tuple[str, str], Validator]] = {
     ("meshlet.io", "ServiceProfile"): profiles.problems,
-}
+    **{(api_version.rpartition("/")[0], kind): resources.problems
+       for api_version, kind in resources.KINDS},
+}  # fmt: skip
