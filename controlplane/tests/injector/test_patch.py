@@ -303,3 +303,21 @@ def test_a_pod_without_ports_gets_no_inbound_ports_variable(config: InjectConfig
     del bare["spec"]["containers"][0]["ports"]
     meshed = as_scheduled(patched(copy.deepcopy(bare), mesh(bare, {}, config)))
     assert wk.ProxyEnv.INBOUND_PORTS not in kubelet.container_env(meshed, proxy_of(meshed))
+
+
+def test_more_ports_than_the_proxy_watches_are_left_out_with_a_message(
+    config: InjectConfig,
+) -> None:
+    """The proxy's loader refuses more than MAX_INBOUND_PORTS ports (it would exit and the pod
+    never start): the variable is left out, the pod starts with its default policy."""
+    crowded = pod(ENABLED)
+    crowded["spec"]["containers"][0]["ports"] = [
+        {"containerPort": 10000 + i, "name": f"p{i}"}
+        for i in range(proxy_config.MAX_INBOUND_PORTS + 1)
+    ]
+    outcome = mesh(copy.deepcopy(crowded), {}, config)
+    meshed = as_scheduled(patched(copy.deepcopy(crowded), outcome))
+    env = kubelet.container_env(meshed, proxy_of(meshed))
+    assert wk.ProxyEnv.INBOUND_PORTS not in env
+    assert outcome.warnings == (f"no {wk.ProxyEnv.INBOUND_PORTS}: more than 1000 ports",)
+    proxy_config.load(env)

@@ -44,6 +44,7 @@ SETTINGS: Final = (
         wellknown.DEFAULT_INBOUND_POLICY_ANNOTATION,
         "default_inbound_policy",
         grammar.inbound_policy,
+        wellknown.ProxyEnv.INBOUND_DEFAULT_POLICY,
     ),
     Setting(wellknown.PROXY_NATIVE_SIDECAR_ANNOTATION, "native_sidecar", grammar.flag),
     Setting(

@@ -83,6 +83,19 @@ def inbound_ports(spec: Mapping[str, Any]) -> str:
     return ",".join(str(p) for p in sorted(p for p in found if 0 < p < 65536))
 
 
+def checked_inbound_ports(spec: Mapping[str, Any]) -> tuple[str, list[str]]:
+    """`inbound_ports`, or "" with a message when the proxy's loader would refuse the list (more
+    ports than it watches): the proxy then falls back to its default policy, the pod starts."""
+    from meshlet.proxy import config as proxy_config
+
+    ports = inbound_ports(spec)
+    try:
+        proxy_config.check(wk.ProxyEnv.INBOUND_PORTS, ports)
+    except ValueError as exc:
+        return "", [f"no {wk.ProxyEnv.INBOUND_PORTS}: {exc}"]
+    return ports, []
+
+
 def proxy_env(
     config: InjectConfig,
     settings: ProxySettings,
@@ -333,8 +346,9 @@ def patch(
     settings = resolved.settings
     meta, spec = target.path + "/metadata", target.path + "/spec"
     new_labels, messages = pod_labels(target, config)
-    proxy = proxy_container(config, settings, _identity_addr(target, config),
-                            inbound_ports(target.spec))  # fmt: skip
+    ports, refused = checked_inbound_ports(target.spec)
+    messages += refused
+    proxy = proxy_container(config, settings, _identity_addr(target, config), ports)
     ops = [
         *_merge_map(meta + "/annotations", target.metadata.get("annotations"),
                     pod_annotations(target, config, resolved)),
