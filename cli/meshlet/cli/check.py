@@ -12,7 +12,15 @@ from typing import Any
 import click
 
 from meshlet.api import wellknown as wk
-from meshlet.cli.checks import COMPONENTS, Obj, Result, Snapshot, Status, evaluate
+from meshlet.cli.checks import (
+    COMPONENTS,
+    POLICY_CRDS,
+    Obj,
+    Result,
+    Snapshot,
+    Status,
+    evaluate,
+)
 
 SYMBOLS = {
     Status.SUCCESS: ("✓", "green"),
@@ -51,6 +59,37 @@ def _calling(namespace: str, listing: Obj | None) -> Obj | None:
     )  # fmt: skip
 
 
+MAX_POLICY_PODS = 5  # whose admin /ready is asked
+
+
+def _admin_ready(api: Any, pods: list[Obj], port: int) -> dict[str, str]:
+    """Each running pod's admin `/ready` through the API server's pod proxy: "" for 200, else
+    what the API server or the pod said."""
+    from kubernetes import client as k8s
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    from meshlet.cli.scrape import status_reason
+
+    out: dict[str, str] = {}
+    for pod in pods[:MAX_POLICY_PODS]:
+        name = str(pod["metadata"]["name"])
+        if (pod.get("status") or {}).get("phase") != "Running":
+            out[name] = f"pod is {(pod.get('status') or {}).get('phase') or 'Pending'}"
+            continue
+        try:
+            k8s.CoreV1Api(api).connect_get_namespaced_pod_proxy_with_path(
+                f"{name}:{port}", pod["metadata"]["namespace"], "ready",
+                _preload_content=False, _request_timeout=TIMEOUT,
+            )  # fmt: skip
+            out[name] = ""
+        except ApiException as exc:
+            out[name] = f"/ready: {status_reason(exc)}"
+        except (HTTPError, OSError) as exc:
+            out[name] = f"cannot reach the Kubernetes API: {exc}"
+    return out
+
+
 def snapshot(kubeconfig: Path | None, context: str | None, namespace: str) -> Snapshot:
     """Everything the checks look at, read from the cluster."""
     from kubernetes import client as k8s
@@ -86,6 +125,17 @@ def snapshot(kubeconfig: Path | None, context: str | None, namespace: str) -> Sn
     validator = _calling(
         namespace, read("validator", admission.list_validating_webhook_configuration)
     )
+    extensions = k8s.ApiextensionsV1Api(api)
+    policy_crds = frozenset(
+        name for name in POLICY_CRDS
+        if read(name, extensions.read_custom_resource_definition, name) is not None
+    )  # fmt: skip
+    policy_pods = sorted(
+        (p for p in pods.get("items", [])
+         if ((p.get("metadata") or {}).get("labels") or {}).get(wk.CONTROL_PLANE_COMPONENT_LABEL)
+         == "policy"),
+        key=lambda p: str(p["metadata"]["name"]),
+    )  # fmt: skip
     return Snapshot(
         namespace=namespace,
         version=version,
@@ -102,6 +152,10 @@ def snapshot(kubeconfig: Path | None, context: str | None, namespace: str) -> Sn
         webhook_secret=read("webhook secret", core.read_namespaced_secret,
                             wk.INJECTOR_TLS_SECRET, namespace),
         data_plane=data_plane,
+        policy_crds=policy_crds,
+        policy_deployment=read("policy", apps.read_namespaced_deployment, wk.POLICY_NAME,
+                               namespace),
+        policy_ready=_admin_ready(api, policy_pods, wk.POLICY_ADMIN_PORT),
         errors=errors,
     )  # fmt: skip
 
