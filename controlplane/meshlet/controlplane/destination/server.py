@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -22,12 +20,11 @@ from meshlet.controlplane.destination.publisher import Publishers
 from meshlet.controlplane.destination.service import (
     DestinationMetrics,
     DestinationService,
-    StreamLimits,
     rpc_handler,
 )
 from meshlet.controlplane.destination.state import ClusterState
 from meshlet.controlplane.k8s.events import Event, Source
-from meshlet.controlplane.listen import ListenError, add_grpc_port, start_admin
+from meshlet.controlplane.streaming import StreamingController, StreamLimits
 from meshlet.controlplane.supervise import Supervisor
 
 log = logging.getLogger(__name__)
@@ -78,7 +75,7 @@ class _SourceCounters(Collector):
         return families
 
 
-class DestinationServer:
+class DestinationServer(StreamingController):
     def __init__(
         self, config: DestinationConfig, registry: CollectorRegistry | None = None
     ) -> None:
@@ -90,8 +87,6 @@ class DestinationServer:
             self.state, derive_from_pods=config.derive_from_pods, capacity=config.stream_queue
         )
         self.limits = StreamLimits(config.max_streams, config.max_streams_per_peer)
-        self.grpc_port = 0
-        self.admin_port = 0
         self._events = Counter(
             "destination_source_events_total", "Cluster events applied, by kind.", ["kind"],
             registry=self.registry,
@@ -109,11 +104,9 @@ class DestinationServer:
             registry=self.registry,
         )
         self.registry.register(_SourceCounters(config.source))
-        self._grpc: grpc.aio.Server | None = None
         self._admin = AdminServer(partial(generate_latest, self.registry), ready=self.ready)
         self.supervisor = Supervisor("destination")
         self.supervisor.add("the cluster-state source", partial(config.source.run, self.apply))
-        self._supervising: asyncio.Task[None] | None = None
 
     def ready(self) -> bool:
         """Serving gRPC from a source that runs and has listed every kind: answers from a
@@ -131,46 +124,10 @@ class DestinationServer:
 
     async def start(self) -> None:
         cfg = self.config
-        self._supervising = asyncio.create_task(self.supervisor.run())
-        # Calls wait in gRPC core's queue until the service takes them, one at a time: past
-        # its default limits (1,000 soft, 3,000 hard) core drops them at random and the client
-        # sees a bare CANCELLED. With the queue as deep as the stream caps, every call reaches
-        # the admission check, which answers RESOURCE_EXHAUSTED with a reason.
-        queue = cfg.max_streams + cfg.max_streams_per_peer
-        self._grpc = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", 16 * 1024),
-                ("grpc.max_concurrent_streams", 10_000),
-                ("grpc.keepalive_time_ms", 30_000),
-                ("grpc.http2.max_pings_without_data", 0),
-                ("grpc.server.max_pending_requests", queue),
-                ("grpc.server.max_pending_requests_hard_limit", queue),
-                ("grpc.so_reuseport", 0),  # a port in use is an error, not a shared port
-            ]
-        )
         service = DestinationService(self.publishers, self.metrics, self.limits, cfg.cluster_domain)
-        self._grpc.add_generic_rpc_handlers((rpc_handler(service),))
-        credentials = None
-        if cfg.tls is not None:
-            chain, key = (path.read_bytes() for path in cfg.tls)
-            credentials = grpc.ssl_server_credentials([(key, chain)])
-        try:
-            self.grpc_port = add_grpc_port(self._grpc, cfg.addr, credentials)
-            await self._grpc.start()
-            self.admin_port = await start_admin(self._admin, cfg.admin_addr)
-        except ListenError:
-            await self.stop(grace=0)
-            raise
+        handler = rpc_handler(service)
+        await self._serve(handler, cfg.addr, cfg.admin_addr, cfg.tls)
         log.info("destination serving on :%d (admin :%d)", self.grpc_port, self.admin_port)
-
-    async def stop(self, grace: float = 5.0) -> None:
-        self.supervisor.stop()
-        if self._grpc is not None:
-            await self._grpc.stop(grace)
-        if self._supervising is not None:
-            self._supervising.cancel()
-            await asyncio.gather(self._supervising, return_exceptions=True)
-        await self._admin.close()
 
 
 async def serve(config: DestinationConfig, registry: CollectorRegistry | None = None) -> int:

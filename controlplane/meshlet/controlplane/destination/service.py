@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import Counter as Tally
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +15,7 @@ from meshlet.controlplane.destination import paths
 from meshlet.controlplane.destination.listener import Overflow
 from meshlet.controlplane.destination.publisher import Publishers, Subscription
 from meshlet.controlplane.grpcmetrics import HandledCounter
+from meshlet.controlplane.streaming import StreamLimits, peer_host
 
 log = logging.getLogger(__name__)
 
@@ -35,38 +35,6 @@ class DestinationMetrics:
             ["method"],
             registry=registry,
         )
-
-
-class StreamLimits:
-    """Caps on concurrent streams, overall and per client address."""
-
-    def __init__(self, total: int, per_peer: int) -> None:
-        self.total, self.per_peer = total, per_peer
-        self._by_peer: Tally[str] = Tally()
-
-    def acquire(self, peer: str) -> str | None:
-        """None when admitted, else why not."""
-        if sum(self._by_peer.values()) >= self.total:
-            return f"the server holds its maximum of {self.total} streams"
-        if self._by_peer[peer] >= self.per_peer:
-            return f"{peer} holds its maximum of {self.per_peer} streams"
-        self._by_peer[peer] += 1
-        return None
-
-    def release(self, peer: str) -> None:
-        self._by_peer[peer] -= 1
-        if self._by_peer[peer] <= 0:
-            del self._by_peer[peer]
-
-    @property
-    def active(self) -> int:
-        return sum(self._by_peer.values())
-
-
-def peer_host(peer: str) -> str:
-    """`ipv4:127.0.0.1:5000` → `127.0.0.1`; `ipv6:[::1]:5000` → `::1`."""
-    address = peer.split(":", 1)[1] if ":" in peer else peer
-    return address.rsplit(":", 1)[0].strip("[]")
 
 
 def rpc_handler(service: DestinationService) -> grpc.GenericRpcHandler:

@@ -19,11 +19,10 @@ from meshlet.api import inbound_pb2
 from meshlet.api.admin import AdminServer
 from meshlet.api.hostport import HostPort
 from meshlet.controlplane.cli import serve_until_signalled
-from meshlet.controlplane.destination.service import StreamLimits, peer_host
 from meshlet.controlplane.grpcmetrics import HandledCounter
 from meshlet.controlplane.k8s.events import Event, Source
-from meshlet.controlplane.listen import ListenError, add_grpc_port, start_admin
 from meshlet.controlplane.policy.index import ClusterConfig, Index, Mailbox
+from meshlet.controlplane.streaming import StreamingController, StreamLimits, peer_host
 from meshlet.controlplane.supervise import Supervisor
 
 log = logging.getLogger(__name__)
@@ -179,14 +178,12 @@ def rpc_handler(service: PolicyService) -> grpc.GenericRpcHandler:
     )
 
 
-class PolicyServer:
+class PolicyServer(StreamingController):
     def __init__(self, config: PolicyConfig, registry: CollectorRegistry | None = None) -> None:
         self.config = config
         self.registry = registry or CollectorRegistry()
         self.index = Index(config.cluster)
         self.limits = StreamLimits(config.max_streams, config.max_streams_per_peer)
-        self.grpc_port = 0
-        self.admin_port = 0
         self._events = Counter(
             "policy_source_events_total",
             "Cluster events applied, by kind.",
@@ -203,11 +200,9 @@ class PolicyServer:
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
             registry=self.registry,
         )
-        self._grpc: grpc.aio.Server | None = None
         self._admin = AdminServer(partial(generate_latest, self.registry), ready=self.ready)
         self.supervisor = Supervisor("policy")
         self.supervisor.add("the cluster-state source", partial(config.source.run, self.apply))
-        self._supervising: asyncio.Task[None] | None = None
 
     def ready(self) -> bool:
         return self.grpc_port != 0 and self.supervisor.healthy and self.config.source.synced
@@ -220,43 +215,9 @@ class PolicyServer:
 
     async def start(self) -> None:
         cfg = self.config
-        self._supervising = asyncio.create_task(self.supervisor.run())
-        queue = cfg.max_streams + cfg.max_streams_per_peer
-        self._grpc = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", 16 * 1024),
-                ("grpc.max_concurrent_streams", 10_000),
-                ("grpc.keepalive_time_ms", 30_000),
-                ("grpc.http2.max_pings_without_data", 0),
-                ("grpc.server.max_pending_requests", queue),
-                ("grpc.server.max_pending_requests_hard_limit", queue),
-                ("grpc.so_reuseport", 0),
-            ]
-        )
-        self._grpc.add_generic_rpc_handlers(
-            (rpc_handler(PolicyService(self.index, self.registry, self.limits)),)
-        )
-        credentials = None
-        if cfg.tls is not None:
-            chain, key = (path.read_bytes() for path in cfg.tls)
-            credentials = grpc.ssl_server_credentials([(key, chain)])
-        try:
-            self.grpc_port = add_grpc_port(self._grpc, cfg.addr, credentials)
-            await self._grpc.start()
-            self.admin_port = await start_admin(self._admin, cfg.admin_addr)
-        except ListenError:
-            await self.stop(grace=0)
-            raise
+        handler = rpc_handler(PolicyService(self.index, self.registry, self.limits))
+        await self._serve(handler, cfg.addr, cfg.admin_addr, cfg.tls)
         log.info("policy serving on :%d (admin :%d)", self.grpc_port, self.admin_port)
-
-    async def stop(self, grace: float = 5.0) -> None:
-        self.supervisor.stop()
-        if self._grpc is not None:
-            await self._grpc.stop(grace)
-        if self._supervising is not None:
-            self._supervising.cancel()
-            await asyncio.gather(self._supervising, return_exceptions=True)
-        await self._admin.close()
 
 
 async def serve(config: PolicyConfig, registry: CollectorRegistry | None = None) -> int:

@@ -1,0 +1,113 @@
+"""What the controllers that stream to proxies (destination, policy) share: caps on their
+streams, and a gRPC server sized to those caps beside their admin server, started and stopped
+in one order."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter as Tally
+from pathlib import Path
+
+import grpc
+
+from meshlet.api.admin import AdminServer
+from meshlet.api.hostport import HostPort
+from meshlet.controlplane.listen import ListenError, add_grpc_port, start_admin
+from meshlet.controlplane.supervise import Supervisor
+
+
+class StreamLimits:
+    """Caps on concurrent streams, overall and per client address."""
+
+    def __init__(self, total: int, per_peer: int) -> None:
+        self.total, self.per_peer = total, per_peer
+        self._by_peer: Tally[str] = Tally()
+
+    def acquire(self, peer: str) -> str | None:
+        """None when admitted, else why not."""
+        if sum(self._by_peer.values()) >= self.total:
+            return f"the server holds its maximum of {self.total} streams"
+        if self._by_peer[peer] >= self.per_peer:
+            return f"{peer} holds its maximum of {self.per_peer} streams"
+        self._by_peer[peer] += 1
+        return None
+
+    def release(self, peer: str) -> None:
+        self._by_peer[peer] -= 1
+        if self._by_peer[peer] <= 0:
+            del self._by_peer[peer]
+
+    @property
+    def active(self) -> int:
+        return sum(self._by_peer.values())
+
+
+def peer_host(peer: str) -> str:
+    """`ipv4:127.0.0.1:5000` → `127.0.0.1`; `ipv6:[::1]:5000` → `::1`."""
+    address = peer.split(":", 1)[1] if ":" in peer else peer
+    return address.rsplit(":", 1)[0].strip("[]")
+
+
+def streaming_server(limits: StreamLimits) -> grpc.aio.Server:
+    """A gRPC server for long-lived streams within `limits`.
+
+    Calls wait in gRPC core's queue until the service takes them, one at a time: past its
+    default limits (1,000 soft, 3,000 hard) core drops them at random and the client sees a
+    bare CANCELLED. With the queue as deep as the stream caps, every call reaches the admission
+    check, which answers RESOURCE_EXHAUSTED with a reason."""
+    queue = limits.total + limits.per_peer
+    return grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", 16 * 1024),
+            ("grpc.max_concurrent_streams", 10_000),
+            ("grpc.keepalive_time_ms", 30_000),
+            ("grpc.http2.max_pings_without_data", 0),
+            ("grpc.server.max_pending_requests", queue),
+            ("grpc.server.max_pending_requests_hard_limit", queue),
+            ("grpc.so_reuseport", 0),  # a port in use is an error, not a shared port
+        ]
+    )
+
+
+class StreamingController:
+    """The serving half of a streaming controller: its subclass sets `supervisor`, `limits`
+    and `_admin`, then `start` calls `_serve` with its RPC handler."""
+
+    supervisor: Supervisor
+    limits: StreamLimits
+    _admin: AdminServer
+    grpc_port = 0
+    admin_port = 0
+    _grpc: grpc.aio.Server | None = None
+    _supervising: asyncio.Task[None] | None = None
+
+    async def _serve(
+        self,
+        handler: grpc.GenericRpcHandler,
+        addr: HostPort,
+        admin_addr: HostPort,
+        tls: tuple[Path, Path] | None,
+    ) -> None:
+        self._supervising = asyncio.create_task(self.supervisor.run())
+        self._grpc = streaming_server(self.limits)
+        self._grpc.add_generic_rpc_handlers((handler,))
+        credentials = None
+        if tls is not None:
+            chain, key = (path.read_bytes() for path in tls)
+            credentials = grpc.ssl_server_credentials([(key, chain)])
+        try:
+            self.grpc_port = add_grpc_port(self._grpc, addr, credentials)
+            await self._grpc.start()
+            self.admin_port = await start_admin(self._admin, admin_addr)
+        except ListenError:
+            await self.stop(grace=0)
+            raise
+
+    async def stop(self, grace: float = 5.0) -> None:
+        self.supervisor.stop()
+        if self._grpc is not None:
+            await self._grpc.stop(grace)
+        if self._supervising is not None:
+            self._supervising.cancel()
+            await asyncio.gather(self._supervising, return_exceptions=True)
+        await self._admin.close()
