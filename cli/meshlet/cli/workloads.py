@@ -120,22 +120,19 @@ def pod_of(obj: Mapping[str, Any]) -> Pod:
 
 
 def selects(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
-    """A LabelSelector (`matchLabels`, `matchExpressions`) against a pod's labels."""
-    for key, value in (selector.get("matchLabels") or {}).items():
-        if labels.get(key) != value:
-            return False
-    for expr in selector.get("matchExpressions") or []:
-        key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
-        present = key in labels
-        if op == "In" and not (present and labels[key] in values):
-            return False
-        if op == "NotIn" and present and labels[key] in values:
-            return False
-        if op == "Exists" and not present:
-            return False
-        if op == "DoesNotExist" and present:
-            return False
-    return True
+    """A LabelSelector (`matchLabels`, `matchExpressions`) against a pod's labels, as the
+    policy controller matches its Servers' selectors."""
+    from meshlet.controlplane.policy.resources import Expression, Selector
+
+    expressions = tuple(
+        Expression(
+            str(e.get("key")), str(e.get("operator")), tuple(map(str, e.get("values") or ()))
+        )
+        for e in selector.get("matchExpressions") or ()
+        if isinstance(e, Mapping)
+    )
+    pairs = tuple((str(k), str(v)) for k, v in (selector.get("matchLabels") or {}).items())
+    return Selector(pairs, expressions).matches(labels)
 
 
 @dataclass(frozen=True, slots=True)
