@@ -341,8 +341,9 @@ class PodMesh:
 
     def curl_codes(self, pod: str, url: str, count: int, *options: str) -> list[int]:
         """`count` requests by one curl (one connection, one after the other): each status."""
-        done = self.run(pod, "curl", "-s", "--max-time", "10", "-o", "/dev/null",
-                        "-w", "%{http_code}\\n", *options, *([url] * count))  # fmt: skip
+        urls = [arg for _ in range(count) for arg in ("-o", "/dev/null", url)]
+        done = self.run(pod, "curl", "-s", "--max-time", "10", "-w", "%{http_code}\\n",
+                        *options, *urls)  # fmt: skip
         return [int(code) for code in done.stdout.split()]
 
     def grpc(self, pod: str, target: str, metadata: tuple[tuple[str, str], ...] = ()) -> Any:
@@ -434,8 +435,9 @@ def running(mesh: PodMesh) -> Iterator[PodMesh]:
 
 
 def _curl(output: str, exit_code: int) -> Curl:
-    head, _, body = output.partition("\r\n\r\n")
-    lines = head.split("\r\n")
+    """curl's `-D -` output (line ends made `\\n` by the text mode) as a `Curl`."""
+    head, _, body = output.partition("\n\n")
+    lines = head.splitlines()
     status = 0
     if lines and lines[0].startswith("HTTP/"):
         status = int(lines[0].split()[1])
