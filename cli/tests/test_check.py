@@ -6,14 +6,18 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
 import yaml
 
 from meshlet.api import wellknown as wk
+from meshlet.cli.checks import POLICY_CRDS
 from meshlet.controlplane.identity import ca
 from meshlet_testing.fakeapi import FakeKubeAPI
 from meshlet_testing.workloads import ready_pod
@@ -24,25 +28,87 @@ Obj = dict[str, Any]
 CROSS = "\u00d7"  # what a failed check starts with
 
 
+POD_IP = "10.42.0.9"  # every pod `ready_pod` makes
+
+
+class PolicyAdminFixture:
+    """A test fixture standing in for the policy controller's admin server: `/ready` answers
+    `code`, as `meshlet-controller policy` on --admin-addr would."""
+
+    def __init__(self) -> None:
+        self.code = 200
+        fixture = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                code = fixture.code if self.path == "/ready" else 404
+                body = b"ready\n" if code == 200 else b"not ready\n"
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return "127.0.0.1", int(self.server.server_address[1])
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+
+
+def policy_crd_stand_in(name: str) -> Obj:
+    """A CustomResourceDefinition of the policy controller's kinds by name: what `meshlet
+    check` looks for, whatever schema `meshlet install --crds` gives it."""
+    plural, group = name.split(".", 1)
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": name},
+        "spec": {"group": group, "scope": "Namespaced",
+                 "names": {"plural": plural, "kind": plural.title(), "singular": plural},
+                 "versions": [{"name": "v1beta1", "served": True, "storage": True,
+                               "schema": {"openAPIV3Schema": {"type": "object"}}}]},
+    }  # fmt: skip
+
+
 class Cluster:
     def __init__(self, api: FakeKubeAPI, meshlet: Callable[..., Any], tmp_path: Path) -> None:
         self.api, self.meshlet = api, meshlet
         self.kubeconfig = str(api.write_kubeconfig(tmp_path / "kubeconfig"))
+        self.policy_admin = PolicyAdminFixture()
+        api.expose(POD_IP, wk.POLICY_ADMIN_PORT, self.policy_admin.address)
 
     def apply(self, text: str, pods: bool = True) -> list[Obj]:
         docs = [d for d in yaml.safe_load_all(text) if d]
         for doc in docs:
             if doc["kind"] in ("List", "DaemonSet"):  # not served by the fake
                 continue
+            if pods and doc["kind"] == "Deployment":  # as the controller-manager reports it
+                replicas = doc["spec"].get("replicas", 1)
+                doc["status"] = {"replicas": replicas, "readyReplicas": replicas,
+                                 "availableReplicas": replicas}  # fmt: skip
             self.api.apply(doc)
             if pods and doc["kind"] == "Deployment":
                 ns = doc["metadata"]["namespace"]
                 name = f"{doc['metadata']['name']}-5d4f8c9b7-x2x7q"
-                self.api.apply(ready_pod(doc["spec"]["template"], name, ns))
+                self.api.apply(ready_pod(doc["spec"]["template"], name, ns, ip=POD_IP))
         return docs
 
-    def install(self, *args: str) -> None:
+    def crds(self) -> None:
         self.apply(self.meshlet("install", "--crds").out)
+        for name in POLICY_CRDS:
+            self.api.apply(policy_crd_stand_in(name))
+
+    def install(self, *args: str) -> None:
+        self.crds()
         run = self.meshlet("install", *args)
         assert run.code == 0, run.err
         self.apply(run.out)
@@ -56,8 +122,12 @@ class Cluster:
 
 
 @pytest.fixture
-def cluster(api: FakeKubeAPI, meshlet: Callable[..., Any], tmp_path: Path) -> Cluster:
-    return Cluster(api, meshlet, tmp_path)
+def cluster(api: FakeKubeAPI, meshlet: Callable[..., Any], tmp_path: Path) -> Iterator[Cluster]:
+    cluster = Cluster(api, meshlet, tmp_path)
+    try:
+        yield cluster
+    finally:
+        cluster.policy_admin.close()
 
 
 def identity_files(tmp_path: Path, issuer_lifetime: dt.timedelta) -> tuple[str, ...]:
@@ -84,14 +154,14 @@ def test_healthy(cluster: Cluster, tmp_path: Path, golden: Callable[[Path, str],
     assert doc["success"] is True
     assert [c["categoryName"] for c in doc["categories"]] == [
         "kubernetes-api", "kubernetes-version", "meshlet-crds", "meshlet-existence",
-        "meshlet-identity", "meshlet-webhook", "meshlet-data-plane",
+        "meshlet-identity", "meshlet-webhook", "meshlet-policy", "meshlet-data-plane",
     ]  # fmt: skip
     assert all(c["result"] == "success" for cat in doc["categories"] for c in cat["checks"])
     assert cluster.check("--fail-on-warning").code == 0
 
 
 def test_missing_control_plane(cluster: Cluster, golden: Callable[[Path, str], None]) -> None:
-    cluster.apply(cluster.meshlet("install", "--crds").out)
+    cluster.crds()
     run = cluster.check()
     assert run.code == 1
     golden(GOLDEN / "check-missing-control-plane.txt", run.out)
@@ -181,3 +251,53 @@ def test_unreachable_cluster(
     assert "meshlet-identity" not in run.out  # nothing else is tried
     run = meshlet("check", "--kubeconfig", str(tmp_path / "missing"))
     assert run.code == 1 and f"{CROSS} can initialize the client" in run.out
+
+
+def checks_of(run: Any) -> dict[str, Obj]:
+    return {c["description"]: c for cat in json.loads(run.out)["categories"]
+            for c in cat["checks"]}  # fmt: skip
+
+
+def test_the_policy_checks(cluster: Cluster, tmp_path: Path) -> None:
+    cluster.install(*identity_files(tmp_path, dt.timedelta(days=365)))
+    checks = checks_of(cluster.check("-o", "json"))
+    assert checks["policy CRDs are installed"]["result"] == "success"
+    assert checks["policy controller Deployment is ready (1 of 1 ready)"]["result"] == "success"
+    assert checks["policy controller answers on its admin /ready"]["result"] == "success"
+    asked = f"/namespaces/meshlet/pods/meshlet-policy-5d4f8c9b7-x2x7q:{wk.POLICY_ADMIN_PORT}"
+    assert any(unquote(p).endswith(asked + "/proxy/ready") for _, p in cluster.api.requests)
+
+    # the controller has not synced (or is stuck): its /ready says 503
+    cluster.policy_admin.code = 503
+    run = cluster.check("-o", "json")
+    assert run.code == 1
+    failed = checks_of(run)["policy controller answers on its admin /ready"]
+    assert failed["result"] == "error"
+    assert failed["error"].startswith("meshlet-policy-5d4f8c9b7-x2x7q: /ready: 503")
+    assert failed["hint"] == "kubectl -n meshlet logs deploy/meshlet-policy -c policy"
+
+    # no replica ready: the Deployment says so, and the category stops there
+    deploy = cluster.api.get("apps/v1", "Deployment", wk.POLICY_NAME, "meshlet")
+    assert deploy is not None
+    deploy["status"] = {"replicas": 1, "readyReplicas": 0}
+    cluster.api.apply(deploy)
+    checks = checks_of(cluster.check("-o", "json"))
+    failed = checks["policy controller Deployment is ready"]
+    assert failed["error"] == "Deployment meshlet/meshlet-policy: 0 of 1 replicas ready"
+    assert "policy controller answers on its admin /ready" not in checks
+
+
+def test_missing_policy_crds_and_controller(cluster: Cluster, tmp_path: Path) -> None:
+    cluster.install(*identity_files(tmp_path, dt.timedelta(days=365)))
+    cluster.api.delete("apiextensions.k8s.io/v1", "CustomResourceDefinition",
+                       "servers.policy.meshlet.io")  # fmt: skip
+    cluster.api.delete("apps/v1", "Deployment", wk.POLICY_NAME, "meshlet")
+    cluster.api.delete("v1", "Pod", "meshlet-policy-5d4f8c9b7-x2x7q", "meshlet")
+    run = cluster.check()
+    assert run.code == 1
+    assert f"{CROSS} policy CRDs are installed" in run.out
+    assert "CustomResourceDefinitions not found: servers.policy.meshlet.io" in run.out
+    assert "✓ ServiceProfile CRD is installed" in run.out
+    assert f"{CROSS} policy controller Deployment is ready" in run.out
+    assert "Deployment meshlet/meshlet-policy not found" in run.out
+    assert "Traceback" not in run.out

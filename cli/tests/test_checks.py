@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 
 from meshlet.api import wellknown as wk
-from meshlet.cli.checks import Snapshot, Status, evaluate
+from meshlet.cli.checks import POLICY_CRDS, Snapshot, Status, evaluate
 from meshlet.controlplane.injector import tls
 from meshlet_testing import pki
 
@@ -28,6 +28,11 @@ def webhook(ca_bundle: str, failure_policy: str = "Ignore") -> dict[str, Any]:
         "clientConfig": {"service": service, "caBundle": b64(ca_bundle)},
     }
     return {"webhooks": [hook]}
+
+
+def validator(ca_bundle: str, path: str = wk.INJECTOR_VALIDATE_PATH) -> dict[str, Any]:
+    service = {"name": wk.INJECTOR_NAME, "namespace": "meshlet", "path": path}
+    return {"webhooks": [{"clientConfig": {"service": service, "caBundle": b64(ca_bundle)}}]}
 
 
 def snapshot(**changes: Any) -> Snapshot:
@@ -55,7 +60,11 @@ def snapshot(**changes: Any) -> Snapshot:
         },
         "trust_roots": {"data": {wk.TRUST_ROOTS_KEY: pki.anchors_pem()}},
         "webhook": webhook(injector["caBundle"]),
+        "validator": validator(injector["caBundle"]),
         "webhook_secret": {"data": {"tls.crt": b64(injector["crtPEM"])}},
+        "policy_crds": frozenset(POLICY_CRDS),
+        "policy_deployment": {"spec": {"replicas": 2}, "status": {"readyReplicas": 2}},
+        "policy_ready": {"meshlet-policy-a": "", "meshlet-policy-b": ""},
     }
     base.update(changes)
     return Snapshot(**base)
@@ -111,3 +120,44 @@ def test_a_proxy_not_ready() -> None:
         Status.ERROR,
         "proxies not ready: emojivoto/web-1",
     )
+
+
+def test_the_validating_webhook_is_checked() -> None:
+    ca_bundle = VALUES["proxyInjector"]["caBundle"]
+    check = "validating webhook is configured"
+    assert outcome(snapshot(validator=None))[check] == (
+        Status.ERROR,
+        "ValidatingWebhookConfiguration not found",
+    )
+    assert outcome(snapshot(validator=validator(ca_bundle, "/inject")))[check] == (
+        Status.ERROR,
+        "the validating webhook calls meshlet/meshlet-proxy-injector at /inject",
+    )
+    other = tls.webhook_certificate("meshlet", NOW)
+    assert outcome(snapshot(validator=validator(other.ca_pem)))[check] == (
+        Status.ERROR,
+        "the webhook certificate is not signed by the validating webhook's caBundle",
+    )
+
+
+def test_one_ready_policy_controller_is_enough() -> None:
+    """Proxies reach any replica through the Service: one answering /ready serves them."""
+    judged = outcome(snapshot(
+        policy_deployment={"spec": {"replicas": 2}, "status": {"readyReplicas": 1}},
+        policy_ready={"meshlet-policy-a": "/ready: 503 Service Unavailable",
+                      "meshlet-policy-b": ""},
+    ))  # fmt: skip
+    assert judged["policy controller Deployment is ready (1 of 2 ready)"][0] is Status.SUCCESS
+    assert judged["policy controller answers on its admin /ready"][0] is Status.SUCCESS
+    judged = outcome(snapshot(policy_ready={}))
+    assert judged["policy controller answers on its admin /ready"] == (
+        Status.ERROR,
+        "no running policy controller pod",
+    )
+
+
+def test_a_policy_crd_that_cannot_be_read_says_why() -> None:
+    name = POLICY_CRDS[0]
+    judged = outcome(snapshot(policy_crds=frozenset(POLICY_CRDS[1:]),
+                              errors={name: "403 Forbidden"}))  # fmt: skip
+    assert judged["policy CRDs are installed"] == (Status.ERROR, "403 Forbidden")

@@ -17,6 +17,7 @@ from meshlet.api import wellknown as wk
 from meshlet.cli import charts
 from meshlet.cli.main import main
 from meshlet.controlplane.identity import ca
+from meshlet.controlplane.injector.webhook import VALIDATE_PATH
 from meshlet.proxy import config as proxy_config
 from meshlet_testing import kubelet, pki, schema
 
@@ -79,6 +80,7 @@ def test_the_names_other_components_rely_on(installed: list[dict[str, Any]]) -> 
         (wk.DESTINATION_NAME, wk.DESTINATION_PORT),
         (wk.IDENTITY_NAME, wk.IDENTITY_PORT),
         (wk.INJECTOR_NAME, wk.INJECTOR_SERVICE_PORT),
+        (wk.POLICY_NAME, wk.POLICY_PORT),
     ):
         svc = find(installed, "Service", service)
         assert svc["metadata"]["namespace"] == ns
@@ -95,9 +97,19 @@ def test_the_names_other_components_rely_on(installed: list[dict[str, Any]]) -> 
 
 
 def test_crds(meshlet: Callable[..., Any]) -> None:
-    (crd,) = docs(meshlet("install", "--crds").out)
-    assert crd["metadata"]["name"] == wk.SERVICEPROFILE_CRD
-    assert [v["name"] for v in crd["spec"]["versions"]] == ["v1alpha1"]  # what destination reads
+    crds = {c["metadata"]["name"]: c for c in docs(meshlet("install", "--crds").out)}
+    versions = {name: [v["name"] for v in crd["spec"]["versions"]] for name, crd in crds.items()}
+    assert versions == {
+        wk.SERVICEPROFILE_CRD: ["v1alpha1"],  # what destination reads
+        # one served and stored version of each policy kind: Linkerd's newest
+        f"servers.{wk.POLICY_API_GROUP}": ["v1beta3"],
+        f"authorizationpolicies.{wk.POLICY_API_GROUP}": ["v1alpha1"],
+        f"meshtlsauthentications.{wk.POLICY_API_GROUP}": ["v1alpha1"],
+        f"networkauthentications.{wk.POLICY_API_GROUP}": ["v1alpha1"],
+        f"httproutes.{wk.POLICY_API_GROUP}": ["v1beta3"],
+        f"grpcroutes.{wk.POLICY_API_GROUP}": ["v1"],
+        f"httplocalratelimitpolicies.{wk.POLICY_API_GROUP}": ["v1alpha1"],
+    }
 
 
 def test_webhook_configuration(installed: list[dict[str, Any]]) -> None:
@@ -117,8 +129,52 @@ def test_webhook_configuration(installed: list[dict[str, Any]]) -> None:
     assert ca_bundle == yaml.safe_load(pki.VALUES.read_text())["proxyInjector"]["caBundle"]
 
 
+def test_validating_webhook_configuration(
+    installed: list[dict[str, Any]], meshlet: Callable[..., Any]
+) -> None:
+    (config,) = [o for o in installed if o["kind"] == "ValidatingWebhookConfiguration"]
+    (mutating,) = [o for o in installed if o["kind"] == "MutatingWebhookConfiguration"]
+    (hook,) = config["webhooks"]
+    assert hook["failurePolicy"] == "Ignore"  # as Linkerd's validators
+    assert hook["clientConfig"] == {
+        **mutating["webhooks"][0]["clientConfig"],
+        "service": {
+            "name": wk.INJECTOR_NAME,
+            "namespace": "meshlet",
+            "path": VALIDATE_PATH,
+            "port": 443,
+        },
+    }
+    assert hook["namespaceSelector"] == {
+        "matchExpressions": [
+            {
+                "key": "config.meshlet.io/admission-webhooks",
+                "operator": "NotIn",
+                "values": ["disabled"],
+            }
+        ]
+    }
+    judged = {
+        (group, resource)
+        for rule in hook["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        if rule["operations"] == ["CREATE", "UPDATE"]
+    }
+    crds = {
+        (c["spec"]["group"], c["spec"]["names"]["plural"])
+        for c in docs(meshlet("install", "--crds").out)
+    }
+    # every meshlet kind, and the Gateway API routes the policy controller also reads
+    gateway = {
+        ("gateway.networking.k8s.io", "httproutes"),
+        ("gateway.networking.k8s.io", "grpcroutes"),
+    }
+    assert judged == crds | gateway
+
+
 def test_control_plane_pods_are_meshed(installed: list[dict[str, Any]]) -> None:
-    for name in (wk.DESTINATION_NAME, wk.IDENTITY_NAME, wk.INJECTOR_NAME):
+    for name in (wk.DESTINATION_NAME, wk.IDENTITY_NAME, wk.INJECTOR_NAME, wk.POLICY_NAME):
         template = find(installed, "Deployment", name)["spec"]["template"]
         spec = template["spec"]
         containers = [*spec.get("initContainers", []), *spec["containers"]]
@@ -203,3 +259,76 @@ def test_set_reaches_the_proxies(meshlet: Callable[..., Any]) -> None:
     values = yaml.safe_load(find(objects, "ConfigMap", wk.CONFIG_CONFIGMAP)["data"]["values"])
     assert values["proxy"]["logLevel"] == "debug"
     assert values["proxy"]["image"] == "ghcr.io/meshlet/proxy:dev"
+
+
+def test_the_policy_controller(installed: list[dict[str, Any]]) -> None:
+    """Its own Deployment, ServiceAccount and read access; meshed like destination, so that its
+    proxy serves the mesh's mTLS as meshlet-policy's identity, the name proxies are given."""
+    deploy = find(installed, "Deployment", wk.POLICY_NAME)
+    spec = deploy["spec"]["template"]["spec"]
+    assert spec["serviceAccountName"] == wk.POLICY_NAME
+    (policy,) = [c for c in spec["containers"] if c["name"] == "policy"]
+    assert policy["args"] == [
+        "policy", "--in-cluster", "--control-plane-namespace=meshlet",
+        "--trust-domain=cluster.local",
+        "--cluster-networks=10.0.0.0/8,100.64.0.0/10,172.16.0.0/12,192.168.0.0/16,fd00::/8",
+        "--default-policy=all-unauthenticated", "--log-level=info",
+    ]  # fmt: skip
+    ports = {p["name"]: p["containerPort"] for p in policy["ports"]}
+    assert ports == {"grpc": wk.POLICY_PORT, "admin-http": wk.POLICY_ADMIN_PORT}
+    assert policy["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "admin-http"}
+    assert not any(a.startswith("--tls-") for a in policy["args"])  # its proxy terminates mTLS
+    proxy = next(c for c in spec["initContainers"] if c["name"] == wk.PROXY_CONTAINER)
+    pod = {"metadata": {"name": "meshlet-policy-0", "namespace": "meshlet"},
+           "spec": {**spec, "nodeName": "n"}}  # fmt: skip
+    env = kubelet.container_env(pod, proxy)
+    assert env[wk.ProxyEnv.IDENTITY_LOCAL_NAME] == wk.POLICY_SERVICE_NAME
+    assert env[wk.ProxyEnv.POLICY_SVC_NAME] == wk.POLICY_SERVICE_NAME
+    assert env[wk.ProxyEnv.INBOUND_PORTS] == "8090,9997"
+    assert find(installed, "ServiceAccount", wk.POLICY_NAME)["metadata"]["namespace"] == "meshlet"
+    role = find(installed, "ClusterRole", "meshlet-meshlet-policy")
+    reads = {(g, r) for rule in role["rules"] if "watch" in rule["verbs"]
+             for g in rule["apiGroups"] for r in rule["resources"]}  # fmt: skip
+    assert {("", "pods"), ("", "namespaces"), ("", "serviceaccounts"),
+            ("policy.meshlet.io", "servers"), ("policy.meshlet.io", "authorizationpolicies"),
+            ("gateway.networking.k8s.io", "httproutes"),
+            ("gateway.networking.k8s.io", "grpcroutes")} <= reads  # fmt: skip
+    patches = {(g, r) for rule in role["rules"] if rule["verbs"] == ["patch"]
+               for g in rule["apiGroups"] for r in rule["resources"]}  # fmt: skip
+    assert ("gateway.networking.k8s.io", "httproutes/status") in patches
+    assert all(r.endswith("/status") for _, r in patches)  # nothing else is written
+    binding = find(installed, "ClusterRoleBinding", "meshlet-meshlet-policy")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": wk.POLICY_NAME, "namespace": "meshlet"}
+    ]
+
+
+def test_the_default_inbound_policy_reaches_proxies_not_the_control_plane(
+    meshlet: Callable[..., Any],
+) -> None:
+    """The mesh-wide default goes to the injector's configuration and the controller; the
+    control plane's own pods stay reachable (all-unauthenticated), as Linkerd's do."""
+    run = meshlet("install", *FIXED, "--set", "proxy.defaultInboundPolicy=deny",
+                  "--set", "clusterNetworks=10.42.0.0/16")  # fmt: skip
+    assert run.code == 0, run.err
+    objects = docs(run.out)
+    values = yaml.safe_load(find(objects, "ConfigMap", wk.CONFIG_CONFIGMAP)["data"]["values"])
+    assert values["proxy"]["defaultInboundPolicy"] == "deny"
+    assert values["clusterNetworks"] == "10.42.0.0/16"
+    spec = find(objects, "Deployment", wk.POLICY_NAME)["spec"]["template"]["spec"]
+    args = next(c for c in spec["containers"] if c["name"] == "policy")["args"]
+    assert "--default-policy=deny" in args and "--cluster-networks=10.42.0.0/16" in args
+    for name in (wk.DESTINATION_NAME, wk.IDENTITY_NAME, wk.INJECTOR_NAME, wk.POLICY_NAME):
+        template = find(objects, "Deployment", name)["spec"]["template"]
+        containers = [*template["spec"]["initContainers"], *template["spec"]["containers"]]
+        proxy = next(c for c in containers if c["name"] == wk.PROXY_CONTAINER)
+        env = {e["name"]: e.get("value") for e in proxy["env"]}
+        assert env[wk.ProxyEnv.INBOUND_DEFAULT_POLICY] == "all-unauthenticated", name
+        assert env[wk.ProxyEnv.POLICY_CLUSTER_NETWORKS] == "10.42.0.0/16"
+    run = meshlet("install", *FIXED, "--set", "proxy.defaultInboundPolicy=allow")
+    assert run.code == 64
+    assert "at '/proxy/defaultInboundPolicy': value must be one of" in run.err
+    run = meshlet("install", *FIXED, "--set", "clusterNetworks=10.0.0.1/8")
+    assert run.code == 64
+    assert "clusterNetworks='10.0.0.1/8': expected CIDRs" in run.err
+    assert "Traceback" not in run.err

@@ -121,3 +121,28 @@ def test_quantiles_stay_within_the_observed_buckets(values: list[int], q: float)
     assert all(v is not None and 0 <= v <= max(values) for v in result)
     assert result == tuple(sorted(result, key=lambda v: v or 0))  # p50 <= p95 <= p99
     assert quantile(q, t.latency) is not None
+
+
+def test_authorization_allowed_and_denied_count_connections_and_requests() -> None:
+    """The authz counters as the proxy's inbound records them: opaque connections and HTTP
+    requests add up, and each denial is kept with the identity it refused."""
+    metrics = ProxyMetrics()
+    other = "api.demo.serviceaccount.identity.meshlet.cluster.local"
+    srv = ("10.77.1.30:7000", "policy.meshlet.io", "server", "store")
+    authz = ("policy.meshlet.io", "authorizationpolicy", "store")
+    allow = metrics.inbound_tcp_authz_allow_total.labels(*srv, *authz, "true", "", CLIENT)
+    deny = metrics.inbound_tcp_authz_deny_total.labels(*srv, "true", "", other)
+    route = (*srv, "", "default", "default")
+    allow.inc(5)
+    before = scrape(metrics, 10.0)
+    allow.inc(20)
+    deny.inc(3)
+    metrics.inbound_http_authz_allow_total.labels(*route, *authz, "true", "", CLIENT).inc(2)
+    metrics.inbound_http_authz_deny_total.labels(*route, "no_identity", "plain", "").inc()
+    t = traffic(before, scrape(metrics, 12.0))
+    assert (t.allowed, t.denied) == (22, 4)
+    assert t.denied_peers == {other: 3, "": 1}
+    assert t.allowed_peers == {CLIENT: 22}
+    r = row("store", "1/1", combine([t, t]))
+    assert (r.allowed, r.denied) == (44, 8)
+    assert r.denied_peers == (other,)  # the unauthenticated client has no identity to show

@@ -99,6 +99,13 @@ RESOURCES: tuple[Resource, ...] = (
         "MutatingWebhookConfiguration",
         namespaced=False,
     ),
+    Resource(
+        "admissionregistration.k8s.io",
+        "v1",
+        "validatingwebhookconfigurations",
+        "ValidatingWebhookConfiguration",
+        namespaced=False,
+    ),
     Resource("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", namespaced=False),
     Resource(
         "rbac.authorization.k8s.io",
@@ -109,6 +116,21 @@ RESOURCES: tuple[Resource, ...] = (
     ),
     Resource("rbac.authorization.k8s.io", "v1", "roles", "Role", namespaced=True),
     Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", namespaced=True),
+)
+# The policy controller's kinds (served where a test installs them, as their CRDs would).
+POLICY_RESOURCES: tuple[Resource, ...] = tuple(
+    Resource(group, version, plural, kind, namespaced=True)
+    for group, version, plural, kind in (
+        ("policy.meshlet.io", "v1beta3", "servers", "Server"),
+        ("policy.meshlet.io", "v1alpha1", "authorizationpolicies", "AuthorizationPolicy"),
+        ("policy.meshlet.io", "v1alpha1", "meshtlsauthentications", "MeshTLSAuthentication"),
+        ("policy.meshlet.io", "v1alpha1", "networkauthentications", "NetworkAuthentication"),
+        ("policy.meshlet.io", "v1beta3", "httproutes", "HTTPRoute"),
+        ("policy.meshlet.io", "v1", "grpcroutes", "GRPCRoute"),
+        ("policy.meshlet.io", "v1alpha1", "httplocalratelimitpolicies", "HTTPLocalRateLimitPolicy"),
+        ("gateway.networking.k8s.io", "v1", "httproutes", "HTTPRoute"),
+        ("gateway.networking.k8s.io", "v1", "grpcroutes", "GRPCRoute"),
+    )
 )
 # GET /version, as a 1.33 server answers it.
 VERSION: dict[str, str] = {

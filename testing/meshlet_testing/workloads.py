@@ -15,8 +15,10 @@ def pod(
     name: str = "web-5d4f8c9b7-x2x7q",
     init: bool = False,
     host_network: bool = False,
+    probes: bool = False,
 ) -> Obj:
-    """A pod as a ReplicaSet of Deployment `web` creates it."""
+    """A pod as a ReplicaSet of Deployment `web` creates it; with `probes`, HTTP probes on
+    ports of their own (9090, 9091) besides the declared 8080."""
     spec: Obj = {
         "serviceAccountName": "web",
         "containers": [
@@ -27,6 +29,9 @@ def pod(
             }
         ],
     }
+    if probes:
+        spec["containers"][0]["readinessProbe"] = {"httpGet": {"path": "/ready", "port": 9090}}
+        spec["containers"][0]["livenessProbe"] = {"httpGet": {"path": "/live", "port": 9091}}
     if init:
         spec["initContainers"] = [
             {"name": "migrate", "image": "ghcr.io/example/migrate:1.0", "args": ["up"]}

@@ -41,6 +41,8 @@ labels:
 annotations:
   meshlet.io/inject: enabled
   config.meshlet.io/skip-outbound-ports: {{ $root.Values.proxyInit.kubeAPIServerPorts | quote }}
+  {{- /* Proxies must reach the control plane whatever the mesh's default inbound policy. */}}
+  config.meshlet.io/default-inbound-policy: all-unauthenticated
   {{- if eq $component "identity" }}
   {{- /* Its proxy is certified by the container next to it: it must not hold it back. */}}
   config.meshlet.io/proxy-native-sidecar: "false"
@@ -49,8 +51,14 @@ annotations:
 
 {{/* The controller container's common parts. */}}
 {{- define "meshlet.controller" -}}
-image: {{ include "meshlet.controllerImage" . }}
-imagePullPolicy: {{ .Values.image.pullPolicy }}
+{{ include "meshlet.controllerContainer" (list . .Values.controllerResources) }}
+{{- end -}}
+
+{{/* The same, with the component's own resources. */}}
+{{- define "meshlet.controllerContainer" -}}
+{{- $root := index . 0 -}}{{- $resources := index . 1 -}}
+image: {{ include "meshlet.controllerImage" $root }}
+imagePullPolicy: {{ $root.Values.image.pullPolicy }}
 securityContext:
   allowPrivilegeEscalation: false
   capabilities:
@@ -62,7 +70,7 @@ securityContext:
   seccompProfile:
     type: RuntimeDefault
 resources:
-  {{- toYaml .Values.controllerResources | nindent 2 }}
+  {{- toYaml $resources | nindent 2 }}
 {{- end -}}
 
 {{- define "meshlet.probes" -}}

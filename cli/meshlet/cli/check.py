@@ -12,7 +12,15 @@ from typing import Any
 import click
 
 from meshlet.api import wellknown as wk
-from meshlet.cli.checks import COMPONENTS, Obj, Result, Snapshot, Status, evaluate
+from meshlet.cli.checks import (
+    COMPONENTS,
+    POLICY_CRDS,
+    Obj,
+    Result,
+    Snapshot,
+    Status,
+    evaluate,
+)
 
 SYMBOLS = {
     Status.SUCCESS: ("✓", "green"),
@@ -39,6 +47,47 @@ def _reader(errors: dict[str, str]) -> Callable[..., Any]:
         return None
 
     return read
+
+
+def _calling(namespace: str, listing: Obj | None) -> Obj | None:
+    """The webhook configuration whose webhooks call a Service in `namespace`."""
+    return next(
+        (w for w in (listing or {}).get("items", [])
+         if any(((h.get("clientConfig") or {}).get("service") or {}).get("namespace") == namespace
+                for h in w.get("webhooks") or [])),
+        None,
+    )  # fmt: skip
+
+
+MAX_POLICY_PODS = 5  # whose admin /ready is asked
+
+
+def _admin_ready(api: Any, pods: list[Obj], port: int) -> dict[str, str]:
+    """Each running pod's admin `/ready` through the API server's pod proxy: "" for 200, else
+    what the API server or the pod said."""
+    from kubernetes import client as k8s
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    from meshlet.cli.scrape import status_reason
+
+    out: dict[str, str] = {}
+    for pod in pods[:MAX_POLICY_PODS]:
+        name = str(pod["metadata"]["name"])
+        if (pod.get("status") or {}).get("phase") != "Running":
+            out[name] = f"pod is {(pod.get('status') or {}).get('phase') or 'Pending'}"
+            continue
+        try:
+            k8s.CoreV1Api(api).connect_get_namespaced_pod_proxy_with_path(
+                f"{name}:{port}", pod["metadata"]["namespace"], "ready",
+                _preload_content=False, _request_timeout=TIMEOUT,
+            )  # fmt: skip
+            out[name] = ""
+        except ApiException as exc:
+            out[name] = f"/ready: {status_reason(exc)}"
+        except (HTTPError, OSError) as exc:
+            out[name] = f"cannot reach the Kubernetes API: {exc}"
+    return out
 
 
 def snapshot(kubeconfig: Path | None, context: str | None, namespace: str) -> Snapshot:
@@ -71,14 +120,21 @@ def snapshot(kubeconfig: Path | None, context: str | None, namespace: str) -> Sn
     data_plane = tuple(
         p for p in meshed.get("items", []) if p["metadata"].get("namespace") != namespace
     )
-    webhooks = read(
-        "webhook", k8s.AdmissionregistrationV1Api(api).list_mutating_webhook_configuration
-    ) or {}  # fmt: skip
-    webhook = next(
-        (w for w in webhooks.get("items", [])
-         if any(((h.get("clientConfig") or {}).get("service") or {}).get("namespace") == namespace
-                for h in w.get("webhooks") or [])),
-        None,
+    admission = k8s.AdmissionregistrationV1Api(api)
+    webhook = _calling(namespace, read("webhook", admission.list_mutating_webhook_configuration))
+    validator = _calling(
+        namespace, read("validator", admission.list_validating_webhook_configuration)
+    )
+    extensions = k8s.ApiextensionsV1Api(api)
+    policy_crds = frozenset(
+        name for name in POLICY_CRDS
+        if read(name, extensions.read_custom_resource_definition, name) is not None
+    )  # fmt: skip
+    policy_pods = sorted(
+        (p for p in pods.get("items", [])
+         if ((p.get("metadata") or {}).get("labels") or {}).get(wk.CONTROL_PLANE_COMPONENT_LABEL)
+         == "policy"),
+        key=lambda p: str(p["metadata"]["name"]),
     )  # fmt: skip
     return Snapshot(
         namespace=namespace,
@@ -92,9 +148,14 @@ def snapshot(kubeconfig: Path | None, context: str | None, namespace: str) -> Sn
         trust_roots=read("trust roots", core.read_namespaced_config_map,
                          wk.TRUST_ROOTS_CONFIGMAP, namespace),
         webhook=webhook,
+        validator=validator,
         webhook_secret=read("webhook secret", core.read_namespaced_secret,
                             wk.INJECTOR_TLS_SECRET, namespace),
         data_plane=data_plane,
+        policy_crds=policy_crds,
+        policy_deployment=read("policy", apps.read_namespaced_deployment, wk.POLICY_NAME,
+                               namespace),
+        policy_ready=_admin_ready(api, policy_pods, wk.POLICY_ADMIN_PORT),
         errors=errors,
     )  # fmt: skip
 

@@ -16,6 +16,19 @@ Obj = dict[str, Any]
 MIN_VERSION: Final = (1, 29)  # native sidecars
 EXPIRY_WARNING: Final = dt.timedelta(days=60)
 COMPONENTS: Final = (wk.DESTINATION_NAME, wk.IDENTITY_NAME, wk.INJECTOR_NAME)
+# The policy controller's kinds, as `meshlet install --crds` renders them.
+POLICY_CRDS: Final = tuple(
+    f"{plural}.{wk.POLICY_API_GROUP}"
+    for plural in (
+        "servers",
+        "authorizationpolicies",
+        "meshtlsauthentications",
+        "networkauthentications",
+        "httplocalratelimitpolicies",
+        "httproutes",
+        "grpcroutes",
+    )
+)
 
 
 class Status(enum.Enum):
@@ -48,8 +61,13 @@ class Snapshot:
     issuer_secret: Obj | None = None
     trust_roots: Obj | None = None
     webhook: Obj | None = None
+    validator: Obj | None = None  # the ValidatingWebhookConfiguration
     webhook_secret: Obj | None = None
     data_plane: tuple[Obj, ...] = ()  # meshed pods outside the control plane
+    policy_crds: frozenset[str] = frozenset()  # the names of POLICY_CRDS found
+    policy_deployment: Obj | None = None
+    # policy controller pod → "" when its admin /ready answered 200, else what happened
+    policy_ready: Mapping[str, str] = field(default_factory=dict)
     errors: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -270,6 +288,32 @@ def webhook_not_expiring(s: Snapshot, now: dt.datetime) -> None:
     _expiry([_webhook_cert(s)], "webhook certificate", now, warn=True)
 
 
+def validator_config(s: Snapshot, now: dt.datetime) -> None:
+    """The validating webhook calls the injector at /validate and trusts its certificate."""
+    from cryptography.exceptions import InvalidSignature
+
+    if s.validator is None:
+        raise _Fail(s.errors.get("validator", "ValidatingWebhookConfiguration not found"))
+    hooks = s.validator.get("webhooks") or []
+    if not hooks:
+        raise _Fail("the ValidatingWebhookConfiguration has no webhook")
+    client = hooks[0].get("clientConfig") or {}
+    service = client.get("service") or {}
+    called = (service.get("name"), service.get("namespace"), service.get("path"))
+    if called != (wk.INJECTOR_NAME, s.namespace, wk.INJECTOR_VALIDATE_PATH):
+        raise _Fail(f"the validating webhook calls {called[1]}/{called[0]} at {called[2]}")
+    cert = _webhook_cert(s)
+    roots = _load_certs(base64.b64decode(str(client.get("caBundle", ""))).decode(),
+                        "the validating webhook's caBundle")  # fmt: skip
+    for root in roots:
+        try:
+            cert.verify_directly_issued_by(root)
+            return
+        except (ValueError, TypeError, InvalidSignature):
+            continue
+    raise _Fail("the webhook certificate is not signed by the validating webhook's caBundle")
+
+
 def _proxy_status(pod: Obj) -> Obj | None:
     status = pod.get("status") or {}
     for entry in [
@@ -302,6 +346,33 @@ def proxies_trust_root(s: Snapshot, now: dt.datetime) -> None:
         raise _Fail("pods on another trust root (restart them): " + ", ".join(sorted(stale)[:10]))
 
 
+def policy_crds(s: Snapshot, now: dt.datetime) -> None:
+    failed = [s.errors[k] for k in POLICY_CRDS if k in s.errors]
+    if failed:
+        raise _Fail(failed[0])
+    missing = [name for name in POLICY_CRDS if name not in s.policy_crds]
+    if missing:
+        raise _Fail("CustomResourceDefinitions not found: " + ", ".join(missing))
+
+
+def policy_deployment(s: Snapshot, now: dt.datetime) -> str:
+    deploy = s.policy_deployment
+    if deploy is None:
+        raise _Fail(s.errors.get("policy", f"Deployment {s.namespace}/{wk.POLICY_NAME} not found"))
+    wanted = (deploy.get("spec") or {}).get("replicas", 1)
+    ready = (deploy.get("status") or {}).get("readyReplicas") or 0
+    if not ready:
+        raise _Fail(f"Deployment {s.namespace}/{wk.POLICY_NAME}: 0 of {wanted} replicas ready")
+    return f"{ready} of {wanted} ready"
+
+
+def policy_admin_ready(s: Snapshot, now: dt.datetime) -> None:
+    if not s.policy_ready:
+        raise _Fail("no running policy controller pod")
+    if not any(reason == "" for reason in s.policy_ready.values()):
+        raise _Fail("; ".join(f"{pod}: {reason}" for pod, reason in sorted(s.policy_ready.items())))
+
+
 # (category, description, check, hint); a category stops at its first error.
 Entry = tuple[str, str, Callable[[Snapshot, dt.datetime], Any], str]
 
@@ -321,6 +392,8 @@ PRE: Final[tuple[Entry, ...]] = (
 )  # fmt: skip
 INSTALLED: Final[tuple[Entry, ...]] = (
     ("meshlet-crds", "ServiceProfile CRD is installed", crds,
+     "run: meshlet install --crds | kubectl apply -f -"),
+    ("meshlet-crds", "policy CRDs are installed", policy_crds,
      "run: meshlet install --crds | kubectl apply -f -"),
     ("meshlet-existence", "control plane namespace exists", namespace_exists,
      "run: meshlet install | kubectl apply -f -"),
@@ -346,6 +419,13 @@ INSTALLED: Final[tuple[Entry, ...]] = (
      "reinstall to make a new webhook certificate"),
     ("meshlet-webhook", "proxy-injector webhook certificate is valid for at least 60 days",
      webhook_not_expiring, "reinstall to make a new webhook certificate"),
+    ("meshlet-webhook", "validating webhook is configured", validator_config,
+     "run: meshlet install | kubectl apply -f -"),
+    ("meshlet-policy", "policy controller Deployment is ready", policy_deployment,
+     f"kubectl -n meshlet describe deploy/{wk.POLICY_NAME}; run: meshlet install | kubectl apply"
+     " -f - if it is missing"),
+    ("meshlet-policy", "policy controller answers on its admin /ready", policy_admin_ready,
+     f"kubectl -n meshlet logs deploy/{wk.POLICY_NAME} -c policy"),
     ("meshlet-data-plane", "data plane proxies are ready", proxies_ready,
      "kubectl describe the pods named; meshlet diagnostics proxy-metrics POD"),
     ("meshlet-data-plane", "data plane proxies use the current trust root", proxies_trust_root,

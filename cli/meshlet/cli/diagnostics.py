@@ -1,5 +1,6 @@
-"""`meshlet diagnostics`: a proxy's raw metrics (`proxy-metrics`) and the destination service's
-answer for an authority (`endpoints`), as `linkerd diagnostics` has them."""
+"""`meshlet diagnostics`: a proxy's raw metrics (`proxy-metrics`), the destination service's
+answer for an authority (`endpoints`) and the policy controller's for a pod's port (`policy`),
+as `linkerd diagnostics` has them."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ KUBECONFIG_HELP = "Default: $KUBECONFIG or ~/.kube/config."
 
 @click.group()
 def diagnostics() -> None:
-    """Look inside the mesh: proxies' metrics, the destination's endpoints."""
+    """Look inside the mesh: proxies' metrics, the destination's endpoints, inbound policy."""
 
 
 def _target_pods(api: Any, target: str, namespace: str) -> list[Any]:
@@ -199,13 +200,17 @@ def endpoints(
 
 
 def _destination_pod(api: Any, namespace: str, wanted: str | None) -> str:
-    """A running, ready destination pod of the control plane (the first by name)."""
+    return _component_pod(api, namespace, "destination", wanted)
+
+
+def _component_pod(api: Any, namespace: str, component: str, wanted: str | None) -> str:
+    """A running, ready pod of a control-plane component (the first by name)."""
     from kubernetes import client as k8s
 
     from meshlet.cli.cluster import NotFound, read_json
 
-    selector = f"{wk.CONTROL_PLANE_COMPONENT_LABEL}=destination"
-    listed = read_json("destination pods", k8s.CoreV1Api(api).list_namespaced_pod, namespace,
+    selector = f"{wk.CONTROL_PLANE_COMPONENT_LABEL}={component}"
+    listed = read_json(f"{component} pods", k8s.CoreV1Api(api).list_namespaced_pod, namespace,
                        label_selector=selector)  # fmt: skip
     ready = sorted(
         str(p["metadata"]["name"])
@@ -216,11 +221,109 @@ def _destination_pod(api: Any, namespace: str, wanted: str | None) -> str:
     )  # fmt: skip
     if wanted is not None:
         if wanted not in ready:
-            raise NotFound(f"no running, ready destination pod {namespace}/{wanted} ({selector})")
+            raise NotFound(f"no running, ready {component} pod {namespace}/{wanted} ({selector})")
         return wanted
     if not ready:
         raise NotFound(
-            f"no running, ready destination pod in namespace {namespace!r} ({selector});"
+            f"no running, ready {component} pod in namespace {namespace!r} ({selector});"
             " is meshlet installed? meshlet check tells"
         )
     return ready[0]
+
+
+@diagnostics.command("policy")
+@click.argument("pod", metavar="POD")
+@click.argument("port", type=click.IntRange(1, 65535), metavar="PORT")
+@click.option("-n", "--namespace", help="The pod's. Default: the kubeconfig context's.")
+@click.option("-o", "--output", type=click.Choice(["json", "yaml"]), default="json",
+              show_default=True)  # fmt: skip
+@click.option(
+    "--policy-addr", metavar="HOST:PORT",
+    help="Ask this policy controller directly instead of a port-forward to its pod; the pod"
+    " is then not looked up.",
+)  # fmt: skip
+@click.option(
+    "--policy-ca", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="With --policy-addr: trust anchors to verify its TLS with (else plaintext).",
+)  # fmt: skip
+@click.option(
+    "--policy-name", default=wk.POLICY_SERVICE_NAME, show_default=True,
+    help="With --policy-ca: the identity its certificate must carry.",
+)  # fmt: skip
+@click.option("--policy-pod", help="Which policy controller pod to port-forward to.")
+@click.option("--control-plane-namespace", default=wk.CONTROL_PLANE_NAMESPACE, show_default=True)
+@click.option("--timeout", default="5s", show_default=True, help="For the answer.")
+@click.option("--kubeconfig", type=click.Path(dir_okay=False, path_type=Path), help=KUBECONFIG_HELP)
+@click.option("--context", help="The kubeconfig context to use.")
+def policy(
+    pod: str,
+    port: int,
+    namespace: str | None,
+    output: str,
+    policy_addr: str | None,
+    policy_ca: Path | None,
+    policy_name: str,
+    policy_pod: str | None,
+    control_plane_namespace: str,
+    timeout: str,
+    kubeconfig: Path | None,
+    context: str | None,
+) -> None:
+    """Show the inbound policy the policy controller sends POD's proxy for PORT.
+
+    The question is `InboundServerPolicies.GetPort` over gRPC with the pod's workload
+    ({"ns":NS,"pod":POD}), as the pod's proxy asks it, through a port-forward to a running
+    policy controller pod of the control plane (as `kubectl port-forward` does, through the
+    API server), after checking that the pod exists; with --policy-addr, to that address
+    directly, without the Kubernetes API. The answer, a `Server` message (protocol,
+    authorizations, routes, labels), is printed in protobuf's JSON mapping or as YAML. A
+    pod the controller does not know, a refused question or an unreachable controller is one
+    line on standard error and exit 1.
+
+    \b
+    meshlet diagnostics policy -n emojivoto web-5d4f8c9b7-x2x7q 8080
+    meshlet diagnostics policy -n emojivoto web-5d4f8c9b7-x2x7q 8080 -o yaml
+    meshlet diagnostics policy -n demo api-1 9090 --policy-addr HOST:8090 --policy-ca anchors.pem
+    """
+    import contextlib
+
+    from meshlet.api.durations import parse_duration
+    from meshlet.cli import policy as pol
+    from meshlet.cli.cluster import ClusterError, api_client, default_namespace
+
+    try:
+        seconds = parse_duration(timeout)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--timeout") from None
+    if policy_ca is not None and policy_addr is None:
+        raise click.UsageError("--policy-ca goes with --policy-addr")
+    if not pod.strip():
+        raise click.BadParameter("the pod name is empty", param_hint="POD")
+    ns = namespace or default_namespace(kubeconfig, context)
+    forward: contextlib.AbstractContextManager[HostPort | None]
+    if policy_addr is not None:
+        forward, where = contextlib.nullcontext(), policy_addr
+    else:
+        from kubernetes import client as k8s
+
+        from meshlet.cli.cluster import read_json
+        from meshlet.cli.portforward import PortForward
+
+        api = api_client(kubeconfig, context)
+        read_json(f"pod {ns}/{pod}", k8s.CoreV1Api(api).read_namespaced_pod, pod, ns)
+        controller = _component_pod(api, control_plane_namespace, "policy", policy_pod)
+        forward = PortForward(api, control_plane_namespace, controller, wk.POLICY_PORT)
+        where = f"{control_plane_namespace}/{controller}:{wk.POLICY_PORT} (port-forward)"
+    ca = policy_ca.read_bytes() if policy_ca is not None else None
+    with forward as local:
+        target = str(local) if local is not None else str(policy_addr)
+        try:
+            server = pol.ask(target, ns, pod, port, timeout=seconds, ca=ca,
+                             server_name=policy_name)  # fmt: skip
+        except pol.PolicyError as exc:
+            said = getattr(forward, "errors", [])
+            more = f" ({'; '.join(dict.fromkeys(said))})" if said else ""
+            if policy_addr is not None and ca is None and str(exc).startswith("cannot"):
+                more += "; if it serves TLS, give --policy-ca"
+            raise ClusterError(f"{exc} [{where}]{more}") from None
+    sys.stdout.write(pol.render(server, output))

@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from meshlet.cli.authz import authz
 from meshlet.cli.check import check
 from meshlet.cli.completion import completion
 from meshlet.cli.demo import demo
@@ -32,6 +33,7 @@ cli.add_command(install)
 cli.add_command(inject)
 cli.add_command(check)
 cli.add_command(stat)
+cli.add_command(authz)
 cli.add_command(diagnostics)
 cli.add_command(uninstall)
 cli.add_command(version)

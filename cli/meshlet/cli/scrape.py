@@ -32,7 +32,7 @@ class Failure:
     reason: str
 
 
-def _reason(exc: Any) -> str:
+def status_reason(exc: Any) -> str:
     """What the API server said: a Status' message, else the first line of the body."""
     body = exc.body.decode(errors="replace") if isinstance(exc.body, bytes) else exc.body or ""
     try:
@@ -60,7 +60,7 @@ def scrape(
         )  # fmt: skip
         text = response.data.decode(errors="replace")
     except ApiException as exc:
-        return Failure(pod, _reason(exc))
+        return Failure(pod, status_reason(exc))
     except (HTTPError, OSError) as exc:
         return Failure(pod, f"cannot reach the Kubernetes API: {exc}")
     return Metrics(pod, text, clock())

@@ -1,5 +1,6 @@
 """What the proxies' metrics say, per workload and per replica (pure): success rate, requests per
-second, latency quantiles, and how much of the traffic came over mutual TLS, and from whom.
+second, latency quantiles, how much of the traffic came over mutual TLS, and from whom, and what
+the inbound authorization policies allowed and denied (connections and requests together).
 
 Everything is read from the *inbound* side of each pod's proxy, as `linkerd viz stat` does: a
 workload's requests are those its proxies received. Rates and quantiles are differences between
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -20,6 +21,8 @@ Labels = frozenset[tuple[str, str]]
 Series = dict[tuple[str, Labels], float]  # (sample name, labels) → value
 
 QUANTILES: Final = (0.5, 0.95, 0.99)
+ALLOWED: Final = ("inbound_tcp_authz_allow_total", "inbound_http_authz_allow_total")
+DENIED: Final = ("inbound_tcp_authz_deny_total", "inbound_http_authz_deny_total")
 
 
 def parse(text: str) -> Series:
@@ -106,6 +109,10 @@ class Traffic:
     open_connections: float = 0.0  # inbound TCP connections open at the second scrape
     read_bytes: float = 0.0  # inbound bytes read from clients
     write_bytes: float = 0.0  # inbound bytes written to clients
+    allowed: float = 0.0  # connections (opaque) and requests (HTTP) authorization allowed
+    denied: float = 0.0  # and denied
+    allowed_peers: dict[str, float] = field(default_factory=dict)  # by client identity
+    denied_peers: dict[str, float] = field(default_factory=dict)
 
 
 def traffic(old: Scrape | None, new: Scrape) -> Traffic:
@@ -125,6 +132,11 @@ def traffic(old: Scrape | None, new: Scrape) -> Traffic:
     for name, match in (("response_total", inbound), ("tcp_open_total", accepted)):
         _add(peers, _delta(_by(after, name, "client_id", tls="true", **match),
                            _by(before, name, "client_id", tls="true", **match)))  # fmt: skip
+    allowed_peers: dict[str, float] = {}
+    denied_peers: dict[str, float] = {}
+    for names, into in ((ALLOWED, allowed_peers), (DENIED, denied_peers)):
+        for name in names:
+            _add(into, _delta(_by(after, name, "client_id"), _by(before, name, "client_id")))
     return Traffic(
         seconds=seconds,
         requests=diff("response_total", **inbound),
@@ -137,6 +149,10 @@ def traffic(old: Scrape | None, new: Scrape) -> Traffic:
         open_connections=_sum(after, "tcp_open_connections", **accepted),
         read_bytes=diff("tcp_read_bytes_total", **accepted),
         write_bytes=diff("tcp_write_bytes_total", **accepted),
+        allowed=sum(diff(name) for name in ALLOWED),
+        denied=sum(diff(name) for name in DENIED),
+        allowed_peers=allowed_peers,
+        denied_peers=denied_peers,
     )
 
 
@@ -144,10 +160,14 @@ def combine(parts: Iterable[Traffic]) -> Traffic:
     parts = list(parts)
     latency: dict[float, float] = {}
     peers: dict[str, float] = {}
+    allowed_peers: dict[str, float] = {}
+    denied_peers: dict[str, float] = {}
     for part in parts:
         for le, v in part.latency.items():
             latency[le] = latency.get(le, 0.0) + v
         _add(peers, part.peers)
+        _add(allowed_peers, part.allowed_peers)
+        _add(denied_peers, part.denied_peers)
     return Traffic(
         seconds=max((p.seconds for p in parts), default=0.0),
         requests=sum(p.requests for p in parts),
@@ -160,6 +180,10 @@ def combine(parts: Iterable[Traffic]) -> Traffic:
         open_connections=sum(p.open_connections for p in parts),
         read_bytes=sum(p.read_bytes for p in parts),
         write_bytes=sum(p.write_bytes for p in parts),
+        allowed=sum(p.allowed for p in parts),
+        denied=sum(p.denied for p in parts),
+        allowed_peers=allowed_peers,
+        denied_peers=denied_peers,
     )
 
 
@@ -180,6 +204,9 @@ class Row:
     open_connections: float = 0.0
     read_bytes_per_s: float | None = None
     write_bytes_per_s: float | None = None
+    allowed: float = 0.0  # connections and requests authorization allowed
+    denied: float = 0.0  # and denied
+    denied_peers: tuple[str, ...] = ()  # the client identities denied
 
 
 def row(name: str, meshed: str, t: Traffic, share: float | None = None) -> Row:
@@ -204,6 +231,9 @@ def row(name: str, meshed: str, t: Traffic, share: float | None = None) -> Row:
         open_connections=t.open_connections,
         read_bytes_per_s=rate(t.read_bytes),
         write_bytes_per_s=rate(t.write_bytes),
+        allowed=t.allowed,
+        denied=t.denied,
+        denied_peers=tuple(sorted(peer for peer, n in t.denied_peers.items() if n > 0 and peer)),
     )
 
 

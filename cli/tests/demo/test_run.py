@@ -202,6 +202,10 @@ def test_the_demo_runs_a_meshed_application_and_leaves_nothing(run_demo: Any) ->
     for name, caller in callers.items():  # the identity each server-side proxy verified
         assert summary["workloads"][name]["peers"] == [layout.pod(caller).identity], name
     assert summary["workloads"]["store"]["connections_per_s"] > 10  # opaque TCP, meshed too
+    # store's policy admits web: every connection it had was allowed, none denied
+    store = summary["workloads"]["store"]
+    assert store["allowed"] >= client["ok"] and store["denied"] == 0, store
+    assert all(summary["workloads"][name]["denied"] == 0 for name in ("web", "api"))
     # An opaque port: no detection wait (that would be DETECT_TIMEOUT_SECONDS, 10 s); the
     # bound leaves room for a busy 2-core machine (~35 ms typical, 120 ms seen).
     assert client["store_first_byte_max_ms"] < 500
@@ -246,10 +250,37 @@ def test_slow_replica_loses_its_traffic_while_slow(run_demo: Any) -> None:
 
 
 @pytest.mark.netns
-def test_a_component_that_dies_unexpectedly_fails_the_run_and_keeps_its_log(
-    machine_unchanged: None, tmp_path: Path
+def test_deny_refuses_a_client_stores_policy_does_not_name_and_leaves_web_alone(
+    run_demo: Any,
 ) -> None:
-    """The identity service killed from outside (no drill does that): the run goes on to its
+    """A client in api-1's pod connects to store through api-1's proxy, with api's identity,
+    5 times a second for 6 s: store's proxy refuses every attempt and counts each denial
+    under api's identity, while web's calls go on as before."""
+    summary = run_demo("--drill", "deny", duration=20)
+    checks = summary["checks"]
+    intruder = checks["intruder"]
+    assert intruder["attempts"] >= 20, intruder  # 5/s from 6 s to 12 s of load
+    assert intruder["refused"] == intruder["attempts"] and intruder["admitted"] == 0, intruder
+    api, web = (topology.layout(topology.Mode.NETNS).pod(p).identity for p in ("api-1", "web-1"))
+    assert checks["store_denied"] == {api: intruder["refused"]}, checks
+    assert checks["store_denied_during_drill"] > 0
+    assert set(checks["store_allowed_by_identity_during_drill"]) == {web}, checks
+    # web's traffic to store is unaffected: every call answered, at the same rate
+    assert checks["load_failed_during_drill"] == 0 and summary["client"]["failed"] == 0
+    assert checks["load_ok_during_drill"] >= 6 * 20 * 0.8, checks
+    before, during = checks["store_allowed_per_s_before"], checks["store_allowed_per_s_during"]
+    assert during > 0.8 * before, checks
+    store = summary["workloads"]["store"]
+    assert store["denied"] == intruder["refused"] and store["denied_peers"] == [api]
+    assert "deny drill:" in summary["caption"]
+
+
+@pytest.mark.netns
+@pytest.mark.parametrize("component", ["identity", "policy"])
+def test_a_component_that_dies_unexpectedly_fails_the_run_and_keeps_its_log(
+    machine_unchanged: None, tmp_path: Path, component: str
+) -> None:
+    """A control-plane process killed from outside (no drill does that): the run goes on to its
     end, then says what died, keeps the logs, removes the rest and exits 1."""
     summary = tmp_path / "summary.json"
     argv = [sys.executable, "-m", "meshlet.cli.main", "demo", "--mode", "netns",
@@ -264,20 +295,20 @@ def test_a_component_that_dies_unexpectedly_fails_the_run_and_keeps_its_log(
             if "app-load-1" in processes:
                 break
         time.sleep(0.1)
-    os.kill(processes["identity"], signal.SIGKILL)
+    os.kill(processes[component], signal.SIGKILL)
     out, _ = demo.communicate(timeout=90)
     assert demo.returncode == 1, out[-3000:]
     assert "removed every namespace, link, rule, file and process it made" in out
-    kept = re.search(r"identity ended unexpectedly \(killed by SIGKILL\); its log: (\S+)", out)
+    kept = re.search(rf"{component} ended unexpectedly \(killed by SIGKILL\); its log: (\S+)", out)
     assert kept is not None, out[-3000:]
     log = Path(kept.group(1))
     try:
-        assert "identity serving on" in log.read_text()
+        assert f"{component} serving on" in log.read_text()
     finally:
         shutil.rmtree(log.parent)
     data = json.loads(summary.read_text())
-    assert data["died"] == {"identity": "killed by SIGKILL"}
-    assert data["caption"].startswith("FAILED: identity (killed by SIGKILL)")
+    assert data["died"] == {component: "killed by SIGKILL"}
+    assert data["caption"].startswith(f"FAILED: {component} (killed by SIGKILL)")
 
 
 def test_loopback_mode_runs_the_same_application_without_root_powers(tmp_path: Path) -> None:

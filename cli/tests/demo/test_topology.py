@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ipaddress
+import json
 from typing import Any
 
 import pytest
@@ -79,3 +81,74 @@ def test_the_destination_reads_the_manifests_as_the_demo_means_them() -> None:
         known = state.pod_at(pod.ip)
         assert known is not None and known.name == pod.name
     assert state.profile_of((topology.NAMESPACE, "api")) is not None
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+def test_every_proxy_follows_its_apps_port_policy_from_the_controller(
+    mode: Mode, test_ca: Any
+) -> None:
+    """The policy env as the injector writes it: the controller's address and TLS name, the
+    pod, its app's port (none for the load generator), and the demo's subnet as the cluster
+    networks."""
+    layout = topology.layout(mode)
+    for pod in layout.pods:
+        env = topology.proxy_env(
+            layout, pod, token_file="/t", identity_dir="/d", anchors_pem=test_ca.anchors_pem
+        )
+        config = load(env)
+        assert config.policy is not None
+        assert str(config.policy.svc_addr) == f"{layout.control_ip}:{wellknown.POLICY_PORT}"
+        assert config.policy.svc_name == wellknown.POLICY_SERVICE_NAME
+        assert json.loads(config.policy.workload) == {"ns": "demo", "pod": pod.name}
+        assert config.inbound_default_policy == "all-unauthenticated"
+        networks = [ipaddress.ip_network(n) for n in config.policy_cluster_networks]
+        for other in layout.pods:
+            assert any(ipaddress.ip_address(other.ip) in n for n in networks), other
+        want = {"load": (), "web": (8080,), "api": (9090,), "store": (7000,)}[pod.app]
+        assert config.policy.ports == want, pod.name
+
+
+def test_the_store_policy_is_one_server_admitting_only_webs_identity() -> None:
+    """The policy objects parse with the controller's own reader, and name what the demo
+    means: store's opaque port, a deny access policy, web's ServiceAccount as the only client."""
+    from meshlet.controlplane.policy import resources
+
+    objs = topology.manifests_static()["policy-store"]
+    parsed = {type(o).__name__: o for o in map(resources.parse, objs)}
+    server = parsed["Server"]
+    assert server.port == topology.STORE_PORT and server.protocol == "opaque"
+    assert server.access_policy == "deny"
+    assert server.selector.matches({"app": "store"})
+    assert not server.selector.matches({"app": "web"})
+    mtls = parsed["MeshTLSAuthentication"]
+    assert [(r.kind, r.name) for r in mtls.identity_refs] == [("ServiceAccount", "web")]
+    policy = parsed["AuthorizationPolicy"]
+    assert (policy.target.kind, policy.target.name) == ("Server", server.meta.name)
+    assert [(r.kind, r.name) for r in policy.authentications] == [
+        ("MeshTLSAuthentication", mtls.meta.name)
+    ]
+
+
+def test_the_controller_sends_stores_proxy_a_policy_admitting_only_web() -> None:
+    """The manifests through the policy controller's own index: store's port authorizes web's
+    identity alone; api's port keeps the default policy, open to every client."""
+    from meshlet.controlplane.k8s.events import POLICY_KINDS, Kind, Snapshot
+    from meshlet.controlplane.policy.index import ClusterConfig, Index, parse_networks
+
+    layout = topology.layout(Mode.NETNS)
+    objs = [o for objs in topology.manifests_static().values() for o in objs]
+    objs += [topology.pod_manifest(pod) for pod in layout.pods]
+    networks = parse_networks(layout.cluster_network)
+    index = Index(ClusterConfig(networks=networks, default_policy=topology.DEFAULT_POLICY))
+    for kind in POLICY_KINDS:
+        of_kind = tuple(o for o in objs if Kind.of(o["apiVersion"], o["kind"]) is kind)
+        index.apply(Snapshot(kind, of_kind))
+    store = index.get(topology.NAMESPACE, "store-1", topology.STORE_PORT)
+    assert store is not None and store.protocol.WhichOneof("kind") == "opaque"
+    (authz,) = store.authorizations  # the policy's; the Server's `deny` adds none
+    mesh_tls = authz.authentication.meshTLS
+    assert [i.name for i in mesh_tls.identities.identities] == [layout.pod("web-1").identity]
+    assert not mesh_tls.identities.suffixes
+    api = index.get(topology.NAMESPACE, "api-1", topology.API_PORT)
+    assert api is not None and dict(api.labels)["name"] == topology.DEFAULT_POLICY
+    assert any(a.authentication.HasField("unauthenticated") for a in api.authorizations)

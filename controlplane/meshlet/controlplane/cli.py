@@ -82,3 +82,68 @@ async def serve_until_signalled(service: Service, name: str) -> int:
         logging.getLogger(f"meshlet.controlplane.{name}").info("%s shutting down", name)
     await service.stop()
     return 0 if supervisor.failure is None else 1
+
+
+def log_level_option() -> Callable[[Any], Any]:
+    return option(
+        "--log-level",
+        type=click.Choice(["debug", "info", "warning", "error"]),
+        default="info",
+        show_default=True,
+    )
+
+
+def watching_options(reads: str) -> Callable[[Any], Any]:
+    """The options of a controller that watches the cluster (destination, policy): where from
+    (`reads`: what a manifests folder holds), TLS for its gRPC, its stream bounds and log level.
+    They arrive as `kubeconfig, in_cluster, manifests, tls_cert, tls_key, max_streams,
+    max_streams_per_peer, log_level`."""
+    from pathlib import Path
+
+    decorators = [
+        option(
+            "--kubeconfig",
+            type=click.Path(exists=True, dir_okay=False, path_type=Path),
+            help="Watch the Kubernetes API reached with this kubeconfig.",
+        ),
+        option(
+            "--in-cluster",
+            is_flag=True,
+            help="Watch the Kubernetes API as the pod's service account.",
+        ),
+        option(
+            "--manifests",
+            type=click.Path(exists=True, file_okay=False, path_type=Path),
+            help=f"Read {reads} from YAML files here.",
+        ),
+        option(
+            "--tls-cert",
+            type=click.Path(exists=True, dir_okay=False, path_type=Path),
+            help="Serve TLS with this PEM certificate chain (the local mesh); default: plaintext.",
+        ),
+        option("--tls-key", type=click.Path(exists=True, dir_okay=False, path_type=Path)),
+        option("--max-streams", type=click.IntRange(min=1), default=20_000, show_default=True),
+        option(
+            "--max-streams-per-peer", type=click.IntRange(min=1), default=4_096, show_default=True
+        ),
+        log_level_option(),
+    ]
+
+    def apply(command: Any) -> Any:
+        for decorate in reversed(decorators):
+            command = decorate(command)
+        return command
+
+    return apply
+
+
+def watching_problems(
+    kubeconfig: object, in_cluster: bool, manifests: object, tls_cert: object, tls_key: object
+) -> list[str]:
+    """What is wrong with a watching controller's source and TLS options."""
+    problems = []
+    if sum((kubeconfig is not None, in_cluster, manifests is not None)) != 1:
+        problems.append("give exactly one of --kubeconfig, --in-cluster, --manifests")
+    if (tls_cert is None) != (tls_key is None):
+        problems.append("--tls-cert and --tls-key go together")
+    return problems

@@ -14,7 +14,16 @@ import click
 
 from meshlet.api import wellknown
 from meshlet.api.hostport import HostPort
-from meshlet.controlplane.cli import EX_CONFIG, Addr, Duration, option, setup_logging
+from meshlet.controlplane.cli import (
+    EX_CONFIG,
+    Addr,
+    Duration,
+    log_level_option,
+    option,
+    setup_logging,
+    watching_options,
+    watching_problems,
+)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -75,12 +84,7 @@ def cli() -> None:
     show_default=True,
     help="How long the certificates it signs are valid (plus 20s of clock skew).",
 )
-@option(
-    "--log-level",
-    type=click.Choice(["debug", "info", "warning", "error"]),
-    default="info",
-    show_default=True,
-)
+@log_level_option()
 def identity(
     addr: HostPort,
     admin_addr: HostPort,
@@ -144,38 +148,14 @@ def identity(
     show_default=True,
     help="Admin (/metrics, /ready, /live) listen address.",
 )
-@option(
-    "--kubeconfig",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="Watch the Kubernetes API reached with this kubeconfig.",
-)
-@option("--in-cluster", is_flag=True, help="Watch the Kubernetes API as the pod's service account.")
-@option(
-    "--manifests",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="Read Services, EndpointSlices, Pods and ServiceProfiles from YAML files here.",
-)
-@option(
-    "--tls-cert",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="Serve TLS with this PEM certificate chain (the local mesh); default: plaintext.",
-)
-@option("--tls-key", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@watching_options("Services, EndpointSlices, Pods and ServiceProfiles")
 @option("--cluster-domain", default=wellknown.CLUSTER_DOMAIN, show_default=True)
-@option("--max-streams", type=click.IntRange(min=1), default=20_000, show_default=True)
-@option("--max-streams-per-peer", type=click.IntRange(min=1), default=4_096, show_default=True)
 @option(
     "--stream-queue",
     type=click.IntRange(min=1),
     default=100,
     show_default=True,
     help="Updates queued per stream before a slow stream is closed.",
-)
-@option(
-    "--log-level",
-    type=click.Choice(["debug", "info", "warning", "error"]),
-    default="info",
-    show_default=True,
 )
 def destination(
     addr: HostPort,
@@ -185,11 +165,11 @@ def destination(
     manifests: Path | None,
     tls_cert: Path | None,
     tls_key: Path | None,
-    cluster_domain: str,
     max_streams: int,
     max_streams_per_peer: int,
-    stream_queue: int,
     log_level: str,
+    cluster_domain: str,
+    stream_queue: int,
 ) -> None:
     """Service discovery: streams endpoint sets and profiles to proxies."""
     from prometheus_client import CollectorRegistry
@@ -198,11 +178,7 @@ def destination(
     from meshlet.controlplane.k8s.client import api_client
     from meshlet.controlplane.k8s.events import Source
 
-    problems = []
-    if sum((kubeconfig is not None, in_cluster, manifests is not None)) != 1:
-        problems.append("give exactly one of --kubeconfig, --in-cluster, --manifests")
-    if (tls_cert is None) != (tls_key is None):
-        problems.append("--tls-cert and --tls-key go together")
+    problems = watching_problems(kubeconfig, in_cluster, manifests, tls_cert, tls_key)
     if problems:
         raise click.UsageError("; ".join(problems))
     setup_logging(log_level)
@@ -284,12 +260,7 @@ def destination(
     show_default=True,
     help="Seconds before a review is answered without a patch (below the webhook's timeout).",
 )
-@option(
-    "--log-level",
-    type=click.Choice(["debug", "info", "warning", "error"]),
-    default="info",
-    show_default=True,
-)
+@log_level_option()
 def injector(
     addr: HostPort,
     admin_addr: HostPort,
@@ -359,23 +330,7 @@ def injector(
     show_default=True,
     help="Admin (/metrics, /ready, /live) listen address.",
 )
-@option(
-    "--kubeconfig",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="Watch the Kubernetes API reached with this kubeconfig.",
-)
-@option("--in-cluster", is_flag=True, help="Watch the Kubernetes API as the pod's service account.")
-@option(
-    "--manifests",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="Read Namespaces, Pods and the policy resources from YAML files here.",
-)
-@option(
-    "--tls-cert",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="Serve TLS with this PEM certificate chain (the local mesh); default: plaintext.",
-)
-@option("--tls-key", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@watching_options("Namespaces, Pods and the policy resources")
 @option(
     "--cluster-networks",
     default="10.0.0.0/8,100.64.0.0/10,172.16.0.0/12,192.168.0.0/16,fd00::/8",
@@ -391,14 +346,6 @@ def injector(
 )
 @option("--control-plane-namespace", default=wellknown.CONTROL_PLANE_NAMESPACE, show_default=True)
 @option("--trust-domain", default=wellknown.TRUST_DOMAIN, show_default=True)
-@option("--max-streams", type=click.IntRange(min=1), default=20_000, show_default=True)
-@option("--max-streams-per-peer", type=click.IntRange(min=1), default=4_096, show_default=True)
-@option(
-    "--log-level",
-    type=click.Choice(["debug", "info", "warning", "error"]),
-    default="info",
-    show_default=True,
-)
 def policy(
     addr: HostPort,
     admin_addr: HostPort,
@@ -407,13 +354,13 @@ def policy(
     manifests: Path | None,
     tls_cert: Path | None,
     tls_key: Path | None,
+    max_streams: int,
+    max_streams_per_peer: int,
+    log_level: str,
     cluster_networks: str,
     default_policy: str,
     control_plane_namespace: str,
     trust_domain: str,
-    max_streams: int,
-    max_streams_per_peer: int,
-    log_level: str,
 ) -> None:
     """Inbound policy: streams each workload port's authorization policy to proxies."""
     from meshlet.controlplane.k8s.client import api_client
@@ -421,11 +368,7 @@ def policy(
     from meshlet.controlplane.policy.index import ClusterConfig, parse_networks
     from meshlet.controlplane.policy.server import PolicyConfig, serve
 
-    problems = []
-    if sum((kubeconfig is not None, in_cluster, manifests is not None)) != 1:
-        problems.append("give exactly one of --kubeconfig, --in-cluster, --manifests")
-    if (tls_cert is None) != (tls_key is None):
-        problems.append("--tls-cert and --tls-key go together")
+    problems = watching_problems(kubeconfig, in_cluster, manifests, tls_cert, tls_key)
     networks: tuple[Any, ...] = ()
     try:
         networks = parse_networks(cluster_networks)

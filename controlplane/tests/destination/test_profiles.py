@@ -19,6 +19,7 @@ from meshlet.controlplane.destination.profiles import (
     parse_duration,
     parse_duration_ns,
     parse_quantity,
+    problems,
     profile_from_spec,
     profile_or_default,
 )
@@ -961,3 +962,21 @@ def test_float_quantities_keep_their_value(value: float) -> None:
 def test_milli_weights_are_tenfold(milli: int) -> None:
     spec = {"dstOverrides": [{"authority": "a:80", "weight": f"{milli}m"}]}
     assert profile_from_spec(spec, fqn=FQN).dst_overrides[0].weight == milli * 10
+
+
+def test_problems_of_an_object_judge_its_name_and_its_spec_together() -> None:
+    valid = {"metadata": {"name": FQN, "namespace": "emojivoto"}, "spec": EXAMPLE}
+    assert problems(valid) == []
+    bad = {"metadata": {"name": "Web_Svc"}, "spec": {"routes": [{"name": "r"}], "x": 1}}
+    found = problems(bad)
+    assert [p.split(":")[0] for p in found] == [
+        "metadata.name",
+        "spec.x",
+        "spec.routes[0].condition",
+    ]
+    assert "'Web_Svc' is not a DNS-1123 subdomain" in found[0]
+    assert problems({"spec": {}}) == [
+        "metadata.name: missing (name the profile after its service's FQDN)"
+    ]
+    assert problems({"metadata": {"name": "a" * 254}, "spec": {}})[0].startswith("metadata.name:")
+    assert problems({"metadata": {"name": FQN}}) == ["spec: expected a mapping, got null"]

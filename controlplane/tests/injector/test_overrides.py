@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from meshlet.api import wellknown as wk
 from meshlet.controlplane.injector.config import ProxyDefaults
 from meshlet.controlplane.injector.overrides import SETTINGS, resolve
@@ -99,3 +101,40 @@ def test_the_idle_timeout_annotation_opts_a_workload_in() -> None:
     resolved = resolve(DEFAULTS, {wk.IDLE_TIMEOUT_ANNOTATION: "5m"}, {})
     assert resolved.settings.stream_idle_timeout == "5m"
     assert resolved.inherited == {wk.IDLE_TIMEOUT_ANNOTATION: "5m"}
+
+
+def test_default_inbound_policy_pod_over_namespace_over_installation() -> None:
+    policy = wk.DEFAULT_INBOUND_POLICY_ANNOTATION
+    installation = ProxyDefaults(default_inbound_policy="cluster-authenticated")
+    assert resolve(installation, {}, {}).settings.default_inbound_policy == (
+        "cluster-authenticated"
+    )
+    from_namespace = resolve(installation, {policy: "all-authenticated"}, {})
+    assert from_namespace.settings.default_inbound_policy == "all-authenticated"
+    assert from_namespace.inherited == {policy: "all-authenticated"}
+    from_pod = resolve(installation, {policy: "all-authenticated"}, {policy: "deny"})
+    assert from_pod.settings.default_inbound_policy == "deny"
+    assert from_pod.inherited == {} and from_pod.messages == ()
+
+
+@pytest.mark.parametrize("name", wk.DEFAULT_INBOUND_POLICIES)
+def test_every_default_inbound_policy_name_is_accepted(name: str) -> None:
+    resolved = resolve(DEFAULTS, {}, {wk.DEFAULT_INBOUND_POLICY_ANNOTATION: f" {name} "})
+    assert resolved.settings.default_inbound_policy == name
+    assert resolved.messages == ()
+
+
+def test_a_bad_default_inbound_policy_is_dropped_with_a_warning() -> None:
+    """A pod's unknown name falls back to its namespace's; a namespace's unknown name to the
+    installation's. Names are Linkerd's, exactly: `Deny` and `allow` are not among them."""
+    policy = wk.DEFAULT_INBOUND_POLICY_ANNOTATION
+    resolved = resolve(DEFAULTS, {policy: "cluster-unauthenticated"}, {policy: "Deny"})
+    assert resolved.settings.default_inbound_policy == "cluster-unauthenticated"
+    assert resolved.messages == (
+        f"pod annotation {policy}='Deny' ignored: expected one of all-unauthenticated,"
+        " all-authenticated, cluster-unauthenticated, cluster-authenticated, deny, audit",
+    )
+    resolved = resolve(DEFAULTS, {policy: "allow"}, {})
+    assert resolved.settings.default_inbound_policy == DEFAULTS.default_inbound_policy
+    assert resolved.inherited == {}  # a refused namespace value is not copied onto the pod
+    assert resolved.messages[0].startswith(f"namespace annotation {policy}='allow' ignored")

@@ -15,7 +15,7 @@ import pytest
 from meshlet.api import wellknown as wk
 from meshlet.controlplane.injector import review
 from meshlet.controlplane.injector.config import InjectConfig, ProxyDefaults, Resources
-from meshlet.controlplane.injector.patch import pointer, trust_root_sha256
+from meshlet.controlplane.injector.patch import inbound_ports, pointer, trust_root_sha256
 from meshlet.init import main as init_main
 from meshlet.proxy import config as proxy_config
 from meshlet_testing import kubelet, schema
@@ -51,6 +51,10 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, str]]] = {
         {},
     ),
     "deployment": (deployment(ENABLED), {}),
+    "pod-inbound-policy": (
+        pod({**ENABLED, wk.DEFAULT_INBOUND_POLICY_ANNOTATION: "deny"}, probes=True),
+        {wk.DEFAULT_INBOUND_POLICY_ANNOTATION: "cluster-authenticated"},
+    ),
 }
 
 
@@ -228,3 +232,92 @@ def test_pointer_escapes() -> None:
         "/metadata/annotations/meshlet.io~1inject"
     )
     assert pointer("a~b") == "/a~0b"
+
+
+def test_the_policy_settings_the_proxy_gets(config: InjectConfig) -> None:
+    """Where the policy controller is and who it must be, which workload to ask for, which
+    ports, and the default policy until it answers: the pod's annotation here."""
+    obj, ns = CASES["pod-inbound-policy"]
+    meshed = as_scheduled(patched(copy.deepcopy(obj), mesh(obj, ns, config)))
+    env = kubelet.container_env(meshed, proxy_of(meshed))
+    assert env[wk.ProxyEnv.POLICY_SVC_ADDR] == "meshlet-policy.meshlet.svc.cluster.local.:8090"
+    assert env[wk.ProxyEnv.POLICY_SVC_NAME] == wk.POLICY_SERVICE_NAME
+    assert json.loads(env[wk.ProxyEnv.POLICY_WORKLOAD]) == {
+        "ns": "emojivoto",
+        "pod": "web-5d4f8c9b7-x2x7q",
+    }
+    assert env[wk.ProxyEnv.POLICY_CLUSTER_NETWORKS] == config.cluster_networks
+    assert env[wk.ProxyEnv.INBOUND_DEFAULT_POLICY] == "deny"
+    assert env[wk.ProxyEnv.INBOUND_PORTS] == "8080,9090,9091"
+
+
+def test_the_default_inbound_policy_comes_from_the_namespace_or_the_installation(
+    config: InjectConfig,
+) -> None:
+    def policy(pod_obj: dict[str, Any], ns: dict[str, str], cfg: InjectConfig) -> str:
+        meshed = as_scheduled(patched(copy.deepcopy(pod_obj), mesh(pod_obj, ns, cfg)))
+        return kubelet.container_env(meshed, proxy_of(meshed))[wk.ProxyEnv.INBOUND_DEFAULT_POLICY]
+
+    annotation = wk.DEFAULT_INBOUND_POLICY_ANNOTATION
+    assert policy(pod(ENABLED), {}, config) == "all-unauthenticated"
+    assert policy(pod(ENABLED), {annotation: "audit"}, config) == "audit"
+    strict = InjectConfig(
+        trust_anchors_pem=config.trust_anchors_pem,
+        proxy=ProxyDefaults(default_inbound_policy="all-authenticated"),
+    )
+    assert policy(pod(ENABLED), {}, strict) == "all-authenticated"
+    # an unknown name never reaches the proxy: the pod starts with the namespace's policy
+    bad = pod({**ENABLED, annotation: "allow-all"})
+    outcome = mesh(copy.deepcopy(bad), {annotation: "audit"}, config)
+    assert policy(bad, {annotation: "audit"}, config) == "audit"
+    assert outcome.warnings == (
+        f"pod annotation {annotation}='allow-all' ignored: expected one of all-unauthenticated,"
+        " all-authenticated, cluster-unauthenticated, cluster-authenticated, deny, audit",
+    )
+
+
+def test_inbound_ports_are_the_pods_declared_and_probed_ports() -> None:
+    spec: dict[str, Any] = {
+        "initContainers": [{"name": "sidecar", "ports": [{"containerPort": 9100}]}],
+        "containers": [
+            {"name": "a", "ports": [{"containerPort": 8080}, {"containerPort": 80}],
+             "readinessProbe": {"httpGet": {"path": "/ready", "port": 8081}},
+             "livenessProbe": {"httpGet": {"path": "/live", "port": "http"}}},
+            {"name": "b", "ports": [{"containerPort": 8080}],
+             "startupProbe": {"httpGet": {"path": "/", "port": 7000}}},
+        ],
+    }  # fmt: skip
+    assert inbound_ports(spec) == "80,8080,8081,9100"  # numeric order, named probe ports skipped
+    assert inbound_ports({"containers": [{"name": "a"}]}) == ""
+    junk: dict[str, Any] = {"containers": [
+        {"name": "a", "ports": [{"containerPort": 0}, {"containerPort": 70000},
+                                {"containerPort": "80"}, {"containerPort": True}, "x"],
+         "readinessProbe": {"httpGet": {"port": -1}}, "livenessProbe": "x"},
+        "not a container",
+    ], "initContainers": {"not": "a list"}}  # fmt: skip
+    assert inbound_ports(junk) == ""
+
+
+def test_a_pod_without_ports_gets_no_inbound_ports_variable(config: InjectConfig) -> None:
+    bare = pod(ENABLED)
+    del bare["spec"]["containers"][0]["ports"]
+    meshed = as_scheduled(patched(copy.deepcopy(bare), mesh(bare, {}, config)))
+    assert wk.ProxyEnv.INBOUND_PORTS not in kubelet.container_env(meshed, proxy_of(meshed))
+
+
+def test_more_ports_than_the_proxy_watches_are_left_out_with_a_message(
+    config: InjectConfig,
+) -> None:
+    """The proxy's loader refuses more than MAX_INBOUND_PORTS ports (it would exit and the pod
+    never start): the variable is left out, the pod starts with its default policy."""
+    crowded = pod(ENABLED)
+    crowded["spec"]["containers"][0]["ports"] = [
+        {"containerPort": 10000 + i, "name": f"p{i}"}
+        for i in range(proxy_config.MAX_INBOUND_PORTS + 1)
+    ]
+    outcome = mesh(copy.deepcopy(crowded), {}, config)
+    meshed = as_scheduled(patched(copy.deepcopy(crowded), outcome))
+    env = kubelet.container_env(meshed, proxy_of(meshed))
+    assert wk.ProxyEnv.INBOUND_PORTS not in env
+    assert outcome.warnings == (f"no {wk.ProxyEnv.INBOUND_PORTS}: more than 1000 ports",)
+    proxy_config.load(env)

@@ -151,6 +151,137 @@ def test_refuses_malformed_and_oversized_reviews(injector: Injector) -> None:
     assert 'proxy_inject_admission_rejected_total{code="400"} 2.0' in injector.metrics()
 
 
+def profile(spec: Any, name: str = "web.emojivoto.svc.cluster.local") -> dict[str, Any]:
+    return {
+        "apiVersion": "meshlet.io/v1alpha1",
+        "kind": "ServiceProfile",
+        "metadata": {"name": name, "namespace": "emojivoto"},
+        "spec": spec,
+    }
+
+
+def validate(injector: Injector, obj: dict[str, Any], operation: str = "CREATE") -> Any:
+    status, body = injector.post(
+        json.dumps(review(obj, operation=operation)).encode(), path="/validate"
+    )
+    assert status == 200, body
+    response = json.loads(body)["response"]
+    assert response["uid"] == "705ab4f5-6393-11e8-b7cc-42010a800002"
+    return response
+
+
+GOOD_ROUTES = [
+    {
+        "name": "GET /api/list",
+        "condition": {"method": "GET", "pathRegex": "/api/list"},
+        "responseClasses": [{"condition": {"status": {"min": 500, "max": 599}}, "isFailure": True}],
+        "isRetryable": True,
+        "timeout": "300ms",
+    }
+]
+
+
+@pytest.mark.parametrize(
+    ("obj", "problems"),
+    [
+        pytest.param(
+            profile({"routes": [{"condition": {"method": "GET"}}, {"name": "b"}]}),
+            ["spec.routes[0].name: missing", "spec.routes[1].condition: missing"],
+            id="required-fields",
+        ),
+        pytest.param(
+            profile({"routes": [{"name": "a", "condition": {"method": "GET"}, "timout": "1s"}],
+                     "retryBudget": {"retryRatio": 0.2, "ttl": "10s", "minRetries": 1}}),
+            ["spec.routes[0].timout: unknown field", "spec.retryBudget.minRetries: unknown field"],
+            id="unknown-fields",
+        ),
+        pytest.param(
+            profile({"routes": [{"name": "a", "condition": {"pathRegex": "(?=x)", "method": "G T"},
+                                 "timeout": "5 s"}]}),
+            ["spec.routes[0].condition.method: expected an HTTP method",
+             "spec.routes[0].condition.pathRegex: invalid regex",
+             "spec.routes[0].timeout: invalid duration"],
+            id="bad-values",
+        ),
+        pytest.param(
+            profile({"routes": [{"name": "a", "condition": {"method": "GET"}, "responseClasses": [
+                {"condition": {"status": {"min": 600}}}, {"condition": {}}]}],
+                "retryBudget": {"retryRatio": -1, "ttl": "2m"},
+                "dstOverrides": [{"authority": "web-v2:80", "weight": "lots"}]}),
+            ["spec.routes[0].responseClasses[0].condition.status.min: expected a status code",
+             "spec.routes[0].responseClasses[1].condition: empty condition",
+             "spec.retryBudget.retryRatio: expected a number from 0 to 1000",
+             "spec.retryBudget.ttl: must be from 1s to 60s",
+             "spec.dstOverrides[0].weight: invalid quantity 'lots'"],
+            id="out-of-range",
+        ),
+        pytest.param(
+            profile({"routes": "all of them"}, name="Web"),
+            ["metadata.name: 'Web' is not a DNS-1123 subdomain", "spec.routes: expected a list"],
+            id="wrong-types-and-name",
+        ),
+    ],
+)  # fmt: skip
+def test_validates_service_profiles_naming_every_problem(
+    injector: Injector, obj: dict[str, Any], problems: list[str]
+) -> None:
+    assert validate(injector, profile({"routes": GOOD_ROUTES})) == {
+        "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+        "allowed": True,
+    }
+    for operation in ("CREATE", "UPDATE"):
+        response = validate(injector, obj, operation)
+        assert response["allowed"] is False
+        assert response["status"]["code"] == 400
+        message = response["status"]["message"]
+        name = obj["metadata"]["name"]
+        count = f"{len(problems)} problem" + ("s" if len(problems) > 1 else "")
+        assert message.startswith(
+            f"ServiceProfile emojivoto/{name} is invalid ({count}; fix each and apply it again): "
+        ), message
+        parts = message.split(": ", 1)[1].split("; ")
+        assert len(parts) == len(problems), parts
+        for part, problem in zip(parts, problems, strict=True):
+            assert part.startswith(problem), (part, problem)
+    metrics = injector.metrics()
+    assert (
+        'validation_admission_responses_total{allowed="false",kind="ServiceProfile"} 2.0' in metrics
+    )
+    assert 'validation_admission_responses_total{allowed="true",kind="ServiceProfile"} 1.0' in (
+        metrics
+    )
+
+
+def test_validation_leaves_other_kinds_and_deletes_alone(injector: Injector) -> None:
+    linkerds = {**profile("junk"), "apiVersion": "linkerd.io/v1alpha2"}
+    assert validate(injector, linkerds)["allowed"] is True
+    assert validate(injector, pod(None))["allowed"] is True
+    assert validate(injector, profile("junk"), "DELETE")["allowed"] is True
+    assert 'validation_admission_responses_total{allowed="true",kind="other"} 2.0' in (
+        injector.metrics()
+    )
+
+
+def test_validation_refuses_malformed_and_oversized_reviews(injector: Injector) -> None:
+    status, body = injector.post(b"<html>not a review</html>", path="/validate")
+    assert status == 400 and body.startswith(b"the body is not JSON")
+    status, body = injector.post(b'{"kind": "Status"}', path="/validate")
+    assert status == 400
+    assert body == b"expected an AdmissionReview of apiVersion admission.k8s.io/v1\n"
+    big = profile({"routes": [GOOD_ROUTES[0]] * 5000})
+    status, body = injector.post(json.dumps(review(big)).encode(), path="/validate")
+    assert status == 413 and body == b"the review is larger than 1048576 bytes\n"
+    assert validate(injector, profile({}))["allowed"] is True  # still serving
+    assert 'proxy_inject_admission_rejected_total{code="413"} 1.0' in injector.metrics()
+    _, err = stop(injector)
+    assert "Traceback" not in err
+
+
+def stop(injector: Injector) -> tuple[str, str]:
+    injector.proc.send_signal(signal.SIGTERM)
+    return injector.proc.communicate(timeout=15)
+
+
 def test_sigterm_stops_it(injector: Injector) -> None:
     injector.proc.send_signal(signal.SIGTERM)
     _, err = injector.proc.communicate(timeout=15)
@@ -172,3 +303,31 @@ def test_bad_configuration_exits_64_naming_every_problem(tmp_path: Path, test_ca
     assert "proxy.logLevel='loud'" in err
     assert "--tls-cert/--tls-key: not a usable certificate and key" in err
     assert "Traceback" not in err
+
+
+def test_validates_policy_resources_naming_every_problem(injector: Injector) -> None:
+    """The policy kinds are judged by the policy controller's own definition of valid."""
+    good = {
+        "apiVersion": "policy.meshlet.io/v1beta3",
+        "kind": "Server",
+        "metadata": {"name": "web-http", "namespace": "emojivoto"},
+        "spec": {"podSelector": {"matchLabels": {"app": "web"}}, "port": "http"},
+    }
+    assert validate(injector, good)["allowed"] is True
+    bad = {**good, "spec": {"port": 70000, "proxyProtocol": "SPDY"}}
+    response = validate(injector, bad)
+    assert response["allowed"] is False
+    message = response["status"]["message"]
+    assert message.startswith("Server emojivoto/web-http is invalid (3 problems"), message
+    for field in ("spec.port", "spec.proxyProtocol", "podSelector"):
+        assert field in message, (field, message)
+    policy = {
+        "apiVersion": "policy.meshlet.io/v1alpha1",
+        "kind": "AuthorizationPolicy",
+        "metadata": {"name": "p", "namespace": "emojivoto"},
+        "spec": {"targetRef": {"kind": "Pod", "name": "x"}},
+    }
+    response = validate(injector, policy, "UPDATE")
+    assert response["allowed"] is False
+    assert "spec.targetRef" in response["status"]["message"]
+    assert "spec.requiredAuthenticationRefs" in response["status"]["message"]

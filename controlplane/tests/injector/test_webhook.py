@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -56,3 +57,27 @@ async def test_an_unexpected_failure_is_allowed_unmeshed_with_the_reason(
     got, _ = await answer(Webhook(config, breaks, InjectorMetrics(registry)))
     assert got["allowed"] is True and "patch" not in got
     assert got["warnings"] == ["not meshed: injector error"]
+
+
+async def test_a_validator_that_hangs_is_answered_in_time(config: InjectConfig) -> None:
+    release = threading.Event()
+
+    def hangs(obj: Mapping[str, Any]) -> list[str]:
+        release.wait(10)
+        return ["never seen"]
+
+    table = {("meshlet.io", "ServiceProfile"): hangs}
+    registry = CollectorRegistry()
+    webhook = Webhook(config, None, InjectorMetrics(registry), 0.3, validators=table)
+    obj = {"apiVersion": "meshlet.io/v1alpha1", "kind": "ServiceProfile", "metadata": {}}
+    try:
+        async with TestClient(TestServer(webhook.app())) as client:
+            started = time.monotonic()
+            response = await client.post("/validate", data=json.dumps(review(obj)))
+            took = time.monotonic() - started
+            got = (await response.json())["response"]
+    finally:
+        release.set()
+    assert took < 2.0
+    assert got["allowed"] is True
+    assert got["warnings"] == ["not validated: the validator timed out"]

@@ -168,20 +168,9 @@ async def test_the_kubernetes_source_through_the_fake_api(tmp_path: Path) -> Non
     from kubernetes import client as k8s_client
 
     from meshlet.controlplane.k8s.informer import KubernetesSource
-    from meshlet_testing.fakeapi import RESOURCES, FakeKubeAPI, Resource
+    from meshlet_testing.fakeapi import POLICY_RESOURCES, RESOURCES, FakeKubeAPI
 
-    extra = tuple(
-        Resource(
-            kind.api_version.split("/")[0],
-            kind.api_version.split("/")[1],
-            kind.plural,
-            kind.kind,
-            namespaced=True,
-        )
-        for kind in POLICY_KINDS
-        if "/" in kind.api_version
-    )
-    with FakeKubeAPI(resources=RESOURCES + extra) as api:
+    with FakeKubeAPI(resources=RESOURCES + POLICY_RESOURCES) as api:
         api.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ns"}})
         api.apply(pod())
         source = KubernetesSource(

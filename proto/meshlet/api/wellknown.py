@@ -146,6 +146,7 @@ DESTINATION_NAME: Final = "meshlet-destination"
 IDENTITY_NAME: Final = "meshlet-identity"
 INJECTOR_NAME: Final = "meshlet-proxy-injector"
 INJECTOR_TLS_SECRET: Final = "meshlet-proxy-injector-k8s-tls"
+INJECTOR_VALIDATE_PATH: Final = "/validate"  # the validating webhook, served by the injector
 CONFIG_CONFIGMAP: Final = "meshlet-config"
 CONFIG_KEY: Final = "values"
 SERVICEPROFILE_CRD: Final = "serviceprofiles.meshlet.io"

@@ -8,6 +8,10 @@
   timing its first byte), and answers with JSON naming who answered.
 - **load** (HTTP/1.1 client): calls web at a fixed rate (open loop: a slow answer never delays
   the next call) and writes what it saw, as JSON, to `--stats` every second: the client's truth.
+- **intruder** (the deny drill; runs in an api pod, so its connections leave through that pod's
+  proxy with api's identity): connects to the store at a fixed rate and writes, as JSON to
+  `--stats` every second, how each attempt ended: admitted (the store's banner came), refused
+  (closed or reset before it), or failed otherwise.
 
 Apps address services by name; in loopback mode (`--via-proxy`) they send HTTP and gRPC to
 their proxy's outbound listener with the service as authority, as an app would with an HTTP
@@ -309,6 +313,82 @@ async def _load(target: str, rate: float, stats_file: Path, via_proxy: str) -> N
             await asyncio.wait_for(stop.wait(), max(0.0, min(next_call, next_write) - now))
     if tasks:
         await asyncio.wait(tasks, timeout=CALL_TIMEOUT)
+    write_stats()
+
+
+# -- intruder ----------------------------------------------------------------------------------
+
+INTRUDER_TIMEOUT: Final = 3.0  # seconds an attempt waits for the store's banner
+
+
+def store_attempt(banner: bytes | None, error: BaseException | None) -> str:
+    """How a connection to the store ended: `admitted` once its banner came; `refused` when the
+    mesh closed or reset it before the banner (what a denial looks like to a TCP client);
+    otherwise what went wrong."""
+    if error is None and banner is not None and banner.startswith(b"STORE "):
+        return "admitted"
+    if error is None and banner == b"":
+        return "refused"
+    if isinstance(error, ConnectionResetError | asyncio.IncompleteReadError | BrokenPipeError):
+        return "refused"
+    if isinstance(error, TimeoutError):
+        return "timeout"
+    if error is not None:
+        return type(error).__name__
+    return "unexpected banner"
+
+
+@app.command()
+@click.option("--target", required=True, help="store's service address (name:port)")
+@click.option("--rate", type=click.FloatRange(min=0.1, max=100), default=5.0,
+              help="attempts per second")  # fmt: skip
+@click.option("--stats", "stats_file", required=True, type=click.Path(path_type=Path))
+def intruder(target: str, rate: float, stats_file: Path) -> None:
+    """Connects to the store at a fixed rate, writing how each attempt ended to --stats."""
+    asyncio.run(_intruder(target, rate, stats_file))
+
+
+async def _intruder(target: str, rate: float, stats_file: Path) -> None:
+    outcomes: Counter[str] = Counter()
+    started = time.time()
+
+    async def attempt() -> str:
+        banner: bytes | None = None
+        error: BaseException | None = None
+        writer = None
+        try:
+            async with asyncio.timeout(INTRUDER_TIMEOUT):
+                reader, writer = await asyncio.open_connection(*parse_hostport(target))
+                banner = await reader.readline()
+        except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
+            error = exc
+        finally:
+            if writer is not None:
+                writer.transport.abort()
+        return store_attempt(banner, error)
+
+    def write_stats() -> None:
+        data = {"started": started, "now": time.time(), "attempts": sum(outcomes.values()),
+                "outcomes": dict(outcomes)}  # fmt: skip
+        tmp = stats_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, stats_file)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    next_attempt = next_write = loop.time()
+    while not stop.is_set():
+        if loop.time() >= next_attempt:  # one at a time: a slow attempt delays the next
+            next_attempt = max(next_attempt + 1.0 / rate, loop.time())
+            outcomes[await attempt()] += 1
+        if loop.time() >= next_write:
+            write_stats()
+            next_write += 1.0
+        with contextlib.suppress(TimeoutError):
+            wait = min(next_attempt, next_write) - loop.time()
+            await asyncio.wait_for(stop.wait(), max(0.0, wait))
     write_stats()
 
 

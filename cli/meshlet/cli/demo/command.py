@@ -111,6 +111,9 @@ def demo(
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--issuance-lifetime") from None
     chosen, why = choose_mode(mode)
+    problem = drills.unavailable(drill, chosen)
+    if problem is not None:
+        raise click.UsageError(f"{problem} (this run: loopback mode, {why})")
     console = Console()
     if chosen is Mode.LOOPBACK:
         console.print(

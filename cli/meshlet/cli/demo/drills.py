@@ -14,10 +14,16 @@ repaired at 0.6·D; without one, at 10 s and 20 s.
   certificate renewal (a short issuance lifetime makes it come during the run) must succeed.
 - slow-replica: api-1 becomes 200 ms slower (SIGUSR1 to its app), later fast again (SIGUSR2):
   the balancers move calls away from it, then back.
+- deny: a client in api-1's pod (`meshlet demo app intruder`, beside the api app) connects to the
+  store 5 times a second until the repair. The pod's rules send its connections through api-1's
+  proxy, which opens them over mTLS with api's identity; the store's policy admits only web's,
+  so the store's proxy refuses each one. Web's calls to the store go on as before. Netns mode
+  only: in loopback mode nothing sends a connection to the store through a proxy.
 """
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 import urllib.request
@@ -25,9 +31,14 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from meshlet.api import wellknown
+from meshlet.cli.demo import topology
+from meshlet.cli.demo.supervisor import command
 from meshlet.cli.stats import Scrape, traffic
 
-DRILLS: Final = ("kill-destination", "kill-replica", "restart-identity", "slow-replica")
+DRILLS: Final = ("kill-destination", "kill-replica", "restart-identity", "slow-replica", "deny")
+INTRUDER_POD: Final = "api-1"  # the deny drill's client: a pod the store's policy does not admit
+INTRUDER_RATE: Final = 5.0  # its attempts per second
+INTRUDER_STATS: Final = "intruder-stats.json"  # in the demo's state folder
 # The issuance lifetime restart-identity uses unless one is given: renewals come at 70 % of
 # the lifetime plus 20 s of skew, so within a run of 30 s or more.
 SHORT_LIFETIME: Final = "20s"
@@ -41,6 +52,24 @@ class Step:
     action: str
 
 
+def unavailable(drill: str | None, mode: topology.Mode) -> str | None:
+    """Why `drill` cannot run in `mode`; None when it can."""
+    if drill == "deny" and mode is topology.Mode.LOOPBACK:
+        return (
+            "--drill deny needs netns mode: in loopback mode the store is called directly, not"
+            " through its proxy, so no policy can act on its connections; run it as root"
+            " with --mode netns"
+        )
+    return None
+
+
+def intruder_argv(stats_file: str) -> list[str]:
+    """`meshlet demo app intruder …` (after the `meshlet` command): store by its name, which
+    the pod's /etc/hosts maps to the store's cluster IP."""
+    return ["demo", "app", "intruder", "--target", topology.service("store").authority,
+            "--rate", str(INTRUDER_RATE), "--stats", stats_file]  # fmt: skip
+
+
 def schedule(drill: str | None, duration: float) -> list[Step]:
     if drill is None:
         return []
@@ -52,6 +81,8 @@ def schedule(drill: str | None, duration: float) -> list[Step]:
         "restart-identity": [Step(fault, "kill identity"), Step(repair, "start identity")],
         "slow-replica": [Step(fault, "slow api-1"), Step(fault + SETTLE, "mark slowed"),
                          Step(repair, "mark healed"), Step(repair, "heal api-1")],
+        "deny": [Step(fault, "mark intruding"), Step(fault, f"intrude {INTRUDER_POD}"),
+                 Step(repair, f"leave {INTRUDER_POD}"), Step(repair, "mark left")],
     }[drill]  # fmt: skip
     return sorted(steps, key=lambda step: step.at)
 
@@ -107,6 +138,18 @@ def perform(step: Step, demo: Any) -> list[Step]:
         sup.signal(f"app-{what}", signal.SIGUSR2)
         demo.notes[what] = "healed"
         demo._event(f"drill: {what} fast again")
+    elif verb == "intrude":
+        stats = demo.root / INTRUDER_STATS
+        stats.unlink(missing_ok=True)
+        sup.start("intruder", [*command("meshlet"), *intruder_argv(str(stats))],
+                  netns=topology.netns_name(what))  # fmt: skip
+        demo.notes[what] = "+ intruder → store"
+        identity = demo.layout.pod(what).identity
+        demo._event(f"drill: a client in {what} ({identity.split('.')[0]}'s identity) calls store")
+    elif verb == "leave":
+        sup.stop("intruder")
+        demo.notes[what] = ""
+        demo._event(f"drill: the client in {what} stopped")
     elif verb == "mark":
         demo.checks.setdefault("marks", {})[what] = {
             "scrapes": {pod: history[-1] for pod, history in demo.scrapes.items() if history},
@@ -156,6 +199,8 @@ def finish(demo: Any) -> dict[str, Any]:
         }  # fmt: skip
         total = sum(counts.values())
         out["api-1_share_while_slow"] = counts.get("api-1", 0) / total if total else None
+    if drill == "deny":
+        out.update(_deny(demo, marks))
     if drill == "restart-identity":
         back = checks.get("identity_back_at")
         certs = demo._certificates()
@@ -164,6 +209,69 @@ def finish(demo: Any) -> dict[str, Any]:
             for pod, c in certs.items()
         }
     return out
+
+
+def _deny(demo: Any, marks: dict[str, Any]) -> dict[str, Any]:
+    """The intruder's own count, and the store's proxy's: denials by identity over the run and
+    during the drill; connections allowed per second before and during it; the load's calls
+    during it."""
+    try:
+        seen = json.loads((demo.root / INTRUDER_STATS).read_text())
+    except (OSError, ValueError):
+        seen = {"attempts": 0, "outcomes": {}}
+    outcomes = dict(seen.get("outcomes", {}))
+    pod = demo.layout.pod(INTRUDER_POD)
+    out: dict[str, Any] = {
+        "intruder": {
+            "pod": pod.name,
+            "identity": pod.identity,
+            "attempts": int(seen.get("attempts", 0)),
+            "refused": int(outcomes.pop("refused", 0)),
+            "admitted": int(outcomes.pop("admitted", 0)),
+            "other": outcomes,
+        }
+    }
+    store = demo.layout.of("store")[0].name
+    history = demo.scrapes.get(store)
+    first = demo.start_scrape.get(store)
+    if history and first is not None:
+        whole = traffic(first, history[-1])
+        out["store_denied"] = {peer: int(n) for peer, n in whole.denied_peers.items()}
+        out["store_allowed"] = int(whole.allowed)
+    if {"intruding", "left"} <= marks.keys() and first is not None:
+        start = marks["intruding"]["scrapes"].get(store)
+        end = marks["left"]["scrapes"].get(store)
+        if start is not None and end is not None:
+            before, during = traffic(first, start), traffic(start, end)
+            out["store_denied_during_drill"] = int(during.denied)
+            out["store_allowed_during_drill"] = int(during.allowed)
+            out["store_allowed_by_identity_during_drill"] = {
+                peer: int(n) for peer, n in during.allowed_peers.items()
+            }
+            out["store_allowed_per_s_before"] = (
+                round(before.allowed / before.seconds, 2) if before.seconds else None
+            )
+            out["store_allowed_per_s_during"] = (
+                round(during.allowed / during.seconds, 2) if during.seconds else None
+            )
+        out["load_failed_during_drill"] = marks["left"]["failed"] - marks["intruding"]["failed"]
+        out["load_ok_during_drill"] = sum(marks["left"]["ok_by_api"].values()) - sum(
+            marks["intruding"]["ok_by_api"].values()
+        )
+    return out
+
+
+def summary_line(drill: str | None, checks: dict[str, Any]) -> str:
+    """The drill's result in the summary's caption ("" when it has none)."""
+    if drill != "deny" or "intruder" not in checks:
+        return ""
+    intruder = checks["intruder"]
+    denied = sum(checks.get("store_denied", {}).values())
+    return (
+        f"; deny drill: {intruder['refused']} of {intruder['attempts']} attempts from "
+        f"{intruder['pod']} refused, store's proxy denied {denied} and allowed "
+        f"{checks.get('store_allowed_during_drill', '-')} meanwhile"
+    )
 
 
 def _failed(demo: Any) -> int:

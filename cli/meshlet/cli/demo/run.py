@@ -2,11 +2,13 @@
 performs a drill, and takes everything down again.
 
 Up: a CA, the control plane (`meshlet-controller identity` with a tokens file, `meshlet-controller
-destination` on a manifests folder, over TLS from the CA), then every pod: `meshlet-init`'s rules,
-`meshlet-proxy` (GID 2102, so that its own connections skip the rules), and the pod's app. A pod's
-manifest is written once its proxy holds a certificate, so it joins its service's endpoints as a
-readiness probe would let it. Running: every second each proxy's /metrics and the load
-generator's stats are read and shown. Down: processes, namespaces, links, files.
+destination` and `meshlet-controller policy` on one manifests folder, over TLS from the CA), then
+every pod: `meshlet-init`'s rules, `meshlet-proxy` (GID 2102, so that its own connections skip the
+rules), and the pod's app. A pod's manifest is written once its proxy holds a certificate, so it
+joins its service's endpoints as a readiness probe would let it; the load starts once the
+destination has read the pods and every proxy follows its ports' policies. Running: every second
+each proxy's /metrics and the load generator's stats are read and shown. Down: processes,
+namespaces, links, files.
 """
 
 from __future__ import annotations
@@ -48,6 +50,12 @@ from meshlet.cli.stats import replica_rows as make_replica_rows
 WINDOW: Final = 10.0  # seconds the live view's rates and quantiles cover
 WARMUP: Final = 5.0  # seconds of load before the summary's "after warm-up" numbers start
 READY_WITHIN: Final = 30.0
+# The control plane's processes: (name, admin port), started and checked in this order.
+CONTROL_PLANE: Final = (
+    ("identity", wellknown.IDENTITY_ADMIN_PORT),
+    ("destination", wellknown.DESTINATION_ADMIN_PORT),
+    ("policy", wellknown.POLICY_ADMIN_PORT),
+)
 
 
 class DemoError(Exception):
@@ -146,8 +154,10 @@ class Demo:
         self._start_pods(anchors_pem)
         self.record.urls = {
             **{f"proxy {p.name}": f"{layout.admin(p)}/metrics" for p in layout.pods},
-            "destination admin": f"http://{layout.control_ip}:{wellknown.DESTINATION_ADMIN_PORT}",
-            "identity admin": f"http://{layout.control_ip}:{wellknown.IDENTITY_ADMIN_PORT}",
+            **{
+                f"{name} admin": f"http://{layout.control_ip}:{port}"
+                for name, port in CONTROL_PLANE
+            },
         }
         self.record.save()
 
@@ -165,10 +175,9 @@ class Demo:
         key_file.touch(mode=0o600)
         key_file.write_bytes(ca.key_pem(issuer_key))
         issuer = ca.Issuer(chain=(issuer_cert,), key=issuer_key, anchors=(anchor,))
-        signer.write_serving_files(
-            issuer, wellknown.DESTINATION_SERVICE_NAME, folder / "destination", now,
-            dt.timedelta(days=30),
-        )  # fmt: skip
+        for name, identity in (("destination", wellknown.DESTINATION_SERVICE_NAME),
+                               ("policy", wellknown.POLICY_SERVICE_NAME)):  # fmt: skip
+            signer.write_serving_files(issuer, identity, folder / name, now, dt.timedelta(days=30))
         return ca.cert_pem(anchor).decode()
 
     def _manifests(self) -> Any:
@@ -185,6 +194,7 @@ class Demo:
         ip = layout.control_ip
         ca = root / "ca"
         destination_cert = ca / "destination" / f"{wellknown.DESTINATION_SERVICE_NAME}"
+        policy_cert = ca / "policy" / f"{wellknown.POLICY_SERVICE_NAME}"
         self.specs["identity"] = Process(
             "identity",
             [*command("meshlet-controller"), "identity",
@@ -204,10 +214,20 @@ class Demo:
              "--tls-cert", f"{destination_cert}.crt", "--tls-key", f"{destination_cert}.key"],
             {}, netns, None, sup.logs / "destination.log",
         )  # fmt: skip
-        for name in ("identity", "destination"):
+        self.specs["policy"] = Process(
+            "policy",
+            [*command("meshlet-controller"), "policy",
+             "--addr", f"{ip}:{wellknown.POLICY_PORT}",
+             "--admin-addr", f"{ip}:{wellknown.POLICY_ADMIN_PORT}",
+             "--manifests", str(root / "manifests"),
+             "--tls-cert", f"{policy_cert}.crt", "--tls-key", f"{policy_cert}.key",
+             "--cluster-networks", layout.cluster_network,
+             "--default-policy", topology.DEFAULT_POLICY],
+            {}, netns, None, sup.logs / "policy.log",
+        )  # fmt: skip
+        for name, _ in CONTROL_PLANE:
             self._start_spec(name)
-        for name, port in (("identity", wellknown.IDENTITY_ADMIN_PORT),
-                           ("destination", wellknown.DESTINATION_ADMIN_PORT)):  # fmt: skip
+        for name, port in CONTROL_PLANE:
             sup.wait_ready(name, f"http://{ip}:{port}/ready", READY_WITHIN)
         self._event("control plane up")
 
@@ -226,6 +246,25 @@ class Demo:
                     return
             time.sleep(0.05)
         raise StartError(f"the destination did not read the pods within {READY_WITHIN:g}s")
+
+    def _wait_policies_followed(self) -> None:
+        """Until every proxy follows its app's port's policy (one WatchPort stream each): a
+        proxy asks before its pod is in the manifests, is told NOT_FOUND and asks again with
+        backoff, and until it is answered its ports have the default policy."""
+        want = sum(1 for pod in self.layout.pods if topology.app_port(pod) is not None)
+        url = f"http://{self.layout.control_ip}:{wellknown.POLICY_ADMIN_PORT}/metrics"
+        deadline = time.monotonic() + READY_WITHIN
+        streams = 0.0
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=1) as r:
+                streams = _value(parse(r.read().decode()), "policy_watch_streams_active")
+                if streams >= want:
+                    return
+            time.sleep(0.1)
+        raise StartError(
+            f"only {streams:g} of {want} proxies follow their policies after {READY_WITHIN:g}s;"
+            f" see the proxies' logs and {self.sup.logs if self.sup else ''}/policy.log"
+        )
 
     def _start_spec(self, name: str) -> None:
         assert self.sup is not None
@@ -271,6 +310,8 @@ class Demo:
             manifests.put(f"pod-{pod.name}", topology.pod_manifest(pod))
         self._event("pods up: every proxy holds a certificate")
         self._wait_destination_read(time.time())
+        self._wait_policies_followed()
+        self._event("every proxy follows its port's policy")
         load = layout.of("load")[0]
         argv = topology.app_argv(layout, load, rate=self.options.rate, stats_file=str(stats))
         sup.start(f"app-{load.name}", [*command("meshlet"), *argv],
@@ -398,7 +439,7 @@ class Demo:
             rows.append(row(workload, f"{ready}/{len(pods)}", total))
         replicas = make_replica_rows(by_pod, [p.name for p in layout.of("api")])
         control = [(name, "up" if self.sup and self.sup.alive(name) else "down")
-                   for name in ("destination", "identity")]  # fmt: skip
+                   for name, _ in CONTROL_PLANE]  # fmt: skip
         mode = "network namespaces + iptables" if layout.mode is Mode.NETNS else "loopback"
         drill = f" · drill: {self.options.drill}" if self.options.drill else ""
         footer = "Ctrl-C stops the demo and removes everything it made"
@@ -502,6 +543,7 @@ class Demo:
             f"{'-' if share is None else f'{share * 100:.1f}%'} of api calls after a "
             f"{WARMUP:g} s warm-up; mTLS share "
             f"{'-' if mtls is None else f'{mtls * 100:.1f}%'}"
+            + drills.summary_line(self.options.drill, self.checks)
         )
         return summary
 

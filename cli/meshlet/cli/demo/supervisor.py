@@ -162,6 +162,19 @@ class Supervisor:
         self.record.processes.pop(name, None)
         self.record.save()
 
+    def stop(self, name: str, grace: float = STOP_GRACE) -> None:
+        """SIGTERM, then SIGKILL after `grace`: an end the demo meant, not a failure."""
+        proc = self.processes.pop(name)
+        if proc.popen is not None and proc.popen.poll() is None:
+            proc.popen.terminate()
+            try:
+                proc.popen.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                proc.popen.kill()
+                proc.popen.wait()
+        self.record.processes.pop(name, None)
+        self.record.save()
+
     def restart(self, name: str, proc: Process) -> None:
         self.processes[name] = proc
         self._spawn(proc)

@@ -13,11 +13,16 @@ In **loopback** mode (no root, or no network namespaces) pods are addresses on 1
 apps send their calls to their own proxy's outbound listener with the service name as authority;
 nothing intercepts traffic, so the store (opaque TCP, which carries no authority) is called
 directly, outside the mesh.
+
+Authorization: the store's port is a `Server` whose `AuthorizationPolicy` admits only web's
+identity (a `MeshTLSAuthentication` naming web's ServiceAccount). Every other port has the
+default policy, `all-unauthenticated`, as a cluster installed with defaults would.
 """
 
 from __future__ import annotations
 
 import enum
+import ipaddress
 import json
 from dataclasses import dataclass
 from typing import Any, Final
@@ -38,6 +43,9 @@ SLOW_DELAY: Final = 0.05  # seconds the slow replica adds to every call
 BRIDGE: Final = "meshlet0"
 NETNS_PREFIX: Final = "meshlet-"
 VETH_PREFIX: Final = "mlv-"
+DEFAULT_POLICY: Final = "all-unauthenticated"
+STORE_SERVER: Final = "store"  # the Server, MeshTLSAuthentication and AuthorizationPolicy's name
+STORE_CLIENTS: Final = ("web",)  # the only ServiceAccounts store admits
 
 
 class Mode(enum.Enum):
@@ -115,6 +123,16 @@ class Layout:
     def identity(self) -> HostPort:
         return HostPort(self.control_ip, wellknown.IDENTITY_PORT)
 
+    @property
+    def policy(self) -> HostPort:
+        return HostPort(self.control_ip, wellknown.POLICY_PORT)
+
+    @property
+    def cluster_network(self) -> str:
+        """The pods' and the control plane's subnet, as a CIDR: the `cluster-*` policies'
+        networks."""
+        return str(ipaddress.ip_network(f"{self.control_ip}/{self.prefix}", strict=False))
+
     def admin(self, pod: Pod) -> str:
         return f"http://{pod.ip}:{wellknown.PROXY_ADMIN_PORT}"
 
@@ -129,6 +147,12 @@ def layout(mode: Mode) -> Layout:
 
 def service(name: str) -> Service:
     return next(s for s in SERVICES if s.name == name)
+
+
+def app_port(pod: Pod) -> int | None:
+    """The port the pod's app serves (the container port the injector would read); None for
+    the load generator, which serves nothing."""
+    return {"web": WEB_PORT, "api": API_PORT, "store": STORE_PORT}.get(pod.app)
 
 
 def netns_name(name: str) -> str:
@@ -148,7 +172,7 @@ def hosts_file(layout: Layout) -> str:
 
 
 def manifests_static() -> dict[str, list[dict[str, Any]]]:
-    """The Services and the api ServiceProfile (file name → objects)."""
+    """The Services, the api ServiceProfile and the store's policy (file name → objects)."""
     files: dict[str, list[dict[str, Any]]] = {}
     for svc in SERVICES:
         annotations = {wellknown.OPAQUE_PORTS_ANNOTATION: str(svc.port)} if svc.opaque else {}
@@ -175,7 +199,42 @@ def manifests_static() -> dict[str, list[dict[str, Any]]]:
             NAMESPACE,
         )
     ]
+    files["policy-store"] = store_policy()
     return files
+
+
+def store_policy() -> list[dict[str, Any]]:
+    """store's port admits only web's identity: a Server for the port (opaque: the store
+    speaks first), the clients as a MeshTLSAuthentication, and the AuthorizationPolicy joining
+    them. The Server's own access policy is `deny`, so a client the policy does not name is
+    refused whatever the default policy."""
+    group = wellknown.POLICY_API_GROUP
+
+    def resource(version: str, kind: str, spec: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "apiVersion": f"{group}/{version}",
+            "kind": kind,
+            "metadata": {"name": STORE_SERVER, "namespace": NAMESPACE},
+            "spec": spec,
+        }
+
+    return [
+        resource("v1beta3", "Server", {
+            "podSelector": {"matchLabels": {"app": "store"}},
+            "port": STORE_PORT,
+            "proxyProtocol": "opaque",
+            "accessPolicy": "deny",
+        }),
+        resource("v1alpha1", "MeshTLSAuthentication", {
+            "identityRefs": [{"kind": "ServiceAccount", "name": sa} for sa in STORE_CLIENTS],
+        }),
+        resource("v1alpha1", "AuthorizationPolicy", {
+            "targetRef": {"group": group, "kind": "Server", "name": STORE_SERVER},
+            "requiredAuthenticationRefs": [
+                {"group": group, "kind": "MeshTLSAuthentication", "name": STORE_SERVER}
+            ],
+        }),
+    ]  # fmt: skip
 
 
 def pod_manifest(pod: Pod) -> dict[str, Any]:
@@ -184,9 +243,11 @@ def pod_manifest(pod: Pod) -> dict[str, Any]:
     annotations = {}
     if pod.workload == "store":
         annotations[wellknown.OPAQUE_PORTS_ANNOTATION] = str(STORE_PORT)
+    port = app_port(pod)
     return objects.pod(
         pod.name, pod.ip, NAMESPACE, app=pod.workload, sa=pod.workload,
         annotations=annotations, owner=("ReplicaSet", f"{pod.workload}-demo"),
+        container_ports=[(pod.app, port)] if port is not None else [],
     )  # fmt: skip
 
 
@@ -212,6 +273,16 @@ def proxy_env(
     if pod.workload == "store":
         opaque.add(STORE_PORT)
     context = {"ns": NAMESPACE, "nodeName": "local", "pod": pod.name}
+    workload = {"ns": NAMESPACE, "pod": pod.name}
+    port = app_port(pod)
+    policy = {  # the injector writes INBOUND_PORTS only for a pod with ports
+        f"{p}POLICY_SVC_ADDR": str(layout.policy),
+        f"{p}POLICY_SVC_NAME": wellknown.POLICY_SERVICE_NAME,
+        f"{p}POLICY_WORKLOAD": json.dumps(workload, separators=(",", ":")),
+        f"{p}POLICY_CLUSTER_NETWORKS": layout.cluster_network,
+        f"{p}INBOUND_DEFAULT_POLICY": DEFAULT_POLICY,
+        **({f"{p}INBOUND_PORTS": str(port)} if port is not None else {}),
+    }
     return {
         f"{p}INBOUND_LISTEN_ADDR": f"{bind}:{wellknown.PROXY_INBOUND_PORT}",
         f"{p}OUTBOUND_LISTEN_ADDR": f"{'127.0.0.1' if netns else pod.ip}:"
@@ -227,6 +298,7 @@ def proxy_env(
         f"{p}IDENTITY_TOKEN_FILE": token_file,
         f"{p}IDENTITY_TRUST_ANCHORS": anchors_pem,
         f"{p}IDENTITY_DIR": identity_dir,
+        **policy,
         f"{p}INBOUND_PORTS_DISABLE_PROTOCOL_DETECTION": ",".join(map(str, sorted(opaque))),
         f"{p}SHUTDOWN_GRACE_PERIOD": "2s",
         f"{p}LOG": "info",

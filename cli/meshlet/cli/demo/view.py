@@ -1,5 +1,8 @@
 """The demo's screen: what the proxies and the load generator report, as `linkerd viz stat` shows
-it, rendered with rich from a `Snapshot` (no I/O here)."""
+it, rendered with rich from a `Snapshot` (no I/O here).
+
+Beside the traffic, each workload's inbound authorization: how many connections and requests its
+proxies' policies allowed and denied, and which identities were denied."""
 
 from __future__ import annotations
 
@@ -67,19 +70,31 @@ def _short(identity: str) -> str:
     return identity.split(".")[0]
 
 
+def _count(value: float) -> str:
+    return f"{value:.0f}"
+
+
+def denied_cell(row: Row) -> Text:
+    """`0`, or the denials in red with the identities denied: `47 (api)`."""
+    if not row.denied:
+        return Text("0")
+    who = ",".join(_short(p) for p in row.denied_peers)
+    return Text(_count(row.denied) + (f" ({who})" if who else ""), style="bold red")
+
+
 def workloads_table(rows: Sequence[Row], caption: str) -> Table:
     table = Table(title="workloads (inbound, as their proxies see them)", caption=caption,
                   title_justify="left", caption_justify="left", box=box.SIMPLE_HEAD,
                   show_edge=False, pad_edge=False, padding=(0, 1))  # fmt: skip
     names = ["NAME", "MESHED", "SUCCESS", "RPS", *(f"P{int(q * 100)}" for q in QUANTILES),
-             "CONN/S", "mTLS", "FROM"]  # fmt: skip
+             "CONN/S", "mTLS", "FROM", "ALLOWED", "DENIED"]  # fmt: skip
     for name in names:
-        table.add_column(name, justify="left" if name in ("NAME", "FROM") else "right")
+        table.add_column(name, justify="left" if name in ("NAME", "FROM", "DENIED") else "right")
     for row in rows:
         table.add_row(
             row.name, row.meshed, _pct(row.success), _rate(row.rps),
             *(_ms(q) for q in row.quantiles), _rate(row.connections_per_s), _pct(row.mtls),
-            ",".join(_short(p) for p in row.peers) or "-",
+            ",".join(_short(p) for p in row.peers) or "-", _count(row.allowed), denied_cell(row),
         )  # fmt: skip
     return table
 

@@ -23,6 +23,10 @@ Nothing is partially accepted: any problem raises `ProfileError` naming every pr
 path, and `profile_or_default` turns that into the default profile plus the error text. Regexes are
 checked with RE2, the proxies' engine, whose syntax is linkerd2-proxy's (Rust `regex`): no
 look-around and no back-references, so a pattern accepted here is one every proxy can use.
+
+`problems` judges a whole ServiceProfile object with the same code (its name as Linkerd's
+sp-validator checks it, a DNS-1123 subdomain, and its spec as served), so the validating webhook
+refuses exactly what the destination would refuse to serve.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ MAX_NESTING: Final = 16  # all/any/not levels inside one condition
 MAX_DURATION_TEXT: Final = 64
 MAX_QUANTITY_TEXT: Final = 64
 MAX_AUTHORITY: Final = 253 + 6  # a DNS name and ":65535"
+MAX_NAME: Final = 253
 
 _NS_PER_S: Final = 1_000_000_000
 _MAX_DURATION_NS: Final = 2**63 - 1  # Go's time.Duration
@@ -66,6 +71,8 @@ _DURATION_UNITS_NS: Final[Mapping[str, int]] = {
 }
 _DURATION_PART: Final = re.compile(r"([0-9]*)(?:\.([0-9]*))?([^0-9.]*)")
 _QUANTITY: Final = re.compile(r"([+-]?)([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(m?)")
+_DNS_LABEL: Final = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS1123_SUBDOMAIN: Final = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
 _TOKEN: Final = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110 method token
 _REGISTERED_METHODS: Final[Mapping[str, http_types_pb2.HttpMethod.Registered.ValueType]] = {
     "GET": http_types_pb2.HttpMethod.GET,
@@ -144,6 +151,30 @@ def profile_or_default(
         return profile_from_spec(spec, fqn=fqn, opaque=opaque, port=port), None
     except ProfileError as e:
         return default_profile(fqn, opaque=opaque), str(e)
+
+
+def problems(obj: Mapping[str, object]) -> list[str]:
+    """Every problem of a ServiceProfile object (`path: what is wrong`); [] when it can be served.
+
+    The name must be the FQDN of the service it describes, so a DNS-1123 subdomain
+    (`web.emojivoto.svc.cluster.local`); the spec is read by `profile_from_spec`. Never raises.
+    """
+    found: list[str] = []
+    metadata = obj.get("metadata")
+    name = metadata.get("name") if isinstance(metadata, Mapping) else None
+    if not isinstance(name, str) or not name:
+        found.append("metadata.name: missing (name the profile after its service's FQDN)")
+    elif len(name) > MAX_NAME or _DNS1123_SUBDOMAIN.fullmatch(name) is None:
+        found.append(
+            f"metadata.name: {_show(name)} is not a DNS-1123 subdomain (lower-case letters, digits,"
+            f" '-' and '.', at most {MAX_NAME} characters), such as web.emojivoto.svc.cluster.local"
+        )
+    fqn = name if isinstance(name, str) else ""
+    try:
+        profile_from_spec(obj.get("spec"), fqn=fqn)
+    except ProfileError as e:
+        found.extend(e.problems)
+    return found
 
 
 def parse_duration_ns(text: str) -> int:

@@ -18,6 +18,8 @@ from meshlet.controlplane.injector import grammar
 DEFAULT_IMAGE: Final = "ghcr.io/meshlet/proxy:0.1.0"
 PULL_POLICIES: Final = ("Always", "IfNotPresent", "Never")
 IPTABLES_MODES: Final = ("legacy", "nft")
+# Linkerd's: the private and shared address ranges that clusters give pods and nodes.
+DEFAULT_CLUSTER_NETWORKS: Final = "10.0.0.0/8,100.64.0.0/10,172.16.0.0/12,192.168.0.0/16,fd00::/8"
 
 
 class ConfigError(ValueError):
@@ -43,6 +45,7 @@ class ProxyDefaults:
     image: str = DEFAULT_IMAGE
     image_pull_policy: str = "IfNotPresent"
     log_level: str = "info"
+    default_inbound_policy: str = "all-unauthenticated"
     native_sidecar: bool = True
     opaque_ports: str = ",".join(str(p) for p in sorted(wellknown.DEFAULT_OPAQUE_PORTS))
     require_identity_ports: str = ""
@@ -61,6 +64,7 @@ class InjectConfig:
     control_ns: str = wellknown.CONTROL_PLANE_NAMESPACE
     trust_domain: str = wellknown.TRUST_DOMAIN
     cluster_domain: str = wellknown.CLUSTER_DOMAIN
+    cluster_networks: str = DEFAULT_CLUSTER_NETWORKS
     version: str = "0.1.0"
     proxy: ProxyDefaults = field(default_factory=ProxyDefaults)
 
@@ -90,12 +94,14 @@ _TOP: Final[dict[str, Callable[[str], Any]]] = {
     "controlPlaneNamespace": _dns_name,
     "identityTrustDomain": _dns_name,
     "clusterDomain": _dns_name,
+    "clusterNetworks": grammar.networks,
     "version": str,
 }
 _PROXY: Final[dict[str, Callable[[str], Any]]] = {
     "image": grammar.image,
     "imagePullPolicy": _choice(PULL_POLICIES),
     "logLevel": grammar.log_level,
+    "defaultInboundPolicy": grammar.inbound_policy,
     "nativeSidecar": grammar.flag,
     "opaquePorts": grammar.ports,
     "requireIdentityOnInboundPorts": grammar.ports,
@@ -116,10 +122,12 @@ _FIELDS: Final = {
     "controlPlaneNamespace": "control_ns",
     "identityTrustDomain": "trust_domain",
     "clusterDomain": "cluster_domain",
+    "clusterNetworks": "cluster_networks",
     "version": "version",
     "image": "image",
     "imagePullPolicy": "image_pull_policy",
     "logLevel": "log_level",
+    "defaultInboundPolicy": "default_inbound_policy",
     "nativeSidecar": "native_sidecar",
     "opaquePorts": "opaque_ports",
     "requireIdentityOnInboundPorts": "require_identity_ports",

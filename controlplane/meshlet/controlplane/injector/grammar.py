@@ -7,6 +7,7 @@ meshlet-init and the proxy read too, so a list the injector accepts is one they 
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import Final
 
@@ -54,6 +55,30 @@ def image(text: str) -> str:
     if not _IMAGE.fullmatch(value):
         raise ValueError("expected an image reference such as ghcr.io/meshlet/proxy:0.1.0")
     return value
+
+
+def inbound_policy(text: str) -> str:
+    """One of Linkerd's default inbound policies (`wellknown.DEFAULT_INBOUND_POLICIES`)."""
+    value = text.strip()
+    if value not in wellknown.DEFAULT_INBOUND_POLICIES:
+        raise ValueError("expected one of " + ", ".join(wellknown.DEFAULT_INBOUND_POLICIES))
+    return value
+
+
+def networks(text: str) -> str:
+    """`"10.0.0.0/8, fd00::/8"` → `"10.0.0.0/8,fd00::/8"`: at least one CIDR, no host bits set;
+    ValueError names every bad item."""
+    items = [item.strip() for item in text.split(",")]
+    bad = []
+    for item in items:
+        try:
+            ipaddress.ip_network(item)
+        except ValueError:
+            bad.append(item[:40])
+    if bad:
+        raise ValueError("expected CIDRs such as 10.0.0.0/8,fd00::/8; not " + ", ".join(
+            repr(b) for b in bad))  # fmt: skip
+    return ",".join(items)
 
 
 def flag(text: str) -> bool:

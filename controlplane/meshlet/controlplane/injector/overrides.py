@@ -40,6 +40,12 @@ SETTINGS: Final = (
         grammar.log_level,
         wellknown.ProxyEnv.LOG,
     ),
+    Setting(
+        wellknown.DEFAULT_INBOUND_POLICY_ANNOTATION,
+        "default_inbound_policy",
+        grammar.inbound_policy,
+        wellknown.ProxyEnv.INBOUND_DEFAULT_POLICY,
+    ),
     Setting(wellknown.PROXY_NATIVE_SIDECAR_ANNOTATION, "native_sidecar", grammar.flag),
     Setting(
         wellknown.OPAQUE_PORTS_ANNOTATION,
@@ -91,6 +97,7 @@ class ProxySettings:
     init_image: str  # the init container's: the installation's, never an annotation's
     image_pull_policy: str
     log_level: str
+    default_inbound_policy: str
     native_sidecar: bool
     opaque_ports: str
     skip_inbound_ports: str
@@ -125,6 +132,7 @@ def resolve(
         "init_image": defaults.image,
         "image_pull_policy": defaults.image_pull_policy,
         "log_level": defaults.log_level,
+        "default_inbound_policy": defaults.default_inbound_policy,
         "native_sidecar": defaults.native_sidecar,
         "opaque_ports": defaults.opaque_ports,
         "skip_inbound_ports": defaults.ignore_inbound_ports,

@@ -56,15 +56,60 @@ def _svc_addr(name: str, config: InjectConfig, port: int) -> str:
     return f"{name}.{config.control_ns}.svc.{config.cluster_domain}.:{port}"
 
 
+def _probe_port(probe: Any) -> int | None:
+    """A probe's `httpGet` port when it is a number (a named one is a container port already)."""
+    port = ((probe or {}).get("httpGet") or {}).get("port") if isinstance(probe, dict) else None
+    return port if isinstance(port, int) and not isinstance(port, bool) else None
+
+
+def inbound_ports(spec: Mapping[str, Any]) -> str:
+    """The ports the pod serves, whose inbound policies its proxy watches: every container's
+    (init containers' too) declared ports and numeric HTTP probe ports, as Linkerd collects
+    them; `"8080,9090"`, ascending, without duplicates or values that are not ports."""
+    found: set[int] = set()
+    for key in ("initContainers", "containers"):
+        containers = spec.get(key)
+        for c in containers if isinstance(containers, list) else []:
+            if not isinstance(c, dict):
+                continue
+            declared = c.get("ports")
+            for p in declared if isinstance(declared, list) else []:
+                port = p.get("containerPort") if isinstance(p, dict) else None
+                if isinstance(port, int) and not isinstance(port, bool):
+                    found.add(port)
+            for probe in ("readinessProbe", "livenessProbe"):
+                if (port := _probe_port(c.get(probe))) is not None:
+                    found.add(port)
+    return ",".join(str(p) for p in sorted(p for p in found if 0 < p < 65536))
+
+
+def checked_inbound_ports(spec: Mapping[str, Any]) -> tuple[str, list[str]]:
+    """`inbound_ports`, or "" with a message when the proxy's loader would refuse the list (more
+    ports than it watches): the proxy then falls back to its default policy, the pod starts."""
+    from meshlet.proxy import config as proxy_config
+
+    ports = inbound_ports(spec)
+    try:
+        proxy_config.check(wk.ProxyEnv.INBOUND_PORTS, ports)
+    except ValueError as exc:
+        return "", [f"no {wk.ProxyEnv.INBOUND_PORTS}: {exc}"]
+    return ports, []
+
+
 def proxy_env(
-    config: InjectConfig, settings: ProxySettings, identity_addr: str = ""
+    config: InjectConfig,
+    settings: ProxySettings,
+    identity_addr: str = "",
+    ports: str = "",
 ) -> list[EnvVar]:
     """The proxy's environment: exactly the `MESHLET_PROXY_*` names `meshlet-proxy` reads.
     `$(_pod_*)` references are expanded by the kubelet from the fields above them.
-    `identity_addr` replaces the identity Service's address."""
+    `identity_addr` replaces the identity Service's address; `ports` are the pod's
+    (`inbound_ports`)."""
     local_name = wk.identity_name("$(_pod_sa)", "$(_pod_ns)", config.control_ns,
                                   config.trust_domain)  # fmt: skip
     context = '{"ns":"$(_pod_ns)","nodeName":"$(_pod_nodename)","pod":"$(_pod_name)"}'
+    workload = '{"ns":"$(_pod_ns)","pod":"$(_pod_name)"}'
     values: list[tuple[str, str]] = [
         (wk.ProxyEnv.LOG, settings.log_level),
         (wk.ProxyEnv.INBOUND_LISTEN_ADDR, f"0.0.0.0:{wk.PROXY_INBOUND_PORT}"),
@@ -78,6 +123,13 @@ def proxy_env(
                           config.trust_domain)),
         (wk.ProxyEnv.DESTINATION_CONTEXT, context),
         (wk.ProxyEnv.DESTINATION_PROFILE_SUFFIXES, f"svc.{config.cluster_domain}."),
+        (wk.ProxyEnv.POLICY_SVC_ADDR, _svc_addr(wk.POLICY_NAME, config, wk.POLICY_PORT)),
+        (wk.ProxyEnv.POLICY_SVC_NAME,
+         wk.identity_name(wk.POLICY_NAME, config.control_ns, config.control_ns,
+                          config.trust_domain)),
+        (wk.ProxyEnv.POLICY_WORKLOAD, workload),
+        (wk.ProxyEnv.POLICY_CLUSTER_NETWORKS, config.cluster_networks),
+        (wk.ProxyEnv.INBOUND_DEFAULT_POLICY, settings.default_inbound_policy),
         (wk.ProxyEnv.IDENTITY_SVC_ADDR,
          identity_addr or _svc_addr(wk.IDENTITY_NAME, config, wk.IDENTITY_PORT)),
         (wk.ProxyEnv.IDENTITY_SVC_NAME,
@@ -91,6 +143,7 @@ def proxy_env(
         (wk.ProxyEnv.OUTBOUND_PORTS_DISABLE_PROTOCOL_DETECTION, settings.opaque_ports),
     ]  # fmt: skip
     optional = (
+        (wk.ProxyEnv.INBOUND_PORTS, ports),
         (wk.ProxyEnv.INBOUND_PORTS_REQUIRE_IDENTITY, settings.require_identity_ports),
         (wk.ProxyEnv.OUTBOUND_CONNECT_TIMEOUT, settings.outbound_connect_timeout),
         (wk.ProxyEnv.SHUTDOWN_GRACE_PERIOD, settings.shutdown_grace_period),
@@ -125,7 +178,7 @@ def _resources(resources: Resources) -> Obj:
 
 
 def proxy_container(
-    config: InjectConfig, settings: ProxySettings, identity_addr: str = ""
+    config: InjectConfig, settings: ProxySettings, identity_addr: str = "", ports: str = ""
 ) -> Container:
     """The sidecar; with `native_sidecar`, an init container that keeps running
     (`restartPolicy: Always`) and holds the app back until `/ready` answers."""
@@ -137,7 +190,7 @@ def proxy_container(
         "name": wk.PROXY_CONTAINER,
         "image": settings.image,
         "imagePullPolicy": settings.image_pull_policy,
-        "env": proxy_env(config, settings, identity_addr),
+        "env": proxy_env(config, settings, identity_addr, ports),
         "ports": [
             {"containerPort": wk.PROXY_INBOUND_PORT, "name": wk.PROXY_PORT_NAME},
             {"containerPort": wk.PROXY_ADMIN_PORT, "name": wk.ADMIN_PORT_NAME},
@@ -293,7 +346,9 @@ def patch(
     settings = resolved.settings
     meta, spec = target.path + "/metadata", target.path + "/spec"
     new_labels, messages = pod_labels(target, config)
-    proxy = proxy_container(config, settings, _identity_addr(target, config))
+    ports, refused = checked_inbound_ports(target.spec)
+    messages += refused
+    proxy = proxy_container(config, settings, _identity_addr(target, config), ports)
     ops = [
         *_merge_map(meta + "/annotations", target.metadata.get("annotations"),
                     pod_annotations(target, config, resolved)),

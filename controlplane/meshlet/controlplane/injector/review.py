@@ -43,9 +43,18 @@ class AdmissionRequest(TypedDict):
     object: NotRequired[Obj | None]
 
 
+class Status(TypedDict):
+    """Why a request is refused: the API server shows `message` to whoever applied it."""
+
+    code: int
+    reason: str
+    message: str
+
+
 class AdmissionResponse(TypedDict):
     uid: str
     allowed: bool
+    status: NotRequired[Status]
     patchType: NotRequired[Literal["JSONPatch"]]
     patch: NotRequired[str]
     warnings: NotRequired[list[str]]
@@ -64,6 +73,7 @@ class Request:
     namespace: str
     operation: str
     obj: Obj | None
+    group: str = ""  # of the object's kind; "" is the core group
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +111,11 @@ def parse(body: bytes) -> Request:
     uid, kind, operation = req.get("uid"), req.get("kind"), req.get("operation")
     if not isinstance(uid, str) or not uid:
         raise ReviewError("request.uid must be a non-empty string")
-    if not isinstance(kind, dict) or not isinstance(kind.get("kind"), str):
+    if (
+        not isinstance(kind, dict)
+        or not isinstance(kind.get("kind"), str)
+        or not isinstance(kind.get("group", ""), str)
+    ):
         raise ReviewError("request.kind must be a group/version/kind object")
     if not isinstance(operation, str):
         raise ReviewError("request.operation must be a string")
@@ -111,7 +125,7 @@ def parse(body: bytes) -> Request:
     obj = req.get("object")
     if obj is not None and not isinstance(obj, dict):
         raise ReviewError("request.object must be an object")
-    return Request(uid, kind["kind"], namespace, operation, obj)
+    return Request(uid, kind["kind"], namespace, operation, obj, kind.get("group", ""))
 
 
 def _walk(obj: Obj, path: str) -> Any:

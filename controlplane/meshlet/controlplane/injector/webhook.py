@@ -1,9 +1,13 @@
-"""The mutating webhook over HTTPS: reads a review, asks the pure core, answers in time.
+"""The webhooks over HTTPS: reads a review, asks the pure core, answers in time.
 
-Every understood review gets an answer within `answer_within` seconds (under the webhook's
-timeout): when the namespace cannot be read in time, or anything unexpected happens, the pod is
-allowed without a patch and the reason is logged and counted. Malformed reviews get 400 with the
-reason; bodies over 1 MiB get 413.
+Two paths share the reading: `/inject` (and `/`) is the mutating webhook that meshes pods,
+`/validate` the validating webhook that refuses invalid meshlet objects (ServiceProfiles, and
+whatever `validators.VALIDATORS` lists). Every understood review gets an answer within
+`answer_within` seconds (under the webhook's timeout): when the namespace cannot be read in
+time, a validator takes too long, or anything unexpected happens, the request is allowed (a pod
+without a patch, an object unjudged), with the reason as a warning, a log line and a count, as
+the webhooks' `failurePolicy: Ignore` would. Malformed reviews get 400 with the reason; bodies
+over 1 MiB get 413.
 """
 
 from __future__ import annotations
@@ -16,14 +20,17 @@ from typing import Final
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 
-from meshlet.controlplane.injector import review
+from meshlet.api import wellknown
+from meshlet.controlplane.injector import review, validation
 from meshlet.controlplane.injector.config import InjectConfig
 from meshlet.controlplane.injector.namespaces import NamespaceError
+from meshlet.controlplane.injector.validators import VALIDATORS, Validator
 
 log = logging.getLogger(__name__)
 
 NamespaceLookup = Callable[[str], Awaitable[Mapping[str, str]]]
 PATHS: Final = ("/", "/inject")
+VALIDATE_PATH: Final = wellknown.INJECTOR_VALIDATE_PATH
 TIMEOUT: Final = "timeout"
 INTERNAL_ERROR: Final = "internal_error"
 
@@ -42,6 +49,12 @@ class InjectorMetrics:
             ["code"],
             registry=registry,
         )
+        self.validations = Counter(
+            "validation_admission_responses",
+            "Objects judged by the validating webhook, by kind and verdict",
+            ["kind", "allowed"],
+            registry=registry,
+        )
 
 
 def _bounded(owner_kind: str) -> str:
@@ -58,19 +71,23 @@ class Webhook:
         namespaces: NamespaceLookup | None,
         metrics: InjectorMetrics,
         answer_within: float = 8.0,
+        validators: Mapping[tuple[str, str], Validator] = VALIDATORS,
     ) -> None:
         self.config = config
         self._namespaces = namespaces
         self._metrics = metrics
         self._answer_within = answer_within
+        self._validators = validators
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=review.MAX_BODY)
         for path in PATHS:
             app.router.add_post(path, self.handle)
+        app.router.add_post(VALIDATE_PATH, self.validate)
         return app
 
-    async def handle(self, request: web.Request) -> web.Response:
+    async def _read(self, request: web.Request) -> review.Request | web.Response:
+        """The review, or the 413/400 answer to send instead."""
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
@@ -79,11 +96,42 @@ class Webhook:
                 status=413, text=f"the review is larger than {review.MAX_BODY} bytes\n"
             )
         try:
-            parsed = review.parse(body)
+            return review.parse(body)
         except review.ReviewError as exc:
             self._metrics.rejected.labels("400").inc()
             log.warning("refused a malformed review from %s: %s", request.remote, exc)
             return web.Response(status=400, text=f"{exc}\n")
+
+    async def validate(self, request: web.Request) -> web.Response:
+        parsed = await self._read(request)
+        if isinstance(parsed, web.Response):
+            return parsed
+        warnings: tuple[str, ...] = ()
+        try:
+            async with asyncio.timeout(self._answer_within):
+                verdict = await asyncio.to_thread(validation.judge, parsed, self._validators)
+        except TimeoutError:
+            log.error("%s not judged within %.1fs; allowed", validation.subject(parsed),
+                      self._answer_within)  # fmt: skip
+            verdict = validation.Verdict(allowed=True, judged=False, message="")
+            warnings = ("not validated: the validator timed out",)
+        except Exception:
+            log.exception("%s not judged; allowed", validation.subject(parsed))
+            verdict = validation.Verdict(allowed=True, judged=False, message="")
+            warnings = ("not validated: validator error",)
+        known = (parsed.group, parsed.kind) in self._validators
+        self._metrics.validations.labels(
+            parsed.kind if known else "other", "true" if verdict.allowed else "false"
+        ).inc()
+        if not verdict.allowed:
+            log.info("refused %s: %s", validation.subject(parsed), verdict.message)
+        body = validation.answer(parsed.uid, verdict, warnings)
+        return web.Response(body=body, content_type="application/json")
+
+    async def handle(self, request: web.Request) -> web.Response:
+        parsed = await self._read(request)
+        if isinstance(parsed, web.Response):
+            return parsed
         try:
             async with asyncio.timeout(self._answer_within):
                 outcome = await self._admit(parsed)

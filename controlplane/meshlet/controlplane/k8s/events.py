@@ -31,7 +31,7 @@ class Kind(enum.Enum):
     )  # fmt: skip
     HTTP_ROUTE = ("policy.meshlet.io/v1beta3", "HTTPRoute", "httproutes")
     GATEWAY_HTTP_ROUTE = ("gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes")
-    GRPC_ROUTE = ("policy.meshlet.io/v1alpha1", "GRPCRoute", "grpcroutes")
+    GRPC_ROUTE = ("policy.meshlet.io/v1", "GRPCRoute", "grpcroutes")
     GATEWAY_GRPC_ROUTE = ("gateway.networking.k8s.io/v1", "GRPCRoute", "grpcroutes")
     RATE_LIMIT_POLICY = (
         "policy.meshlet.io/v1alpha1", "HTTPLocalRateLimitPolicy", "httplocalratelimitpolicies",

@@ -869,7 +869,7 @@ _PARSERS: Final[dict[tuple[str, str], Callable[[_Check, Mapping[str, Any]], Reso
     (f"{GROUP}/v1alpha1", "NetworkAuthentication"): _network_auth,
     (f"{GROUP}/v1beta3", "HTTPRoute"): _http_route,
     (f"{GATEWAY_GROUP}/v1", "HTTPRoute"): _http_route,
-    (f"{GROUP}/v1alpha1", "GRPCRoute"): _grpc_route,
+    (f"{GROUP}/v1", "GRPCRoute"): _grpc_route,
     (f"{GATEWAY_GROUP}/v1", "GRPCRoute"): _grpc_route,
     (f"{GROUP}/v1alpha1", "HTTPLocalRateLimitPolicy"): _rate_limit,
 }

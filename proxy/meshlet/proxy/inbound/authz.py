@@ -28,6 +28,7 @@ from meshlet.proxy.metrics import ProxyMetrics
 log = logging.getLogger(__name__)
 
 LOG_LINES_PER_SECOND: Final = 5.0
+UNAUTHORIZED: Final = "unauthorized request on route"  # linkerd2-proxy's words
 Policies = Callable[[int], ServerPolicy]
 
 
@@ -208,7 +209,9 @@ class PolicyRouter:
                 )
             counter.inc()
             self._shared.denied(self._client, self._port, decision.reason)
-            return RouteError(403, f"unauthorized request on route: {decision.reason}")
+            # the caller learns that it was refused, not what would have let it in: the
+            # authorizations it lacks are in the proxy's log, for the operator
+            return RouteError(403, UNAUTHORIZED)
         assert isinstance(decision, NoRoute)
         self._shared.metrics.inbound_http_route_not_found_total.labels(
             *_srv(self._labels.target_addr, policy), *_tls(self._labels)).inc()  # fmt: skip

@@ -1,0 +1,81 @@
+"""`meshlet diagnostics policy`: the inbound policy the policy controller sends a pod's proxy
+for one of its ports, asked the way a proxy asks (`InboundServerPolicies.GetPort` with the
+pod's workload) and printed as the message itself, in protobuf's JSON mapping or as YAML."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Final
+
+import yaml
+
+from meshlet.api import inbound_pb2
+from meshlet.api import wellknown as wk
+
+OUTPUTS: Final = ("json", "yaml")
+
+
+class PolicyError(Exception):
+    """The controller could not be asked, or refused; `str()` says which and why."""
+
+
+def workload(namespace: str, pod: str) -> str:
+    """The `PortSpec.workload` a proxy sends: `{"ns":"NS","pod":"NAME"}`."""
+    return json.dumps({"ns": namespace, "pod": pod}, separators=(",", ":"))
+
+
+def render(server: inbound_pb2.Server, output: str) -> str:
+    """The message as protobuf's canonical JSON (field names in lowerCamelCase) or as the same
+    document in YAML. Fields at their zero value are printed too: an empty list of
+    authorizations (nothing is allowed) or a /0 prefix must show, not vanish."""
+    from google.protobuf import json_format
+
+    doc = json_format.MessageToDict(server, always_print_fields_with_no_presence=True)
+    if output == "yaml":
+        return yaml.safe_dump(doc, sort_keys=False)
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def _refusal(what: str, code: Any, details: str, timeout: float) -> PolicyError:
+    name = code.name
+    if name == "UNAVAILABLE":
+        return PolicyError(f"cannot reach the policy controller: {details}")
+    if name == "DEADLINE_EXCEEDED":
+        return PolicyError(f"the policy controller sent nothing for {what} in {timeout:g}s")
+    if name == "NOT_FOUND":
+        return PolicyError(f"the policy controller does not know {what}: {details}")
+    return PolicyError(f"the policy controller refused {what}: {name}: {details}")
+
+
+def ask(
+    target: str,
+    namespace: str,
+    pod: str,
+    port: int,
+    *,
+    timeout: float,
+    ca: bytes | None = None,
+    server_name: str = wk.POLICY_SERVICE_NAME,
+) -> inbound_pb2.Server:
+    """One `GetPort` on a channel to `target` (TLS verified against `ca` for `server_name`
+    when given, else plaintext)."""
+    import grpc
+
+    from meshlet.api import inbound_pb2_grpc
+
+    options: list[tuple[str, Any]] = [("grpc.enable_http_proxy", 0)]
+    if ca is not None:
+        options.append(("grpc.ssl_target_name_override", server_name))
+        credentials = grpc.ssl_channel_credentials(root_certificates=ca)
+        channel = grpc.secure_channel(target, credentials, options=options)
+    else:
+        channel = grpc.insecure_channel(target, options=options)
+    what = f"pod {namespace}/{pod} port {port}"
+    request = inbound_pb2.PortSpec(workload=workload(namespace, pod), port=port)
+    with channel:
+        stub = inbound_pb2_grpc.InboundServerPoliciesStub(channel)
+        try:
+            server: inbound_pb2.Server = stub.GetPort(request, timeout=timeout)
+        except grpc.RpcError as exc:
+            raise _refusal(what, exc.code(), exc.details() or "", timeout) from None
+    return server
