@@ -29,3 +29,22 @@ def test_teardown_removes_every_namespace_then_the_bridge() -> None:
 def test_interface_names_fit_the_kernel_limit() -> None:
     for member in network.members(topology.layout(Mode.NETNS)):
         assert len(member.veth) <= 15, member.veth
+
+
+def made(commands: list[network.Argv]) -> set[str]:
+    """The bridge, namespaces and veths that `commands` add."""
+    adds = (("ip", "link", "add"), ("ip", "netns", "add"))
+    return {argv[3] for argv in commands if argv[:3] in adds}
+
+
+def test_a_network_of_other_names_made_beside_the_demos() -> None:
+    names = network.Names(bridge="az1br", netns_prefix="meshlet-az1-", veth_prefix="az1-")
+    layout = topology.layout(Mode.NETNS)
+    members = ["control", *(pod.name for pod in layout.pods)]
+    ours = made(network.plan(layout, names))
+    assert ours == {"az1br", *(f"meshlet-az1-{m}" for m in members), *(f"az1-{m}" for m in members)}
+    assert not ours & made(network.plan(layout))
+    assert network.teardown(["meshlet-az1-control"], names) == [
+        ("ip", "netns", "del", "meshlet-az1-control"),
+        ("ip", "link", "del", "az1br"),
+    ]

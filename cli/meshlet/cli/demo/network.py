@@ -6,6 +6,9 @@ pods); the control plane gets a namespace of its own and no iptables rules; ever
 has a veth on the bridge, its own address, and a default route through the bridge.
 Deleting a namespace removes the veth in it and so its peer on the bridge: `teardown` deletes the
 namespaces, then the bridge, then the per-namespace /etc files `ip netns exec` mounts.
+
+The names of the bridge, the namespaces and the host's veths are the demo's unless a `Names` is
+given: a test's network of pods lives beside a running demo under names of its own.
 """
 
 from __future__ import annotations
@@ -18,7 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from meshlet.cli.demo.topology import BRIDGE, VETH_PREFIX, Layout, hosts_file, netns_name
+from meshlet.cli.demo.topology import (
+    BRIDGE,
+    NETNS_PREFIX,
+    VETH_PREFIX,
+    Layout,
+    hosts_file,
+    netns_name,
+)
 
 ETC_NETNS: Final = Path("/etc/netns")
 Argv = tuple[str, ...]
@@ -34,25 +44,40 @@ class Member:
     ip: str
 
 
-def members(layout: Layout) -> list[Member]:
-    found = [Member(netns_name("control"), VETH_PREFIX + "control", layout.control_ip)]
-    found += [Member(netns_name(p.name), VETH_PREFIX + p.name, p.ip) for p in layout.pods]
-    return found
+@dataclass(frozen=True, slots=True)
+class Names:
+    """What the bridge is called, and what each member's namespace and veth on the bridge are
+    called after the member's name (a veth's whole name fits in 15 characters)."""
+
+    bridge: str = BRIDGE
+    netns_prefix: str = NETNS_PREFIX
+    veth_prefix: str = VETH_PREFIX
 
 
-def plan(layout: Layout) -> list[Argv]:
+DEMO: Final = Names()
+
+
+def members(layout: Layout, names: Names = DEMO) -> list[Member]:
+    def member(name: str, ip: str) -> Member:
+        return Member(names.netns_prefix + name, names.veth_prefix + name, ip)
+
+    return [member("control", layout.control_ip), *(member(p.name, p.ip) for p in layout.pods)]
+
+
+def plan(layout: Layout, names: Names = DEMO) -> list[Argv]:
     """The commands that build the network, in order."""
+    bridge = names.bridge
     cmds: list[Argv] = [
-        ("ip", "link", "add", BRIDGE, "type", "bridge"),
-        ("ip", "addr", "add", f"{layout.host_ip}/{layout.prefix}", "dev", BRIDGE),
-        ("ip", "link", "set", BRIDGE, "up"),
+        ("ip", "link", "add", bridge, "type", "bridge"),
+        ("ip", "addr", "add", f"{layout.host_ip}/{layout.prefix}", "dev", bridge),
+        ("ip", "link", "set", bridge, "up"),
     ]
-    for m in members(layout):
+    for m in members(layout, names):
         cmds += [
             ("ip", "netns", "add", m.netns),
             ("ip", "link", "add", m.veth, "type", "veth", "peer", "name", "eth0", "netns",
              m.netns),
-            ("ip", "link", "set", m.veth, "master", BRIDGE),
+            ("ip", "link", "set", m.veth, "master", bridge),
             ("ip", "link", "set", m.veth, "up"),
             ("ip", "-n", m.netns, "addr", "add", f"{m.ip}/{layout.prefix}", "dev", "eth0"),
             ("ip", "-n", m.netns, "link", "set", "eth0", "up"),
@@ -62,9 +87,9 @@ def plan(layout: Layout) -> list[Argv]:
     return cmds
 
 
-def teardown(netns: Sequence[str]) -> list[Argv]:
+def teardown(netns: Sequence[str], names: Names = DEMO) -> list[Argv]:
     """The commands that remove what `plan` built (each may find its object already gone)."""
-    return [*(("ip", "netns", "del", ns) for ns in netns), ("ip", "link", "del", BRIDGE)]
+    return [*(("ip", "netns", "del", ns) for ns in netns), ("ip", "link", "del", names.bridge)]
 
 
 def write_hosts(layout: Layout) -> list[Path]:
