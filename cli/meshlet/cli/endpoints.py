@@ -14,6 +14,7 @@ from meshlet.api import addr, destination_pb2
 from meshlet.api import wellknown as wk
 from meshlet.api.hostport import format_hostport
 from meshlet.cli import tables
+from meshlet.cli.grpcchannel import control_channel
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,13 +162,7 @@ def ask(
 
     from meshlet.api import destination_pb2_grpc
 
-    options: list[tuple[str, Any]] = [("grpc.enable_http_proxy", 0)]
-    if ca is not None:
-        options.append(("grpc.ssl_target_name_override", server_name))
-        credentials = grpc.ssl_channel_credentials(root_certificates=ca)
-        channel = grpc.secure_channel(target, credentials, options=options)
-    else:
-        channel = grpc.insecure_channel(target, options=options)
+    channel = control_channel(target, ca, server_name)
     answers = []
     with channel:
         stub = destination_pb2_grpc.DestinationStub(channel)

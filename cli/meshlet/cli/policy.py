@@ -11,6 +11,7 @@ import yaml
 
 from meshlet.api import inbound_pb2
 from meshlet.api import wellknown as wk
+from meshlet.cli.grpcchannel import control_channel
 
 OUTPUTS: Final = ("json", "yaml")
 
@@ -63,13 +64,7 @@ def ask(
 
     from meshlet.api import inbound_pb2_grpc
 
-    options: list[tuple[str, Any]] = [("grpc.enable_http_proxy", 0)]
-    if ca is not None:
-        options.append(("grpc.ssl_target_name_override", server_name))
-        credentials = grpc.ssl_channel_credentials(root_certificates=ca)
-        channel = grpc.secure_channel(target, credentials, options=options)
-    else:
-        channel = grpc.insecure_channel(target, options=options)
+    channel = control_channel(target, ca, server_name)
     what = f"pod {namespace}/{pod} port {port}"
     request = inbound_pb2.PortSpec(workload=workload(namespace, pod), port=port)
     with channel:
