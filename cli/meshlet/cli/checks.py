@@ -263,7 +263,6 @@ def _webhook_cert(s: Snapshot) -> Any:
 
 def webhook_cert(s: Snapshot, now: dt.datetime) -> None:
     from cryptography import x509
-    from cryptography.exceptions import InvalidSignature
 
     cert = _webhook_cert(s)
     _expiry([cert], "webhook certificate", now, warn=False)
@@ -274,14 +273,7 @@ def webhook_cert(s: Snapshot, now: dt.datetime) -> None:
     bundle = base64.b64decode(
         str((_hook(s).get("clientConfig") or {}).get("caBundle", ""))
     ).decode()
-    roots = _load_certs(bundle, "the webhook's caBundle")
-    for root in roots:
-        try:
-            cert.verify_directly_issued_by(root)
-            return
-        except (ValueError, TypeError, InvalidSignature):
-            continue
-    raise _Fail("the webhook certificate is not signed by the webhook's caBundle")
+    _signed_by_bundle(cert, bundle, "the webhook's caBundle")
 
 
 def webhook_not_expiring(s: Snapshot, now: dt.datetime) -> None:
@@ -290,7 +282,6 @@ def webhook_not_expiring(s: Snapshot, now: dt.datetime) -> None:
 
 def validator_config(s: Snapshot, now: dt.datetime) -> None:
     """The validating webhook calls the injector at /validate and trusts its certificate."""
-    from cryptography.exceptions import InvalidSignature
 
     if s.validator is None:
         raise _Fail(s.errors.get("validator", "ValidatingWebhookConfiguration not found"))
@@ -303,15 +294,21 @@ def validator_config(s: Snapshot, now: dt.datetime) -> None:
     if called != (wk.INJECTOR_NAME, s.namespace, wk.INJECTOR_VALIDATE_PATH):
         raise _Fail(f"the validating webhook calls {called[1]}/{called[0]} at {called[2]}")
     cert = _webhook_cert(s)
-    roots = _load_certs(base64.b64decode(str(client.get("caBundle", ""))).decode(),
-                        "the validating webhook's caBundle")  # fmt: skip
-    for root in roots:
+    bundle = base64.b64decode(str(client.get("caBundle", ""))).decode()
+    _signed_by_bundle(cert, bundle, "the validating webhook's caBundle")
+
+
+def _signed_by_bundle(cert: Any, bundle: str, what: str) -> None:
+    """The webhook certificate is issued by one of the roots in `bundle` (PEM)."""
+    from cryptography.exceptions import InvalidSignature
+
+    for root in _load_certs(bundle, what):
         try:
             cert.verify_directly_issued_by(root)
             return
         except (ValueError, TypeError, InvalidSignature):
             continue
-    raise _Fail("the webhook certificate is not signed by the validating webhook's caBundle")
+    raise _Fail(f"the webhook certificate is not signed by {what}")
 
 
 def _proxy_status(pod: Obj) -> Obj | None:
