@@ -56,6 +56,7 @@ bench: $(STAMP) $(BENCH_STAMP)
 	$(BIN)/python -m bench.destination
 	$(BIN)/python -m bench.attacks
 	$(BIN)/python -m bench.instructions $(INSTRUCTIONS_ARGS)
+	$(BIN)/python -m bench.instructions_policy
 	$(BIN)/python -m bench.proxy $(BENCH_ARGS)
 
 REGISTRY ?= ghcr.io/meshlet

@@ -179,9 +179,12 @@ def judge(scenario: str, at_least: int) -> proxy_evidence.Verdict:
 # -- the set-up check (`python -m bench.proxy_policy`) ---------------------------------------
 
 
-def mesh_get(leaf: Leaf, anchors: Path, port: int, source: str) -> int:
-    """One HTTP/1.1 GET to the server pod's `port` through its proxy's inbound listener, as a
-    meshed client with `leaf`'s identity connecting from `source`: the status."""
+def mesh_socket(
+    leaf: Leaf, anchors: Path, port: int, protocol: SessionProtocol, source: str
+) -> ssl.SSLSocket:
+    """A connection to the server pod's `port` through its proxy's inbound listener, as a meshed
+    client with `leaf`'s identity connecting from `source` would open it: mutual TLS 1.3, then
+    the transport header asking for `port` with `protocol`."""
     context = ssl.create_default_context(cafile=str(anchors))
     context.load_cert_chain(leaf.chain, leaf.key)
     context.set_alpn_protocols([wellknown.TRANSPORT_ALPN])
@@ -189,11 +192,17 @@ def mesh_get(leaf: Leaf, anchors: Path, port: int, source: str) -> int:
     raw = socket.create_connection(
         (proxy_mesh.SERVER_IP, wellknown.PROXY_INBOUND_PORT), timeout=5, source_address=(source, 0)
     )
-    with context.wrap_socket(raw, server_hostname=proxy_mesh.SERVER_ID) as tls:
-        tls.sendall(transport_header.encode(Header(port, "", SessionProtocol.HTTP1)))
+    tls = context.wrap_socket(raw, server_hostname=proxy_mesh.SERVER_ID)
+    tls.sendall(transport_header.encode(Header(port, "", protocol)))
+    return tls
+
+
+def mesh_get(leaf: Leaf, anchors: Path, port: int, source: str) -> int:
+    """One HTTP/1.1 GET through `mesh_socket`: the status."""
+    with mesh_socket(leaf, anchors, port, SessionProtocol.HTTP1, source) as tls:
         host = f"{proxy_mesh.SERVER_IP}:{port}"
         tls.sendall(f"GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
-        response = http.client.HTTPResponse(tls)  # type: ignore[arg-type]
+        response = http.client.HTTPResponse(tls)  # type: ignore[arg-type,unused-ignore]
         response.begin()
         response.read()
         return response.status
