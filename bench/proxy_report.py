@@ -292,7 +292,8 @@ def _policy_section(rows: Sequence[Row], rate: float) -> list[str]:
         "counted every request as allowed by that AuthorizationPolicy. Without: the proxy's "
         "built-in default policy (all-unauthenticated). CPU time per request moves by ~30 % "
         "from run to run on a shared machine: judge a few percent by the instruction counts "
-        "(`bench.instructions`, inbound proxy with and without the policy).",
+        "of the pair's server-side proxy with and without the policy "
+        "(`python -m bench.instructions_policy`, run by `make bench`).",
         "",
         *table,
         "",
