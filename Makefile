@@ -49,13 +49,15 @@ $(BENCH_STAMP): pyproject.toml $(STAMP)
 # BENCH_ARGS go to the proxy benchmark (e.g. BENCH_ARGS=--quick while working on it;
 # BENCH_ARGS="--baseline REV" measures REV's proxy too, for the ratio now/then from one run).
 # INSTRUCTIONS_ARGS go to the instruction count (callgrind: what a busy machine cannot skew),
-# e.g. INSTRUCTIONS_ARGS="--baseline REV".
+# e.g. INSTRUCTIONS_ARGS="--baseline REV". bench.instructions_policy counts the meshed pair's
+# server-side proxy with and without an AuthorizationPolicy (root: in a network namespace).
 bench: export PYTHONPATH := $(abspath testing)
 bench: $(STAMP) $(BENCH_STAMP)
 	$(BIN)/python -m bench.certify
 	$(BIN)/python -m bench.destination
 	$(BIN)/python -m bench.attacks
 	$(BIN)/python -m bench.instructions $(INSTRUCTIONS_ARGS)
+	$(BIN)/python -m bench.instructions_policy
 	$(BIN)/python -m bench.proxy $(BENCH_ARGS)
 
 REGISTRY ?= ghcr.io/meshlet

@@ -73,8 +73,9 @@ class H2(asyncio.Protocol):
 
 async def main():
     loop = asyncio.get_running_loop()
-    await loop.create_server(H1, "127.0.0.1", int(sys.argv[1]))
-    await loop.create_server(H2, "127.0.0.1", int(sys.argv[2]))
+    host = sys.argv[3] if len(sys.argv) > 3 else "127.0.0.1"
+    await loop.create_server(H1, host, int(sys.argv[1]))
+    await loop.create_server(H2, host, int(sys.argv[2]))
     print("ready", flush=True)
     await asyncio.Event().wait()
 
@@ -83,9 +84,9 @@ asyncio.run(main())
 
 
 @contextmanager
-def upstream() -> Iterator[tuple[int, int]]:
+def upstream(host: str = "127.0.0.1") -> Iterator[tuple[int, int]]:
     ports = free_port(), free_port()
-    with subprocess.Popen([sys.executable, "-c", UPSTREAM, *map(str, ports)],
+    with subprocess.Popen([sys.executable, "-c", UPSTREAM, *map(str, ports), host],
                           stdout=subprocess.PIPE, text=True) as proc:  # fmt: skip
         try:
             assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
@@ -99,38 +100,48 @@ def upstream() -> Iterator[tuple[int, int]]:
 
 def h1_requests(port: int, upstream_port: int, count: int) -> None:
     with socket.create_connection(("127.0.0.1", port)) as sock:
-        request = f"GET / HTTP/1.1\r\nHost: 127.0.0.1:{upstream_port}\r\n\r\n".encode()
-        for _ in range(count):
-            sock.sendall(request)
-            got = b""
-            while not got.endswith(b"ok"):
-                data = sock.recv(65536)
-                if not data:
-                    raise ConnectionError("the proxy closed the connection")
-                got += data
+        h1_exchange(sock, f"127.0.0.1:{upstream_port}", count)
+
+
+def h1_exchange(sock: socket.socket, authority: str, count: int) -> None:
+    """`count` GETs for `authority` one after the other on `sock`, each answered."""
+    request = f"GET / HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode()
+    for _ in range(count):
+        sock.sendall(request)
+        got = b""
+        while not got.endswith(b"ok"):
+            data = sock.recv(65536)
+            if not data:
+                raise ConnectionError("the proxy closed the connection")
+            got += data
 
 
 def h2_requests(port: int, upstream_port: int, count: int) -> None:
     with socket.create_connection(("127.0.0.1", port)) as sock:
-        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
-        conn.initiate_connection()
+        h2_exchange(sock, f"127.0.0.1:{upstream_port}", count)
+
+
+def h2_exchange(sock: socket.socket, authority: str, count: int) -> None:
+    """`count` GETs for `authority` one after the other on `sock` (h2 prior knowledge)."""
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    sock.sendall(conn.data_to_send())
+    headers = [(":method", "GET"), (":scheme", "http"),
+               (":authority", authority), (":path", "/")]  # fmt: skip
+    for _ in range(count):
+        sid = conn.get_next_available_stream_id()
+        conn.send_headers(sid, headers, end_stream=True)
         sock.sendall(conn.data_to_send())
-        headers = [(":method", "GET"), (":scheme", "http"),
-                   (":authority", f"127.0.0.1:{upstream_port}"), (":path", "/")]  # fmt: skip
-        for _ in range(count):
-            sid = conn.get_next_available_stream_id()
-            conn.send_headers(sid, headers, end_stream=True)
-            sock.sendall(conn.data_to_send())
-            done = False
-            while not done:
-                data = sock.recv(65536)
-                if not data:
-                    raise ConnectionError("the proxy closed the connection")
-                for event in conn.receive_data(data):
-                    done = done or (isinstance(event, h2.events.StreamEnded)
-                                    and event.stream_id == sid)  # fmt: skip
-                if out := conn.data_to_send():
-                    sock.sendall(out)
+        done = False
+        while not done:
+            data = sock.recv(65536)
+            if not data:
+                raise ConnectionError("the proxy closed the connection")
+            for event in conn.receive_data(data):
+                done = done or (isinstance(event, h2.events.StreamEnded)
+                                and event.stream_id == sid)  # fmt: skip
+            if out := conn.data_to_send():
+                sock.sendall(out)
 
 
 CLIENTS: Final[dict[str, tuple[Callable[[int, int, int], None], int]]] = {
@@ -176,6 +187,11 @@ def count(pythonpath: str | None, client: str, upstream_ports: tuple[int, int], 
     finally:
         proc.terminate()
         proc.wait(timeout=120)
+    return total(out)
+
+
+def total(out: Path) -> int:
+    """The instructions counted in callgrind's output file `out`."""
     match = _TOTAL.search(out.read_text())
     if match is None:
         raise RuntimeError(f"no total in {out}")

@@ -13,6 +13,11 @@ TCP server received) over TLS from the client side to the server side:
 - nginx: the server side's `stub_status` request count (its HTTP listeners take only TLS 1.3
   with a verified client certificate); for TCP its per-session log (`$ssl_protocol
   $ssl_client_verify $bytes_received $bytes_sent`).
+- meshlet with an AuthorizationPolicy in force (`meshlet-policy-mesh`, bench/proxy_policy.py):
+  besides the above, the server proxy's `inbound_http_authz_allow_total` for the client's
+  identity with `authz_kind="authorizationpolicy"`, and none allowed by the loopback exception
+  every controller-sent policy carries (`authz_kind="default"`, `authz_name="localhost"`), so
+  that the row measures the policy's own authorization, not the exception.
 - haproxy: the server side's stats socket: cumulated TLS connections, and the frontend's
   requests (or bytes in and out) on a bind that takes only TLS 1.3 with a verified client
   certificate.
@@ -28,8 +33,11 @@ import csv
 import io
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Final
 
 from prometheus_client.parser import text_string_to_metric_families
+
+LOOPBACK_AUTHZ: Final = {"authz_kind": "default", "authz_name": "localhost"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +46,7 @@ class Verdict:
     tls_connections: int | None = None  # accepted by the server side, when it counts them
 
 
-def _metric_sum(text: str, name: str, labels: Mapping[str, str]) -> float:
+def metric_sum(text: str, name: str, labels: Mapping[str, str]) -> float:
     wanted = labels.items()
     return sum(
         sample.value
@@ -50,13 +58,13 @@ def _metric_sum(text: str, name: str, labels: Mapping[str, str]) -> float:
 
 def _meshlet_connections(server_metrics: str) -> int:
     opened = {"direction": "inbound", "tls": "true"}
-    return int(_metric_sum(server_metrics, "tcp_open_total", opened))
+    return int(metric_sum(server_metrics, "tcp_open_total", opened))
 
 
 def meshlet_requests(
     client_metrics: str, server_metrics: str, server_id: str, at_least: int
 ) -> Verdict:
-    sent = _metric_sum(
+    sent = metric_sum(
         client_metrics,
         "request_total",
         {"direction": "outbound", "tls": "true", "server_id": server_id},
@@ -74,7 +82,7 @@ def meshlet_requests(
 def meshlet_bytes(server_metrics: str, client_id: str, at_least: int) -> Verdict:
     labels = {"direction": "inbound", "tls": "true", "client_id": client_id}
     relayed = sum(
-        _metric_sum(server_metrics, name, labels)
+        metric_sum(server_metrics, name, labels)
         for name in ("tcp_read_bytes_total", "tcp_write_bytes_total")
     )
     connections = _meshlet_connections(server_metrics)
@@ -84,6 +92,28 @@ def meshlet_bytes(server_metrics: str, client_id: str, at_least: int) -> Verdict
         f"the server proxy relayed {relayed:.0f} bytes for {client_id} over mTLS (tcp_*_bytes, "
         f"inbound, tls=true), expected at least {at_least}: traffic bypassed the mesh",
         connections,
+    )
+
+
+def meshlet_authorized(server_metrics: str, client_id: str, authz: str, at_least: int) -> str:
+    """ "" when the server proxy allowed at least `at_least` HTTP requests of `client_id` by the
+    AuthorizationPolicy named `authz` and none by the loopback exception, else why not."""
+    family, client = "inbound_http_authz_allow_total", {"client_id": client_id, "tls": "true"}
+    by_policy = metric_sum(
+        server_metrics, family, {**client, "authz_kind": "authorizationpolicy", "authz_name": authz}
+    )
+    by_loopback = metric_sum(server_metrics, family, LOOPBACK_AUTHZ)
+    if by_loopback:
+        return (
+            f"the server proxy allowed {by_loopback:.0f} requests by the loopback exception "
+            "(authz_kind=default, authz_name=localhost), not by the AuthorizationPolicy"
+        )
+    if by_policy >= at_least:
+        return ""
+    return (
+        f"the server proxy allowed {by_policy:.0f} requests of {client_id} by AuthorizationPolicy "
+        f"{authz} ({family}, authz_kind=authorizationpolicy), expected at least {at_least}: the "
+        "policy was not in force"
     )
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from bench import proxy_configs, proxy_envoy, proxy_evidence, proxy_mesh
+from bench import proxy_configs, proxy_envoy, proxy_evidence, proxy_mesh, proxy_policy
 from bench.proxy_configs import Ports
 from bench.proxy_evidence import Verdict
 from bench.proxy_pki import Pki, client_tls, server_tls
@@ -35,7 +35,7 @@ from meshlet.api.wellknown import PROXY_ENV_PREFIX, ProxyEnv
 
 ONE_HOP: Final = ("meshlet", "envoy", "nginx", "haproxy")
 PAIRS: Final = tuple(f"{name}-mesh" for name in ONE_HOP)
-PROXIES: Final = ("direct", *ONE_HOP, *PAIRS)
+PROXIES: Final = ("direct", *ONE_HOP, *PAIRS, proxy_policy.PAIR)
 CLIENT_HOST: Final = "127.0.0.1"  # the client pod's loopback: its side's listeners
 SERVER_HOST: Final = proxy_mesh.SERVER_IP  # the server pod: its side's listeners, the upstreams
 CONFIG_SUFFIX: Final = {"envoy": "json", "nginx": "conf", "haproxy": "cfg"}
@@ -65,6 +65,9 @@ class Launched:
     redirect_port: int | None  # the TCP listener an iptables REDIRECT sends it to
     tls_probe: str = ""  # what TLS_PROBE_PATH answers through the pair, when it answers
     judge: Judge | None = None  # pairs: the counters proving the traffic crossed mutual TLS
+    # before the runs: probes (the callable) through the path until it is as the row needs
+    # it (a policy in force for the scenario's Ports field); returns the probes made
+    settle: Callable[[str, Callable[[], None]], int] | None = None
 
     @property
     def pids(self) -> list[int]:
@@ -100,6 +103,7 @@ class Launcher:
     nginx_status: int = 0  # the nginx server side's stub_status port
     configs: dict[str, Path] = field(default_factory=dict)
     control_plane: proxy_mesh.ControlPlane | None = None
+    policy_port: int | None = None  # the policy controller's, once the policy pair started it
 
     def __post_init__(self) -> None:
         self.meshlet_ports = {n: free_port() for n in ("outbound", "inbound", "admin", "control")}
@@ -114,7 +118,7 @@ class Launcher:
     def check(self, proxy: str) -> str:
         """Write `proxy`'s configs and have the proxy itself check them; "" or what it said."""
         name = proxy.removesuffix("-mesh")
-        if name == "direct" or name in self.meshlet_commands:
+        if name == "direct" or name in self.meshlet_commands or proxy == proxy_policy.PAIR:
             return ""
         pair = proxy.endswith("-mesh")
         sides = ("client", "server") if pair else ("",)
@@ -177,6 +181,8 @@ class Launcher:
         """`proxy` started fresh and serving; StartError (with its log's words) if it is not."""
         if proxy == "direct":
             return Launched([], "127.0.0.1", self.upstream, _local, "127.0.0.1", None)
+        if proxy == proxy_policy.PAIR:
+            return self._meshlet_pair("meshlet", policy=True)
         name = proxy.removesuffix("-mesh")
         if name in self.meshlet_commands:
             return self._meshlet_pair(name) if proxy.endswith("-mesh") else self._meshlet(name)
@@ -223,24 +229,38 @@ class Launcher:
         started = [self._start_meshlet(name, name, listen)]
         return Launched(started, "127.0.0.1", Ports(out, out, out, out), _local, "127.0.0.1", out)
 
-    def _meshlet_pair(self, name: str) -> Launched:
-        """The control plane (once), then the server pod's proxy and the client pod's."""
+    def _meshlet_pair(self, name: str, policy: bool = False) -> Launched:
+        """The control plane (once), then the server pod's proxy and the client pod's; with
+        `policy`, the policy controller (once) too, and the server pod's proxy watching it."""
         if self.control_plane is None:
             self.control_plane = proxy_mesh.start_control_plane(
                 self.procs, self.scratch / "mesh", self.pki, self.upstream, self.load_cpu,
                 self.timeout,
             )  # fmt: skip
+        if policy and self.policy_port is None:
+            self.policy_port = proxy_policy.start_controller(
+                self.procs, self.scratch / "mesh", self.upstream, self.load_cpu, self.timeout
+            )
+        process = proxy_policy.NAME if policy else name
         started: list[Started] = []
         try:
             for pod in ("server", "client"):
                 settings = self.control_plane.proxy_env(pod)
-                started.insert(0, self._start_meshlet(name, f"{name}-{pod}", settings))
+                if policy and pod == "server":
+                    assert self.policy_port is not None
+                    settings.update(proxy_policy.server_env(self.policy_port, self.upstream))
+                started.insert(0, self._start_meshlet(name, f"{process}-{pod}", settings))
         except StartError:
             for proc, _ in started:
                 self.procs.stop(proc)
             raise
         host, port = proxy_mesh.OUTBOUND
         listen = Ports(port, port, port, port)
+        if policy:
+            return Launched(
+                started, host, listen, proxy_mesh.authority, SERVER_HOST, port,
+                judge=proxy_policy.judge, settle=proxy_policy.wait_in_force,
+            )  # fmt: skip
         return Launched(
             started, host, listen, proxy_mesh.authority, SERVER_HOST, port,
             judge=_meshlet_judge,

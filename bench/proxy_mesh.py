@@ -103,7 +103,7 @@ def start_control_plane(
         "destination": ["--manifests", str(manifests)],
     }  # fmt: skip
     for kind, port in ports.items():
-        _start_controller(procs, kind, port, flags[kind], cpu, timeout)
+        start_controller(procs, kind, port, flags[kind], cpu, timeout)
     anchors = pki.anchors.read_text()
     return ControlPlane(root, ports["identity"], ports["destination"], anchors, upstream.tcp)
 
@@ -130,8 +130,12 @@ def _manifests(upstream: Ports) -> list[objects.Obj]:
     ports: list[tuple[str, int, int | str]] = [
         (name, getattr(upstream, name), getattr(upstream, name)) for name in ("h1", "h2", "grpc")
     ]
+    return [objects.service(SERVICE, NS, ports=ports, cluster_ip=CLUSTER_IP), *pods(upstream)]
+
+
+def pods(upstream: Ports) -> list[objects.Obj]:
+    """The meshed server pod (the TCP port opaque) and the client pod."""
     return [
-        objects.service(SERVICE, NS, ports=ports, cluster_ip=CLUSTER_IP),
         objects.pod(
             "server",
             SERVER_IP,
@@ -145,7 +149,7 @@ def _manifests(upstream: Ports) -> list[objects.Obj]:
     ]
 
 
-def _start_controller(
+def start_controller(
     procs: Processes, kind: str, port: int, flags: list[str], cpu: int | None, timeout: float
 ) -> None:
     """`meshlet-controller KIND` serving on 127.0.0.1:`port`, once its admin /ready says 200."""

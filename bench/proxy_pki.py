@@ -11,6 +11,7 @@ chain: leaf, issuer, trust anchor.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -38,10 +39,14 @@ class Pki:
     issuer_dir: Path
     client: Leaf
     server: Leaf
+    others: tuple[Leaf, ...] = ()  # identities no pod runs as (clients a policy refuses)
 
 
-def make_pki(root: Path, client_id: str, server_id: str, now: dt.datetime) -> Pki:
-    """A fresh CA under `root`, and leaves for `client_id` and `server_id` signed by it."""
+def make_pki(
+    root: Path, client_id: str, server_id: str, now: dt.datetime, others: Sequence[str] = ()
+) -> Pki:
+    """A fresh CA under `root`, and leaves for `client_id`, `server_id` and `others` signed by
+    it."""
     anchor, anchor_key = ca.create_trust_anchor(now, LIFETIME)
     issuer_cert, issuer_key = ca.create_issuer(anchor, anchor_key, now, LIFETIME)
     issuer_dir = root / "issuer"
@@ -60,6 +65,7 @@ def make_pki(root: Path, client_id: str, server_id: str, now: dt.datetime) -> Pk
         issuer_dir,
         _leaf(issuer, client_id, leaves, now),
         _leaf(issuer, server_id, leaves, now),
+        tuple(_leaf(issuer, name, leaves, now) for name in others),
     )
 
 

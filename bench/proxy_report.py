@@ -5,7 +5,8 @@ scenario; its CPU and RSS under load are summed over the pair. `compare` puts me
 Envoy, nginx and haproxy for one figure, one hop and meshed pair apart, with the ratios
 meshlet/Envoy and meshlet/nginx; `aims` states the figures the proxy-speed issue quotes;
 `versus` puts meshlet beside a previous revision of itself (`meshlet@REV`, --baseline), every
-figure with its ratio now/then.
+figure with its ratio now/then; `policy` the meshlet pair with an AuthorizationPolicy in force
+beside the pair without one (bench/proxy_policy.py), flagged over POLICY_LIMIT.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ class Scenario(enum.Enum):
 
 HTTP = (Scenario.H1, Scenario.H2, Scenario.GRPC)
 OTHERS = ("envoy", "nginx", "haproxy")  # meshlet's company, in the order of the comparisons
+POLICY_PAIR = "meshlet-policy-mesh"  # the meshlet pair with an AuthorizationPolicy in force
+POLICY_WITHOUT = "meshlet-mesh"  # the same pair without
+POLICY_LIMIT = 1.03  # what the policy may cost: with ÷ without, CPU per request
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,6 +253,53 @@ def aims(rows: Sequence[Row], rate: float) -> list[str]:
     ]
 
 
+def policy(rows: Sequence[Row], rate: float) -> list[str]:
+    """The pair with the policy beside the pair without, CPU per request at saturation and at
+    the fixed rate, each as `without / with → with÷without`, flagged over POLICY_LIMIT."""
+    lines = [
+        f"| scenario | CPU µs/req saturated | CPU µs/req @ {rate:,.0f}/s | "
+        f"within {POLICY_LIMIT:g}x (saturated) |",
+        "| --- | ---: | ---: | --- |",
+    ]
+    for scenario in HTTP:
+        without, with_ = (_find(rows, scenario, p) for p in (POLICY_WITHOUT, POLICY_PAIR))
+        if with_.notes == (f"{POLICY_PAIR} not run",):
+            continue
+        cells = [scenario.value]
+        for field in ("cpu_us", "fixed_cpu_us"):
+            a, b = getattr(without, field), getattr(with_, field)
+            cells.append(f"{_num(a, ',.1f')} / {_num(b, ',.1f')} → {_ratio(b, a)}")
+        a, b = without.cpu_us, with_.cpu_us
+        if a and b:
+            cells.append("yes" if b / a <= POLICY_LIMIT else f"**no: over {POLICY_LIMIT:g}x**")
+        else:
+            cells.append("n/a (" + "; ".join(without.notes + with_.notes) + ")")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines if len(lines) > 2 else []
+
+
+def _policy_section(rows: Sequence[Row], rate: float) -> list[str]:
+    table = policy(rows, rate)
+    if not table:
+        return []
+    return [
+        "## Authorization policy in the meshed pair",
+        "",
+        f"`{POLICY_WITHOUT}` / `{POLICY_PAIR}` → the ratio with ÷ without, both from this run, "
+        "measured one after the other (in alternating order). With: the policy controller's "
+        "Server and an AuthorizationPolicy admitting the client pod's identity by "
+        "MeshTLSAuthentication on the server pod's port; the row fails unless the server proxy "
+        "counted every request as allowed by that AuthorizationPolicy. Without: the proxy's "
+        "built-in default policy (all-unauthenticated). CPU time per request moves by ~30 % "
+        "from run to run on a shared machine: judge a few percent by the instruction counts "
+        "of the pair's server-side proxy with and without the policy "
+        "(`python -m bench.instructions_policy`, run by `make bench`).",
+        "",
+        *table,
+        "",
+    ]
+
+
 def _span(kibs: Sequence[int]) -> str:
     if not kibs:
         return "—"
@@ -330,6 +381,7 @@ def render(rows: Sequence[Row], facts: RunFacts) -> str:
         "",
         *aims(rows, f.rate),
         "",
+        *_policy_section(rows, f.rate),
         "## Side by side",
         "",
     ]

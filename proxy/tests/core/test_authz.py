@@ -296,3 +296,48 @@ def test_the_default_route_takes_everything_with_the_servers_authorizations() ->
     server = (authz(Authn.TLS_ANY),)
     policy = ServerPolicy(Meta.default("x"), PortProtocol.DETECT, server, (default_route(server),))
     assert decide(Client(ip("10.0.0.1"), BOT, True).permits(policy), lambda: 1 / 0)[0] == 0  # type: ignore[arg-type,return-value]
+
+
+EVERYTHING = path(PathKind.PREFIX, "/")
+MATCH_FREE = [  # one route's rules (and hosts) -> whether a request needs no match
+    (((),), (), True),  # the proxy's built-in default route
+    (((EVERYTHING,),), (), True),  # the controller's default route: PathPrefix /
+    (((HttpMatch(),),), (), True),
+    (((GrpcMatch(),),), (), True),
+    (((path(PathKind.PREFIX, "/api"), EVERYTHING),), (), True),  # any match of a rule will do
+    (((path(PathKind.PREFIX, "/api"),), (EVERYTHING,)), (), True),  # any rule will do
+    (((EVERYTHING,),), (HostMatch(HostKind.SUFFIX, ""),), False),  # hosts are matched
+    (((path(PathKind.PREFIX, "/api"),),), (), False),
+    (((path(PathKind.EXACT, "/"),),), (), False),
+    (((path(PathKind.PREFIX, ""),),), (), False),  # not "*" (OPTIONS *)
+    (((HttpMatch(EVERYTHING.path, method="GET"),),), (), False),
+    (((HttpMatch(EVERYTHING.path, headers=(ValueMatch("x", exact=b"1"),)),),), (), False),
+    (((HttpMatch(EVERYTHING.path, query=(ValueMatch("q", exact="1"),)),),), (), False),
+    (((GrpcMatch("svc"),),), (), False),
+    (((GrpcMatch(method="M"),),), (), False),
+    (((GrpcMatch(headers=(ValueMatch("x", exact=b"1"),)),),), (), False),
+    ((), (), False),  # no rule: matches nothing
+]
+
+
+@pytest.mark.parametrize(("rules", "hosts", "free"), MATCH_FREE)
+def test_a_single_route_matching_everything_needs_no_match_and_decides_alike(
+    rules: tuple[tuple[HttpMatch | GrpcMatch, ...], ...], hosts: tuple[HostMatch, ...], free: bool
+) -> None:
+    server = (authz(Authn.TLS_ANY),)
+    one = Route(Meta("policy.meshlet.io", "httproute", "r"), hosts, rules, server)
+    policy = ServerPolicy(Meta.default("x"), PortProtocol.DETECT, server, (one,))
+    permits = Client(ip("10.0.0.1"), BOT, True).permits(policy)
+    assert permits.match_free is free
+    two = ServerPolicy(Meta.default("x"), PortProtocol.DETECT, server, (one, one))
+    assert not Client(ip("10.0.0.1"), BOT, True).permits(two).match_free
+    for method, target in [("GET", "/"), ("POST", "/api/x?q=2"), ("OPTIONS", "*"), ("GET", "/a")]:
+        req = request("web.example.com", method, target, ())
+        matched = find_route(policy.routes, req)
+        if free:  # the shortcut takes route 0 for every request, as matching would
+            assert matched == 0
+            assert decide(permits, lambda: 1 / 0) == (0, permits.routes[0])  # type: ignore[arg-type,return-value]
+        else:
+            expected = (-1, NoRoute) if matched is None else (0, Allowed)
+            index, decision = decide(permits, lambda req=req: req)  # type: ignore[misc]
+            assert (index, type(decision)) == expected

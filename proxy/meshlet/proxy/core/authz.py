@@ -19,7 +19,10 @@ counts and logs what it allowed as a would-be denial.
 
 A client is fixed for its connection: `Client.permits(policy)` computes, once per connection
 and policy, the first authorization allowing it for each route, so a request costs a route
-match and a tuple index.
+match and a tuple index. When the policy has one route and it matches every request (no host,
+and a rule with no match, or one that asks for nothing but the path prefix `/`: the default
+route the policy controller sends for a Server without routes), the request needs no match at
+all: `Permits.match_free`.
 """
 
 from __future__ import annotations
@@ -147,6 +150,10 @@ class PathMatch:
     value: str
     regex: Any = None  # compiled (meshlet.api.pathregex) for REGEX
 
+    @property
+    def matches_all(self) -> bool:
+        return self.kind is PathKind.PREFIX and self.value == "/"
+
     def length(self, path: str) -> int | None:
         """The match's length (Linkerd orders path matches by it), None when it fails."""
         if self.kind is PathKind.EXACT:
@@ -185,6 +192,15 @@ class HttpMatch:
     query: tuple[ValueMatch, ...] = ()
     method: str | None = None
 
+    @property
+    def matches_all(self) -> bool:
+        return (
+            self.method is None
+            and not self.headers
+            and not self.query
+            and (self.path is None or self.path.matches_all)
+        )
+
     def summary(self, req: Request) -> tuple[int, int, int, bool] | None:
         """Linkerd's `RequestMatch` order: path length, headers, query params, method."""
         if self.method is not None and req.method != self.method:
@@ -209,6 +225,10 @@ class GrpcMatch:
     service: str = ""  # empty: any
     method: str = ""
     headers: tuple[ValueMatch, ...] = ()
+
+    @property
+    def matches_all(self) -> bool:
+        return not self.service and not self.method and not self.headers
 
     def summary(self, req: Request) -> tuple[int, int, int, bool] | None:
         service, _, method = req.path_only[1:].partition("/")
@@ -252,6 +272,14 @@ class Route:
     hosts: tuple[HostMatch, ...]
     rules: tuple[tuple[HttpMatch | GrpcMatch, ...], ...]
     authorizations: tuple[Authorization, ...]
+
+    @property
+    def matches_all(self) -> bool:
+        """Whether every request matches this route (a rule matches when any of its matches
+        does, and a rule without matches matches every request)."""
+        return not self.hosts and any(
+            not rule or any(m.matches_all for m in rule) for rule in self.rules
+        )
 
 
 class Request(NamedTuple):
@@ -426,7 +454,8 @@ class Client:
             )
             for r in policy.routes
         )
-        return Permits(policy, routes)
+        match_free = len(policy.routes) == 1 and policy.routes[0].matches_all
+        return Permits(policy, routes, match_free)
 
 
 class Permits(NamedTuple):
@@ -434,6 +463,7 @@ class Permits(NamedTuple):
 
     policy: ServerPolicy
     routes: tuple[Allowed | Denied, ...]
+    match_free: bool = False  # one route, matching every request: a request needs no match
 
 
 class NoRoute(NamedTuple):
@@ -443,9 +473,9 @@ class NoRoute(NamedTuple):
 def decide(permits: Permits, req: Callable[[], Request]) -> tuple[int, Allowed | Denied | NoRoute]:
     """The route a request takes and its decision. `req` builds the matching view only when a
     route needs more than the default route's nothing."""
-    routes = permits.policy.routes
-    if len(routes) == 1 and not routes[0].hosts and routes[0].rules == ((),):
+    if permits.match_free:
         return 0, permits.routes[0]
+    routes = permits.policy.routes
     index = find_route(routes, req())
     if index is None:
         return -1, NoRoute(f"no route of server {permits.policy.meta} matches the request")

@@ -168,7 +168,7 @@ class PolicyRouter:
         self._policy = policy
         self._permits = self._client.permits(policy)
         routes = policy.routes
-        self._trivial = len(routes) == 1 and not routes[0].hosts and routes[0].rules == ((),)
+        self._trivial = self._permits.match_free
         self._limiter = self._shared.limiter(self._port, policy)
         self._allow = [None] * len(routes)
         self._deny = [None] * len(routes)
