@@ -118,3 +118,30 @@ def test_the_answer_is_an_admission_review() -> None:
 def test_a_name_that_cannot_be_shown_is_not_echoed() -> None:
     obj = profile({}, name="a\x1b[31mb")
     assert validation.subject(request(obj)) == "ServiceProfile emojivoto/?"
+
+
+def test_a_route_filter_that_would_forge_the_client_identity_is_refused_at_apply() -> None:
+    """The proxy refuses such a policy too (it keeps the one it had); the user learns here."""
+    route = {
+        "apiVersion": "policy.meshlet.io/v1beta3",
+        "kind": "HTTPRoute",
+        "metadata": {"name": "admin", "namespace": "emojivoto"},
+        "spec": {
+            "parentRefs": [{"group": "policy.meshlet.io", "kind": "Server", "name": "web"}],
+            "rules": [{"filters": [{
+                "type": "RequestHeaderModifier",
+                "requestHeaderModifier": {"set": [{"name": "meshlet-client-id", "value": "x"}]},
+            }]}],
+        },
+    }  # fmt: skip
+    verdict = validation.judge(request(route), VALIDATORS)
+    assert not verdict.allowed and verdict.judged
+    assert verdict.message.startswith("HTTPRoute emojivoto/admin is invalid (1 problem")
+    assert "requestHeaderModifier.set[0].name: 'meshlet-client-id' is reserved for the proxy" in (
+        verdict.message
+    )
+    allowed = {**route, "spec": {**route["spec"], "rules": [{"filters": [{  # type: ignore[dict-item]
+        "type": "RequestHeaderModifier",
+        "requestHeaderModifier": {"set": [{"name": "x-tenant", "value": "blue"}]},
+    }]}]}}  # fmt: skip
+    assert validation.judge(request(allowed), VALIDATORS).allowed

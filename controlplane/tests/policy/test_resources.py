@@ -223,6 +223,53 @@ MISTAKES = [
         ],
     ),
     (
+        obj(
+            "gateway.networking.k8s.io/v1",
+            "HTTPRoute",
+            {
+                "parentRefs": [{"group": G, "kind": "Server", "name": "w"}],
+                "rules": [
+                    {
+                        "filters": [
+                            {
+                                "type": "RequestHeaderModifier",
+                                "requestHeaderModifier": {
+                                    "set": [
+                                        {"name": "meshlet-client-id", "value": "admin"},
+                                        {"name": "X-Tenant", "value": "a"},
+                                        {"name": "x-tenant", "value": "b"},
+                                    ],
+                                    "add": [
+                                        {"name": "L5D-Client-Id", "value": "admin"},
+                                        {"name": ":authority", "value": "evil"},
+                                        {"name": "x-ok", "value": "1\r\nx-injected: 1"},
+                                    ],
+                                    "remove": ["Host", "transfer-encoding", "x ok"],
+                                },
+                            }
+                        ]
+                    }
+                ],
+            },
+        ),
+        [
+            "spec.rules[0].filters[0].requestHeaderModifier.add[0].name: 'L5D-Client-Id' is "
+            "reserved for the proxy",
+            "spec.rules[0].filters[0].requestHeaderModifier.add[1].name: ':authority' is a "
+            "pseudo-header",
+            "spec.rules[0].filters[0].requestHeaderModifier.add[2].value: a header value with a "
+            "control character",
+            "spec.rules[0].filters[0].requestHeaderModifier.remove[0]: 'Host' frames or routes",
+            "spec.rules[0].filters[0].requestHeaderModifier.remove[1]: 'transfer-encoding' frames",
+            "spec.rules[0].filters[0].requestHeaderModifier.remove[2]: 'x ok' is not a valid "
+            "header name",
+            "spec.rules[0].filters[0].requestHeaderModifier.set[0].name: 'meshlet-client-id' is "
+            "reserved for the proxy",
+            "spec.rules[0].filters[0].requestHeaderModifier.set[2].name: 'x-tenant' is listed "
+            "twice",
+        ],
+    ),
+    (
         obj(f"{G}/v1beta3", "HTTPRoute", {"rules": [{}] * (r.MAX_RULES + 1)}),
         [f"spec.rules: has {r.MAX_RULES + 1} items; at most {r.MAX_RULES} are allowed"],
     ),

@@ -32,6 +32,7 @@ from meshlet.proxy.core.authz import (
     default_policy,
     default_route,
     find_route,
+    find_rule,
     request,
     suffix,
 )
@@ -178,7 +179,7 @@ def test_default_policies(name: str, client: Client, allowed: bool) -> None:
     policy = default_policy(name, CLUSTER)
     assert isinstance(client.connection(policy), Allowed) is allowed
     if policy.routes:
-        _, decision = decide(client.permits(policy), lambda: request("x", "GET", "/", ()))
+        *_, decision = decide(client.permits(policy), lambda: request("x", "GET", "/", ()))
         assert isinstance(decision, Allowed) is allowed
     else:
         assert policy.protocol is PortProtocol.OPAQUE  # deny: not even detected
@@ -235,6 +236,19 @@ def test_path_matches_exact_prefix_by_segment_and_regex() -> None:
     assert taken(routes, "web", target="/") is None
 
 
+def test_the_rule_that_matched_best_is_found_with_its_route() -> None:
+    """A rule's filters are the best-matching rule's: its index comes with the route's."""
+    routes = [
+        route("other", (path(PathKind.PREFIX, "/other"),)),
+        route("api", (path(PathKind.PREFIX, "/api"),), (path(PathKind.EXACT, "/api/v1"),), ()),
+    ]
+    get = lambda target: find_rule(routes, request("web", "GET", target, ()))  # noqa: E731
+    assert get("/api/v1") == (1, 1)  # the exact rule outranks the prefix one
+    assert get("/api/v2") == (1, 0)
+    assert get("/elsewhere") == (1, 2)  # the rule with no matches takes everything
+    assert get("/other") == (0, 0)
+
+
 def test_precedence_host_then_path_length_then_headers_query_method_then_first() -> None:
     exact_host = HostMatch(HostKind.EXACT, "web.example.com")
     suffix_host = HostMatch(HostKind.SUFFIX, ".example.com")
@@ -285,11 +299,11 @@ def test_route_decisions_use_the_routes_authorizations_and_no_route_is_a_404() -
     web = Client(ip("10.0.0.5"), WEB, True).permits(policy)
     bot = Client(ip("10.0.0.6"), BOT, True).permits(policy)
     get = lambda p: lambda: request("web", "GET", p, ())  # noqa: E731
-    assert isinstance(decide(web, get("/admin"))[1], Denied)
-    assert decide(bot, get("/admin")) == (0, Allowed(bot_only))
-    assert decide(web, get("/public"))[1] == Allowed(policy.routes[1].authorizations[0])
-    index, decision = decide(web, get("/elsewhere"))
-    assert index == -1 and isinstance(decision, NoRoute)
+    assert isinstance(decide(web, get("/admin"))[2], Denied)
+    assert decide(bot, get("/admin")) == (0, 0, Allowed(bot_only))
+    assert decide(web, get("/public"))[2] == Allowed(policy.routes[1].authorizations[0])
+    index, rule, decision = decide(web, get("/elsewhere"))
+    assert index == rule == -1 and isinstance(decision, NoRoute)
 
 
 def test_the_default_route_takes_everything_with_the_servers_authorizations() -> None:
@@ -336,8 +350,8 @@ def test_a_single_route_matching_everything_needs_no_match_and_decides_alike(
         matched = find_route(policy.routes, req)
         if free:  # the shortcut takes route 0 for every request, as matching would
             assert matched == 0
-            assert decide(permits, lambda: 1 / 0) == (0, permits.routes[0])  # type: ignore[arg-type,return-value]
+            assert decide(permits, lambda: 1 / 0) == (0, 0, permits.routes[0])  # type: ignore[arg-type,return-value]
         else:
             expected = (-1, NoRoute) if matched is None else (0, Allowed)
-            index, decision = decide(permits, lambda req=req: req)  # type: ignore[misc]
+            index, _, decision = decide(permits, lambda req=req: req)  # type: ignore[misc]
             assert (index, type(decision)) == expected

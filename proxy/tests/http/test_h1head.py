@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from meshlet.proxy.core.header_modifier import compile_modifier
 from meshlet.proxy.http.h1head import (
     Body,
     Rejection,
@@ -13,6 +14,7 @@ from meshlet.proxy.http.h1head import (
     ResponseHead,
     last_chunk,
     local_response,
+    modify_head,
     parse_request,
     parse_response,
 )
@@ -302,3 +304,29 @@ def test_local_response_names_the_reason() -> None:
         b"refusedX: injected\n"
     )
     assert b"Connection: keep-alive" in local_response(503, "x", close=False, http10=True)
+
+
+def test_a_routes_filters_rewrite_the_forwarded_head_and_leave_its_framing_alone() -> None:
+    head = request(
+        (b"Host", b"web:80"), (b"X-Tenant", b"blue"), (b"X-Debug", b"1"), (b"x-debug", b"2"),
+        (b"Accept", b"a: b"), (b"Content-Length", b"3"), (b"meshlet-client-id", b"forged"),
+        method=b"POST", add=((b"meshlet-client-id", b"web.ns"),),
+    )  # fmt: skip
+    modifier = compile_modifier(add=[("x-region", b"eu")], set=[("x-tenant", b"red")],
+                                remove=["X-DEBUG"])  # fmt: skip
+    assert modify_head(head.head, modifier) == (
+        b"POST / HTTP/1.1\r\nHost: web:80\r\nAccept: a: b\r\nContent-Length: 3\r\n"
+        b"meshlet-client-id: web.ns\r\nx-region: eu\r\nx-tenant: red\r\n\r\n"
+    )
+
+
+def test_a_head_without_fields_or_with_an_empty_value_is_rewritten_whole() -> None:
+    bare = request(version="1.0").head
+    assert bare == b"GET / HTTP/1.1\r\n\r\n"
+    assert modify_head(bare, compile_modifier(add=[("x-a", b"1")])) == (
+        b"GET / HTTP/1.1\r\nx-a: 1\r\n\r\n"
+    )
+    empty = request((b"x-empty", b""), (b"x-gone", b"1")).head
+    assert modify_head(empty, compile_modifier(remove=["x-gone"])) == (
+        b"GET / HTTP/1.1\r\nx-empty: \r\n\r\n"
+    )

@@ -7,6 +7,7 @@ from hpack import NeverIndexedHeaderTuple
 from hypothesis import given
 from hypothesis import strategies as st
 
+from meshlet.proxy.core.header_modifier import compile_modifier
 from meshlet.proxy.http import h2headers
 from meshlet.proxy.http.h2headers import (
     CONNECTION_HEADERS,
@@ -14,6 +15,7 @@ from meshlet.proxy.http.h2headers import (
     Request,
     Response,
     local_response,
+    modify_request,
     read_request,
     read_response,
     read_trailers,
@@ -43,6 +45,24 @@ def test_a_valid_request_is_rewritten_for_the_upstream() -> None:
     ]
     authorization = request.headers[5]
     assert isinstance(authorization, NeverIndexedHeaderTuple)  # kept out of HPACK tables
+
+
+def test_a_routes_filters_change_the_request_but_not_the_proxys_own_headers() -> None:
+    block = [*GET, (b"x-tenant", b"blue"), (b"x-debug", b"1"), (b"meshlet-client-id", b"forged")]
+    read = read_request(block, [(b"meshlet-client-id", b"web.ns")], max_headers=100)
+    assert isinstance(read, Request)
+    modifier = compile_modifier(add=[("X-Region", b"eu")], set=[("x-tenant", b"red"),
+                                ("Authorization", b"Bearer s")], remove=["x-debug"])  # fmt: skip
+    modified = modify_request(read, modifier)
+    assert modified.headers == [
+        *GET,
+        (b"meshlet-client-id", b"web.ns"),
+        (b"x-region", b"eu"),
+        (b"x-tenant", b"red"),
+        (b"authorization", b"Bearer s"),
+    ]
+    assert isinstance(modified.headers[-1], NeverIndexedHeaderTuple)  # a credential it writes
+    assert modified.authority == read.authority and modified.path == read.path
 
 
 def test_the_authority_falls_back_to_host() -> None:

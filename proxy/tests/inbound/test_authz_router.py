@@ -6,7 +6,17 @@ from __future__ import annotations
 
 import ipaddress
 
-from meshlet.api import inbound_pb2, meta_pb2, net_pb2
+import pytest
+
+from meshlet.api import (
+    grpc_route_pb2,
+    http_route_pb2,
+    http_types_pb2,
+    inbound_pb2,
+    meta_pb2,
+    net_pb2,
+)
+from meshlet.proxy.discovery.decode import DecodeError
 from meshlet.proxy.discovery.policy_decode import decode_server
 from meshlet.proxy.fixed_router import FixedRouter
 from meshlet.proxy.http.contract import RouteError, RouteTarget, Target
@@ -104,3 +114,118 @@ def test_the_per_identity_rate_limit_answers_429_and_refills() -> None:
     clock.now += 1.0
     assert isinstance(heavy.route(REQUEST), RouteTarget)
     assert "inbound_http_local_ratelimit_total{" in metrics.registry.render().decode()
+
+
+# -- route filters ----------------------------------------------------------------------------
+
+
+def _headers(*pairs: tuple[str, bytes]) -> http_types_pb2.Headers:
+    return http_types_pb2.Headers(
+        headers=[http_types_pb2.Headers.Header(name=n, value=v) for n, v in pairs]
+    )
+
+
+def filtered(
+    modifier: http_route_pb2.RequestHeaderModifier, path: str = "/items"
+) -> inbound_pb2.Server:
+    """`store` with two routes: under `path`, one whose first rule carries `modifier` (its
+    second rule, for `/items/plain`, none); the other, for everything else, none."""
+    msg = server(WEB)
+    meta = meta_pb2.Metadata(
+        resource=meta_pb2.Resource(group="policy.meshlet.io", kind="httproute", name="items")
+    )
+    match = http_route_pb2.HttpRouteMatch
+    rule = inbound_pb2.HttpRoute.Rule
+    items = inbound_pb2.HttpRoute(
+        metadata=meta,
+        rules=[
+            rule(matches=[match(path=http_route_pb2.PathMatch(prefix=path))],
+                 filters=[inbound_pb2.HttpRoute.Filter(request_header_modifier=modifier)]),
+            rule(matches=[match(path=http_route_pb2.PathMatch(exact=path + "/plain"))]),
+        ],
+    )  # fmt: skip
+    rest = inbound_pb2.HttpRoute(
+        metadata=meta_pb2.Metadata(resource=meta_pb2.Resource(
+            group="policy.meshlet.io", kind="httproute", name="rest")),
+        rules=[rule(matches=[match(path=http_route_pb2.PathMatch(prefix="/"))])],
+    )  # fmt: skip
+    msg.protocol.http1.routes.extend([items, rest])
+    return msg
+
+
+TENANT = http_route_pb2.RequestHeaderModifier(
+    add=_headers(("x-region", b"eu")), set=_headers(("X-Tenant", b"red")), remove=["x-debug"]
+)
+
+
+def test_the_matched_rules_header_modifier_rides_on_the_route_and_only_there() -> None:
+    metrics, clock = ProxyMetrics(), Clock()
+    held: dict[int, object] = {PORT: decode_server(filtered(TENANT))}
+    conn = router(held, WEB, metrics, clock)
+    routed = conn.route(Target("store:8080", "GET", "/items/1"))
+    assert isinstance(routed, RouteTarget) and routed.request_headers is not None
+    assert routed.request_headers.apply([(b"X-Debug", b"1"), (b"x-tenant", b"blue")]) == [
+        (b"x-region", b"eu"), (b"x-tenant", b"red"),
+    ]  # fmt: skip
+    for other in ("/items/plain", "/elsewhere"):  # another rule, another route: untouched
+        plain = conn.route(Target("store:8080", "GET", other))
+        assert isinstance(plain, RouteTarget) and plain.request_headers is None, other
+    refused = router(held, INTRUDER, metrics, clock).route(Target("store:8080", "GET", "/items"))
+    assert refused == RouteError(403, UNAUTHORIZED)  # filters never come before authorization
+
+
+@pytest.mark.parametrize(
+    ("modifier", "why"),
+    [
+        (http_route_pb2.RequestHeaderModifier(set=_headers(("meshlet-client-id", b"admin"))),
+         "reserved for the proxy"),
+        (http_route_pb2.RequestHeaderModifier(add=_headers(("L5D-Client-Id", b"admin"))),
+         "reserved for the proxy"),
+        (http_route_pb2.RequestHeaderModifier(remove=["meshlet-client-id"]),
+         "reserved for the proxy"),
+        (http_route_pb2.RequestHeaderModifier(set=_headers((":authority", b"evil"))),
+         "pseudo-header"),
+        (http_route_pb2.RequestHeaderModifier(set=_headers(("Content-Length", b"0"))), "frames"),
+        (http_route_pb2.RequestHeaderModifier(remove=["transfer-encoding"]), "frames"),
+        (http_route_pb2.RequestHeaderModifier(add=_headers(("x-a", b"1\r\nx-b: 2"))),
+         "control character"),
+        (http_route_pb2.RequestHeaderModifier(add=_headers(("x a", b"1"))), "not a valid"),
+    ],
+)  # fmt: skip
+def test_a_modifier_the_proxy_refuses_makes_the_whole_policy_invalid(
+    modifier: http_route_pb2.RequestHeaderModifier, why: str
+) -> None:
+    with pytest.raises(DecodeError, match=f"httproute.policy.meshlet.io/items rule 0: .*{why}"):
+        decode_server(filtered(modifier))
+
+
+def test_a_filter_the_proxy_cannot_apply_is_never_skipped() -> None:
+    msg = filtered(TENANT)
+    rule = msg.protocol.http1.routes[0].rules[1]
+    rule.filters.add().redirect.host = "elsewhere"
+    with pytest.raises(DecodeError, match="rule 1: a redirect filter, which the proxy cannot"):
+        decode_server(msg)
+    rule.filters[0].Clear()
+    with pytest.raises(DecodeError, match="a filter without a kind"):
+        decode_server(msg)
+
+
+def test_grpc_routes_carry_their_modifier_too() -> None:
+    msg = server(WEB)
+    grpc = inbound_pb2.GrpcRoute(
+        metadata=meta_pb2.Metadata(resource=meta_pb2.Resource(
+            group="gateway.networking.k8s.io", kind="grpcroute", name="echo")),
+        rules=[inbound_pb2.GrpcRoute.Rule(
+            matches=[grpc_route_pb2.GrpcRouteMatch(
+                rpc=grpc_route_pb2.GrpcRpcMatch(service="meshlet.test.Echo"))],
+            filters=[inbound_pb2.GrpcRoute.Filter(request_header_modifier=TENANT)])],
+    )  # fmt: skip
+    msg.protocol.ClearField("http1")
+    msg.protocol.grpc.routes.append(grpc)
+    held: dict[int, object] = {PORT: decode_server(msg)}
+    conn = router(held, WEB, ProxyMetrics(), Clock())
+    routed = conn.route(Target("echo:8080", "POST", "/meshlet.test.Echo/Unary"))
+    assert isinstance(routed, RouteTarget) and routed.request_headers is not None
+    assert conn.route(Target("echo:8080", "POST", "/other.Svc/Unary")) == RouteError(
+        404, "no route of server server.policy.meshlet.io/store matches the request"
+    )

@@ -148,6 +148,8 @@ class App:
         self._servers: list[asyncio.Server] = []
         self._writers: set[asyncio.StreamWriter] = set()
         self._grpc: grpc.aio.Server | None = None
+        # The header fields of every request that arrived (lower-case names; gRPC: metadata).
+        self.heads: list[list[tuple[str, str]]] = []
 
     def answer(self, fields: Iterable[tuple[str, str]]) -> bytes:
         """The pod's name and every `meshlet-client-id` value that arrived, joined: a forged
@@ -198,6 +200,7 @@ class App:
 
     async def _unary(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         metadata = [(str(k), str(v)) for k, v in context.invocation_metadata() or ()]
+        self.heads.append(metadata)
         return self.answer(metadata) + b"|" + request
 
     async def _slow(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
@@ -229,6 +232,7 @@ class App:
             while head:
                 lines = head.decode().split("\r\n")
                 pairs = [_field(line) for line in lines[1:] if line]
+                self.heads.append(pairs)
                 fields = dict(pairs)
                 await reader.readexactly(int(fields.get("content-length", "0")))
                 await asyncio.sleep(self.delay)
@@ -270,6 +274,7 @@ class App:
             for event in conn.receive_data(data):
                 if isinstance(event, h2.events.RequestReceived):
                     pairs = [(bytes(k).decode(), bytes(v).decode()) for k, v in event.headers or ()]
+                    self.heads.append(pairs)
                     if dict(pairs).get(":path", "").startswith("/hold/"):
                         self.faults.held += 1
                         continue

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from meshlet.api import wellknown
+from meshlet.api import headers, wellknown
 from meshlet.api.pathregex import compile_path_regex
 
 GROUP: Final = wellknown.POLICY_API_GROUP
@@ -667,39 +667,46 @@ def _value_matches(
 
 
 def _header_modifier(c: _Check, value: Any, path: str) -> HeaderModifier:
+    """A RequestHeaderModifier: names as the proxy accepts them (meshlet.api.headers: never the
+    proxy's own, a pseudo-header, Host or a framing or hop-by-hop header), each named once per
+    list whatever its case (the Gateway API's list key), values without control characters."""
     mod = c.mapping(value, path, required=True) or {}
     pairs: dict[str, list[tuple[str, str]]] = {"add": [], "set": []}
     for field in ("add", "set"):
+        seen: set[str] = set()
         for i, item in enumerate(c.array(mod.get(field), f"{path}.{field}", limit=16)):
             at = f"{path}.{field}[{i}]"
             entry = c.mapping(item, at, required=True) or {}
-            name = c.string(
-                entry.get("name"),
-                f"{at}.name",
-                required=True,
-                pattern=_HEADER_NAME,
-                what="a header name",
-                limit=256,
-            )
-            val = c.string(entry.get("value"), f"{at}.value", required=True)
+            name = _modified_name(c, entry.get("name"), f"{at}.name", seen)
+            val = c.string(entry.get("value"), f"{at}.value", required=True,
+                           limit=headers.MAX_VALUE_LENGTH)  # fmt: skip
+            if val is not None and (problem := headers.value_problem(val.encode())) is not None:
+                c.fail(f"{at}.value", problem)
+                val = None
             if name is not None and val is not None:
                 pairs[field].append((name, val))
+    seen = set()
     remove = [
         r
         for i, item in enumerate(c.array(mod.get("remove"), f"{path}.remove", limit=16))
-        if (
-            r := c.string(
-                item,
-                f"{path}.remove[{i}]",
-                required=True,
-                pattern=_HEADER_NAME,
-                what="a header name",
-                limit=256,
-            )
-        )
-        is not None
+        if (r := _modified_name(c, item, f"{path}.remove[{i}]", seen)) is not None
     ]
     return HeaderModifier(tuple(pairs["add"]), tuple(pairs["set"]), tuple(remove))
+
+
+def _modified_name(c: _Check, value: Any, path: str, seen: set[str]) -> str | None:
+    name = c.string(value, path, required=True, limit=headers.MAX_NAME_LENGTH)
+    if name is None:
+        return None
+    problem = headers.name_problem(name)
+    if problem is not None:
+        c.fail(path, problem)
+        return None
+    if name.lower() in seen:
+        c.fail(path, f"{_show(name)} is listed twice; name each header once")
+        return None
+    seen.add(name.lower())
+    return name
 
 
 def _filters(c: _Check, value: Any, path: str) -> tuple[HeaderModifier, ...]:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple
 from urllib.parse import parse_qsl
 
+from meshlet.proxy.core.header_modifier import HeaderModifier
 from meshlet.proxy.core.ratelimit import RateLimitSpec
 
 IP = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -266,12 +267,14 @@ class HostMatch:
 @dataclass(frozen=True, slots=True)
 class Route:
     """An HTTP or gRPC route: its rules' matches (an empty list matches every request) and the
-    authorizations of the route, followed by the Server's."""
+    authorizations of the route, followed by the Server's. `modifiers` holds each rule's request
+    header modification (None: the rule has none), or nothing when no rule has one."""
 
     meta: Meta
     hosts: tuple[HostMatch, ...]
     rules: tuple[tuple[HttpMatch | GrpcMatch, ...], ...]
     authorizations: tuple[Authorization, ...]
+    modifiers: tuple[HeaderModifier | None, ...] = ()
 
     @property
     def matches_all(self) -> bool:
@@ -308,6 +311,13 @@ _Summary = tuple[tuple[int, int] | tuple[()], tuple[int, int, int, bool]]
 def find_route(routes: Sequence[Route], req: Request) -> int | None:
     """The index of the route a request takes (Linkerd's precedence: the best host match, then
     the best rule match; the first of equals), None when none matches."""
+    found = find_rule(routes, req)
+    return None if found is None else found[0]
+
+
+def find_rule(routes: Sequence[Route], req: Request) -> tuple[int, int] | None:
+    """The indexes of the route a request takes and of its rule that matched best (the first of
+    equals), as `find_route` chooses; None when no route matches."""
     best: _Summary | None = None
     found = None
     for index, route in enumerate(routes):
@@ -318,19 +328,20 @@ def find_route(routes: Sequence[Route], req: Request) -> int | None:
                 continue
             host = max(hosts)
         rule_best = None
-        for rule in route.rules:
+        rule_index = 0
+        for at, rule in enumerate(route.rules):
             if not rule:
                 summary: tuple[int, int, int, bool] | None = (1, 0, 0, False)
             else:
                 summaries = [ms for m in rule if (ms := m.summary(req)) is not None]
                 summary = max(summaries) if summaries else None
             if summary is not None and (rule_best is None or summary > rule_best):
-                rule_best = summary
+                rule_best, rule_index = summary, at
         if rule_best is None:
             continue
         candidate = (host, rule_best)
         if best is None or candidate > best:
-            best, found = candidate, index
+            best, found = candidate, (index, rule_index)
     return found
 
 
@@ -454,7 +465,8 @@ class Client:
             )
             for r in policy.routes
         )
-        match_free = len(policy.routes) == 1 and policy.routes[0].matches_all
+        only = policy.routes[0] if len(policy.routes) == 1 else None
+        match_free = only is not None and only.matches_all and not only.modifiers
         return Permits(policy, routes, match_free)
 
 
@@ -463,20 +475,22 @@ class Permits(NamedTuple):
 
     policy: ServerPolicy
     routes: tuple[Allowed | Denied, ...]
-    match_free: bool = False  # one route, matching every request: a request needs no match
+    # one route, matching every request, without filters: a request needs no match
+    match_free: bool = False
 
 
 class NoRoute(NamedTuple):
     reason: str
 
 
-def decide(permits: Permits, req: Callable[[], Request]) -> tuple[int, Allowed | Denied | NoRoute]:
-    """The route a request takes and its decision. `req` builds the matching view only when a
-    route needs more than the default route's nothing."""
-    if permits.match_free:
-        return 0, permits.routes[0]
-    routes = permits.policy.routes
-    index = find_route(routes, req())
-    if index is None:
-        return -1, NoRoute(f"no route of server {permits.policy.meta} matches the request")
-    return index, permits.routes[index]
+def decide(
+    permits: Permits, req: Callable[[], Request]
+) -> tuple[int, int, Allowed | Denied | NoRoute]:
+    """The route a request takes, its rule and its decision. `req` builds the matching view
+    only when a route needs more than the default route's nothing."""
+    if permits.match_free:  # the rule does not matter: no rule has a filter
+        return 0, 0, permits.routes[0]
+    found = find_rule(permits.policy.routes, req())
+    if found is None:
+        return -1, -1, NoRoute(f"no route of server {permits.policy.meta} matches the request")
+    return found[0], found[1], permits.routes[found[0]]

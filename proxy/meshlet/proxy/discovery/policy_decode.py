@@ -4,7 +4,14 @@ loopback, apply to connections and to every route; a port without routes gets on
 a route without metadata, a network without an address, a bad regex or a prefix length out of
 range makes the whole message invalid (DecodeError: the caller keeps the policy it had).
 Authorizations without networks permit nothing and are left out, as the contract says. Unknown
-fields are ignored (protobuf does that); route filters are not applied.
+fields are ignored (protobuf does that).
+
+A rule's filters compile into one request header modification (`core.header_modifier`). A
+filter the proxy cannot apply as written is never skipped (a route served unmodified would
+silently be another route than the one configured): a modifier naming a header the proxy
+reserves, an invalid name or value, a filter without a kind, and the kinds the proxy does not
+implement (failure injection, redirects; the controller refuses them too) make the message
+invalid.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ from meshlet.proxy.core.authz import (
     default_route,
     suffix,
 )
+from meshlet.proxy.core.header_modifier import NOTHING, HeaderModifier, compile_modifier
 from meshlet.proxy.core.ratelimit import RateLimitSpec
 from meshlet.proxy.discovery.decode import DecodeError
 
@@ -251,8 +259,9 @@ def _http_routes(
             raise DecodeError("HTTP route without metadata")
         meta = _meta(item.metadata)
         rules = tuple(tuple(_http_match(m) for m in rule.matches) for rule in item.rules)
-        routes.append(Route(meta, _hosts(item.hosts), rules, _route_authzs(item.authorizations,
-                                                                           server)))  # fmt: skip
+        modifiers = _modifiers(item.rules, meta)
+        routes.append(Route(meta, _hosts(item.hosts), rules,
+                            _route_authzs(item.authorizations, server), modifiers))  # fmt: skip
     if len(routes) > MAX_ROUTES:
         raise DecodeError(f"more than {MAX_ROUTES} routes")
     return tuple(routes) or (default_route(server),)
@@ -271,11 +280,41 @@ def _grpc_routes(
             raise DecodeError("gRPC route without metadata")
         meta = _meta(item.metadata)
         rules = tuple(tuple(_grpc_match(m) for m in rule.matches) for rule in item.rules)
-        routes.append(Route(meta, _hosts(item.hosts), rules, _route_authzs(item.authorizations,
-                                                                           server)))  # fmt: skip
+        modifiers = _modifiers(item.rules, meta)
+        routes.append(Route(meta, _hosts(item.hosts), rules,
+                            _route_authzs(item.authorizations, server), modifiers))  # fmt: skip
     if len(routes) > MAX_ROUTES:
         raise DecodeError(f"more than {MAX_ROUTES} routes")
     return tuple(routes) or (default_route(server),)
+
+
+_Rule = inbound_pb2.HttpRoute.Rule | inbound_pb2.GrpcRoute.Rule
+
+
+def _modifiers(rules: Iterable[_Rule], route: Meta) -> tuple[HeaderModifier | None, ...]:
+    """Each rule's header modification (None: none), or () when no rule has one."""
+    out: list[HeaderModifier | None] = []
+    for at, rule in enumerate(rules):
+        modifier = NOTHING
+        for spec in rule.filters:
+            kind = spec.WhichOneof("kind")
+            if kind != "request_header_modifier":
+                what = f"a {kind} filter" if kind else "a filter without a kind"
+                raise DecodeError(f"route {route} rule {at}: {what}, which the proxy cannot apply")
+            modifier = modifier.then(_modifier(spec.request_header_modifier, route, at))
+        out.append(None if modifier == NOTHING else modifier)
+    return tuple(out) if any(m is not None for m in out) else ()
+
+
+def _modifier(msg: http_route_pb2.RequestHeaderModifier, route: Meta, at: int) -> HeaderModifier:
+    try:
+        return compile_modifier(
+            [(h.name, h.value) for h in msg.add.headers],
+            [(h.name, h.value) for h in msg.set.headers],
+            msg.remove,
+        )
+    except ValueError as exc:
+        raise DecodeError(f"route {route} rule {at}: RequestHeaderModifier: {exc}") from None
 
 
 def _rate_limit(msg: inbound_pb2.HttpLocalRateLimit) -> RateLimitSpec:

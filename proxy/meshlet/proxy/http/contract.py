@@ -19,6 +19,7 @@ from typing import Any, Final, NamedTuple, Protocol, TypeVar
 
 from meshlet.api import wellknown
 from meshlet.api.hostport import HostPort
+from meshlet.proxy.core.header_modifier import HeaderModifier
 from meshlet.proxy.core.pressure import Peer
 from meshlet.proxy.core.retry_budget import RetryBudget
 from meshlet.proxy.core.routes import RoutePolicy
@@ -121,12 +122,15 @@ class EndpointPicker(Protocol):
 class RouteTarget(NamedTuple):
     """A request's route: the service it is for (`dst`, a bounded label), the route's policy
     (timeout, retries, classification, `rt_route`), the service's retry budget (None: no
-    retries but a connection's), and what picks an endpoint for each attempt."""
+    retries but a connection's), what picks an endpoint for each attempt, and the change the
+    route's filters make to the request's headers (None: none; each engine applies it to the
+    head it forwards, once, when the request is routed)."""
 
     dst: str
     policy: RoutePolicy
     budget: RetryBudget | None
     endpoints: EndpointPicker
+    request_headers: HeaderModifier | None = None
 
 
 class Router(Protocol):

@@ -52,6 +52,7 @@ from meshlet.proxy.http.h1head import (
     ResponseHead,
     last_chunk,
     local_response,
+    modify_head,
     parse_request,
     parse_response,
 )
@@ -513,8 +514,10 @@ class H1Machine:
     # -- routing and connecting (reported by the shell) ------------------------------------
 
     def routed(self, ex: Exchange, route: RouteTarget) -> None:
-        """The exchange's route is known: its timeout is armed; the body is kept for a replay
-        when the route retries, or the method is idempotent."""
+        """The exchange's route is known: its filters change the head, its timeout is armed;
+        the body is kept for a replay when the route retries, or the method is idempotent."""
+        if route.request_headers is not None:
+            ex.head = ex.head._replace(head=modify_head(ex.head.head, route.request_headers))
         policy = route.policy
         if (policy.timeout is not None or policy.idle_timeout is not None) and ex is self.current:
             self._arm_sooner()

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, NamedTuple
 
+from meshlet.proxy.core.header_modifier import HeaderModifier
 from meshlet.proxy.http.contract import (
     INTERNAL_HEADERS,
     PROXY_ERROR_HEADER,
@@ -254,6 +255,20 @@ def parse_request(
         path.decode("latin-1"),
         fields,
     )
+
+
+def modify_head(head: bytes, modifier: HeaderModifier) -> bytes:
+    """A head serialized here (a request's or a response's), its fields changed by a route's
+    filters. The fields the proxy writes itself (framing, Host, `meshlet-client-id`) are ones
+    no modifier may name (meshlet.api.headers), so they stay as they are."""
+    start, _, rest = head[:-4].partition(b"\r\n")
+    fields = [_split_field(line) for line in rest.split(b"\r\n")] if rest else []
+    return b"\r\n".join([start, *map(_FIELD_LINE, modifier.apply(fields)), b"\r\n"])
+
+
+def _split_field(line: bytes) -> Header:
+    name, _, value = line.partition(b": ")
+    return name, value
 
 
 def parse_response(

@@ -15,6 +15,7 @@ from typing import Final, NamedTuple
 
 from hpack import NeverIndexedHeaderTuple
 
+from meshlet.proxy.core.header_modifier import HeaderModifier
 from meshlet.proxy.http.contract import (
     INTERNAL_HEADERS,
     PROXY_ERROR_HEADER,
@@ -219,6 +220,17 @@ def read_request(
     path = pseudo.get(b":path") or b""
     return Request(out, named.decode("latin-1") if named is not None else None, grpc,
                    method.decode("latin-1"), path.decode("latin-1"), length)  # fmt: skip
+
+
+def modify_request(request: Request, modifier: HeaderModifier) -> Request:
+    """The request with its headers changed by a route's filters (names are lower case on both
+    sides; pseudo-headers and the proxy's own are names no modifier may use, so they stay);
+    credentials it writes are marked never-indexed, as `read_request` marks the client's."""
+    drop = modifier.drop
+    headers = [h for h in request.headers if h[0] not in drop]
+    headers += (NeverIndexedHeaderTuple(*h) if h[0] in SENSITIVE_HEADERS else h
+                for h in modifier.append)  # fmt: skip
+    return request._replace(headers=headers)
 
 
 def read_response(block: Sequence[Header], from_peer_proxy: bool = False) -> Response | Malformed:

@@ -34,6 +34,7 @@ from meshlet.proxy.http.h2headers import (
     Trailers,
     grpc_status_of,
     local_response,
+    modify_request,
 )
 
 if TYPE_CHECKING:
@@ -181,10 +182,12 @@ class ProxyStream:
         return self.closed
 
     def routed(self, route: RouteTarget) -> None:
-        """The request's route is known: its timeout is armed, and the body given upstream is
-        kept for a replay (up to REPLAY_LIMIT): a stream the upstream refuses, or its GOAWAY
-        excludes, was never processed and is sent again whatever its method; the failover
-        policy decides the rest."""
+        """The request's route is known: its filters change the head, its timeout is armed,
+        and the body given upstream is kept for a replay (up to REPLAY_LIMIT): a stream the
+        upstream refuses, or its GOAWAY excludes, was never processed and is sent again
+        whatever its method; the failover policy decides the rest."""
+        if route.request_headers is not None:
+            self.request = modify_request(self.request, route.request_headers)
         if route.policy.idle_timeout is not None:
             self.server.watch_idle(route.policy.idle_timeout)
         deadline = self.att.deadline

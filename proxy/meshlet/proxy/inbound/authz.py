@@ -1,6 +1,8 @@
 """Inbound authorization as the inbound stack applies it: once per connection for opaque TCP
 (`InboundPolicy.connection`), per request for HTTP and gRPC (`PolicyRouter`, the connection's
-router, in front of the `FixedRouter` that forwards to the pod).
+router, in front of the `FixedRouter` that forwards to the pod). A request's route also brings
+its rule's request header modification, which the router hands to the engines on the
+`RouteTarget` it returns.
 
 The client is the socket's address and the identity the mesh TLS handshake proved; nothing a
 request carries counts. A router reads the port's current policy at each request (a dict read)
@@ -20,8 +22,16 @@ from typing import Final
 
 from meshlet.proxy.core import authz
 from meshlet.proxy.core.authz import Allowed, Client, Denied, NoRoute, Permits, ServerPolicy
+from meshlet.proxy.core.header_modifier import HeaderModifier
 from meshlet.proxy.core.ratelimit import RateLimiter
-from meshlet.proxy.http.contract import RequestTarget, RouteError, Router, RouteTarget, Wait
+from meshlet.proxy.http.contract import (
+    RequestTarget,
+    RouteError,
+    Router,
+    RouteTarget,
+    Wait,
+    settle,
+)
 from meshlet.proxy.io.counters import ConnLabels, Counted
 from meshlet.proxy.metrics import ProxyMetrics
 
@@ -142,6 +152,7 @@ class PolicyRouter:
         "_inner",
         "_labels",
         "_limiter",
+        "_modifiers",
         "_permits",
         "_policy",
         "_port",
@@ -160,6 +171,7 @@ class PolicyRouter:
         self._policy: ServerPolicy | None = None
         self._permits: Permits
         self._trivial = False
+        self._modifiers: tuple[tuple[HeaderModifier | None, ...], ...] | None = None
         self._limiter: RateLimiter | None = None
         self._allow: list[Counted | None] = []
         self._deny: list[Counted | None] = []
@@ -168,6 +180,8 @@ class PolicyRouter:
         self._policy = policy
         self._permits = self._client.permits(policy)
         routes = policy.routes
+        filtered = any(r.modifiers for r in routes)
+        self._modifiers = tuple(r.modifiers for r in routes) if filtered else None
         self._trivial = self._permits.match_free
         self._limiter = self._shared.limiter(self._port, policy)
         self._allow = [None] * len(routes)
@@ -180,9 +194,9 @@ class PolicyRouter:
         permits = self._permits
         decision: Allowed | Denied | NoRoute
         if self._trivial:
-            index, decision = 0, permits.routes[0]
+            index, rule, decision = 0, 0, permits.routes[0]
         else:
-            index, decision = authz.decide(permits, lambda: _view(request))
+            index, rule, decision = authz.decide(permits, lambda: _view(request))
         if type(decision) is Allowed:
             counter = self._allow[index]
             if counter is None:
@@ -197,6 +211,11 @@ class PolicyRouter:
                 if limited is not None:
                     self._rate_limited(policy, limited.scope)
                     return RouteError(429, limited.reason())
+            modifiers = self._modifiers
+            if modifiers is not None and modifiers[index]:
+                modifier = modifiers[index][rule]
+                if modifier is not None:
+                    return _modified(self._inner.route(request), modifier)
             return self._inner.route(request)
         if isinstance(decision, Denied):
             counter = self._deny[index]
@@ -231,6 +250,21 @@ class PolicyRouter:
         family = self._shared.metrics.inbound_http_local_ratelimit_total
         srv = _srv(self._labels.target_addr, policy)
         family.labels(*srv, *meta, scope, *_tls(self._labels)).inc()
+
+
+def _modified(
+    routed: RouteTarget | RouteError | Wait, modifier: HeaderModifier
+) -> RouteTarget | RouteError | Wait:
+    if isinstance(routed, RouteTarget):
+        return routed._replace(request_headers=modifier)
+    if isinstance(routed, Wait):
+        return Wait(_modified_later, (routed, modifier))
+    return routed
+
+
+async def _modified_later(args: tuple[Wait, HeaderModifier]) -> RouteTarget | RouteError:
+    routed: RouteTarget | RouteError = await settle(args[0])
+    return _modified(routed, args[1])  # type: ignore[return-value]
 
 
 def _view(request: RequestTarget) -> authz.Request:
