@@ -5,6 +5,8 @@ from __future__ import annotations
 import ipaddress
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from meshlet.api.pathregex import compile_path_regex
 from meshlet.proxy.core.authz import (
@@ -31,8 +33,10 @@ from meshlet.proxy.core.authz import (
     decide,
     default_policy,
     default_route,
+    find_in_table,
     find_route,
     find_rule,
+    path_table,
     request,
     suffix,
 )
@@ -179,7 +183,9 @@ def test_default_policies(name: str, client: Client, allowed: bool) -> None:
     policy = default_policy(name, CLUSTER)
     assert isinstance(client.connection(policy), Allowed) is allowed
     if policy.routes:
-        *_, decision = decide(client.permits(policy), lambda: request("x", "GET", "/", ()))
+        *_, decision = decide(
+            client.permits(policy), "GET", "/", lambda: request("x", "GET", "/", ())
+        )
         assert isinstance(decision, Allowed) is allowed
     else:
         assert policy.protocol is PortProtocol.OPAQUE  # deny: not even detected
@@ -299,17 +305,21 @@ def test_route_decisions_use_the_routes_authorizations_and_no_route_is_a_404() -
     web = Client(ip("10.0.0.5"), WEB, True).permits(policy)
     bot = Client(ip("10.0.0.6"), BOT, True).permits(policy)
     get = lambda p: lambda: request("web", "GET", p, ())  # noqa: E731
-    assert isinstance(decide(web, get("/admin"))[2], Denied)
-    assert decide(bot, get("/admin")) == (0, 0, Allowed(bot_only))
-    assert decide(web, get("/public"))[2] == Allowed(policy.routes[1].authorizations[0])
-    index, rule, decision = decide(web, get("/elsewhere"))
+    assert isinstance(decide(web, "GET", "/admin", get("/admin"))[2], Denied)
+    assert decide(bot, "GET", "/admin", get("/admin")) == (0, 0, Allowed(bot_only))
+    assert decide(web, "GET", "/public", get("/public"))[2] == Allowed(
+        policy.routes[1].authorizations[0]
+    )
+    index, rule, decision = decide(web, "GET", "/elsewhere", get("/elsewhere"))
     assert index == rule == -1 and isinstance(decision, NoRoute)
 
 
 def test_the_default_route_takes_everything_with_the_servers_authorizations() -> None:
     server = (authz(Authn.TLS_ANY),)
     policy = ServerPolicy(Meta.default("x"), PortProtocol.DETECT, server, (default_route(server),))
-    assert decide(Client(ip("10.0.0.1"), BOT, True).permits(policy), lambda: 1 / 0)[0] == 0  # type: ignore[arg-type,return-value]
+    assert (
+        decide(Client(ip("10.0.0.1"), BOT, True).permits(policy), "GET", "/", lambda: 1 / 0)[0] == 0
+    )  # type: ignore[arg-type,return-value]
 
 
 EVERYTHING = path(PathKind.PREFIX, "/")
@@ -350,8 +360,45 @@ def test_a_single_route_matching_everything_needs_no_match_and_decides_alike(
         matched = find_route(policy.routes, req)
         if free:  # the shortcut takes route 0 for every request, as matching would
             assert matched == 0
-            assert decide(permits, lambda: 1 / 0) == (0, 0, permits.routes[0])  # type: ignore[arg-type,return-value]
+            assert decide(permits, method, target, lambda: 1 / 0) == (0, 0, permits.routes[0])  # type: ignore[arg-type,return-value]
         else:
             expected = (-1, NoRoute) if matched is None else (0, Allowed)
-            index, _, decision = decide(permits, lambda req=req: req)  # type: ignore[misc]
+            index, _, decision = decide(permits, method, target, lambda req=req: req)  # type: ignore[misc]
             assert (index, type(decision)) == expected
+
+
+_SEGMENTS = st.sampled_from(["", "a", "api", "apis", "live", "x"])
+_PATHS = st.lists(_SEGMENTS, max_size=3).map(lambda parts: "/" + "/".join(parts))
+_METHODS = st.sampled_from([None, "GET", "POST"])
+_MATCHES = st.builds(
+    lambda kind, value, method: HttpMatch(
+        None if kind is None else PathMatch(kind, value), method=method
+    ),
+    st.sampled_from([None, PathKind.EXACT, PathKind.PREFIX]),
+    _PATHS,
+    _METHODS,
+)
+_RULES = st.lists(st.lists(_MATCHES, max_size=3).map(tuple), min_size=1, max_size=3)
+_ROUTES = st.lists(_RULES, min_size=1, max_size=4).map(
+    lambda routes: tuple(route(f"r{i}", *rules) for i, rules in enumerate(routes))
+)
+
+
+@given(_ROUTES, st.sampled_from(["GET", "POST", "PUT"]), _PATHS, st.sampled_from(["", "?q=1"]))
+def test_the_path_table_picks_the_route_and_rule_matching_picks(
+    routes: tuple[Route, ...], method: str, path_only: str, query: str
+) -> None:
+    table = path_table(routes)
+    assert table is not None
+    expected = find_rule(routes, request("web", method, path_only + query, ()))
+    assert find_in_table(table, method, path_only) == expected
+
+
+def test_routes_that_ask_for_more_than_a_path_and_a_method_have_no_table() -> None:
+    headers = HttpMatch(headers=(ValueMatch("x", exact=b"1"),))
+    regex = path(PathKind.REGEX, "/a.*")
+    host = route("h", (), hosts=(HostMatch(HostKind.EXACT, "web"),))
+    for routes in ((route("r", (headers,)),), (route("r", (regex,)),), (host,),
+                   (route("g", (GrpcMatch("svc"),)),)):  # fmt: skip
+        assert path_table(routes) is None
+    assert path_table((route("r", (path(PathKind.EXACT, "/live"),)),)) is not None

@@ -22,7 +22,9 @@ and policy, the first authorization allowing it for each route, so a request cos
 match and a tuple index. When the policy has one route and it matches every request (no host,
 and a rule with no match, or one that asks for nothing but the path prefix `/`: the default
 route the policy controller sends for a Server without routes), the request needs no match at
-all: `Permits.match_free`.
+all: `Permits.match_free`. When the routes ask only for paths and methods (the default and
+probe routes, most HTTPRoutes), they are matched from a flat table built once per policy
+(`path_table`), reading nothing of the request but its method and path.
 """
 
 from __future__ import annotations
@@ -161,14 +163,20 @@ class PathMatch:
             return len(path) if path == self.value else None
         if self.kind is PathKind.REGEX:
             return len(path) if self.regex.fullmatch(path) is not None else None
-        if self.value == "/":
-            return 1
-        prefix = self.value.rstrip("/")
-        rest = path.rstrip("/")
-        if not rest.startswith(prefix):
-            return None
-        tail = rest[len(prefix) :]
-        return len(prefix) if not tail or tail[0] == "/" else None
+        return prefix_length(self.value, path)
+
+
+def prefix_length(prefix: str, path: str) -> int | None:
+    """How much of `path` the path prefix `prefix` matches, by whole segments (`/api` matches
+    `/api` and `/api/x`, not `/apis`); None when it does not."""
+    if prefix == "/":
+        return 1
+    prefix = prefix.rstrip("/")
+    rest = path.rstrip("/")
+    if not rest.startswith(prefix):
+        return None
+    tail = rest[len(prefix) :]
+    return len(prefix) if not tail or tail[0] == "/" else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,6 +353,65 @@ def find_rule(routes: Sequence[Route], req: Request) -> tuple[int, int] | None:
     return found
 
 
+# A path table's entry: route, rule, how the path is matched, its value, the method (None: any).
+PathEntry = tuple[int, int, int, str, str | None]
+_ANY, _EXACT, _PREFIX = 0, 1, 2
+
+
+def path_table(routes: Sequence[Route]) -> tuple[PathEntry, ...] | None:
+    """The routes as a flat table when they ask only for a path (exact or prefix) and a method:
+    no host, header, query or regex match (the default and probe routes a controller sends, and
+    most HTTPRoutes). None when some route asks for more: `find_rule` then does the matching."""
+    table: list[PathEntry] = []
+    for index, route in enumerate(routes):
+        if route.hosts:
+            return None
+        for at, rule in enumerate(route.rules):
+            if not rule:
+                table.append((index, at, _ANY, "", None))
+            for m in rule:
+                if not isinstance(m, HttpMatch) or m.headers or m.query:
+                    return None
+                path = m.path
+                if path is None or path.matches_all:
+                    table.append((index, at, _ANY, "", m.method))
+                elif path.kind is PathKind.EXACT:
+                    table.append((index, at, _EXACT, path.value, m.method))
+                elif path.kind is PathKind.PREFIX:
+                    table.append((index, at, _PREFIX, path.value, m.method))
+                else:
+                    return None
+    return tuple(table)
+
+
+def find_in_table(
+    table: Sequence[PathEntry], method: str, path_only: str
+) -> tuple[int, int] | None:
+    """`find_rule` for a `path_table`, reading only the method and the path: the first entry of
+    the highest (path length, method given) wins, which is the route and rule `find_rule`
+    picks (no host, header or query counts to compare)."""
+    best = -1
+    found = None
+    for index, at, how, value, wanted in table:
+        if wanted is not None and wanted != method:
+            continue
+        if how == _ANY:
+            length = 1
+        elif how == _EXACT:
+            if path_only != value:
+                continue
+            length = len(path_only)
+        else:
+            matched = prefix_length(value, path_only)
+            if matched is None:
+                continue
+            length = matched
+        key = 2 * length + (wanted is not None)
+        if key > best:
+            best, found = key, (index, at)
+    return found
+
+
 # -- the policy of a port -------------------------------------------------------------------
 
 
@@ -370,6 +437,10 @@ class ServerPolicy:
     rate_limit: RateLimitSpec | None = None
     detect_timeout: float | None = None
     version: int = field(default=0, compare=False)  # set by whoever publishes it
+    table: tuple[PathEntry, ...] | None = field(default=None, init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "table", path_table(self.routes))
 
     @property
     def http_only(self) -> bool:
@@ -484,13 +555,18 @@ class NoRoute(NamedTuple):
 
 
 def decide(
-    permits: Permits, req: Callable[[], Request]
+    permits: Permits, method: str, path: str, view: Callable[[], Request]
 ) -> tuple[int, int, Allowed | Denied | NoRoute]:
-    """The route a request takes, its rule and its decision. `req` builds the matching view
-    only when a route needs more than the default route's nothing."""
+    """The route a request (`method`, `path` with its query) takes, its rule and its decision.
+    `view` builds the whole matching view, only when a route asks for more than a path and a
+    method."""
     if permits.match_free:  # the rule does not matter: no rule has a filter
         return 0, 0, permits.routes[0]
-    found = find_rule(permits.policy.routes, req())
+    policy = permits.policy
+    if policy.table is not None:
+        found = find_in_table(policy.table, method, path.partition("?")[0])
+    else:
+        found = find_rule(policy.routes, view())
     if found is None:
-        return -1, -1, NoRoute(f"no route of server {permits.policy.meta} matches the request")
+        return -1, -1, NoRoute(f"no route of server {policy.meta} matches the request")
     return found[0], found[1], permits.routes[found[0]]

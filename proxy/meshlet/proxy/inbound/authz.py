@@ -196,7 +196,9 @@ class PolicyRouter:
         if self._trivial:
             index, rule, decision = 0, 0, permits.routes[0]
         else:
-            index, rule, decision = authz.decide(permits, lambda: _view(request))
+            index, rule, decision = authz.decide(
+                permits, request.method, request.path, lambda: _view(request)
+            )
         if type(decision) is Allowed:
             counter = self._allow[index]
             if counter is None:
