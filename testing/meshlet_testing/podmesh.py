@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from meshlet.api import wellknown
-from meshlet.cli.demo import network, topology
+from meshlet.cli.demo import network, run, topology
 from meshlet.cli.demo.supervisor import Process, Record, Supervisor, command, stop_pids
 from meshlet.cli.demo.topology import Layout, Mode, Pod
 from meshlet.cli.stats import Series, parse
@@ -46,11 +46,7 @@ LOCK: Final = Path("/tmp/meshlet-podmesh.lock")
 NS: Final = topology.NAMESPACE  # the pods' Kubernetes namespace (the demo's proxy_env names it)
 READY_WITHIN: Final = 30.0
 TESTING: Final = Path(__file__).resolve().parent.parent  # what makes meshlet_testing importable
-CONTROL_PLANE: Final = (  # (process, admin port)
-    ("identity", wellknown.IDENTITY_ADMIN_PORT),
-    ("destination", wellknown.DESTINATION_ADMIN_PORT),
-    ("policy", wellknown.POLICY_ADMIN_PORT),
-)
+CONTROL_PLANE: Final = run.CONTROL_PLANE  # (process, admin port), as the local mesh runs them
 
 
 class MeshError(Exception):

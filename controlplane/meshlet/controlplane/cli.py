@@ -147,3 +147,18 @@ def watching_problems(
     if (tls_cert is None) != (tls_key is None):
         problems.append("--tls-cert and --tls-key go together")
     return problems
+
+
+def listen_options(port: int, admin_port: int, serves: str) -> Callable[[Any], Any]:
+    """`--addr` (`serves`: what listens there) and `--admin-addr` (/metrics, /ready, /live),
+    on every interface at their well-known ports by default."""
+    addr = option("--addr", type=Addr(), default=f":{port}", show_default=True,
+                  help=f"{serves} listen address.")  # fmt: skip
+    admin = option(
+        "--admin-addr",
+        type=Addr(),
+        default=f":{admin_port}",
+        show_default=True,
+        help="Admin (/metrics, /ready, /live) listen address.",
+    )
+    return lambda command: addr(admin(command))

@@ -16,8 +16,8 @@ from meshlet.api import wellknown
 from meshlet.api.hostport import HostPort
 from meshlet.controlplane.cli import (
     EX_CONFIG,
-    Addr,
     Duration,
+    listen_options,
     log_level_option,
     option,
     setup_logging,
@@ -32,20 +32,7 @@ def cli() -> None:
 
 
 @cli.command()
-@option(
-    "--addr",
-    type=Addr(),
-    default=f":{wellknown.IDENTITY_PORT}",
-    show_default=True,
-    help="gRPC (TLS) listen address.",
-)
-@option(
-    "--admin-addr",
-    type=Addr(),
-    default=f":{wellknown.IDENTITY_ADMIN_PORT}",
-    show_default=True,
-    help="Admin (/metrics, /ready, /live) listen address.",
-)
+@listen_options(wellknown.IDENTITY_PORT, wellknown.IDENTITY_ADMIN_PORT, "gRPC (TLS)")
 @option(
     "--trust-anchors",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -134,20 +121,7 @@ def identity(
 
 
 @cli.command()
-@option(
-    "--addr",
-    type=Addr(),
-    default=f":{wellknown.DESTINATION_PORT}",
-    show_default=True,
-    help="gRPC listen address.",
-)
-@option(
-    "--admin-addr",
-    type=Addr(),
-    default=f":{wellknown.DESTINATION_ADMIN_PORT}",
-    show_default=True,
-    help="Admin (/metrics, /ready, /live) listen address.",
-)
+@listen_options(wellknown.DESTINATION_PORT, wellknown.DESTINATION_ADMIN_PORT, "gRPC")
 @watching_options("Services, EndpointSlices, Pods and ServiceProfiles")
 @option("--cluster-domain", default=wellknown.CLUSTER_DOMAIN, show_default=True)
 @option(
@@ -211,20 +185,7 @@ def destination(
 
 
 @cli.command()
-@option(
-    "--addr",
-    type=Addr(),
-    default=f":{wellknown.INJECTOR_PORT}",
-    show_default=True,
-    help="HTTPS listen address of the webhook.",
-)
-@option(
-    "--admin-addr",
-    type=Addr(),
-    default=f":{wellknown.INJECTOR_ADMIN_PORT}",
-    show_default=True,
-    help="Admin (/metrics, /ready, /live) listen address.",
-)
+@listen_options(wellknown.INJECTOR_PORT, wellknown.INJECTOR_ADMIN_PORT, "The webhook's HTTPS")
 @option(
     "--tls-cert",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -316,20 +277,7 @@ def injector(
 
 
 @cli.command()
-@option(
-    "--addr",
-    type=Addr(),
-    default=f":{wellknown.POLICY_PORT}",
-    show_default=True,
-    help="gRPC listen address.",
-)
-@option(
-    "--admin-addr",
-    type=Addr(),
-    default=f":{wellknown.POLICY_ADMIN_PORT}",
-    show_default=True,
-    help="Admin (/metrics, /ready, /live) listen address.",
-)
+@listen_options(wellknown.POLICY_PORT, wellknown.POLICY_ADMIN_PORT, "gRPC")
 @watching_options("Namespaces, Pods and the policy resources")
 @option(
     "--cluster-networks",

@@ -17,7 +17,8 @@ invalid.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from google.protobuf import duration_pb2
 
@@ -76,16 +77,16 @@ def decode_server(msg: inbound_pb2.Server) -> ServerPolicy:
     if kind == "detect":
         if proto.detect.HasField("timeout"):
             timeout = _seconds(proto.detect.timeout)
-        routes = _http_routes(proto.detect.http_routes, server_authzs)
+        routes = _routes(proto.detect.http_routes, server_authzs, _http_match, "HTTP")
         rate_limit = _rate_limit(proto.detect.http_local_rate_limit) if proto.detect.HasField(
             "http_local_rate_limit") else None  # fmt: skip
     elif kind in ("http1", "http2"):
         spec = proto.http1 if kind == "http1" else proto.http2
-        routes = _http_routes(spec.routes, server_authzs)
+        routes = _routes(spec.routes, server_authzs, _http_match, "HTTP")
         rate_limit = _rate_limit(spec.local_rate_limit) if spec.HasField(
             "local_rate_limit") else None  # fmt: skip
     elif kind == "grpc":
-        routes = _grpc_routes(proto.grpc.routes, server_authzs)
+        routes = _routes(proto.grpc.routes, server_authzs, _grpc_match, "gRPC")
         grpc = True
     if rate_limit is not None and rate_limit.empty:
         rate_limit = None
@@ -250,36 +251,23 @@ def _route_authzs(
     return (*_authorizations(items), *server)
 
 
-def _http_routes(
-    items: Iterable[inbound_pb2.HttpRoute], server: tuple[Authorization, ...]
-) -> tuple[Route, ...]:
-    routes = []
-    for item in items:
-        if not item.HasField("metadata"):
-            raise DecodeError("HTTP route without metadata")
-        meta = _meta(item.metadata)
-        rules = tuple(tuple(_http_match(m) for m in rule.matches) for rule in item.rules)
-        modifiers = _modifiers(item.rules, meta)
-        routes.append(Route(meta, _hosts(item.hosts), rules,
-                            _route_authzs(item.authorizations, server), modifiers))  # fmt: skip
-    if len(routes) > MAX_ROUTES:
-        raise DecodeError(f"more than {MAX_ROUTES} routes")
-    return tuple(routes) or (default_route(server),)
-
-
 def _grpc_match(msg: grpc_route_pb2.GrpcRouteMatch) -> GrpcMatch:
     return GrpcMatch(msg.rpc.service, msg.rpc.method, _header_matches(msg.headers))
 
 
-def _grpc_routes(
-    items: Iterable[inbound_pb2.GrpcRoute], server: tuple[Authorization, ...]
+def _routes(
+    items: Iterable[inbound_pb2.HttpRoute] | Iterable[inbound_pb2.GrpcRoute],
+    server: tuple[Authorization, ...],
+    match: Callable[[Any], HttpMatch | GrpcMatch],
+    what: str,
 ) -> tuple[Route, ...]:
+    """HTTP or gRPC routes (`match` reads one rule match); the default route when none."""
     routes = []
     for item in items:
         if not item.HasField("metadata"):
-            raise DecodeError("gRPC route without metadata")
+            raise DecodeError(f"{what} route without metadata")
         meta = _meta(item.metadata)
-        rules = tuple(tuple(_grpc_match(m) for m in rule.matches) for rule in item.rules)
+        rules = tuple(tuple(match(m) for m in rule.matches) for rule in item.rules)
         modifiers = _modifiers(item.rules, meta)
         routes.append(Route(meta, _hosts(item.hosts), rules,
                             _route_authzs(item.authorizations, server), modifiers))  # fmt: skip
