@@ -18,8 +18,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# The suite; the tests marked slow (mostly waiting) run beside the others (scripts/test).
 test: $(STAMP)
-	$(BIN)/pytest
+	scripts/test
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
