@@ -1,4 +1,4 @@
-"""The inbound policy contract matches linkerd2-proxy-api's, field by field.
+"""The inbound policy and tap contracts match linkerd2-proxy-api's, field by field.
 
 The table lists, for every message `inbound.proto` uses (with those of `http_route.proto`,
 `grpc_route.proto`, `meta.proto`, `net.proto` and `http_types.proto` it reaches), each field's
@@ -17,6 +17,7 @@ from meshlet.api import (
     inbound_pb2,
     meta_pb2,
     net_pb2,
+    tap_pb2,
 )
 
 _PREFIX = "io.linkerd.proxy."
@@ -317,4 +318,115 @@ def test_server_bytes() -> None:
     )
     assert server.SerializeToString().hex() == (
         "0a0212001a260a090a070a050d0000000012020a0022150a13616c6c2d756e61757468656e74696361746564"
+    )
+
+
+# tap.proto's own messages (those of net.proto and http_types.proto it uses are above).
+LINKERD_TAP = {
+    "tap.Eos": (
+        "grpc_status_code 1 uint32",
+        "reset_error_code 2 uint32",
+    ),
+    "tap.ObserveRequest": (
+        "limit 1 uint32",
+        "match 2 tap.ObserveRequest.Match",
+        "extract 3 tap.ObserveRequest.Extract",
+    ),
+    "tap.ObserveRequest.Extract": ("http 1 tap.ObserveRequest.Extract.Http",),
+    "tap.ObserveRequest.Extract.Http": ("headers 1 tap.ObserveRequest.Extract.Http.Headers",),
+    "tap.ObserveRequest.Extract.Http.Headers": (),
+    "tap.ObserveRequest.Match": (
+        "all 1 tap.ObserveRequest.Match.Seq",
+        "any 2 tap.ObserveRequest.Match.Seq",
+        "not 3 tap.ObserveRequest.Match",
+        "source 4 tap.ObserveRequest.Match.Tcp",
+        "destination 5 tap.ObserveRequest.Match.Tcp",
+        "http 6 tap.ObserveRequest.Match.Http",
+        "destination_label 7 tap.ObserveRequest.Match.Label",
+        "route_label 8 tap.ObserveRequest.Match.Label",
+    ),
+    "tap.ObserveRequest.Match.Http": (
+        "scheme 1 http_types.Scheme",
+        "authority 2 tap.ObserveRequest.Match.Http.StringMatch",
+        "method 3 http_types.HttpMethod",
+        "path 4 tap.ObserveRequest.Match.Http.StringMatch",
+    ),
+    "tap.ObserveRequest.Match.Http.StringMatch": (
+        "exact 1 string",
+        "prefix 2 string",
+    ),
+    "tap.ObserveRequest.Match.Label": (
+        "key 1 string",
+        "value 2 string",
+    ),
+    "tap.ObserveRequest.Match.Seq": ("matches 1 repeated tap.ObserveRequest.Match",),
+    "tap.ObserveRequest.Match.Tcp": (
+        "netmask 1 tap.ObserveRequest.Match.Tcp.Netmask",
+        "ports 3 tap.ObserveRequest.Match.Tcp.PortRange",
+    ),
+    "tap.ObserveRequest.Match.Tcp.Netmask": (
+        "ip 1 net.IPAddress",
+        "mask 2 uint32",
+    ),
+    "tap.ObserveRequest.Match.Tcp.PortRange": (
+        "min 1 uint32",
+        "max 2 uint32",
+    ),
+    "tap.TapEvent": (
+        "source 1 net.TcpAddress",
+        "destination 2 net.TcpAddress",
+        "http 3 tap.TapEvent.Http",
+        "destination_meta 4 tap.TapEvent.EndpointMeta",
+        "source_meta 5 tap.TapEvent.EndpointMeta",
+        "proxy_direction 6 tap.TapEvent.ProxyDirection",
+        "route_meta 7 tap.TapEvent.RouteMeta",
+    ),
+    "tap.TapEvent.EndpointMeta": ("labels 1 repeated tap.TapEvent.EndpointMeta.LabelsEntry",),
+    "tap.TapEvent.Http": (
+        "request_init 1 tap.TapEvent.Http.RequestInit",
+        "response_init 2 tap.TapEvent.Http.ResponseInit",
+        "response_end 3 tap.TapEvent.Http.ResponseEnd",
+    ),
+    "tap.TapEvent.Http.RequestInit": (
+        "id 1 tap.TapEvent.Http.StreamId",
+        "method 2 http_types.HttpMethod",
+        "scheme 3 http_types.Scheme",
+        "authority 4 string",
+        "path 5 string",
+        "headers 6 http_types.Headers",
+    ),
+    "tap.TapEvent.Http.ResponseEnd": (
+        "id 1 tap.TapEvent.Http.StreamId",
+        "since_request_init 2 google.protobuf.Duration",
+        "since_response_init 3 google.protobuf.Duration",
+        "response_bytes 4 uint64",
+        "eos 5 tap.Eos",
+        "trailers 6 http_types.Headers",
+    ),
+    "tap.TapEvent.Http.ResponseInit": (
+        "id 1 tap.TapEvent.Http.StreamId",
+        "since_request_init 2 google.protobuf.Duration",
+        "http_status 3 uint32",
+        "headers 4 http_types.Headers",
+    ),
+    "tap.TapEvent.Http.StreamId": (
+        "base 1 uint32",
+        "stream 2 uint64",
+    ),
+    "tap.TapEvent.RouteMeta": ("labels 1 repeated tap.TapEvent.RouteMeta.LabelsEntry",),
+}
+
+
+def test_the_tap_contract_matches_linkerd() -> None:
+    ours: dict[str, tuple[str, ...]] = {}
+    for message in tap_pb2.DESCRIPTOR.message_types_by_name.values():
+        _messages(message, ours)
+    assert {name: fields for name, fields in ours.items() if name.startswith("tap.")} == (
+        LINKERD_TAP
+    )
+    service = tap_pb2.DESCRIPTOR.services_by_name["Tap"]
+    [observe] = service.methods
+    assert (f"/{service.full_name}/{observe.name}", observe.server_streaming) == (
+        "/io.linkerd.proxy.tap.Tap/Observe",
+        True,
     )
