@@ -17,6 +17,7 @@ from meshlet.cli.install import install
 from meshlet.cli.stat import stat
 from meshlet.cli.uninstall import uninstall
 from meshlet.cli.version import version
+from meshlet.cli.viz import viz
 
 EX_CONFIG = 64
 
@@ -38,6 +39,7 @@ cli.add_command(diagnostics)
 cli.add_command(uninstall)
 cli.add_command(version)
 cli.add_command(completion)
+cli.add_command(viz)
 
 
 def main(argv: list[str] | None = None) -> None:
