@@ -51,7 +51,10 @@ def stream(host: str, port: int, path: str, timeout: float = 10.0) -> Iterator[d
             try:
                 yield json.loads(line)
             except ValueError:
-                raise TapError(f"the tap controller sent a line that is not JSON: {line[:80]!r}") from None
+                shown = line[:80]
+                raise TapError(
+                    f"the tap controller sent a line that is not JSON: {shown!r}"
+                ) from None
     finally:
         connection.close()
 

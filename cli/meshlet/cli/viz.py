@@ -31,7 +31,7 @@ def viz() -> None:
 @click.option("--max-rps", type=click.FloatRange(min=0.1, max=100_000), default=100.0,
               show_default=True, help="Requests per second to show at most.")  # fmt: skip
 @click.option("-o", "--output", type=click.Choice(["", "wide", "json"]), default="",
-              help="wide adds source and destination resources; json: one object a line.")  # fmt: skip
+              help="wide: with source and destination; json: an object a line.")  # fmt: skip
 @click.option("--tap-addr", metavar="HOST:PORT",
               help="Ask this tap controller directly instead of a port-forward.")  # fmt: skip
 @click.option("--tap-pod", help="Which tap controller pod to port-forward to.")
