@@ -39,7 +39,7 @@ def canned(
                 "namespace": "emojivoto",
                 "pod": "vote-bot-1",
                 "deployment": "vote-bot",
-            }  # fmt: skip
+            }
         ),
         "destination_meta": tap_pb2.TapEvent.EndpointMeta(
             labels={"namespace": "emojivoto", "pod": pod, "deployment": "web"}
@@ -58,7 +58,7 @@ def canned(
                     path=path,
                 )
             ),
-        ),  # fmt: skip
+        ),
         tap_pb2.TapEvent(
             **common,
             http=Http(
@@ -68,7 +68,7 @@ def canned(
                     http_status=status,
                 )
             ),
-        ),  # fmt: skip
+        ),
         tap_pb2.TapEvent(
             **common,
             http=Http(
@@ -78,7 +78,7 @@ def canned(
                     response_bytes=42,
                 )
             ),
-        ),  # fmt: skip
+        ),
     ]
 
 
@@ -118,13 +118,16 @@ class FixtureTapServer:
 
     async def start(self, host: str, port: int = 0) -> int:
         self._server = grpc.aio.server()
-        handler = grpc.method_handlers_generic_handler(SERVICE, {
-            "Observe": grpc.unary_stream_rpc_method_handler(
-                self.Observe,
-                request_deserializer=tap_pb2.ObserveRequest.FromString,
-                response_serializer=tap_pb2.TapEvent.SerializeToString,
-            )
-        })  # fmt: skip
+        handler = grpc.method_handlers_generic_handler(
+            SERVICE,
+            {
+                "Observe": grpc.unary_stream_rpc_method_handler(
+                    self.Observe,
+                    request_deserializer=tap_pb2.ObserveRequest.FromString,
+                    response_serializer=tap_pb2.TapEvent.SerializeToString,
+                )
+            },
+        )
         self._server.add_generic_rpc_handlers((handler,))
         credentials = grpc.ssl_server_credentials(
             [(self.key.read_bytes(), self.cert.read_bytes())],

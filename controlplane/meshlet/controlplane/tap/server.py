@@ -59,7 +59,6 @@ class TapConfig:
     proxy_port: int = wellknown.PROXY_CONTROL_PORT
     control_ns: str = wellknown.CONTROL_PLANE_NAMESPACE
     trust_domain: str = wellknown.TRUST_DOMAIN
-    connect_timeout: float = 5.0
 
 
 class TapRequestError(ValueError):
@@ -294,17 +293,13 @@ class TapServer:
         async with grpc.aio.secure_channel(address, credentials, options=options) as channel:
             stub = tap_pb2_grpc.TapStub(channel)
             try:
-                await asyncio.wait_for(channel.channel_ready(), self.config.connect_timeout)
                 async for event in stub.Observe(observe):
                     await queue.put((proxy, event))
-            except (grpc.aio.AioRpcError, TimeoutError) as exc:
+            except grpc.aio.AioRpcError as exc:
                 self._proxy_errors.inc()
-                message = (
-                    f"{exc.code().name}: {exc.details()}"
-                    if isinstance(exc, grpc.aio.AioRpcError)
-                    else f"no TLS connection within {self.config.connect_timeout:g}s"
-                    f" (is {address} a proxy with identity {target.identity}?)"
-                )
+                message = f"{exc.code().name}: {exc.details()}"
+                if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                    message += f" (is {address} a proxy with identity {target.identity}?)"
                 await queue.put({"type": "error", "proxy": proxy, "message": message})
         await queue.put(None)  # this proxy's stream ended
 

@@ -1,0 +1,295 @@
+"""The tap controller as a process, against test fixture Tap servers (real gRPC over mutual
+TLS, canned events) standing for two pods' proxies, read with aiohttp's client and by
+`meshlet viz tap`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from meshlet.api import wellknown
+from meshlet.controlplane.k8s.manifests import ManifestsFolder
+from meshlet.controlplane.k8s.objects import pod
+from meshlet_testing.tapfixture import FixtureTapServer, canned
+
+WEB = wellknown.identity_name("web", "emojivoto")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Controller:
+    port: int
+    admin: int
+    proxy_port: int
+    proc: subprocess.Popen[str]
+
+    def url(self, **query: str) -> str:
+        return f"http://127.0.0.1:{self.port}/api/v1/tap?" + "&".join(
+            f"{k}={v}" for k, v in query.items()
+        )
+
+
+def start_controller(test_ca: Any, tmp: Path, name: str, *extra: str) -> Controller:
+    folder = ManifestsFolder(tmp / "manifests")
+    folder.root.mkdir(exist_ok=True)
+    owner = ("ReplicaSet", "web-5d8f7")
+    folder.put(
+        "pods",
+        pod("web-5d8f7-a", "127.0.0.1", owner=owner),
+        pod("web-5d8f7-b", "127.0.0.2", owner=owner),
+    )
+    cert, key = test_ca.serving_cert(name, tmp / "tap-tls")
+    port, admin, proxy_port = free_port(), free_port(), free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "meshlet.controlplane.main",
+            "tap",
+            "--addr",
+            f"127.0.0.1:{port}",
+            "--admin-addr",
+            f"127.0.0.1:{admin}",
+            "--manifests",
+            str(folder.root),
+            "--tls-cert",
+            str(cert),
+            "--tls-key",
+            str(key),
+            "--trust-anchors",
+            str(test_ca.anchors_path),
+            "--proxy-control-port",
+            str(proxy_port),
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ),
+    )
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", admin), timeout=1) as s:
+                s.sendall(b"GET /ready HTTP/1.0\r\n\r\n")
+                if b" 200 " in s.recv(100):
+                    return Controller(port, admin, proxy_port, proc)
+        except OSError:
+            pass
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.1)
+    proc.kill()
+    pytest.fail("the tap controller never became ready")
+
+
+@pytest.fixture
+def controller(test_ca: Any, tmp_path: Path) -> Iterator[Controller]:
+    ctl = start_controller(test_ca, tmp_path, wellknown.TAP_SERVICE_NAME, "--max-taps", "2")
+    yield ctl
+    ctl.proc.terminate()
+    _, err = ctl.proc.communicate(timeout=10)
+    assert ctl.proc.returncode == 0, err
+
+
+async def fixture_proxies(
+    test_ca: Any, tmp: Path, port: int, identity: str = WEB
+) -> list[FixtureTapServer]:
+    cert, key = test_ca.serving_cert(identity, tmp / "proxy-tls")
+    servers = [
+        FixtureTapServer(
+            canned(1, pod="web-5d8f7-a") + canned(2, path="/health", pod="web-5d8f7-a"),
+            cert,
+            key,
+            test_ca.anchors_path,
+        ),
+        FixtureTapServer(canned(3, pod="web-5d8f7-b"), cert, key, test_ca.anchors_path),
+    ]
+    for server, host in zip(servers, ("127.0.0.1", "127.0.0.2"), strict=True):
+        await server.start(host, port)
+    return servers
+
+
+@pytest.fixture
+async def proxies(
+    test_ca: Any, tmp_path: Path, controller: Controller
+) -> AsyncIterator[list[FixtureTapServer]]:
+    servers = await fixture_proxies(test_ca, tmp_path, controller.proxy_port)
+    yield servers
+    for server in servers:
+        await server.stop()
+
+
+async def read_lines(url: str, count: int) -> list[dict[str, Any]]:
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        assert response.status == 200, await response.text()
+        assert response.headers["Content-Type"] == "application/x-ndjson"
+        lines = []
+        while len(lines) < count:
+            line = await asyncio.wait_for(response.content.readline(), 5)
+            lines.append(json.loads(line))
+        return lines
+
+
+async def test_a_deployments_proxies_merge_into_one_stream_of_json_lines(
+    controller: Controller, proxies: list[FixtureTapServer]
+) -> None:
+    lines = await read_lines(controller.url(resource="deploy/web", namespace="emojivoto"), 9)
+    assert {line["proxy"] for line in lines} == {"emojivoto/web-5d8f7-a", "emojivoto/web-5d8f7-b"}
+    assert sorted(line["type"] for line in lines) == ["end"] * 3 + ["req"] * 3 + ["rsp"] * 3
+    req = next(line for line in lines if line["type"] == "req" and line["id"] == "7:3")
+    assert req | {"src_labels": None, "dst_labels": None} == {
+        "type": "req",
+        "proxy": "emojivoto/web-5d8f7-b",
+        "id": "7:3",
+        "direction": "inbound",
+        "src": "10.1.0.9:41003",
+        "dst": "10.1.0.5:8080",
+        "tls": "true",
+        "method": "GET",
+        "authority": "web.emojivoto.svc.cluster.local",
+        "path": "/api/list",
+        "src_labels": None,
+        "dst_labels": None,
+    }
+    end = next(line for line in lines if line["type"] == "end" and line["id"] == "7:1")
+    assert (end["duration"], end["bytes"]) == (0.002, 42)
+
+
+async def test_filters_reach_the_proxies_and_are_checked_again(
+    controller: Controller, proxies: list[FixtureTapServer]
+) -> None:
+    url = controller.url(
+        resource="pod/web-5d8f7-a", namespace="emojivoto", path="/health", method="GET"
+    )
+    lines = await read_lines(url, 3)
+    assert [(line["type"], line["id"]) for line in lines] == [
+        ("req", "7:2"),
+        ("rsp", "7:2"),
+        ("end", "7:2"),
+    ]
+    asked = proxies[0].asked[-1].match.all.matches
+    assert asked[0].http.method.registered == 0
+    assert asked[1].http.path.prefix == "/health"
+    assert proxies[1].asked == []  # pod/web-5d8f7-a only
+
+
+async def test_max_rps_passes_whole_requests_and_counts_the_rest(
+    controller: Controller, proxies: list[FixtureTapServer]
+) -> None:
+    url = controller.url(resource="pod/web-5d8f7-a", namespace="emojivoto", max_rps="1")
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        lines = [
+            json.loads(await asyncio.wait_for(response.content.readline(), 5)) for _ in range(3)
+        ]
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(response.content.readline(), 0.5)
+    assert [(line["type"], line["id"]) for line in lines] == [
+        ("req", "7:1"),
+        ("rsp", "7:1"),
+        ("end", "7:1"),
+    ]
+    metrics = await admin_metrics(controller)
+    assert 'tap_events_total{result="dropped"} 3.0' in metrics  # 7:2's req, rsp and end
+
+
+async def admin_metrics(controller: Controller) -> str:
+    url = f"http://127.0.0.1:{controller.admin}/metrics"
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        return await response.text()
+
+
+async def test_concurrent_taps_past_the_maximum_are_refused_and_a_closed_tap_frees_its_slot(
+    controller: Controller, proxies: list[FixtureTapServer]
+) -> None:
+    url = controller.url(resource="deploy/web", namespace="emojivoto")
+    async with aiohttp.ClientSession() as session:
+        first, second = await session.get(url), await session.get(url)
+        assert (first.status, second.status) == (200, 200)
+        async with session.get(url) as third:
+            assert third.status == 429
+            assert (await third.json())["message"] == (
+                "the tap controller runs its maximum of 2 concurrent taps"
+            )
+        first.close()
+        for _ in range(50):
+            async with session.get(url) as again:
+                if again.status == 200:
+                    break
+            await asyncio.sleep(0.1)
+        else:
+            pytest.fail("a closed tap never freed its slot")
+        second.close()
+
+
+@pytest.mark.parametrize(
+    ("query", "status", "message"),
+    [
+        ({"resource": "svc/web"}, 400, "'svc' is not one of deploy, pod, ns"),
+        ({"resource": "deploy/web", "max_rps": "0"}, 400, "max_rps '0' must be a number"),
+        ({"resource": "deploy/web", "path": "api"}, 400, "path 'api' must start with /"),
+        (
+            {"resource": "deploy/nothing", "namespace": "emojivoto"},
+            404,
+            "no running meshed pods of deployment/nothing in emojivoto",
+        ),
+    ],
+)
+async def test_bad_taps_get_one_line_of_why(
+    controller: Controller, query: dict[str, str], status: int, message: str
+) -> None:
+    async with aiohttp.ClientSession() as session, session.get(controller.url(**query)) as r:
+        assert r.status == status
+        assert message in (await r.json())["message"]
+
+
+async def test_a_proxy_refuses_a_tap_from_an_identity_that_is_not_the_tap_controllers(
+    test_ca: Any, tmp_path: Path
+) -> None:
+    ctl = start_controller(test_ca, tmp_path, wellknown.identity_name("web", "emojivoto"))
+    servers = await fixture_proxies(test_ca, tmp_path, ctl.proxy_port)
+    try:
+        lines = await read_lines(ctl.url(resource="deploy/web", namespace="emojivoto"), 2)
+        assert {line["type"] for line in lines} == {"error"}
+        assert all(line["message"].startswith("PERMISSION_DENIED") for line in lines)
+        assert servers[0].refused[0].split(",")[0] == WEB
+        assert servers[0].asked == []
+    finally:
+        for server in servers:
+            await server.stop()
+        ctl.proc.terminate()
+        ctl.proc.communicate(timeout=10)
+
+
+async def test_a_proxy_with_another_pods_identity_is_not_read(
+    test_ca: Any, tmp_path: Path, controller: Controller
+) -> None:
+    impostors = await fixture_proxies(
+        test_ca, tmp_path, controller.proxy_port, wellknown.identity_name("db", "emojivoto")
+    )
+    try:
+        lines = await read_lines(controller.url(resource="deploy/web", namespace="emojivoto"), 2)
+        assert {line["type"] for line in lines} == {"error"}
+        assert all(
+            line["message"].startswith("UNAVAILABLE") and WEB in line["message"] for line in lines
+        ), lines
+        assert impostors[0].asked == []
+    finally:
+        for server in impostors:
+            await server.stop()
