@@ -7,6 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +20,11 @@ import grpc
 from google.protobuf.duration_pb2 import Duration
 
 from meshlet.api import http_types_pb2, net_pb2, tap_pb2, wellknown
+from meshlet.controlplane.k8s.manifests import ManifestsFolder
+from meshlet.controlplane.k8s.objects import pod
 
 SERVICE = "io.linkerd.proxy.tap.Tap"
+WEB = wellknown.identity_name("web", "emojivoto")  # the fixture pods' identity
 
 
 def tcp(address: str, port: int) -> net_pb2.TcpAddress:
@@ -141,3 +150,93 @@ class FixtureTapServer:
     async def stop(self) -> None:
         if self._server is not None:
             await self._server.stop(0)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Controller:
+    port: int
+    admin: int
+    proxy_port: int
+    proc: subprocess.Popen[str]
+
+    def url(self, **query: str) -> str:
+        return f"http://127.0.0.1:{self.port}/api/v1/tap?" + "&".join(
+            f"{k}={v}" for k, v in query.items()
+        )
+
+
+def start_controller(test_ca: Any, tmp: Path, name: str, *extra: str) -> Controller:
+    folder = ManifestsFolder(tmp / "manifests")
+    folder.root.mkdir(exist_ok=True)
+    owner = ("ReplicaSet", "web-5d8f7")
+    folder.put(
+        "pods",
+        pod("web-5d8f7-a", "127.0.0.1", owner=owner),
+        pod("web-5d8f7-b", "127.0.0.2", owner=owner),
+    )
+    cert, key = test_ca.serving_cert(name, tmp / "tap-tls")
+    port, admin, proxy_port = free_port(), free_port(), free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "meshlet.controlplane.main",
+            "tap",
+            "--addr",
+            f"127.0.0.1:{port}",
+            "--admin-addr",
+            f"127.0.0.1:{admin}",
+            "--manifests",
+            str(folder.root),
+            "--tls-cert",
+            str(cert),
+            "--tls-key",
+            str(key),
+            "--trust-anchors",
+            str(test_ca.anchors_path),
+            "--proxy-control-port",
+            str(proxy_port),
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ),
+    )
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", admin), timeout=1) as s:
+                s.sendall(b"GET /ready HTTP/1.0\r\n\r\n")
+                if b" 200 " in s.recv(100):
+                    return Controller(port, admin, proxy_port, proc)
+        except OSError:
+            pass
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.1)
+    proc.kill()
+    raise AssertionError("the tap controller never became ready")
+
+
+async def fixture_proxies(
+    test_ca: Any, tmp: Path, port: int, identity: str = WEB
+) -> list[FixtureTapServer]:
+    cert, key = test_ca.serving_cert(identity, tmp / "proxy-tls")
+    servers = [
+        FixtureTapServer(
+            canned(1, pod="web-5d8f7-a") + canned(2, path="/health", pod="web-5d8f7-a"),
+            cert,
+            key,
+            test_ca.anchors_path,
+        ),
+        FixtureTapServer(canned(3, pod="web-5d8f7-b"), cert, key, test_ca.anchors_path),
+    ]
+    for server, host in zip(servers, ("127.0.0.1", "127.0.0.2"), strict=True):
+        await server.start(host, port)
+    return servers
