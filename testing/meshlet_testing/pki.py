@@ -1,6 +1,7 @@
 """Fixed certificates for golden files: a trust anchor and issuer valid from 2025 for 100
 years, the proxy injector's webhook certificates and the tap controller's. Test material only:
-never use it in a cluster. Regenerate with `python -m meshlet_testing.pki` (golden files then change)."""
+never use it in a cluster. Regenerate with `python -m meshlet_testing.pki` (golden files then
+change)."""
 
 from __future__ import annotations
 
