@@ -34,9 +34,15 @@ def tcp(address: str, port: int) -> net_pb2.TcpAddress:
 
 
 def canned(
-    stream: int, path: str = "/api/list", method: int = 0, pod: str = "web-1", status: int = 200
+    stream: int,
+    path: str = "/api/list",
+    method: int = 0,
+    pod: str = "web-1",
+    status: int = 200,
+    to: str = "",
 ) -> list[tap_pb2.TapEvent]:
-    """req, rsp and end of one inbound request `stream` to `pod` from the `vote-bot` pod."""
+    """req, rsp and end of one inbound request `stream` to `pod` from the `vote-bot` pod, or,
+    with `to`, of an outbound request from `pod` to deployment `to`'s pod `<to>-1`."""
     Http = tap_pb2.TapEvent.Http
     sid = Http.StreamId(base=7, stream=stream)
     common: dict[str, Any] = {
@@ -55,6 +61,11 @@ def canned(
         ),
         "proxy_direction": tap_pb2.TapEvent.INBOUND,
     }
+    if to:
+        common["destination_meta"] = tap_pb2.TapEvent.EndpointMeta(
+            labels={"namespace": "emojivoto", "pod": f"{to}-1", "deployment": to, "tls": "true"}
+        )
+        common["proxy_direction"] = tap_pb2.TapEvent.OUTBOUND
     method_pb = http_types_pb2.HttpMethod(registered=method)  # type: ignore[arg-type]
     return [
         tap_pb2.TapEvent(
@@ -92,8 +103,8 @@ def canned(
 
 
 class FixtureTapServer:
-    """Serves `events` on each Observe, then keeps the stream open until `hold` ends (None:
-    for good); records each request it was asked."""
+    """Serves `events` on each Observe, then keeps the stream open while `hold` (else ends it,
+    as a proxy does after `limit` requests); records each request it was asked."""
 
     def __init__(
         self,
@@ -108,6 +119,7 @@ class FixtureTapServer:
         self.asked: list[tap_pb2.ObserveRequest] = []
         self.refused: list[str] = []
         self.open = 0
+        self.hold = True
         self._server: grpc.aio.Server | None = None
 
     async def Observe(self, request: tap_pb2.ObserveRequest, context: Any) -> Any:
@@ -121,7 +133,8 @@ class FixtureTapServer:
         try:
             for event in self.events:
                 yield event
-            await asyncio.Event().wait()
+            if self.hold:
+                await asyncio.Event().wait()
         finally:
             self.open -= 1
 
@@ -225,8 +238,14 @@ def start_controller(test_ca: Any, tmp: Path, name: str, *extra: str) -> Control
 
 
 async def fixture_proxies(
-    test_ca: Any, tmp: Path, port: int, identity: str = WEB
+    test_ca: Any,
+    tmp: Path,
+    port: int,
+    identity: str = WEB,
+    second: list[tap_pb2.TapEvent] | None = None,
 ) -> list[FixtureTapServer]:
+    """Fixture Tap servers for pods web-5d8f7-a (127.0.0.1) and web-5d8f7-b (127.0.0.2, its
+    events `second` if given)."""
     cert, key = test_ca.serving_cert(identity, tmp / "proxy-tls")
     servers = [
         FixtureTapServer(
@@ -235,7 +254,12 @@ async def fixture_proxies(
             key,
             test_ca.anchors_path,
         ),
-        FixtureTapServer(canned(3, pod="web-5d8f7-b"), cert, key, test_ca.anchors_path),
+        FixtureTapServer(
+            canned(3, pod="web-5d8f7-b") if second is None else second,
+            cert,
+            key,
+            test_ca.anchors_path,
+        ),
     ]
     for server, host in zip(servers, ("127.0.0.1", "127.0.0.2"), strict=True):
         await server.start(host, port)

@@ -23,7 +23,7 @@ def viz() -> None:
 @viz.command("tap")
 @click.argument("resource", metavar="RESOURCE")
 @click.option("-n", "--namespace", help="RESOURCE's namespace. Default: the context's.")
-@click.option("--to", "to", metavar="RES", help="Only requests to (or from, inbound) RES.")
+@click.option("--to", "to", metavar="RES", help="Only outbound requests to RES.")
 @click.option("--to-namespace", help="RES's namespace. Default: RESOURCE's.")
 @click.option("--method", help="Only requests with this HTTP method.")
 @click.option("--path", help="Only requests whose path starts with this.")

@@ -18,6 +18,7 @@ from meshlet_testing.tapfixture import (
     WEB,
     Controller,
     FixtureTapServer,
+    canned,
     fixture_proxies,
     start_controller,
 )
@@ -199,3 +200,32 @@ async def test_a_proxy_with_another_pods_identity_is_not_read(
     finally:
         for server in impostors:
             await server.stop()
+
+
+async def test_to_keeps_the_outbound_requests_to_that_resource(
+    test_ca: Any, tmp_path: Path, controller: Controller
+) -> None:
+    second = canned(3, pod="web-5d8f7-b") + canned(4, pod="web-5d8f7-b", to="voting")
+    second += canned(5, pod="web-5d8f7-b", to="emoji")
+    servers = await fixture_proxies(test_ca, tmp_path, controller.proxy_port, second=second)
+    try:
+        url = controller.url(resource="deploy/web", namespace="emojivoto", to="deploy/voting")
+        lines = await read_lines(url, 3)
+        assert [(line["type"], line["id"], line["direction"]) for line in lines] == [
+            ("req", "7:4", "outbound"),
+            ("rsp", "7:4", "outbound"),
+            ("end", "7:4", "outbound"),
+        ]
+        assert lines[0]["dst_labels"]["deployment"] == "voting"
+    finally:
+        for server in servers:
+            await server.stop()
+
+
+async def test_a_proxys_stream_that_ends_is_opened_again(
+    controller: Controller, proxies: list[FixtureTapServer]
+) -> None:
+    proxies[1].hold = False
+    lines = await read_lines(controller.url(resource="pod/web-5d8f7-b", namespace="emojivoto"), 6)
+    assert [line["id"] for line in lines] == ["7:3"] * 6
+    assert len(proxies[1].asked) == 2

@@ -41,7 +41,10 @@ log = logging.getLogger(__name__)
 
 PATH: Final = "/api/v1/tap"
 QUEUE: Final = 256  # events between the proxies' streams and the reader
-OBSERVE_LIMIT: Final = 2**32 - 1  # the rate is the controller's; proxies are not asked to stop
+# Requests one Observe asks for (the proxy's cap, Linkerd's too): when a proxy's stream ends
+# after them, it is opened again, so a tap runs until its reader leaves.
+OBSERVE_LIMIT: Final = 10_000
+REOPEN_AFTER: Final = 1.0  # seconds before asking again a proxy whose stream ended empty
 TAP_KINDS: Final = (Kind.POD,)
 
 Item = dict[str, Any] | tuple[str, tap_pb2.TapEvent] | None  # None: a proxy's stream ended
@@ -254,11 +257,8 @@ class TapServer:
         proxy, event = item
         kind, _, key = events.stream_key(proxy, event)
         if kind == "req":
-            peer = event.destination_meta.labels
-            if event.proxy_direction == tap_pb2.TapEvent.INBOUND:
-                peer = event.source_meta.labels
             if not events.admits(ask.filters, event) or (
-                ask.to is not None and not targets.matches(ask.to, ask.to_namespace, dict(peer))
+                ask.to is not None and not _to(ask.to, ask.to_namespace, event)
             ):
                 self._events.labels("filtered").inc()
                 return None
@@ -293,8 +293,12 @@ class TapServer:
         async with grpc.aio.secure_channel(address, credentials, options=options) as channel:
             stub = tap_pb2_grpc.TapStub(channel)
             try:
-                async for event in stub.Observe(observe):
-                    await queue.put((proxy, event))
+                while True:
+                    received = 0
+                    async for event in stub.Observe(observe):
+                        received += 1
+                        await queue.put((proxy, event))
+                    await asyncio.sleep(0 if received else REOPEN_AFTER)
             except grpc.aio.AioRpcError as exc:
                 self._proxy_errors.inc()
                 message = f"{exc.code().name}: {exc.details()}"
@@ -302,6 +306,13 @@ class TapServer:
                     message += f" (is {address} a proxy with identity {target.identity}?)"
                 await queue.put({"type": "error", "proxy": proxy, "message": message})
         await queue.put(None)  # this proxy's stream ended
+
+
+def _to(to: targets.Resource, namespace: str, event: tap_pb2.TapEvent) -> bool:
+    """`--to`: an outbound request whose destination the proxy labels as `to`."""
+    if event.proxy_direction != tap_pb2.TapEvent.OUTBOUND:
+        return False
+    return targets.matches(to, namespace, dict(event.destination_meta.labels))
 
 
 def _key(obj: dict[str, Any]) -> tuple[str, str]:

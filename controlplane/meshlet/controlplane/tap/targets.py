@@ -107,7 +107,7 @@ def select(
 
 
 def matches(resource: Resource, namespace: str, labels: dict[str, str]) -> bool:
-    """Whether an event's peer, described by the proxy's endpoint labels (`namespace`, `pod`,
+    """Whether a destination, described by the proxy's endpoint labels (`namespace`, `pod`,
     `deployment`), is `resource` in `namespace`: what `--to` filters on."""
     if resource.kind == "namespace":
         return labels.get("namespace") == resource.name
