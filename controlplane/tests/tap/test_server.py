@@ -229,3 +229,41 @@ async def test_a_proxys_stream_that_ends_is_opened_again(
     lines = await read_lines(controller.url(resource="pod/web-5d8f7-b", namespace="emojivoto"), 6)
     assert [line["id"] for line in lines] == ["7:3"] * 6
     assert len(proxies[1].asked) == 2
+
+
+async def test_pods_from_the_kubernetes_api(test_ca: Any, tmp_path: Path) -> None:
+    from kubernetes import client as k8s_client
+
+    from meshlet.api.hostport import HostPort
+    from meshlet.controlplane.k8s.informer import KubernetesSource
+    from meshlet.controlplane.k8s.objects import pod
+    from meshlet.controlplane.tap.server import TAP_KINDS, TapConfig, TapServer
+    from meshlet_testing.fakeapi import RESOURCES, FakeKubeAPI
+    from meshlet_testing.tapfixture import free_port
+
+    cert, key = test_ca.serving_cert(wellknown.TAP_SERVICE_NAME, tmp_path / "tap")
+    proxy_port = free_port()
+    servers = await fixture_proxies(test_ca, tmp_path, proxy_port)
+    with FakeKubeAPI(resources=RESOURCES) as api:
+        api.apply(pod("web-5d8f7-b", "127.0.0.2", owner=("ReplicaSet", "web-5d8f7")))
+        source = KubernetesSource(
+            k8s_client.ApiClient(api.client_configuration()), kinds=TAP_KINDS, watch_timeout=5
+        )
+        config = TapConfig(
+            addr=HostPort("127.0.0.1", 0), admin_addr=HostPort("127.0.0.1", 0), source=source,
+            tls=(cert, key), trust_anchors=test_ca.anchors_path, proxy_port=proxy_port,
+        )  # fmt: skip
+        srv = TapServer(config)
+        await srv.start()
+        try:
+            for _ in range(100):
+                if srv.ready():
+                    break
+                await asyncio.sleep(0.05)
+            url = f"http://127.0.0.1:{srv.port}/api/v1/tap?resource=deploy/web&namespace=emojivoto"
+            lines = await read_lines(url, 3)
+            assert {line["proxy"] for line in lines} == {"emojivoto/web-5d8f7-b"}
+        finally:
+            await srv.stop()
+            for server in servers:
+                await server.stop()

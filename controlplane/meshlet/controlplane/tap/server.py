@@ -169,12 +169,17 @@ class TapServer:
         self._supervising = asyncio.create_task(self.supervisor.run())
         app = web.Application()
         app.router.add_get(PATH, self.tap)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
-                                      handler_cancellation=True)  # fmt: skip
+        self._runner = web.AppRunner(
+            app,
+            access_log=None,
+            handle_signals=False,
+            handler_cancellation=True,  # a reader that leaves ends its tap and frees its slot
+            shutdown_timeout=1.0,
+        )
         await self._runner.setup()
         sock = bind(cfg.addr, "tap API")
         self.port = sock.getsockname()[1]
-        await web.SockSite(self._runner, sock, shutdown_timeout=1.0).start()
+        await web.SockSite(self._runner, sock).start()
         self.admin_port = await start_admin(self._admin, cfg.admin_addr)
         log.info("tap serving on :%d (admin :%d)", self.port, self.admin_port)
 
