@@ -105,3 +105,35 @@ def test_render_says_how_a_grpc_stream_ended_and_what_was_dropped() -> None:
     assert render({"type": "error", "proxy": "ns/p", "message": "UNAVAILABLE: x"}) == (
         "error proxy=ns/p UNAVAILABLE: x"
     )
+
+
+TAP_POD, TAP_IP = "meshlet-tap-6b7c8d9f5-q1w2e", "10.42.0.88"
+
+
+def tap_pod(api: Any, controller: Controller) -> None:
+    api.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "meshlet"}})
+    api.apply({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": TAP_POD, "namespace": "meshlet",
+                     "labels": {wellknown.CONTROL_PLANE_COMPONENT_LABEL: "tap"}},
+        "spec": {"containers": [{"name": "tap", "image": "meshlet/controller"}]},
+        "status": {"phase": "Running", "podIP": TAP_IP,
+                   "conditions": [{"type": "Ready", "status": "True"}]},
+    })  # fmt: skip
+    api.expose(TAP_IP, wellknown.TAP_PORT, ("127.0.0.1", controller.port))
+
+
+def test_through_a_port_forward_to_the_tap_pod(emojivoto: Any, controller: Controller) -> None:
+    tap_pod(emojivoto.api, controller)
+    refused = emojivoto.run("viz", "tap", "deploy/nothing", "-n", "emojivoto")
+    assert refused.code == 1
+    assert refused.err == (
+        "Error: the tap controller refused the tap (404): no running meshed pods of"
+        f" deployment/nothing in emojivoto [meshlet/{TAP_POD}:8088 (port-forward)]\n"
+    )
+    # No proxy listens for pod web-5d8f7-a: its stream fails, the tap ends with it.
+    run = emojivoto.run("viz", "tap", "pod/web-5d8f7-a", "-n", "emojivoto")
+    assert run.code == 0, run.err
+    assert run.out.startswith("error proxy=emojivoto/web-5d8f7-a UNAVAILABLE: ")
+    forwarded = [p for _, p in emojivoto.api.requests if "/portforward" in p]
+    assert forwarded[-1] == f"/api/v1/namespaces/meshlet/pods/{TAP_POD}/portforward?ports=8088"

@@ -30,7 +30,7 @@ def viz() -> None:
 @click.option("--authority", help="Only requests to this authority.")
 @click.option("--max-rps", type=click.FloatRange(min=0.1, max=100_000), default=100.0,
               show_default=True, help="Requests per second to show at most.")  # fmt: skip
-@click.option("-o", "--output", type=click.Choice(["", "wide", "json"]), default="",
+@click.option("-o", "--output", type=click.Choice(["wide", "json"]), default=None,
               help="wide: with source and destination; json: an object a line.")  # fmt: skip
 @click.option("--tap-addr", metavar="HOST:PORT",
               help="Ask this tap controller directly instead of a port-forward.")  # fmt: skip
@@ -47,7 +47,7 @@ def tap(
     path: str | None,
     authority: str | None,
     max_rps: float,
-    output: str,
+    output: str | None,
     tap_addr: str | None,
     tap_pod: str | None,
     control_plane_namespace: str,
