@@ -267,3 +267,26 @@ async def test_pods_from_the_kubernetes_api(test_ca: Any, tmp_path: Path) -> Non
             await srv.stop()
             for server in servers:
                 await server.stop()
+
+
+def test_a_bad_configuration_names_every_problem_and_exits_64(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    bad = tmp_path / "bad.pem"
+    bad.write_text("not a certificate")
+    proc = subprocess.run(
+        [sys.executable, "-m", "meshlet.controlplane.main", "tap", "--manifests", str(tmp_path),
+         "--tls-cert", str(bad), "--tls-key", str(bad), "--max-taps", "0"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert proc.returncode == 64
+    assert "--max-taps" in proc.stderr and "Traceback" not in proc.stderr
+    proc = subprocess.run(
+        [sys.executable, "-m", "meshlet.controlplane.main", "tap", "--manifests", str(tmp_path),
+         "--tls-cert", str(bad), "--tls-key", str(bad)],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert proc.returncode == 64
+    assert "--trust-anchors is required" in proc.stderr
+    assert "--tls-cert/--tls-key: not a usable certificate and key" in proc.stderr
