@@ -190,10 +190,13 @@ def stat_queries(q: StatQuery, window_text: str) -> dict[str, str]:
     w, by = window_text, q.by
     queries = {
         "requests": f"sum(increase(response_total{sel}[{w}])) by ({by}, classification, tls)",
-        "tcp_connections": f"sum(tcp_open_connections{tcp}) by ({by})",
-        "tcp_read_bytes": f"sum(increase(tcp_read_bytes_total{tcp}[{w}])) by ({by})",
-        "tcp_write_bytes": f"sum(increase(tcp_write_bytes_total{tcp}[{w}])) by ({by})",
     }
+    if q.key != "authority":  # connections carry no authority: Linkerd shows none for one
+        queries.update({
+            "tcp_connections": f"sum(tcp_open_connections{tcp}) by ({by})",
+            "tcp_read_bytes": f"sum(increase(tcp_read_bytes_total{tcp}[{w}])) by ({by})",
+            "tcp_write_bytes": f"sum(increase(tcp_write_bytes_total{tcp}[{w}])) by ({by})",
+        })  # fmt: skip
     for quantile in QUANTILES:
         queries[f"latency_p{quantile * 100:g}"] = (
             f"histogram_quantile({quantile}, "

@@ -73,6 +73,21 @@ def command(prometheus: str, config_file: Path, storage: Path, listen: str) -> l
     ]
 
 
+def listen_address(host: str = "127.0.0.1") -> str:
+    """`host:9090` when that port is free, else a free port of the system's choosing."""
+    import socket
+
+    for port in (PORT, 0):
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Prometheus binds
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return f"{host}:{s.getsockname()[1]}"
+    raise OSError(f"no free port on {host}")
+
+
 def wait_ready(url: str, within: float = READY_WITHIN) -> None:
     """Until `url`/-/ready answers 200; TimeoutError after `within` seconds."""
     deadline = time.monotonic() + within
