@@ -17,6 +17,7 @@ from meshlet.cli.install import install
 from meshlet.cli.stat import stat
 from meshlet.cli.uninstall import uninstall
 from meshlet.cli.version import version
+from meshlet.cli.viz import viz
 
 EX_CONFIG = 64
 
@@ -33,6 +34,7 @@ cli.add_command(install)
 cli.add_command(inject)
 cli.add_command(check)
 cli.add_command(stat)
+cli.add_command(viz)
 cli.add_command(authz)
 cli.add_command(diagnostics)
 cli.add_command(uninstall)
