@@ -1,107 +1,282 @@
-"""`meshlet viz`: what the mesh sees of live traffic (tap)."""
+"""`meshlet viz`: the mesh's traffic as Linkerd's viz extension shows it (stat, edges, routes,
+top), from a Prometheus that scrapes the proxies (`--prometheus-url`, else the one a kept local
+mesh runs), or, for `stat` in a local mesh without one, from the proxies themselves."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
-from pathlib import Path
+import time
+from collections.abc import Sequence
+from typing import Final
 
 import click
 
-from meshlet.api import wellknown as wk
-from meshlet.api.hostport import HostPort
+from meshlet.cli import tables, vizmetrics
+from meshlet.cli.vizmetrics import MetricsError, Prometheus, StatRow, Target
 
-KUBECONFIG_HELP = "Default: $KUBECONFIG or ~/.kube/config."
+EX_UNAVAILABLE: Final = 1
+_OUTPUT = click.Choice(["table", "json"])
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.2f}%"
+
+
+def _ms(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.0f}ms" if value >= 10 else f"{value:.1f}ms"
+
+
+def _num(value: float | None, unit: str = "") -> str:
+    return "-" if value is None else f"{value:.1f}{unit}"
+
+
+def _latencies(latency: dict[str, float | None]) -> list[str]:
+    return [_ms(latency.get(f"p{q * 100:g}")) for q in vizmetrics.QUANTILES]
+
+
+def stat_table(rows: Sequence[StatRow]) -> str:
+    header = ["NAMESPACE", "NAME", "SUCCESS", "RPS", "LATENCY_P50", "LATENCY_P95",
+              "LATENCY_P99", "TCP_CONN", "MTLS"]  # fmt: skip
+    lines = [
+        [r.namespace or "-", r.name or "-", _pct(r.success), _num(r.rps, "rps"),
+         *_latencies(r.latency), f"{r.tcp_connections:.0f}", _pct(r.mtls)]
+        for r in rows
+    ]  # fmt: skip
+    return tables.render(header, lines, left={"NAMESPACE", "NAME"})
+
+
+def edges_table(rows: Sequence[vizmetrics.Edge]) -> str:
+    header = ["SRC", "DST", "SRC_NS", "DST_NS", "CLIENT_ID", "SERVER_ID", "SECURED", "REQUESTS"]
+    lines = [
+        [e.src, e.dst, e.src_namespace or "-", e.dst_namespace or "-", e.client_id or "-",
+         e.server_id or "-", "√" if e.mtls else f"no ({e.no_tls_reason or 'plaintext'})",
+         f"{e.requests:.0f}"]
+        for e in rows
+    ]  # fmt: skip
+    return tables.render(header, lines, left=set(header) - {"REQUESTS"})
+
+
+def routes_table(rows: Sequence[vizmetrics.RouteRow]) -> str:
+    header = ["ROUTE", "DST", "SUCCESS", "RPS", "LATENCY_P50", "LATENCY_P95", "LATENCY_P99"]
+    lines = [[r.route, r.dst or "-", _pct(r.success), _num(r.rps, "rps"), *_latencies(r.latency)]
+             for r in rows]  # fmt: skip
+    return tables.render(header, lines, left={"ROUTE", "DST"})
+
+
+def _emit(output: str, rows: Sequence[object], render: str, empty: str) -> None:
+    if output == "json":
+        docs = [r.as_dict() for r in rows]  # type: ignore[attr-defined]
+        sys.stdout.write(json.dumps(docs, indent=2) + "\n")
+    elif rows:
+        sys.stdout.write(render)
+    else:
+        click.echo(empty, err=True)
+
+
+def _kept_demo() -> tuple[str | None, list[vizmetrics.Proxy]]:
+    """A kept local mesh's Prometheus URL (None: it runs none) and its proxies ([]: no mesh)."""
+    from meshlet.cli.demo import topology
+    from meshlet.cli.demo.supervisor import Record, state_root
+
+    record = Record.load(state_root())
+    if record is None or not record.processes:
+        return None, []
+    layout = topology.layout(topology.Mode(record.mode))
+    proxies = [vizmetrics.Proxy(p.name, p.workload, topology.NAMESPACE, layout.admin(p))
+               for p in layout.pods]  # fmt: skip
+    return record.urls.get("prometheus"), proxies
+
+
+def _prometheus(url: str | None) -> Prometheus:
+    if url is None:
+        url, _ = _kept_demo()
+    if url is None:
+        raise click.UsageError(
+            "no Prometheus: give --prometheus-url (a kept `meshlet demo --keep` with the "
+            "prometheus package installed runs one)"
+        )
+    try:
+        return Prometheus(url)
+    except MetricsError as exc:
+        raise click.BadParameter(str(exc), param_hint="--prometheus-url") from None
+
+
+def _target(text: str | None, namespace: str | None, hint: str) -> Target | None:
+    if text is None:
+        return None
+    try:
+        return vizmetrics.target(text, namespace)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint=hint) from None
+
+
+def _window(text: str) -> str:
+    try:
+        return vizmetrics.window(text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--time-window") from None
+
+
+def _fail(exc: MetricsError) -> None:
+    click.echo(f"Error: {exc}", err=True)
+    raise SystemExit(EX_UNAVAILABLE)
+
+
+_ns = click.option("-n", "--namespace", default="default", show_default=True)
+_all = click.option("-A", "--all-namespaces", is_flag=True, help="Every namespace.")
+_url = click.option(
+    "--prometheus-url",
+    metavar="URL",
+    help="A Prometheus scraping the proxies (default: a kept demo's).",
+)
+_out = click.option("-o", "--output", type=_OUTPUT, default="table", show_default=True)
+_win = click.option("-t", "--time-window", "window", default="1m", show_default=True,
+                    help="The range the rates cover: 30s, 1m, 1h.")  # fmt: skip
 
 
 @click.group()
 def viz() -> None:
-    """Observe the mesh's live traffic."""
+    """Traffic as Linkerd's viz shows it: metrics from Prometheus (stat, edges, routes, top),
+    live requests from the tap controller (tap)."""
 
 
-@viz.command("tap")
-@click.argument("resource", metavar="RESOURCE")
-@click.option("-n", "--namespace", help="RESOURCE's namespace. Default: the context's.")
-@click.option("--to", "to", metavar="RES", help="Only outbound requests to RES.")
-@click.option("--to-namespace", help="RES's namespace. Default: RESOURCE's.")
-@click.option("--method", help="Only requests with this HTTP method.")
-@click.option("--path", help="Only requests whose path starts with this.")
-@click.option("--authority", help="Only requests to this authority.")
-@click.option("--max-rps", type=click.FloatRange(min=0.1, max=100_000), default=100.0,
-              show_default=True, help="Requests per second to show at most.")  # fmt: skip
-@click.option("-o", "--output", type=click.Choice(["wide", "json"]), default=None,
-              help="wide: with source and destination; json: an object a line.")  # fmt: skip
-@click.option("--tap-addr", metavar="HOST:PORT",
-              help="Ask this tap controller directly instead of a port-forward.")  # fmt: skip
-@click.option("--tap-pod", help="Which tap controller pod to port-forward to.")
-@click.option("--control-plane-namespace", default=wk.CONTROL_PLANE_NAMESPACE, show_default=True)
-@click.option("--kubeconfig", type=click.Path(dir_okay=False, path_type=Path), help=KUBECONFIG_HELP)
-@click.option("--context", help="The kubeconfig context to use.")
-def tap(
-    resource: str,
-    namespace: str | None,
-    to: str | None,
-    to_namespace: str | None,
-    method: str | None,
-    path: str | None,
-    authority: str | None,
-    max_rps: float,
-    output: str | None,
-    tap_addr: str | None,
-    tap_pod: str | None,
-    control_plane_namespace: str,
-    kubeconfig: Path | None,
-    context: str | None,
-) -> None:
-    """Print the live requests of RESOURCE's proxies (deploy/NAME, pod/NAME, ns/NAME).
+@viz.command()
+@click.argument("resource", metavar="TYPE[/NAME]")
+@click.option("--to", "to", metavar="TYPE/NAME", help="Only its outbound requests to this.")
+@click.option("--from", "src", metavar="TYPE/NAME", help="Only requests from this.")
+@click.option("--to-namespace", help="The --to resource's namespace (default: -n's).")
+@click.option("--from-namespace", help="The --from resource's namespace (default: -n's).")
+@click.option(
+    "--direct", is_flag=True, help="Read a kept local mesh's proxies twice, a window apart."
+)
+@_ns
+@_all
+@_win
+@_url
+@_out
+def stat(resource: str, to: str | None, src: str | None, to_namespace: str | None,
+         from_namespace: str | None, direct: bool, namespace: str, all_namespaces: bool,
+         window: str, prometheus_url: str | None, output: str) -> None:  # fmt: skip
+    """Success rate, RPS, latency, TCP connections and mTLS of deploy, po, ns, svc or authority.
 
-    Each request shows as `req`, `rsp` and `end` lines (id, proxy direction, source,
-    destination, TLS, then method/authority/path, status and latency, duration and bytes), as
-    `linkerd viz tap` prints them; `-o json` prints the tap controller's objects as they come.
-    The tap controller is reached through a port-forward to its pod (as `kubectl
-    port-forward`) or, with --tap-addr, directly. Ctrl-C ends the tap.
+    Rows are what the resources' proxies received (inbound); with --to, what they sent to it;
+    with --from, what it sent them. A service's rows are its clients' requests to it.
 
     \b
-    meshlet viz tap deploy/web -n emojivoto
-    meshlet viz tap ns/emojivoto --path /api --method GET -o wide
-    meshlet viz tap deploy/web -n emojivoto --tap-addr 127.0.0.1:8088 -o json
+    meshlet viz stat deploy -n demo --prometheus-url http://localhost:9090
+    meshlet viz stat deploy/web --to deploy/api -n demo -o json
     """
-    from meshlet.api.hostport import parse_hostport
-    from meshlet.cli import tap as taps
-    from meshlet.cli.cluster import ClusterError, api_client, default_namespace
-
-    if namespace is None:
-        namespace = "default" if tap_addr is not None else default_namespace(kubeconfig, context)
-    path_query = taps.query({
-        "resource": resource, "namespace": namespace, "to": to, "to_namespace": to_namespace,
-        "method": method, "path": path, "authority": authority, "max_rps": f"{max_rps:g}",
-    })  # fmt: skip
-    forward: contextlib.AbstractContextManager[HostPort | None]
-    if tap_addr is not None:
-        try:
-            direct = parse_hostport(tap_addr)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--tap-addr") from None
-        forward, where = contextlib.nullcontext(), tap_addr
+    ns = None if all_namespaces else namespace
+    t = _target(resource, ns, "TYPE[/NAME]")
+    assert t is not None
+    to_t = _target(to, to_namespace or ns, "--to")
+    src_t = _target(src, from_namespace or ns, "--from")
+    if to_t is not None and src_t is not None:
+        raise click.UsageError("--to and --from together: give one")
+    seconds = _window(window)
+    if direct:
+        rows = _direct(t, seconds)
     else:
-        from meshlet.cli.diagnostics import _component_pod
-        from meshlet.cli.portforward import PortForward
-
-        api = api_client(kubeconfig, context)
-        pod = _component_pod(api, control_plane_namespace, "tap", tap_pod)
-        forward = PortForward(api, control_plane_namespace, pod, wk.TAP_PORT)
-        where = f"{control_plane_namespace}/{pod}:{wk.TAP_PORT} (port-forward)"
-    with forward as local:
-        host, port = local if local is not None else direct
+        prom = _prometheus(prometheus_url)
         try:
-            for event in taps.stream(host, port, path_query):
-                if output == "json":
-                    sys.stdout.write(json.dumps(event, sort_keys=True) + "\n")
-                else:
-                    sys.stdout.write(taps.render(event, wide=output == "wide") + "\n")
-                sys.stdout.flush()
-        except taps.TapError as exc:
-            raise ClusterError(f"{exc} [{where}]") from None
-        except KeyboardInterrupt:
-            return
+            rows = vizmetrics.stat(prom, vizmetrics.stat_query(t, to=to_t, src=src_t), seconds)
+        except MetricsError as exc:
+            _fail(exc)
+    _emit(output, rows, stat_table(rows) if rows else "", "No traffic in the window.")
+
+
+def _direct(t: Target, window_text: str) -> list[StatRow]:
+    if t.kind not in ("deployment", "pod"):
+        raise click.UsageError("--direct reads deploy and po only")
+    _, proxies = _kept_demo()
+    if not proxies:
+        raise click.UsageError("--direct reads a kept local mesh (meshlet demo --keep): none runs")
+    wanted = [p for p in proxies if t.name is None or t.name in (p.workload, p.pod)]
+    try:
+        first = {p.pod: vizmetrics.read_proxy(p, time.monotonic) for p in wanted}
+        time.sleep(vizmetrics.seconds(window_text))
+        second = {p.pod: vizmetrics.read_proxy(p, time.monotonic) for p in wanted}
+    except MetricsError as exc:
+        _fail(exc)
+    return vizmetrics.direct_stat(wanted, t.kind, first, second)
+
+
+@viz.command()
+@click.argument("kind", metavar="TYPE", default="deploy")
+@_ns
+@_all
+@_win
+@_url
+@_out
+def edges(kind: str, namespace: str, all_namespaces: bool, window: str,
+          prometheus_url: str | None, output: str) -> None:  # fmt: skip
+    """Who calls whom (deploy or po), with the identities each side proved and whether the
+    requests went over mutual TLS."""
+    t = _target(kind, None, "TYPE")
+    assert t is not None
+    if t.kind not in ("deployment", "pod"):
+        raise click.BadParameter("edges are between deploy or po", param_hint="TYPE")
+    seconds = _window(window)
+    prom = _prometheus(prometheus_url)
+    try:
+        rows = vizmetrics.edges(prom, t.kind, seconds, None if all_namespaces else namespace)
+    except MetricsError as exc:
+        _fail(exc)
+    _emit(output, rows, edges_table(rows) if rows else "", "No edges in the window.")
+
+
+def _routes(resource: str, to: str | None, namespace: str, window: str,
+            prometheus_url: str | None, output: str) -> None:  # fmt: skip
+    t = _target(resource, namespace, "TYPE[/NAME]")
+    assert t is not None
+    to_t = _target(to, namespace, "--to")
+    if to_t is not None and to_t.kind not in ("service", "authority"):
+        raise click.BadParameter("routes --to takes svc/NAME or authority/HOST:PORT",
+                                 param_hint="--to")  # fmt: skip
+    seconds = _window(window)
+    prom = _prometheus(prometheus_url)
+    try:
+        rows = vizmetrics.routes(prom, t, seconds, to=to_t)
+    except MetricsError as exc:
+        _fail(exc)
+    _emit(output, rows, routes_table(rows) if rows else "", "No route traffic in the window.")
+
+
+@viz.command()
+@click.argument("resource", metavar="TYPE[/NAME]")
+@click.option("--to", "to", metavar="svc/NAME|authority/HOST:PORT",
+              help="Its outbound routes to this.")  # fmt: skip
+@_ns
+@_win
+@_url
+@_out
+def routes(resource: str, to: str | None, namespace: str, window: str,
+           prometheus_url: str | None, output: str) -> None:  # fmt: skip
+    """Per-route success, RPS and latency (the route_* metrics): of the resource's inbound
+    routes, or with --to of its outbound ones."""
+    _routes(resource, to, namespace, window, prometheus_url, output)
+
+
+@viz.command()
+@click.argument("resource", metavar="TYPE[/NAME]")
+@_ns
+@_win
+@_url
+@_out
+def top(resource: str, namespace: str, window: str, prometheus_url: str | None,
+        output: str) -> None:  # fmt: skip
+    """The busiest routes of a resource. Per-path counts need tap (meshlet viz tap): the
+    metrics have routes, not paths, so this shows the routes by request count."""
+    click.echo(vizmetrics.NO_TOP, err=True)
+    t = _target(resource, namespace, "TYPE[/NAME]")
+    assert t is not None
+    seconds = _window(window)
+    prom = _prometheus(prometheus_url)
+    try:
+        rows = sorted(vizmetrics.routes(prom, t, seconds), key=lambda r: -r.requests)
+    except MetricsError as exc:
+        _fail(exc)
+    _emit(output, rows, routes_table(rows) if rows else "", "No route traffic in the window.")

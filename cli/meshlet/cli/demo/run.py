@@ -159,7 +159,40 @@ class Demo:
                 for name, port in CONTROL_PLANE
             },
         }
+        self._start_prometheus()
         self.record.save()
+
+    def _start_prometheus(self) -> None:
+        """When Debian's prometheus is installed: one scraping every proxy and the control
+        plane's admin ports each second (`meshlet viz` reads it); else nothing."""
+        from meshlet.cli.demo import prometheus
+
+        binary = prometheus.binary()
+        if binary is None:
+            return
+        assert self.sup is not None
+        layout = self.layout
+        targets = [
+            prometheus.Target(f"{p.ip}:{wellknown.PROXY_ADMIN_PORT}", topology.NAMESPACE, p.name,
+                              p.workload, p.workload)
+            for p in layout.pods
+        ] + [
+            prometheus.Target(f"{layout.control_ip}:{port}", wellknown.CONTROL_PLANE_NAMESPACE,
+                              name, name, name, job="meshlet-control-plane")
+            for name, port in CONTROL_PLANE
+        ]  # fmt: skip
+        config = self.root / "prometheus.yml"
+        config.write_text(prometheus.config(targets))
+        listen = prometheus.listen_address()
+        self.sup.start("prometheus", prometheus.command(binary, config, self.root / "tsdb", listen))
+        url = f"http://{listen}"
+        try:
+            prometheus.wait_ready(url)
+        except TimeoutError as exc:
+            self._event(f"{exc}; see {self.root / 'logs' / 'prometheus.log'}")
+            return
+        self.record.urls["prometheus"] = url
+        self._event(f"Prometheus at {url} (meshlet viz stat deploy -n demo)")
 
     def _ca(self) -> str:
         from meshlet.controlplane.identity import ca, signer

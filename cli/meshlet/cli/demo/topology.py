@@ -246,7 +246,7 @@ def pod_manifest(pod: Pod) -> dict[str, Any]:
     port = app_port(pod)
     return objects.pod(
         pod.name, pod.ip, NAMESPACE, app=pod.workload, sa=pod.workload,
-        annotations=annotations, owner=("ReplicaSet", f"{pod.workload}-demo"),
+        annotations=annotations, owner=("ReplicaSet", f"{pod.workload}-{objects.TEMPLATE_HASH}"),
         container_ports=[(pod.app, port)] if port is not None else [],
     )  # fmt: skip
 

@@ -32,6 +32,10 @@ def service(
     }
 
 
+# Every pod's pod-template-hash: a pod owned by ReplicaSet NAME-5d8f7 belongs to Deployment NAME.
+TEMPLATE_HASH = "5d8f7"
+
+
 def pod(
     name: str,
     ip: str | None,
@@ -44,7 +48,7 @@ def pod(
     container_ports: list[tuple[str, int]] | None = None,
     owner: tuple[str, str] | None = ("ReplicaSet", "web-5d8f7"),
 ) -> Obj:
-    labels = {"app": app, "pod-template-hash": "5d8f7"}
+    labels = {"app": app, "pod-template-hash": TEMPLATE_HASH}
     if meshed:
         labels["meshlet.io/control-plane-ns"] = "meshlet"
     meta: Obj = {"name": name, "namespace": ns, "labels": labels, "annotations": annotations or {}}

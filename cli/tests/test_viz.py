@@ -1,0 +1,233 @@
+"""`meshlet viz` against a real Prometheus scraping real proxies: the local test mesh
+(`meshlet_testing.podmesh`: pods in network namespaces, each meshed one with its
+`meshlet-proxy`, the real control plane) and Debian's `prometheus`, scraping every proxy's
+admin port each second with the labels Kubernetes service discovery would give.
+
+`alpha-1` (Deployment alpha) calls `server-1`'s app on 8080 (200s); `beta-1` calls port 8081 of
+`server-1`, where nothing listens (the server's proxy answers 502s). One call of each is made
+before Prometheus starts, so that every series exists at its first scrape and `increase()`
+counts the traffic that follows. Every query of the metrics API is run and must return data;
+the commands' output is checked against the requests sent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from meshlet.api import wellknown
+from meshlet.cli import vizmetrics
+from meshlet.cli.demo import prometheus as promconf
+from meshlet.cli.demo.topology import Layout, Mode, Pod
+from meshlet_testing.podmesh import NS, PodMesh, PodSpec, running
+
+pytestmark = pytest.mark.netns
+
+SERVER, ALPHA, BETA = "server-1", "alpha-1", "beta-1"
+IPS = {SERVER: "10.78.0.10", ALPHA: "10.78.0.21", BETA: "10.78.0.22"}
+WORKLOAD = {SERVER: "server", ALPHA: "alpha", BETA: "beta"}
+OK_CALLS, FAILED_CALLS = 12, 6
+GOOD = f"http://{IPS[SERVER]}:8080/"
+BAD = f"http://{IPS[SERVER]}:8081/"
+WINDOW = "1m"
+SCRAPE = "500ms"
+# increase() extrapolates a series' growth to the window's edges by up to half a scrape interval
+# each side: over the seconds Prometheus sampled, that stays within a tenth.
+SETTLE = 2.5  # seconds of scrapes before and after the traffic
+
+
+def identity(pod: str) -> str:
+    return wellknown.identity_name(WORKLOAD[pod], NS)
+
+
+@pytest.fixture(scope="module")
+def prometheus_binary() -> str:
+    found = promconf.binary()
+    if found is None:
+        if os.environ.get("MESHLET_REQUIRE_NETNS") == "1" or os.environ.get("CI"):
+            pytest.fail("prometheus is not installed (scripts/system-packages installs it)")
+        pytest.skip("prometheus is not installed (scripts/system-packages installs it)")
+    return found
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Recorder:
+    """Runs queries on the Prometheus and remembers what each returned."""
+
+    def __init__(self, prom: vizmetrics.Prometheus) -> None:
+        self.prom = prom
+        self.answers: dict[str, int] = {}
+
+    def __call__(self, promql: str) -> list[vizmetrics.Sample]:
+        samples = self.prom.query(promql)
+        self.answers[promql] = len(samples)
+        return samples
+
+
+@pytest.fixture(scope="module")
+def world(
+    netns_available: None, prometheus_binary: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[PodMesh, str]]:
+    pods = [
+        PodSpec(Pod(SERVER, WORKLOAD[SERVER], IPS[SERVER], "server"), app=True),
+        PodSpec(Pod(ALPHA, WORKLOAD[ALPHA], IPS[ALPHA], "client")),
+        PodSpec(Pod(BETA, WORKLOAD[BETA], IPS[BETA], "client")),
+    ]
+    layout = Layout(Mode.NETNS, tuple(s.pod for s in pods), control_ip="10.78.0.2",
+                    host_ip="10.78.0.1", prefix=24)  # fmt: skip
+    root = tmp_path_factory.mktemp("viz")
+    with running(PodMesh(root, layout, pods, cluster_networks="10.78.0.0/25")) as mesh:
+        assert mesh.curl_codes(ALPHA, GOOD, 1) == [200]
+        assert mesh.curl_codes(BETA, BAD, 1) == [502]
+        targets = [
+            promconf.Target(f"{ip}:{wellknown.PROXY_ADMIN_PORT}", NS, pod, WORKLOAD[pod],
+                            WORKLOAD[pod])
+            for pod, ip in IPS.items()
+        ]  # fmt: skip
+        (root / "prometheus.yml").write_text(promconf.config(targets, SCRAPE))
+        url = f"http://127.0.0.1:{_free_port()}"
+        argv = promconf.command(prometheus_binary, root / "prometheus.yml", root / "tsdb",
+                                url.removeprefix("http://"))  # fmt: skip
+        with (root / "prometheus.log").open("w") as log:
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            promconf.wait_ready(url)
+            prom = vizmetrics.Prometheus(url)
+            _until(prom, 'count(up{job="meshlet-proxy"} == 1)', len(IPS))
+            time.sleep(SETTLE)
+            assert mesh.curl_codes(ALPHA, GOOD, OK_CALLS) == [200] * OK_CALLS
+            assert mesh.curl_codes(BETA, BAD, FAILED_CALLS) == [502] * FAILED_CALLS
+            total = 2 + OK_CALLS + FAILED_CALLS
+            _until(prom, 'sum(response_total{direction="inbound"})', total)
+            time.sleep(SETTLE)
+            yield mesh, url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _until(prom: vizmetrics.Prometheus, promql: str, want: float, within: float = 15.0) -> None:
+    deadline = time.monotonic() + within
+    got: float | None = None
+    while time.monotonic() < deadline:
+        samples = prom.query(promql)
+        got = samples[0].value if samples else None
+        if got is not None and got >= want:
+            return
+        time.sleep(0.25)
+    raise AssertionError(f"{promql} was {got}, not {want}, after {within:g}s")
+
+
+def _close(got: float, sent: int) -> bool:
+    return sent * 0.9 <= got <= sent * 1.3
+
+
+def test_every_query_returns_data(world: tuple[PodMesh, str]) -> None:
+    _, url = world
+    run = Recorder(vizmetrics.Prometheus(url))
+    pod = vizmetrics.Target("pod", SERVER, NS)
+    rows = vizmetrics.stat(run.prom, vizmetrics.stat_query(pod), WINDOW, run=run)
+    assert [r.name for r in rows] == [SERVER]
+    outbound = vizmetrics.stat_query(vizmetrics.Target("pod", ALPHA, NS),
+                                     to=vizmetrics.Target("pod", SERVER, None))  # fmt: skip
+    vizmetrics.stat(run.prom, outbound, WINDOW, run=run)
+    vizmetrics.edges(run.prom, "pod", WINDOW, NS, run=run)
+    vizmetrics.routes(run.prom, pod, WINDOW, run=run)
+    to = vizmetrics.Target("authority", f"{IPS[SERVER]}:8080", NS)
+    vizmetrics.routes(run.prom, vizmetrics.Target("pod", ALPHA, NS), WINDOW, to=to, run=run)
+    empty = [q for q, n in run.answers.items() if n == 0]
+    assert not empty, f"queries that returned nothing: {empty}"
+    assert len(run.answers) >= 20
+
+
+def viz(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "meshlet.cli.main", "viz", *args, "--prometheus-url", url],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+
+
+def _json(done: subprocess.CompletedProcess[str]) -> list[dict[str, object]]:
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)  # type: ignore[no-any-return]
+
+
+def test_stat_counts_what_was_sent(world: tuple[PodMesh, str]) -> None:
+    _, url = world
+    [server] = _json(viz(url, "stat", "deploy/server", "-n", NS, "-o", "json"))
+    assert server["name"] == "server" and server["namespace"] == NS
+    assert _close(float(server["requests"]), OK_CALLS + FAILED_CALLS)  # type: ignore[arg-type]
+    assert 0.5 < float(server["success"]) < 0.8  # type: ignore[arg-type]
+    assert server["mtls"] == 1.0
+    assert server["latency_ms_p50"] is not None and float(server["rps"]) > 0  # type: ignore[arg-type]
+    [alpha] = _json(viz(url, "stat", "po/server-1", "--from", "po/alpha-1", "-n", NS, "-o", "json"))
+    assert alpha["name"] == SERVER and alpha["success"] == 1.0
+    assert _close(float(alpha["requests"]), OK_CALLS)  # type: ignore[arg-type]
+    [beta] = _json(viz(url, "stat", "deploy/beta", "--to", "po/server-1", "-n", NS, "-o", "json"))
+    assert beta["name"] == "beta" and beta["success"] == 0.0
+    table = viz(url, "stat", "deploy", "-n", NS)
+    assert table.returncode == 0, table.stderr
+    [header, *lines] = table.stdout.splitlines()
+    assert header.split()[:4] == ["NAMESPACE", "NAME", "SUCCESS", "RPS"]
+    assert [line.split()[1] for line in lines] == ["server"]
+
+
+def test_edges_name_both_identities(world: tuple[PodMesh, str]) -> None:
+    _, url = world
+    got = _json(viz(url, "edges", "po", "-n", NS, "-o", "json"))
+    by_src = {e["src"]: e for e in got}
+    assert set(by_src) == {ALPHA, BETA}
+    alpha = by_src[ALPHA]
+    assert alpha["dst"] == SERVER and alpha["dst_namespace"] == NS and alpha["mtls"] is True
+    assert alpha["client_id"] == identity(ALPHA) and alpha["server_id"] == identity(SERVER)
+    assert _close(float(alpha["requests"]), OK_CALLS)  # type: ignore[arg-type]
+    assert by_src[BETA]["client_id"] == identity(BETA)
+
+
+def test_routes_and_top(world: tuple[PodMesh, str]) -> None:
+    _, url = world
+    routes = _json(viz(url, "routes", "po/server-1", "-n", NS, "-o", "json"))
+    by_dst = {r["dst"]: r for r in routes}
+    assert by_dst[f"{IPS[SERVER]}:8080"]["route"] == vizmetrics.DEFAULT_ROUTE
+    assert by_dst[f"{IPS[SERVER]}:8080"]["success"] == 1.0
+    assert by_dst[f"{IPS[SERVER]}:8081"]["success"] == 0.0
+    out = _json(viz(url, "routes", "deploy/alpha", "--to", f"authority/{IPS[SERVER]}:8080",
+                    "-n", NS, "-o", "json"))  # fmt: skip
+    assert [r["dst"] for r in out] == [f"{IPS[SERVER]}:8080"]
+    assert _close(float(out[0]["actual_requests"]), OK_CALLS)  # type: ignore[arg-type]
+    top = viz(url, "top", "po/server-1", "-n", NS)
+    assert top.returncode == 0 and "no request paths" in top.stderr
+    assert top.stdout.splitlines()[1].split()[1] == f"{IPS[SERVER]}:8080"  # the busiest first
+
+
+def test_errors_are_clear(world: tuple[PodMesh, str], tmp_path: Path) -> None:
+    _, url = world
+    down = viz(f"http://127.0.0.1:{_free_port()}", "stat", "deploy", "-n", NS)
+    assert down.returncode == 1 and "cannot reach Prometheus" in down.stderr
+    assert "Traceback" not in down.stderr
+    bad = viz(url, "stat", "widgets")
+    assert bad.returncode == 64 and "unknown resource type" in bad.stderr
+    window = viz(url, "stat", "deploy", "-t", "forever")
+    assert window.returncode == 64 and "not a window" in window.stderr
+    with pytest.raises(vizmetrics.MetricsError, match="refused"):
+        vizmetrics.Prometheus(url).query("sum(")
+    assert shutil.which("prometheus") is not None
