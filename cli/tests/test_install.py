@@ -343,11 +343,13 @@ def test_the_tap_controller_gets_a_certificate_of_its_identity_from_the_mesh_iss
 
     from meshlet.api import wellknown
 
-    objects = docs(meshlet("install", "--set", "identityTrustDomain=cluster.local").out)
+    objects = docs(meshlet("install", "--set", "identityTrustDomain=example.org").out)
     secret = find(objects, "Secret", "meshlet-tap-k8s-tls")
     chain = x509.load_pem_x509_certificates(base64.b64decode(secret["data"]["tls.crt"]))
     names = chain[0].extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    assert names.get_values_for_type(x509.DNSName) == [wellknown.TAP_SERVICE_NAME]
+    assert names.get_values_for_type(x509.DNSName) == [
+        wellknown.identity_name(wellknown.TAP_NAME, "meshlet", "meshlet", "example.org")
+    ]
     anchors = find(objects, "ConfigMap", "meshlet-identity-trust-roots")["data"]["ca-bundle.crt"]
     anchor = x509.load_pem_x509_certificate(anchors.encode())
     chain[-1].verify_directly_issued_by(anchor)

@@ -132,7 +132,8 @@ def generated(
     anchors = mesh.get("identityTrustAnchorsPEM")
     if not (tap.get("crtPEM") and tap.get("keyPEM")) and issuer_tls.get("crtPEM") and anchors:
         with contextlib.suppress(ca.IssuerError, KeyError):  # _check_identity says what's wrong
-            out["tap"] = tap_certificate(issuer_tls, str(anchors), namespace, now)
+            domain = str(mesh.get("identityTrustDomain") or wk.TRUST_DOMAIN)
+            out["tap"] = tap_certificate(issuer_tls, str(anchors), namespace, now, domain)
     injector = values.get("proxyInjector") or {}
     if not (injector.get("caBundle") and injector.get("crtPEM") and injector.get("keyPEM")):
         webhook = tls.webhook_certificate(namespace, now)
@@ -143,7 +144,11 @@ def generated(
 
 
 def tap_certificate(
-    issuer_tls: Mapping[str, str], anchors: str, namespace: str, now: dt.datetime
+    issuer_tls: Mapping[str, str],
+    anchors: str,
+    namespace: str,
+    now: dt.datetime,
+    trust_domain: str = wk.TRUST_DOMAIN,
 ) -> dict[str, str]:
     """The tap controller's certificate and key (PEM) for its identity, from the mesh's issuer,
     valid as long as the issuer is: proxies answer a tap only for that identity."""
@@ -156,7 +161,7 @@ def tap_certificate(
         issuer_tls["crtPEM"].encode(), issuer_tls["keyPEM"].encode(), anchors.encode()
     )
     key = ca.new_key()
-    name = wk.identity_name(wk.TAP_NAME, namespace)
+    name = wk.identity_name(wk.TAP_NAME, namespace, namespace, trust_domain)
     leaf = signer.issue_leaf(issuer, key.public_key(), name, now, issuer.not_after - now)
     pem = x509.load_der_x509_certificate(leaf.der).public_bytes(serialization.Encoding.PEM)
     chain = pem + ca.cert_pem(*issuer.chain)
