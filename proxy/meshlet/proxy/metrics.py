@@ -35,6 +35,19 @@ from meshlet.proxy.series import (
     Registry,
     labels_of,
 )
+from meshlet.proxy.tap.taps import Drops, Taps
+
+
+class _TapCounts(Drops):
+    def __init__(self, metrics: ProxyMetrics) -> None:
+        self._metrics = metrics
+
+    def dropped(self, reason: str, events: int) -> None:
+        self._metrics.tap_events_dropped_total.labels(reason).inc(events)
+
+    def opened(self, count: int) -> None:
+        self._metrics.tap_open.set(count)
+
 
 MAX_VALUES: Final = 500
 OVERFLOW: Final = "overflow"
@@ -222,6 +235,13 @@ class ProxyMetrics:
             ["direction", "status_code"],
             registry=r,
         )
+        self.tap_events_dropped_total = Counter(
+            "tap_events_dropped",
+            "Tap events not sent: past a tap's rate bound, or its client's buffer.",
+            ["reason"], registry=r,
+        )  # fmt: skip
+        self.tap_open = Gauge("tap_open", "Taps this proxy is serving.", r)
+        self.taps = Taps(_TapCounts(self))
         self.inbound_http_authz_allow_total = Counter(
             "inbound_http_authz_allow", "Inbound HTTP requests allowed, by authorization.",
             [*_ROUTE_AUTHZ, *_AUTHZ, *_CLIENT_TLS], registry=r,

@@ -15,7 +15,7 @@ import asyncio
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, NamedTuple, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, Protocol, TypeVar
 
 from meshlet.api import wellknown
 from meshlet.api.hostport import HostPort
@@ -24,6 +24,9 @@ from meshlet.proxy.core.pressure import Peer
 from meshlet.proxy.core.retry_budget import RetryBudget
 from meshlet.proxy.core.routes import RoutePolicy
 from meshlet.proxy.io.counters import ConnLabels, CounterFamily, HistogramFamily, TcpConn, Values
+
+if TYPE_CHECKING:
+    from meshlet.proxy.tap.taps import Tapped, Taps
 
 Addr = HostPort  # printed as host:port, [v6]:port
 T = TypeVar("T")
@@ -143,6 +146,16 @@ class Router(Protocol):
 class Recording(Protocol):
     """What the engines record of each request (http/recorder.py, on the proxy's metrics)."""
 
+    @property
+    def taps(self) -> Taps:
+        """The proxy's taps: the driver reads `taps.open` once per request, and only with a
+        tap open asks `tap` for the taps that take the request."""
+
+    def tap(
+        self, target: RequestTarget, endpoint: Endpoint | None, route: RouteTarget | None
+    ) -> Tapped | None:
+        """The taps that take a request (its RequestInit queued on each), or None."""
+
     def authority_label(self, authority: str) -> str:
         """The bounded `authority` label of a request's authority."""
 
@@ -201,6 +214,8 @@ class RequestMetrics(Protocol):
     def retry_skipped_total(self) -> CounterFamily: ...
     @property
     def http_errors_total(self) -> CounterFamily: ...
+    @property
+    def taps(self) -> Taps: ...
 
     def authority_label(self, authority: str) -> str:
         """`authority` as a metric label (past a bound of distinct values: `overflow`)."""
