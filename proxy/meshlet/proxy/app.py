@@ -216,11 +216,13 @@ def tap_identity(config: ProxyConfig) -> str:
 
 
 def _tap_server(config: ProxyConfig, identity: IdentityManager, metrics: ProxyMetrics) -> TapServer:
+    from meshlet.proxy.metrics import TapCounts
     from meshlet.proxy.tap.server import TapServer
+    from meshlet.proxy.tap.taps import Taps
 
-    metrics.taps.local_id = identity.local_name
     sock = _bind(config.control_listen_addr, "control")
-    return TapServer(sock, metrics.taps, identity, tap_identity(config))
+    taps = metrics.taps = Taps(TapCounts(metrics), local_id=identity.local_name)
+    return TapServer(sock, taps, identity, tap_identity(config))
 
 
 def _router(

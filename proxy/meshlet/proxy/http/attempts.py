@@ -34,7 +34,7 @@ from __future__ import annotations
 import enum
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 from meshlet.proxy.core.classify import FAILURE
 from meshlet.proxy.core.failover import Action, Attempt, Decision, Failure, decide
@@ -45,12 +45,10 @@ from meshlet.proxy.http.contract import (
     RouteError,
     Router,
     RouteTarget,
+    Tapped,
     Wait,
     settle,
 )
-
-if TYPE_CHECKING:
-    from meshlet.proxy.tap.taps import Tapped
 
 log = logging.getLogger(__name__)
 

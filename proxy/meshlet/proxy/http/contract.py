@@ -15,7 +15,7 @@ import asyncio
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, NamedTuple, Protocol, TypeVar
+from typing import Any, Final, NamedTuple, Protocol, TypeVar
 
 from meshlet.api import wellknown
 from meshlet.api.hostport import HostPort
@@ -24,9 +24,6 @@ from meshlet.proxy.core.pressure import Peer
 from meshlet.proxy.core.retry_budget import RetryBudget
 from meshlet.proxy.core.routes import RoutePolicy
 from meshlet.proxy.io.counters import ConnLabels, CounterFamily, HistogramFamily, TcpConn, Values
-
-if TYPE_CHECKING:
-    from meshlet.proxy.tap.taps import Tapped, Taps
 
 Addr = HostPort  # printed as host:port, [v6]:port
 T = TypeVar("T")
@@ -143,11 +140,39 @@ class Router(Protocol):
         """The route; a Wait while discovery or a name lookup has not answered."""
 
 
+class Tapped(Protocol):
+    """A request some taps took (tap/taps.py): told its end once."""
+
+    def ended(
+        self, status: int, grpc_status: str | None, latency_ms: float | None, failed: bool
+    ) -> None:
+        """The response the client got (`latency_ms`: to its head; None: none went), or the
+        exchange cut short (`failed`)."""
+
+
+class Tapping(Protocol):
+    """The proxy's taps (tap/taps.py), as the request driver sees them."""
+
+    @property
+    def open(self) -> bool:
+        """A tap is open (else nothing else is asked)."""
+
+    def request(
+        self,
+        target: RequestTarget,
+        direction: str,
+        labels: ConnLabels,
+        endpoint: Endpoint | None,
+        route: RouteTarget | None,
+    ) -> Tapped | None:
+        """The taps that take a routed request (its RequestInit queued on each), or None."""
+
+
 class Recording(Protocol):
     """What the engines record of each request (http/recorder.py, on the proxy's metrics)."""
 
     @property
-    def taps(self) -> Taps:
+    def taps(self) -> Tapping:
         """The proxy's taps: the driver reads `taps.open` once per request, and only with a
         tap open asks `tap` for the taps that take the request."""
 
@@ -215,7 +240,7 @@ class RequestMetrics(Protocol):
     @property
     def http_errors_total(self) -> CounterFamily: ...
     @property
-    def taps(self) -> Taps: ...
+    def taps(self) -> Tapping: ...
 
     def authority_label(self, authority: str) -> str:
         """`authority` as a metric label (past a bound of distinct values: `overflow`)."""

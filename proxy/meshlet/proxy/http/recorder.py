@@ -13,9 +13,14 @@ from __future__ import annotations
 from typing import Any
 
 from meshlet.proxy.core.routes import DEFAULT_ROUTE, classify_response
-from meshlet.proxy.http.contract import Endpoint, RequestMetrics, RequestTarget, RouteTarget
+from meshlet.proxy.http.contract import (
+    Endpoint,
+    RequestMetrics,
+    RequestTarget,
+    RouteTarget,
+    Tapped,
+)
 from meshlet.proxy.io.counters import ConnLabels
-from meshlet.proxy.tap.taps import Tapped
 
 Children = dict[tuple[Any, ...], Any]
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import random
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from google.protobuf.duration_pb2 import Duration
 
@@ -48,12 +48,20 @@ class TooManyTaps(Exception):
     """The proxy already holds its most taps (RESOURCE_EXHAUSTED to the client)."""
 
 
-class Drops:
-    """Where dropped events are counted (the proxy's metrics, or a test's tally)."""
+class Drops(Protocol):
+    """Where dropped events and open taps are counted (metrics.TapCounts, or a test's tally)."""
 
     def dropped(self, reason: str, events: int) -> None: ...
 
     def opened(self, count: int) -> None: ...
+
+
+class _Uncounted:
+    def dropped(self, reason: str, events: int) -> None:
+        pass
+
+    def opened(self, count: int) -> None:
+        pass
 
 
 class Tap:
@@ -121,7 +129,7 @@ class Taps:
 
         self.open = False  # the one thing the request driver reads per request
         self.taps: list[Tap] = []
-        self.drops = drops or Drops()
+        self.drops: Drops = drops or _Uncounted()
         self.clock = clock or time.monotonic
         self.local_id = local_id
         self.max_taps = max_taps
