@@ -180,3 +180,19 @@ async def test_a_busy_proxy_bounds_its_tap_and_answers_every_request(
     taken = sum(1 for e in events if e.http.HasField("request_init"))
     assert 0 < taken < 2000
     assert taken * 3 + dropped >= 2000 * 3 - 3 * 4  # what was not sent was counted
+
+
+async def test_past_the_most_taps_a_call_is_refused(mesh: Any, tapper: grpc.aio.Channel) -> None:
+    from meshlet.proxy.tap.taps import DEFAULT_MAX_TAPS
+
+    calls = [observe(tapper, tap_pb2.ObserveRequest(limit=1)) for _ in range(DEFAULT_MAX_TAPS)]
+    tasks = [asyncio.create_task(collect(call, [])) for call in calls]
+    await taps_open(mesh, "vote-bot", DEFAULT_MAX_TAPS)
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        async for _ in observe(tapper, tap_pb2.ObserveRequest(limit=1)):
+            pass
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    for call in calls:
+        call.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await taps_open(mesh, "vote-bot", 0)
