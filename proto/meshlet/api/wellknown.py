@@ -28,6 +28,7 @@ IDENTITY_ADMIN_PORT: Final = 9990
 INJECTOR_ADMIN_PORT: Final = 9995
 POLICY_PORT: Final = 8090
 POLICY_ADMIN_PORT: Final = 9997
+TAP_PORT: Final = 8088
 
 CONTROL_PLANE_NAMESPACE: Final = "meshlet"
 TRUST_DOMAIN: Final = "cluster.local"
@@ -137,6 +138,8 @@ class ProxyEnv(enum.StrEnum):
     LOAD_SHED_BUFFERED_BYTES = PROXY_ENV_PREFIX + "LOAD_SHED_BUFFERED_BYTES"
     SHUTDOWN_GRACE_PERIOD = PROXY_ENV_PREFIX + "SHUTDOWN_GRACE_PERIOD"
     ADMIN_SHUTDOWN_ENABLED = PROXY_ENV_PREFIX + "ADMIN_SHUTDOWN_ENABLED"
+    # the identity the proxy's tap server (on the control port) answers; no other client
+    TAP_SVC_NAME = PROXY_ENV_PREFIX + "TAP_SVC_NAME"
     LOG = PROXY_ENV_PREFIX + "LOG"
     LOG_FORMAT = PROXY_ENV_PREFIX + "LOG_FORMAT"
 
@@ -152,6 +155,8 @@ CONFIG_KEY: Final = "values"
 SERVICEPROFILE_CRD: Final = "serviceprofiles.meshlet.io"
 POLICY_NAME: Final = "meshlet-policy"
 POLICY_API_GROUP: Final = "policy.meshlet.io"
+TAP_NAME: Final = "meshlet-tap"  # the tap controller's ServiceAccount (its identity)
+TAP_SERVICE_NAME: Final = "meshlet-tap"
 
 # What the injector adds to a pod.
 PROXY_CONTAINER: Final = "meshlet-proxy"
