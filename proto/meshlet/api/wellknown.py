@@ -139,6 +139,8 @@ class ProxyEnv(enum.StrEnum):
     LOAD_SHED_BUFFERED_BYTES = PROXY_ENV_PREFIX + "LOAD_SHED_BUFFERED_BYTES"
     SHUTDOWN_GRACE_PERIOD = PROXY_ENV_PREFIX + "SHUTDOWN_GRACE_PERIOD"
     ADMIN_SHUTDOWN_ENABLED = PROXY_ENV_PREFIX + "ADMIN_SHUTDOWN_ENABLED"
+    # the identity the proxy's tap server (on the control port) answers; no other client
+    TAP_SVC_NAME = PROXY_ENV_PREFIX + "TAP_SVC_NAME"
     LOG = PROXY_ENV_PREFIX + "LOG"
     LOG_FORMAT = PROXY_ENV_PREFIX + "LOG_FORMAT"
 
@@ -153,8 +155,8 @@ CONFIG_CONFIGMAP: Final = "meshlet-config"
 CONFIG_KEY: Final = "values"
 SERVICEPROFILE_CRD: Final = "serviceprofiles.meshlet.io"
 POLICY_NAME: Final = "meshlet-policy"
-TAP_NAME: Final = "meshlet-tap"
 POLICY_API_GROUP: Final = "policy.meshlet.io"
+TAP_NAME: Final = "meshlet-tap"  # the tap controller's ServiceAccount (its identity)
 
 # What the injector adds to a pod.
 PROXY_CONTAINER: Final = "meshlet-proxy"

@@ -15,6 +15,7 @@ import time
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
+from meshlet.api import wellknown
 from meshlet.api.admin import AdminServer
 from meshlet.proxy import logs
 from meshlet.proxy.config import ProxyConfig
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from meshlet.proxy.discovery.inbound_policy import PolicyWatcher
     from meshlet.proxy.identity.manager import IdentityManager
     from meshlet.proxy.outbound.destinations import Destinations
+    from meshlet.proxy.tap.server import TapServer
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +84,12 @@ class Proxy:
             log_level=logs.set_level,
         )
         self.admin_port = 0
+        self._tap: TapServer | None = None
+
+    @property
+    def tap_address(self) -> tuple[str, int] | None:
+        """Where the tap server listens (None: identity is off, so tap is too)."""
+        return None if self._tap is None else self._tap.address
 
     def ready(self) -> bool:
         """Serving, and holding a certificate when identity is configured."""
@@ -107,6 +115,14 @@ class Proxy:
                 sock.close()
             raise
         outbound_sock, inbound_sock = bound
+        if self.identity is not None:  # tap is served over mTLS: without identity, it is off
+            try:
+                self._tap = _tap_server(cfg, self.identity, self.metrics)
+            except ListenError:
+                for sock in bound:
+                    sock.close()
+                await self._admin.close()
+                raise
         # Ports as bound (a configured port 0 is ephemeral): none of them is ever a target.
         own = SelfTargets(
             [Addr(*outbound_sock.getsockname()[:2]), Addr(*inbound_sock.getsockname()[:2]),
@@ -132,6 +148,8 @@ class Proxy:
             essentials.append(("the identity client", self.identity.run()))
         if self.policy_watcher is not None:
             essentials.append(("the policy watch", self.policy_watcher.run()))
+        if self._tap is not None:
+            essentials.append(("the tap server", self._tap.run()))
         self._supervisor = asyncio.create_task(self._supervise(essentials))
         log.info(
             "proxy listening: outbound %s, inbound %s, admin :%d",
@@ -183,6 +201,28 @@ def _identity(config: ProxyConfig, metrics: ProxyMetrics) -> IdentityManager | N
     from meshlet.proxy.identity.manager import IdentityManager
 
     return IdentityManager(config.identity, metrics)
+
+
+def tap_identity(config: ProxyConfig) -> str:
+    """The one identity the tap server answers: MESHLET_PROXY_TAP_SVC_NAME, else the tap
+    controller's service account in the control plane this proxy's identity names."""
+    if config.tap_svc_name:
+        return config.tap_svc_name
+    parsed = wellknown.parse_identity_name(config.identity_local_name)
+    if parsed is None:
+        return wellknown.identity_name(wellknown.TAP_NAME, wellknown.CONTROL_PLANE_NAMESPACE)
+    _, _, control_ns, trust_domain = parsed
+    return wellknown.identity_name(wellknown.TAP_NAME, control_ns, control_ns, trust_domain)
+
+
+def _tap_server(config: ProxyConfig, identity: IdentityManager, metrics: ProxyMetrics) -> TapServer:
+    from meshlet.proxy.metrics import TapCounts
+    from meshlet.proxy.tap.server import TapServer
+    from meshlet.proxy.tap.taps import Taps
+
+    sock = _bind(config.control_listen_addr, "control")
+    taps = metrics.taps = Taps(TapCounts(metrics), local_id=identity.local_name)
+    return TapServer(sock, taps, identity, tap_identity(config))
 
 
 def _router(

@@ -197,6 +197,9 @@ class ProxyConfig:
     identity_token_file: Path | None = None
     identity_trust_anchors: str = ""
     identity_dir: Path | None = None
+    # The tap controller's identity, the one client the tap server answers ("": the
+    # `meshlet-tap` service account of the control plane this proxy's identity names).
+    tap_svc_name: str = ""
     inbound_ports_disable_protocol_detection: PortRanges = _DEFAULT_OPAQUE
     outbound_ports_disable_protocol_detection: PortRanges = _DEFAULT_OPAQUE
     inbound_ports_require_identity: PortRanges = _NO_PORTS
@@ -262,6 +265,7 @@ _TABLE: Final[dict[wellknown.ProxyEnv, tuple[str, Callable[[str], Any]]]] = {
     E.IDENTITY_TOKEN_FILE: ("identity_token_file", _path),
     E.IDENTITY_TRUST_ANCHORS: ("identity_trust_anchors", _text),
     E.IDENTITY_DIR: ("identity_dir", _path),
+    E.TAP_SVC_NAME: ("tap_svc_name", _text),
     E.INBOUND_PORTS_DISABLE_PROTOCOL_DETECTION: (
         "inbound_ports_disable_protocol_detection",
         parse_ports,

@@ -22,7 +22,7 @@ import time
 from collections import Counter as Tally
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from meshlet.api.hostport import HostPort
 from meshlet.proxy.io.counters import DST_LABELS, NO_DST, ConnLabels, TcpConn, TcpKey, Values
@@ -35,6 +35,16 @@ from meshlet.proxy.series import (
     Registry,
     labels_of,
 )
+
+
+class NoTaps:
+    """The taps of a proxy that serves none (tap is off without identity): never open."""
+
+    open = False
+
+    def request(self, *_: object) -> None:
+        return None
+
 
 MAX_VALUES: Final = 500
 OVERFLOW: Final = "overflow"
@@ -222,6 +232,14 @@ class ProxyMetrics:
             ["direction", "status_code"],
             registry=r,
         )
+        self.tap_events_dropped_total = Counter(
+            "tap_events_dropped",
+            "Tap events not sent: past a tap's rate bound, or its client's buffer.",
+            ["reason"], registry=r,
+        )  # fmt: skip
+        self.tap_open = Gauge("tap_open", "Taps this proxy is serving.", r)
+        # The proxy's taps (tap/taps.py, set by the app when it serves tap).
+        self.taps: Any = NoTaps()
         self.inbound_http_authz_allow_total = Counter(
             "inbound_http_authz_allow", "Inbound HTTP requests allowed, by authorization.",
             [*_ROUTE_AUTHZ, *_AUTHZ, *_CLIENT_TLS], registry=r,
@@ -293,3 +311,16 @@ def _version() -> str:
             except OSError:
                 continue
     return "unknown"
+
+
+class TapCounts:
+    """Where the proxy's taps count what they drop and how many are open."""
+
+    def __init__(self, metrics: ProxyMetrics) -> None:
+        self._metrics = metrics
+
+    def dropped(self, reason: str, events: int) -> None:
+        self._metrics.tap_events_dropped_total.labels(reason).inc(events)
+
+    def opened(self, count: int) -> None:
+        self._metrics.tap_open.set(count)

@@ -45,6 +45,7 @@ from meshlet.proxy.http.contract import (
     RouteError,
     Router,
     RouteTarget,
+    Tapped,
     Wait,
     settle,
 )
@@ -125,6 +126,7 @@ class Attempts:
         "router",
         "sends",
         "stale_retried",
+        "tap",
         "target",
     )
 
@@ -151,6 +153,7 @@ class Attempts:
         self.deadline: float | None = None  # loop time of the route's timeout
         self.latency_ms: float | None = None  # arrival to the response head
         self.classified = ""  # the response head's class, as the route classified it
+        self.tap: Tapped | None = None  # the taps that took the request (tap/taps.py)
 
     # -- routing and picking ----------------------------------------------------------
 
@@ -179,6 +182,8 @@ class Attempts:
         if recorder is not None:
             self.label = picked.authority_label
             recorder.request(self.label, picked, route)
+            if recorder.taps.open:
+                self.tap = recorder.tap(self.target, picked, route)
         return picked
 
     def resume(self, result: object, now: float) -> Step:
@@ -232,6 +237,8 @@ class Attempts:
         elif self.target.authority:
             self.label = recorder.authority_label(self.target.authority)
         recorder.request(self.label, endpoint, route)
+        if recorder.taps.open:
+            self.tap = recorder.tap(self.target, endpoint, route)
 
     # -- attempts -------------------------------------------------------------------------
 
@@ -350,6 +357,9 @@ class Attempts:
         if recorder is None:
             return ""
         known = self.classified if grpc_status is None else ""
+        tap = self.tap
+        if tap is not None:
+            tap.ended(status, grpc_status, self.latency_ms, failed)
         return recorder.response(self.label, self.endpoint, self.route, status, grpc_status,
                                  self.latency_ms, failed, known)  # fmt: skip
 

@@ -140,8 +140,46 @@ class Router(Protocol):
         """The route; a Wait while discovery or a name lookup has not answered."""
 
 
+class Tapped(Protocol):
+    """A request some taps took (tap/taps.py): told its end once."""
+
+    def ended(
+        self, status: int, grpc_status: str | None, latency_ms: float | None, failed: bool
+    ) -> None:
+        """The response the client got (`latency_ms`: to its head; None: none went), or the
+        exchange cut short (`failed`)."""
+
+
+class Tapping(Protocol):
+    """The proxy's taps (tap/taps.py), as the request driver sees them."""
+
+    @property
+    def open(self) -> bool:
+        """A tap is open (else nothing else is asked)."""
+
+    def request(
+        self,
+        target: RequestTarget,
+        direction: str,
+        labels: ConnLabels,
+        endpoint: Endpoint | None,
+        route: RouteTarget | None,
+    ) -> Tapped | None:
+        """The taps that take a routed request (its RequestInit queued on each), or None."""
+
+
 class Recording(Protocol):
     """What the engines record of each request (http/recorder.py, on the proxy's metrics)."""
+
+    @property
+    def taps(self) -> Tapping:
+        """The proxy's taps: the driver reads `taps.open` once per request, and only with a
+        tap open asks `tap` for the taps that take the request."""
+
+    def tap(
+        self, target: RequestTarget, endpoint: Endpoint | None, route: RouteTarget | None
+    ) -> Tapped | None:
+        """The taps that take a request (its RequestInit queued on each), or None."""
 
     def authority_label(self, authority: str) -> str:
         """The bounded `authority` label of a request's authority."""
@@ -201,6 +239,8 @@ class RequestMetrics(Protocol):
     def retry_skipped_total(self) -> CounterFamily: ...
     @property
     def http_errors_total(self) -> CounterFamily: ...
+    @property
+    def taps(self) -> Tapping: ...
 
     def authority_label(self, authority: str) -> str:
         """`authority` as a metric label (past a bound of distinct values: `overflow`)."""

@@ -13,7 +13,13 @@ from __future__ import annotations
 from typing import Any
 
 from meshlet.proxy.core.routes import DEFAULT_ROUTE, classify_response
-from meshlet.proxy.http.contract import Endpoint, RequestMetrics, RouteTarget
+from meshlet.proxy.http.contract import (
+    Endpoint,
+    RequestMetrics,
+    RequestTarget,
+    RouteTarget,
+    Tapped,
+)
 from meshlet.proxy.io.counters import ConnLabels
 
 Children = dict[tuple[Any, ...], Any]
@@ -23,6 +29,8 @@ class Recorder:
     def __init__(self, metrics: RequestMetrics, labels: ConnLabels) -> None:
         self.metrics = metrics
         self.direction = labels.direction
+        self.conn_labels = labels
+        self.taps = metrics.taps
         self._labels = labels.values()
         self._requests: Children = {}
         self._responses: Children = {}
@@ -34,6 +42,11 @@ class Recorder:
 
     def authority_label(self, authority: str) -> str:
         return self.metrics.authority_label(authority)
+
+    def tap(
+        self, target: RequestTarget, endpoint: Endpoint | None, route: RouteTarget | None
+    ) -> Tapped | None:
+        return self.taps.request(target, self.direction, self.conn_labels, endpoint, route)
 
     def request(self, authority: str, endpoint: Endpoint | None, route: RouteTarget | None) -> None:
         """A request was routed (or refused by its route)."""

@@ -104,6 +104,7 @@ class _Installed:
 
     server: ssl.SSLContext
     client: ssl.SSLContext
+    control: ssl.SSLContext  # the control port's gRPC (tap): client certificates verified, h2
     expires_at: float
 
 
@@ -140,6 +141,10 @@ class IdentityManager:
 
     def client_context(self) -> ssl.SSLContext:
         return self._current().client
+
+    def control_context(self) -> ssl.SSLContext:
+        """For the control port's gRPC server: our certificate; a client's verified."""
+        return self._current().control
 
     def on_change(self, callback: Callable[[], None]) -> None:
         self._callbacks.append(callback)
@@ -285,6 +290,9 @@ class IdentityManager:
         return _Installed(
             server=contexts.server_context(chain, files.key, anchors, require_client_cert=False),
             client=contexts.client_context(chain, files.key, anchors),
+            control=contexts.server_context(
+                chain, files.key, anchors, require_client_cert=False, alpn=("h2",)
+            ),
             expires_at=min(validity.not_after, certificate.valid_until),
         )
 

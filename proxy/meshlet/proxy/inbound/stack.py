@@ -102,7 +102,7 @@ class InboundStack:
 
     async def _plain(self, accepted: Accepted, target: Addr) -> None:
         conns = self._conns
-        labels = conns.metrics.conn(DIRECTION, str(target))
+        labels = conns.metrics.conn(DIRECTION, str(target), peer=_peer(accepted))
         async with conns.counted(labels) as tcp:
             forward = await self._detect_plain(accepted, target)
             if forward is None:
@@ -182,7 +182,7 @@ class InboundStack:
         target = session.target
         labels = conns.metrics.conn(
             DIRECTION, str(target), tls="true", no_tls_reason="",
-            client_id=session.client_id,
+            client_id=session.client_id, peer=_peer(accepted),
         )  # fmt: skip
         async with conns.counted(labels) as tcp:
             forward = await self._detect_session(session)
@@ -236,3 +236,7 @@ class InboundStack:
 
 def _decided(first: bytes) -> bool:
     return detect(first, final=len(first) >= PEEK_BYTES) is not NEED_MORE
+
+
+def _peer(accepted: Accepted) -> str:
+    return str(accepted.client)

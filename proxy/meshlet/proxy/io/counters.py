@@ -47,6 +47,7 @@ class ConnLabels:
     client_id: str = ""  # inbound over mTLS: the client's identity
     server_id: str = ""  # outbound over mTLS: the server's identity
     dst: tuple[str, ...] = NO_DST  # outbound to a discovered endpoint: `dst_values`
+    peer: str = ""  # the client's address (host:port), for tap events; never a metric label
 
     def values(self) -> Values:
         return (self.direction, self.target_addr, self.tls, self.no_tls_reason, self.client_id,

@@ -91,7 +91,10 @@ class OutboundStack:
     async def _serve(self, logical: Logical) -> None:
         accepted, target = logical.orig.accepted, logical.orig.target
         conns = self._conns
-        labels = conns.metrics.conn(DIRECTION, str(target) if target else "authority")
+        labels = conns.metrics.conn(
+            DIRECTION, str(target) if target else "authority",
+            peer=str(accepted.client),
+        )  # fmt: skip
         async with conns.counted(labels) as tcp:
             if logical.opaque:
                 await conns.relay(accepted, self._endpoints(logical), labels, tcp)
