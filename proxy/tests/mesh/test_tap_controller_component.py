@@ -13,15 +13,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from meshlet.api import wellknown
 from meshlet.api.hostport import HostPort
 from meshlet.controlplane.k8s.manifests import ManifestsSource
 from meshlet.controlplane.tap.server import TAP_KINDS, TapConfig, TapServer
 from meshlet_testing.polling import eventually
-
-pytest.importorskip("meshlet.proxy.tap.server", reason="the proxy serves no tap before proxy-tap")
 
 _spec = importlib.util.spec_from_file_location(
     "mesh_component", Path(__file__).with_name("test_component.py")
