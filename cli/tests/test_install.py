@@ -332,3 +332,26 @@ def test_the_default_inbound_policy_reaches_proxies_not_the_control_plane(
     assert run.code == 64
     assert "clusterNetworks='10.0.0.1/8': expected CIDRs" in run.err
     assert "Traceback" not in run.err
+
+
+def test_the_tap_controller_gets_a_certificate_of_its_identity_from_the_mesh_issuer(
+    meshlet: Callable[..., Any],
+) -> None:
+    import base64
+
+    from cryptography import x509
+
+    from meshlet.api import wellknown
+
+    objects = docs(meshlet("install", "--set", "identityTrustDomain=example.org").out)
+    secret = find(objects, "Secret", "meshlet-tap-k8s-tls")
+    chain = x509.load_pem_x509_certificates(base64.b64decode(secret["data"]["tls.crt"]))
+    names = chain[0].extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert names.get_values_for_type(x509.DNSName) == [
+        wellknown.identity_name(wellknown.TAP_NAME, "meshlet", "meshlet", "example.org")
+    ]
+    anchors = find(objects, "ConfigMap", "meshlet-identity-trust-roots")["data"]["ca-bundle.crt"]
+    anchor = x509.load_pem_x509_certificate(anchors.encode())
+    chain[-1].verify_directly_issued_by(anchor)
+    args = find(objects, "Deployment", "meshlet-tap")["spec"]["template"]["spec"]["containers"]
+    assert "--max-taps=100" in next(c for c in args if c["name"] == "tap")["args"]

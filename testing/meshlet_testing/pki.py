@@ -1,6 +1,7 @@
 """Fixed certificates for golden files: a trust anchor and issuer valid from 2025 for 100
-years, and the proxy injector's webhook certificates. Test material only: never use it in a
-cluster. Regenerate with `python -m meshlet_testing.pki` (golden files then change)."""
+years, the proxy injector's webhook certificates and the tap controller's. Test material only:
+never use it in a cluster. Regenerate with `python -m meshlet_testing.pki` (golden files then
+change)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ def anchors_pem() -> str:
 def _generate() -> None:
     import yaml
 
+    from meshlet.cli.install import tap_certificate
     from meshlet.controlplane.identity import ca
     from meshlet.controlplane.injector import tls
 
@@ -33,11 +35,14 @@ def _generate() -> None:
     ISSUER_CRT.write_bytes(ca.cert_pem(issuer))
     ISSUER_KEY.write_bytes(ca.key_pem(issuer_key))
     webhook = tls.webhook_certificate("meshlet", now, life)
+    issuer_tls = {"crtPEM": ISSUER_CRT.read_text(), "keyPEM": ISSUER_KEY.read_text()}
+    tap = tap_certificate(issuer_tls, anchors_pem(), "meshlet", now)
     values = {
         "identityTrustAnchorsPEM": anchors_pem(),
         "identity": {
             "issuer": {"tls": {"crtPEM": ISSUER_CRT.read_text(), "keyPEM": ISSUER_KEY.read_text()}}
         },
+        "tap": tap,
         "proxyInjector": {
             "caBundle": webhook.ca_pem,
             "crtPEM": webhook.cert_pem,

@@ -40,7 +40,12 @@ labels:
   meshlet.io/control-plane-component: {{ $component }}
 annotations:
   meshlet.io/inject: enabled
+  {{- if eq $component "tap" }}
+  {{- /* It speaks mTLS to proxies' tap port itself. */}}
+  config.meshlet.io/skip-outbound-ports: {{ printf "%s,4190" $root.Values.proxyInit.kubeAPIServerPorts | quote }}
+  {{- else }}
   config.meshlet.io/skip-outbound-ports: {{ $root.Values.proxyInit.kubeAPIServerPorts | quote }}
+  {{- end }}
   {{- /* Proxies must reach the control plane whatever the mesh's default inbound policy. */}}
   config.meshlet.io/default-inbound-policy: all-unauthenticated
   {{- if eq $component "identity" }}

@@ -3,6 +3,7 @@ are given, the control plane's own pods meshed with the injector's patch."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import sys
 from collections.abc import Mapping
@@ -102,7 +103,8 @@ def _check_identity(values: Mapping[str, Any], now: dt.datetime) -> None:
 def generated(
     values: Mapping[str, Any], namespace: str, now: dt.datetime, quiet: bool = False
 ) -> dict[str, Any]:
-    """Certificates the values lack: a CA for the mesh, the webhook's own."""
+    """Certificates the values lack: a CA for the mesh, the webhook's own, the tap
+    controller's."""
     from meshlet.controlplane.identity import ca
     from meshlet.controlplane.injector import tls
 
@@ -124,6 +126,14 @@ def generated(
                 " with `meshlet identity ca create` to rotate issuers later)",
                 err=True,
             )
+    tap = values.get("tap") or {}
+    mesh = merge(values, out)
+    issuer_tls = (mesh.get("identity") or {}).get("issuer", {}).get("tls", {})
+    anchors = mesh.get("identityTrustAnchorsPEM")
+    if not (tap.get("crtPEM") and tap.get("keyPEM")) and issuer_tls.get("crtPEM") and anchors:
+        with contextlib.suppress(ca.IssuerError, KeyError):  # _check_identity says what's wrong
+            domain = str(mesh.get("identityTrustDomain") or wk.TRUST_DOMAIN)
+            out["tap"] = tap_certificate(issuer_tls, str(anchors), namespace, now, domain)
     injector = values.get("proxyInjector") or {}
     if not (injector.get("caBundle") and injector.get("crtPEM") and injector.get("keyPEM")):
         webhook = tls.webhook_certificate(namespace, now)
@@ -131,6 +141,31 @@ def generated(
             "caBundle": webhook.ca_pem, "crtPEM": webhook.cert_pem, "keyPEM": webhook.key_pem
         }  # fmt: skip
     return out
+
+
+def tap_certificate(
+    issuer_tls: Mapping[str, str],
+    anchors: str,
+    namespace: str,
+    now: dt.datetime,
+    trust_domain: str = wk.TRUST_DOMAIN,
+) -> dict[str, str]:
+    """The tap controller's certificate and key (PEM) for its identity, from the mesh's issuer,
+    valid as long as the issuer is: proxies answer a tap only for that identity."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    from meshlet.controlplane.identity import ca, signer
+
+    issuer = ca.load_issuer(
+        issuer_tls["crtPEM"].encode(), issuer_tls["keyPEM"].encode(), anchors.encode()
+    )
+    key = ca.new_key()
+    name = wk.identity_name(wk.TAP_NAME, namespace, namespace, trust_domain)
+    leaf = signer.issue_leaf(issuer, key.public_key(), name, now, issuer.not_after - now)
+    pem = x509.load_der_x509_certificate(leaf.der).public_bytes(serialization.Encoding.PEM)
+    chain = pem + ca.cert_pem(*issuer.chain)
+    return {"crtPEM": chain.decode(), "keyPEM": ca.key_pem(key).decode()}
 
 
 def mesh_control_plane(manifests: list[Manifest], namespace: str) -> list[Manifest]:

@@ -18,6 +18,7 @@ from meshlet.cli.stat import stat
 from meshlet.cli.uninstall import uninstall
 from meshlet.cli.version import version
 from meshlet.cli.viz import viz
+from meshlet.cli.viztap import tap
 
 EX_CONFIG = 64
 
@@ -34,6 +35,7 @@ cli.add_command(install)
 cli.add_command(inject)
 cli.add_command(check)
 cli.add_command(stat)
+viz.add_command(tap)
 cli.add_command(viz)
 cli.add_command(authz)
 cli.add_command(diagnostics)

@@ -139,7 +139,8 @@ _win = click.option("-t", "--time-window", "window", default="1m", show_default=
 
 @click.group()
 def viz() -> None:
-    """Traffic metrics as Linkerd's viz shows them, from Prometheus."""
+    """Traffic as Linkerd's viz shows it: metrics from Prometheus (stat, edges, routes, top),
+    live requests from the tap controller (tap)."""
 
 
 @viz.command()

@@ -356,6 +356,113 @@ def policy(
     _run(serve(config))
 
 
+@cli.command()
+@listen_options(wellknown.TAP_PORT, wellknown.TAP_ADMIN_PORT, "The tap API's HTTP")
+@option(
+    "--kubeconfig",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Watch pods through the Kubernetes API reached with this kubeconfig.",
+)
+@option("--in-cluster", is_flag=True, help="Watch pods as the pod's service account.")
+@option(
+    "--manifests",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Read Pods from YAML files here (the local mesh).",
+)
+@option(
+    "--tls-cert",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help=f"PEM certificate chain the controller presents to proxies ({wellknown.TAP_NAME}'s"
+    " identity).",
+)
+@option("--tls-key", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@option(
+    "--trust-anchors",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="PEM trust anchors that proxies' certificates are verified against.",
+)
+@option(
+    "--max-taps",
+    type=click.IntRange(min=1, max=10_000),
+    default=100,
+    show_default=True,
+    help="Concurrent taps; one more is refused (HTTP 429).",
+)
+@option(
+    "--max-rps",
+    type=click.FloatRange(min=0.1, max=100_000, min_open=False),
+    default=100.0,
+    show_default=True,
+    help="Requests per second one tap passes on at most (a tap may ask for fewer).",
+)
+@option(
+    "--proxy-control-port",
+    type=click.IntRange(min=1, max=65535),
+    default=wellknown.PROXY_CONTROL_PORT,
+    show_default=True,
+    help="The port of the proxies' tap server.",
+)
+@option("--control-plane-namespace", default=wellknown.CONTROL_PLANE_NAMESPACE, show_default=True)
+@option("--trust-domain", default=wellknown.TRUST_DOMAIN, show_default=True)
+@log_level_option()
+def tap(
+    addr: HostPort,
+    admin_addr: HostPort,
+    kubeconfig: Path | None,
+    in_cluster: bool,
+    manifests: Path | None,
+    tls_cert: Path | None,
+    tls_key: Path | None,
+    trust_anchors: Path | None,
+    max_taps: int,
+    max_rps: float,
+    proxy_control_port: int,
+    control_plane_namespace: str,
+    trust_domain: str,
+    log_level: str,
+) -> None:
+    """Tap: streams the live requests of a resource's proxies (JSON lines over HTTP)."""
+    from meshlet.controlplane.k8s.client import api_client
+    from meshlet.controlplane.k8s.events import Source
+    from meshlet.controlplane.tap.server import TAP_KINDS, TapConfig, serve
+
+    problems = watching_problems(kubeconfig, in_cluster, manifests, tls_cert, tls_key)
+    if tls_cert is None:
+        problems.append("--tls-cert and --tls-key are required: proxies answer only over mTLS")
+    if trust_anchors is None:
+        problems.append("--trust-anchors is required: every proxy's certificate is verified")
+    if tls_cert is not None and tls_key is not None:
+        try:
+            ssl.create_default_context().load_cert_chain(tls_cert, tls_key)
+        except (OSError, ssl.SSLError) as exc:
+            problems.append(f"--tls-cert/--tls-key: not a usable certificate and key ({exc})")
+    if problems or tls_cert is None or tls_key is None or trust_anchors is None:
+        raise click.UsageError("; ".join(problems))
+    setup_logging(log_level)
+    source: Source
+    if manifests is not None:
+        from meshlet.controlplane.k8s.manifests import ManifestsSource
+
+        source = ManifestsSource(manifests, kinds=TAP_KINDS, poll_interval=0.2)
+    else:
+        from meshlet.controlplane.k8s.informer import KubernetesSource
+
+        source = KubernetesSource(api_client(kubeconfig, in_cluster), kinds=TAP_KINDS)
+    config = TapConfig(
+        addr=addr,
+        admin_addr=admin_addr,
+        source=source,
+        tls=(tls_cert, tls_key),
+        trust_anchors=trust_anchors,
+        max_taps=max_taps,
+        max_rps=max_rps,
+        proxy_port=proxy_control_port,
+        control_ns=control_plane_namespace,
+        trust_domain=trust_domain,
+    )
+    _run(serve(config))
+
+
 def _run(serving: Coroutine[Any, Any, int]) -> None:
     """Runs a controller to its end: exit 1 when an address is taken (one line) or when a
     background task failed for good (its log says which)."""

@@ -29,6 +29,7 @@ INJECTOR_ADMIN_PORT: Final = 9995
 POLICY_PORT: Final = 8090
 POLICY_ADMIN_PORT: Final = 9997
 TAP_PORT: Final = 8088
+TAP_ADMIN_PORT: Final = 9998
 
 CONTROL_PLANE_NAMESPACE: Final = "meshlet"
 TRUST_DOMAIN: Final = "cluster.local"
@@ -156,7 +157,6 @@ SERVICEPROFILE_CRD: Final = "serviceprofiles.meshlet.io"
 POLICY_NAME: Final = "meshlet-policy"
 POLICY_API_GROUP: Final = "policy.meshlet.io"
 TAP_NAME: Final = "meshlet-tap"  # the tap controller's ServiceAccount (its identity)
-TAP_SERVICE_NAME: Final = "meshlet-tap"
 
 # What the injector adds to a pod.
 PROXY_CONTAINER: Final = "meshlet-proxy"
@@ -214,6 +214,7 @@ def spiffe_uri(serviceaccount: str, namespace: str, trust_domain: str = TRUST_DO
 IDENTITY_SERVICE_NAME: Final = identity_name("meshlet-identity", CONTROL_PLANE_NAMESPACE)
 DESTINATION_SERVICE_NAME: Final = identity_name("meshlet-destination", CONTROL_PLANE_NAMESPACE)
 POLICY_SERVICE_NAME: Final = identity_name(POLICY_NAME, CONTROL_PLANE_NAMESPACE)
+TAP_SERVICE_NAME: Final = identity_name(TAP_NAME, CONTROL_PLANE_NAMESPACE)
 
 # Default inbound policies (Linkerd's names): what a port allows when no Server selects it.
 DEFAULT_INBOUND_POLICIES: Final = (

@@ -1,0 +1,1 @@
+"""The tap controller: proxies' live request streams, merged for the CLI and the dashboard."""
