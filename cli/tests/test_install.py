@@ -355,3 +355,18 @@ def test_the_tap_controller_gets_a_certificate_of_its_identity_from_the_mesh_iss
     chain[-1].verify_directly_issued_by(anchor)
     args = find(objects, "Deployment", "meshlet-tap")["spec"]["template"]["spec"]["containers"]
     assert "--max-taps=100" in next(c for c in args if c["name"] == "tap")["args"]
+
+
+def test_the_tap_api_is_reached_only_through_a_port_forward(meshlet: Callable[..., Any]) -> None:
+    """Live requests are for whoever may port-forward to the tap pod (Kubernetes RBAC): the
+    API listens on the pod's loopback, and no Service leads to it."""
+    objects = docs(meshlet("install").out)
+    assert not [
+        o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] == "meshlet-tap"
+    ]
+    containers = find(objects, "Deployment", "meshlet-tap")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    tap = next(c for c in containers if c["name"] == "tap")
+    assert "--addr=127.0.0.1:8088" in tap["args"]
+    assert [p["containerPort"] for p in tap["ports"]] == [9998]  # admin only
