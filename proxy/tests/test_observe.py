@@ -45,7 +45,8 @@ def test_trace_context_of_each_header_family() -> None:
     assert multi is not None and multi.sampled and multi.trace_id == trace[:16]
     single = tracing.parse([(b"b3", f"{trace}-{span}-1".encode())])
     assert single is not None and single.sampled and single.kind == "b3-single"
-    change = tracing.continued(w3c, "1111111111111111")  # type: ignore[arg-type]
+    assert w3c is not None
+    change = tracing.continued(w3c, "1111111111111111")
     assert change.apply([(H, b"old"), (b"tracestate", b"a=b")]) == [
         (b"tracestate", b"a=b"), (H, f"00-{trace}-1111111111111111-01".encode())
     ]  # fmt: skip
