@@ -23,6 +23,7 @@ slower than the traffic), lines are dropped and counted (`access_log_dropped_tot
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -37,6 +38,7 @@ from meshlet.proxy.series import CounterChild
 if TYPE_CHECKING:
     from meshlet.proxy.http.export import SpanExport
 
+log = logging.getLogger(__name__)
 Header = tuple[bytes, bytes]
 LOG_BUFFER: Final = 1024 * 1024
 NO_ID: Final = "-"
@@ -245,6 +247,15 @@ class Observation:
             self.sent_at = time.perf_counter()
 
     def finished(
+        self, target: RequestTarget, status: int, grpc_status: str | None, failed: bool
+    ) -> None:
+        """Writes the log line and queues the span; a failure here never reaches the request."""
+        try:
+            self._finish(target, status, grpc_status, failed)
+        except Exception:
+            log.exception("recording the access log line or span of a request failed")
+
+    def _finish(
         self, target: RequestTarget, status: int, grpc_status: str | None, failed: bool
     ) -> None:
         now = time.perf_counter()
