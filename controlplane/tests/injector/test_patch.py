@@ -321,3 +321,22 @@ def test_more_ports_than_the_proxy_watches_are_left_out_with_a_message(
     assert wk.ProxyEnv.INBOUND_PORTS not in env
     assert outcome.warnings == (f"no {wk.ProxyEnv.INBOUND_PORTS}: more than 1000 ports",)
     proxy_config.load(env)
+
+
+def test_access_log_and_trace_collector_annotations_reach_the_proxy(config: InjectConfig) -> None:
+    """Off by default; the annotations become the proxy's env, and a value the proxy would
+    refuse is dropped (the pod still starts, without it)."""
+    plain = as_scheduled(patched(pod(ENABLED), mesh(pod(ENABLED), {}, config)))
+    env = kubelet.container_env(plain, proxy_of(plain))
+    assert wk.ProxyEnv.ACCESS_LOG not in env and wk.ProxyEnv.TRACE_COLLECTOR_SVC_ADDR not in env
+    annotations = {**ENABLED, wk.ACCESS_LOG_ANNOTATION: "JSON",
+                   wk.TRACE_COLLECTOR_ANNOTATION: "http://collector.tracing:4318"}  # fmt: skip
+    meshed = as_scheduled(patched(pod(annotations), mesh(pod(annotations), {}, config)))
+    loaded = proxy_config.load(kubelet.container_env(meshed, proxy_of(meshed)))
+    assert loaded.access_log == "json"
+    assert loaded.trace_collector_svc_addr == "http://collector.tracing:4318/v1/traces"
+    bad = {**ENABLED, wk.ACCESS_LOG_ANNOTATION: "combined",
+           wk.TRACE_COLLECTOR_ANNOTATION: "collector:4317"}  # fmt: skip
+    meshed = as_scheduled(patched(pod(bad), mesh(pod(bad), {}, config)))
+    env = kubelet.container_env(meshed, proxy_of(meshed))
+    assert wk.ProxyEnv.ACCESS_LOG not in env and wk.ProxyEnv.TRACE_COLLECTOR_SVC_ADDR not in env

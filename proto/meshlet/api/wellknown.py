@@ -67,6 +67,9 @@ OUTBOUND_CONNECT_TIMEOUT_ANNOTATION: Final = (
     CONFIG_ANNOTATION_PREFIX + "proxy-outbound-connect-timeout"
 )
 SHUTDOWN_GRACE_PERIOD_ANNOTATION: Final = CONFIG_ANNOTATION_PREFIX + "proxy-shutdown-grace-period"
+# Linkerd's config.linkerd.io/access-log (apache or json) and trace-collector
+ACCESS_LOG_ANNOTATION: Final = CONFIG_ANNOTATION_PREFIX + "access-log"
+TRACE_COLLECTOR_ANNOTATION: Final = CONFIG_ANNOTATION_PREFIX + "trace-collector"
 # Linkerd's idle timeout, on a pod or its namespace: how long a request through that pod's proxy
 # may move no byte either way (unset: no limit).
 IDLE_TIMEOUT_ANNOTATION: Final = "timeout.meshlet.io/idle"
@@ -143,6 +146,12 @@ class ProxyEnv(enum.StrEnum):
     TAP_SVC_NAME = PROXY_ENV_PREFIX + "TAP_SVC_NAME"
     LOG = PROXY_ENV_PREFIX + "LOG"
     LOG_FORMAT = PROXY_ENV_PREFIX + "LOG_FORMAT"
+    # `apache` or `json`: one line per HTTP request on stderr (unset: none)
+    ACCESS_LOG = PROXY_ENV_PREFIX + "ACCESS_LOG"
+    # an OTLP/HTTP traces endpoint URL; sampled requests get a span per hop (unset: none)
+    TRACE_COLLECTOR_SVC_ADDR = PROXY_ENV_PREFIX + "TRACE_COLLECTOR_SVC_ADDR"
+    # the `service.name` of the spans the proxy exports
+    TRACE_SERVICE_NAME = PROXY_ENV_PREFIX + "TRACE_SERVICE_NAME"
 
 
 # Names of the control plane's objects (the charts render them; tests hold the two together).

@@ -34,6 +34,7 @@ from meshlet.proxy.outbound.stack import OutboundStack
 
 if TYPE_CHECKING:
     from meshlet.proxy.discovery.inbound_policy import PolicyWatcher
+    from meshlet.proxy.http.observe import Observe
     from meshlet.proxy.identity.manager import IdentityManager
     from meshlet.proxy.outbound.destinations import Destinations
     from meshlet.proxy.tap.server import TapServer
@@ -69,7 +70,7 @@ class Proxy:
         )  # fmt: skip
         self.connections = Connections(
             self.metrics, self.limits, tcp_connector(config.outbound_connect_timeout),
-            self.closing, self.shedder,
+            self.closing, self.shedder, _observe(config, self.metrics),
         )  # fmt: skip
         # Built by `start` once the listeners are bound, from the ports as bound.
         self.outbound: OutboundStack
@@ -190,6 +191,9 @@ class Proxy:
         if self.router is not None:
             await self.router.aclose()
         await self.connections.aclose()
+        observe = self.connections.observe
+        if observe is not None:
+            await asyncio.to_thread(observe.close)
         self.shedder.close()
         await self._admin.close()
         self.stopped.set()
@@ -292,3 +296,25 @@ async def run(config: ProxyConfig) -> int:
     log.info("shutting down: draining for up to %gs", config.shutdown_grace_period)
     await proxy.shutdown()
     return 1 if proxy.failure else 0
+
+
+def _observe(config: ProxyConfig, metrics: ProxyMetrics) -> Observe | None:
+    """Access logs and span export, as configured; None (nothing loaded) when neither is."""
+    if not config.access_log and not config.trace_collector_svc_addr:
+        return None
+    import sys
+
+    from meshlet.proxy.http.observe import FORMATS, LineWriter, Observe
+
+    writer = None
+    if config.access_log:
+        writer = LineWriter(sys.stderr.fileno(), metrics.access_log_dropped_total.labels())
+    spans = None
+    if config.trace_collector_svc_addr:
+        from meshlet.proxy.http.export import SpanExport
+
+        spans = SpanExport(
+            config.trace_collector_svc_addr, config.trace_service_name,
+            metrics.trace_spans_exported_total.labels(), metrics.trace_spans_dropped_total.labels(),
+        )  # fmt: skip
+    return Observe(FORMATS.get(config.access_log), writer, spans)

@@ -222,6 +222,9 @@ class ProxyConfig:
     admin_shutdown_enabled: bool = False
     log: str = "info"
     log_format: str = "plain"
+    access_log: str = ""  # "", apache or json
+    trace_collector_svc_addr: str = ""  # an OTLP/HTTP endpoint URL
+    trace_service_name: str = "meshlet-proxy"
     # Derived by `load` from the settings above, checked with them.
     identity: IdentitySettings | None = None
     destination: DestinationSettings | None = None
@@ -232,6 +235,34 @@ def _log_format(text: str) -> str:
     value = text.strip().lower()
     if value not in ("plain", "json"):
         raise ValueError("expected plain or json")
+    return value
+
+
+def _access_log(text: str) -> str:
+    value = text.strip().lower()
+    if value not in ("", "apache", "json"):
+        raise ValueError("expected apache or json")
+    return value
+
+
+def _collector_url(text: str) -> str:
+    """An OTLP/HTTP endpoint: `http(s)://host[:port][/path]` (the path defaults to
+    /v1/traces, OTLP's)."""
+    value = text.strip()
+    if not value:
+        return ""
+    match = re.fullmatch(
+        r"https?://([^/?#\s:]+|\[[0-9a-fA-F:.]+\])(:[0-9]{1,5})?(/[^?#\s]*)?", value
+    )
+    if match is None or (match[2] is not None and not 0 < int(match[2][1:]) < 65536):
+        raise ValueError("expected an http:// or https:// URL")
+    return value if match[3] not in (None, "/") else value.rstrip("/") + "/v1/traces"
+
+
+def _service_name(text: str) -> str:
+    value = text.strip()
+    if not value or len(value) > 253 or not value.isprintable():
+        raise ValueError("expected a printable name of 1 to 253 characters")
     return value
 
 
@@ -292,6 +323,9 @@ _TABLE: Final[dict[wellknown.ProxyEnv, tuple[str, Callable[[str], Any]]]] = {
     E.ADMIN_SHUTDOWN_ENABLED: ("admin_shutdown_enabled", _flag),
     E.LOG: ("log", _log_level),
     E.LOG_FORMAT: ("log_format", _log_format),
+    E.ACCESS_LOG: ("access_log", _access_log),
+    E.TRACE_COLLECTOR_SVC_ADDR: ("trace_collector_svc_addr", _collector_url),
+    E.TRACE_SERVICE_NAME: ("trace_service_name", _service_name),
 }
 _FIELDS: Final = {field_name: env for env, (field_name, _) in _TABLE.items()}
 

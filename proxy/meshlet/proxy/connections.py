@@ -18,6 +18,7 @@ from meshlet.proxy.core.failover import Failure
 from meshlet.proxy.core.routes import DEFAULT_ROUTE
 from meshlet.proxy.http.attempts import Attempts, Failed, advance
 from meshlet.proxy.http.contract import (
+    Addr,
     Connect,
     Endpoint,
     EndpointPicker,
@@ -38,6 +39,7 @@ from meshlet.proxy.metrics import ProxyMetrics
 if TYPE_CHECKING:
     from meshlet.proxy.http.h1pool import H1Pool
     from meshlet.proxy.http.h2pool import H2Pool
+    from meshlet.proxy.http.observe import Observe
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +56,10 @@ class Connections:
         connect: Connect,
         closing: asyncio.Event,
         shedder: Shedder | None = None,
+        observe: Observe | None = None,
     ) -> None:
         self.metrics = metrics
+        self.observe = observe  # access logs and spans (None: neither)
         self.limits = limits
         self.connect = connect  # plain TCP with the connect timeout
         self.closing = closing
@@ -125,9 +129,15 @@ class Connections:
         accepted: Accepted | None = None,
         handoff: Handoff | None = None,
         add_headers: Sequence[tuple[bytes, bytes]] = (),
+        client: Addr | None = None,
     ) -> None:
         """Serves the connection (a raw accepted socket, or an established `handoff`) with the
-        HTTP/1 or HTTP/2 engine; requests are routed by `router`."""
+        HTTP/1 or HTTP/2 engine; requests are routed by `router`. `client`: the client's
+        address (else `accepted`'s), as access logs show it."""
+        observer = None
+        if self.observe is not None:
+            peer = client or (accepted.client if accepted is not None else None)
+            observer = self.observe.connection(labels.direction, str(peer or "-"), labels.client_id)
         conn = HttpConn(
             sock=accepted.sock if accepted is not None else None,
             router=router,
@@ -141,6 +151,7 @@ class Connections:
             accepted_at=accepted.at if accepted is not None else None,
             tcp=tcp,
             shedder=self.shedder,
+            observer=observer,
         )
         if h2:
             from meshlet.proxy.http.h2pool import H2Pool

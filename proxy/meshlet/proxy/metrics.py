@@ -274,6 +274,19 @@ class ProxyMetrics:
             "When the proxy last obtained a certificate (Unix time).",
             r,
         )
+        self.access_log_dropped_total = Counter(
+            "access_log_dropped",
+            "Access log lines dropped because stderr was slower than the requests.",
+            [], registry=r,
+        )  # fmt: skip
+        self.trace_spans_exported_total = Counter(
+            "trace_spans_exported", "Spans the trace collector accepted.", [], registry=r
+        )
+        self.trace_spans_dropped_total = Counter(
+            "trace_spans_dropped",
+            "Spans dropped: the export queue was full, or the collector failed them.",
+            [], registry=r,
+        )  # fmt: skip
         self.identity_cert_refresh_total = Counter(
             "identity_cert_refresh", "Certificate requests to the identity service, by result.",
             ["result"], registry=r,

@@ -91,3 +91,13 @@ def flag(text: str) -> bool:
 
 
 DNS_LABEL: Final = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def access_log(text: str) -> str:
+    """`apache` or `json` (the proxy's loader checks it)."""
+    return text.strip().lower()
+
+
+def url(text: str) -> str:
+    """A URL, stripped (the proxy's loader checks it)."""
+    return text.strip()

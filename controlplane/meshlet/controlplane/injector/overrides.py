@@ -79,6 +79,18 @@ SETTINGS: Final = (
         grammar.duration,
         wellknown.ProxyEnv.HTTP_STREAM_IDLE_TIMEOUT,
     ),
+    Setting(
+        wellknown.ACCESS_LOG_ANNOTATION,
+        "access_log",
+        grammar.access_log,
+        wellknown.ProxyEnv.ACCESS_LOG,
+    ),
+    Setting(
+        wellknown.TRACE_COLLECTOR_ANNOTATION,
+        "trace_collector",
+        grammar.url,
+        wellknown.ProxyEnv.TRACE_COLLECTOR_SVC_ADDR,
+    ),
     Setting(wellknown.PROXY_CPU_REQUEST_ANNOTATION, "cpu_request", grammar.quantity),
     Setting(wellknown.PROXY_CPU_LIMIT_ANNOTATION, "cpu_limit", grammar.quantity),
     Setting(wellknown.PROXY_MEMORY_REQUEST_ANNOTATION, "memory_request", grammar.quantity),
@@ -106,6 +118,8 @@ class ProxySettings:
     outbound_connect_timeout: str
     shutdown_grace_period: str
     stream_idle_timeout: str
+    access_log: str
+    trace_collector: str
     resources: Resources
     iptables_mode: str
 
@@ -141,6 +155,8 @@ def resolve(
         "outbound_connect_timeout": defaults.outbound_connect_timeout,
         "shutdown_grace_period": defaults.shutdown_grace_period,
         "stream_idle_timeout": defaults.stream_idle_timeout,
+        "access_log": "",
+        "trace_collector": "",
         "iptables_mode": defaults.iptables_mode,
         **dataclasses.asdict(defaults.resources),
     }

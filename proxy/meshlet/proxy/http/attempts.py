@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NamedTuple, Protocol
 
 from meshlet.proxy.core.classify import FAILURE
@@ -51,6 +51,7 @@ from meshlet.proxy.http.contract import (
 )
 
 log = logging.getLogger(__name__)
+Header = tuple[bytes, bytes]
 
 
 class Verdict(enum.Enum):
@@ -120,6 +121,7 @@ class Attempts:
         "endpoint",
         "label",
         "latency_ms",
+        "observation",
         "previous",
         "recorder",
         "route",
@@ -154,6 +156,9 @@ class Attempts:
         self.latency_ms: float | None = None  # arrival to the response head
         self.classified = ""  # the response head's class, as the route classified it
         self.tap: Tapped | None = None  # the taps that took the request (tap/taps.py)
+        # The access log entry and span (observe.py): None unless the workload has either.
+        observer = recorder.observer if recorder is not None else None
+        self.observation = observer.started(target) if observer is not None else None
 
     # -- routing and picking ----------------------------------------------------------
 
@@ -168,6 +173,8 @@ class Attempts:
             if not isinstance(routed, RouteTarget):
                 return routed if isinstance(routed, Wait) else self._routed(routed, self.arrived)
             route = self.route = routed
+            if self.observation is not None:
+                route = self.route = self.observation.routed(route)
         if route.budget is not None:
             route.budget.deposit(self.arrived)
         timeout = route.policy.timeout
@@ -196,6 +203,8 @@ class Attempts:
         if isinstance(routed, RouteError):
             self._count(None)
             return Answer(routed.status, routed.reason)
+        if self.observation is not None:
+            routed = self.observation.routed(routed)
         self.route = routed
         if routed.budget is not None:
             routed.budget.deposit(now)
@@ -245,6 +254,8 @@ class Attempts:
     def sent(self) -> None:
         """The request went (at least its head) to the current endpoint."""
         self.sends += 1
+        if self.observation is not None:
+            self.observation.sent()
         route = self.route
         if route is not None and self.recorder is not None:
             self.recorder.attempt(route)
@@ -287,9 +298,18 @@ class Attempts:
             return Answer(decision.status, decision.reason)
         return PASS if action is Action.PASS else ABORT
 
-    def response(self, status: int, grpc_status: str | None, replayable: bool, now: float) -> Step:
+    def response(
+        self,
+        status: int,
+        grpc_status: str | None,
+        replayable: bool,
+        now: float,
+        headers: Sequence[Header] = (),
+    ) -> Step:
         """A response head came back: PASS it to the client (it is then `responded`), or
         retry (the route classifies it a failure, and the policy and budget allow)."""
+        if self.observation is not None:
+            self.observation.response_headers = headers
         route = self.route
         recorder = self.recorder
         if route is not None and recorder is not None:
@@ -356,6 +376,9 @@ class Attempts:
         recorder = self.recorder
         if recorder is None:
             return ""
+        if self.observation is not None:
+            self.observation.finished(self.target, status, grpc_status, failed)
+            self.observation = None
         known = self.classified if grpc_status is None else ""
         tap = self.tap
         if tap is not None:

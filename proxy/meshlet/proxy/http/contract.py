@@ -15,7 +15,7 @@ import asyncio
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, NamedTuple, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, Protocol, TypeVar
 
 from meshlet.api import wellknown
 from meshlet.api.hostport import HostPort
@@ -24,6 +24,9 @@ from meshlet.proxy.core.pressure import Peer
 from meshlet.proxy.core.retry_budget import RetryBudget
 from meshlet.proxy.core.routes import RoutePolicy
 from meshlet.proxy.io.counters import ConnLabels, CounterFamily, HistogramFamily, TcpConn, Values
+
+if TYPE_CHECKING:
+    from meshlet.proxy.http.observe import ConnObserver
 
 Addr = HostPort  # printed as host:port, [v6]:port
 T = TypeVar("T")
@@ -180,6 +183,9 @@ class Recording(Protocol):
         self, target: RequestTarget, endpoint: Endpoint | None, route: RouteTarget | None
     ) -> Tapped | None:
         """The taps that take a request (its RequestInit queued on each), or None."""
+
+    # Access logs and spans for the connection's requests (http/observe.py); None: neither.
+    observer: ConnObserver | None
 
     def authority_label(self, authority: str) -> str:
         """The bounded `authority` label of a request's authority."""
@@ -343,6 +349,8 @@ class HttpConn:
     tcp: TcpConn | None = None
     # Registers the connection for load shedding while it lives (None: never shed).
     shedder: Shedder | None = None
+    # Access logs and spans of its requests (None: neither, the default).
+    observer: ConnObserver | None = None
 
 
 def error_reason(text: str) -> bytes:

@@ -211,7 +211,7 @@ class H1Shell(asyncio.Protocol):
         high = conn.limits.max_body_buffer
         self._transport.set_write_buffer_limits(high, high // 4)
         self.machine = H1Machine(
-            self, conn.limits, Recorder(conn.metrics, conn.labels), conn.router,
+            self, conn.limits, Recorder(conn.metrics, conn.labels, conn.observer), conn.router,
             tuple(conn.add_headers), conn.accepted_at,
         )  # fmt: skip
 

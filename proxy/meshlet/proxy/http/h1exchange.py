@@ -570,7 +570,7 @@ class H1Machine:
         att = ex.att
         now = self.io.now()
         replayable = ex.replay is not None and ex.req is not Req.DISCARD
-        step = att.response(status, None, replayable, now)
+        step = att.response(status, None, replayable, now, fields)
         if step is not PASS:
             self._retry(ex, step)
             return None

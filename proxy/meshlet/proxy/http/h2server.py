@@ -109,7 +109,7 @@ class H2Server(Peer):
         self._idle_timer: asyncio.TimerHandle | None = None
         # Armed while a stream has an idle timeout (opt-in): checks streams every quarter of it.
         self._stream_timer: asyncio.TimerHandle | None = None
-        self.recorder = Recorder(conn.metrics, conn.labels)
+        self.recorder = Recorder(conn.metrics, conn.labels, conn.observer)
         if conn.tcp is not None:
             self.tcp = conn.tcp
 

@@ -287,7 +287,8 @@ class ProxyStream:
                 return
         att = self.att
         now = self.server.loop.time()
-        step = att.response(response.status, response.grpc_status, self.req.kept is not None, now)
+        kept = self.req.kept is not None
+        step = att.response(response.status, response.grpc_status, kept, now, response.headers)
         if step is not PASS:
             self._retry(step)
             return

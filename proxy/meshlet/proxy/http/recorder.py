@@ -10,7 +10,7 @@ classes. Label children are looked up once per label set, not per request.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from meshlet.proxy.core.routes import DEFAULT_ROUTE, classify_response
 from meshlet.proxy.http.contract import (
@@ -22,12 +22,18 @@ from meshlet.proxy.http.contract import (
 )
 from meshlet.proxy.io.counters import ConnLabels
 
+if TYPE_CHECKING:
+    from meshlet.proxy.http.observe import ConnObserver
+
 Children = dict[tuple[Any, ...], Any]
 
 
 class Recorder:
-    def __init__(self, metrics: RequestMetrics, labels: ConnLabels) -> None:
+    def __init__(
+        self, metrics: RequestMetrics, labels: ConnLabels, observer: ConnObserver | None = None
+    ) -> None:
         self.metrics = metrics
+        self.observer = observer
         self.direction = labels.direction
         self.conn_labels = labels
         self.taps = metrics.taps
