@@ -76,20 +76,6 @@ def measure(
 # -- rendering (pure) ---------------------------------------------------------------------
 
 
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value * 100:.2f}%"
-
-
-def _ms(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value:.0f}ms" if value >= 10 else f"{value:.1f}ms"
-
-
-def _num(value: float | None, unit: str = "") -> str:
-    return "-" if value is None else f"{value:.1f}{unit}"
-
-
 def table(rows: Sequence[Stat], *, all_namespaces: bool, wide: bool) -> str:
     kind = rows[0].workload.kind if rows else Kind.DEPLOYMENT
     header = ["NAMESPACE"] if all_namespaces else []
@@ -105,10 +91,12 @@ def table(rows: Sequence[Stat], *, all_namespaces: bool, wide: bool) -> str:
         if r is None:
             cells += ["-"] * (len(header) - len(cells))
         else:
-            cells += [_pct(r.success), _num(r.rps, "rps"), *(_ms(q) for q in r.quantiles),
-                      f"{r.open_connections:.0f}", _pct(r.mtls)]  # fmt: skip
+            cells += [tables.pct(r.success), tables.num(r.rps, "rps"),
+                      *(tables.ms(q) for q in r.quantiles),
+                      f"{r.open_connections:.0f}", tables.pct(r.mtls)]  # fmt: skip
             if wide:
-                cells += [_num(r.read_bytes_per_s, "B/s"), _num(r.write_bytes_per_s, "B/s")]
+                cells += [tables.num(r.read_bytes_per_s, "B/s"),
+                          tables.num(r.write_bytes_per_s, "B/s")]  # fmt: skip
         lines.append(cells)
     return tables.render(header, lines, left={"NAMESPACE", "NAME"})
 

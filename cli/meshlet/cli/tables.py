@@ -20,3 +20,20 @@ def render(header: Sequence[str], rows: Sequence[Sequence[str]], left: Collectio
         ]
         lines.append(GAP.join(parts).rstrip())
     return "\n".join(lines) + "\n"
+
+
+def pct(value: float | None) -> str:
+    """A share as a percentage with two decimals; `-` when unknown."""
+    return "-" if value is None else f"{value * 100:.2f}%"
+
+
+def ms(value: float | None) -> str:
+    """Milliseconds, whole from 10 ms up; `-` when unknown."""
+    if value is None:
+        return "-"
+    return f"{value:.0f}ms" if value >= 10 else f"{value:.1f}ms"
+
+
+def num(value: float | None, unit: str = "") -> str:
+    """A number with one decimal and its unit; `-` when unknown."""
+    return "-" if value is None else f"{value:.1f}{unit}"

@@ -19,30 +19,16 @@ EX_UNAVAILABLE: Final = 1
 _OUTPUT = click.Choice(["table", "json"])
 
 
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value * 100:.2f}%"
-
-
-def _ms(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value:.0f}ms" if value >= 10 else f"{value:.1f}ms"
-
-
-def _num(value: float | None, unit: str = "") -> str:
-    return "-" if value is None else f"{value:.1f}{unit}"
-
-
 def _latencies(latency: dict[str, float | None]) -> list[str]:
-    return [_ms(latency.get(f"p{q * 100:g}")) for q in vizmetrics.QUANTILES]
+    return [tables.ms(latency.get(f"p{q * 100:g}")) for q in vizmetrics.QUANTILES]
 
 
 def stat_table(rows: Sequence[StatRow]) -> str:
     header = ["NAMESPACE", "NAME", "SUCCESS", "RPS", "LATENCY_P50", "LATENCY_P95",
               "LATENCY_P99", "TCP_CONN", "MTLS"]  # fmt: skip
     lines = [
-        [r.namespace or "-", r.name or "-", _pct(r.success), _num(r.rps, "rps"),
-         *_latencies(r.latency), f"{r.tcp_connections:.0f}", _pct(r.mtls)]
+        [r.namespace or "-", r.name or "-", tables.pct(r.success), tables.num(r.rps, "rps"),
+         *_latencies(r.latency), f"{r.tcp_connections:.0f}", tables.pct(r.mtls)]
         for r in rows
     ]  # fmt: skip
     return tables.render(header, lines, left={"NAMESPACE", "NAME"})
@@ -61,8 +47,8 @@ def edges_table(rows: Sequence[vizmetrics.Edge]) -> str:
 
 def routes_table(rows: Sequence[vizmetrics.RouteRow]) -> str:
     header = ["ROUTE", "DST", "SUCCESS", "RPS", "LATENCY_P50", "LATENCY_P95", "LATENCY_P99"]
-    lines = [[r.route, r.dst or "-", _pct(r.success), _num(r.rps, "rps"), *_latencies(r.latency)]
-             for r in rows]  # fmt: skip
+    lines = [[r.route, r.dst or "-", tables.pct(r.success), tables.num(r.rps, "rps"),
+              *_latencies(r.latency)] for r in rows]  # fmt: skip
     return tables.render(header, lines, left={"ROUTE", "DST"})
 
 

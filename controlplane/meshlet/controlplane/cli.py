@@ -162,3 +162,18 @@ def listen_options(port: int, admin_port: int, serves: str) -> Callable[[Any], A
         help="Admin (/metrics, /ready, /live) listen address.",
     )
     return lambda command: addr(admin(command))
+
+
+def cluster_source(
+    manifests: Any, kubeconfig: Any, in_cluster: bool, kinds: tuple[Any, ...]
+) -> Any:
+    """What a controller watches `kinds` from: the local mesh's manifests folder (read every
+    0.2 s), else the Kubernetes API (a kubeconfig, or the pod's service account)."""
+    if manifests is not None:
+        from meshlet.controlplane.k8s.manifests import ManifestsSource
+
+        return ManifestsSource(manifests, kinds=kinds, poll_interval=0.2)
+    from meshlet.controlplane.k8s.client import api_client
+    from meshlet.controlplane.k8s.informer import KubernetesSource
+
+    return KubernetesSource(api_client(kubeconfig, in_cluster), kinds=kinds)

@@ -17,6 +17,7 @@ from meshlet.api.hostport import HostPort
 from meshlet.controlplane.cli import (
     EX_CONFIG,
     Duration,
+    cluster_source,
     listen_options,
     log_level_option,
     option,
@@ -311,7 +312,6 @@ def policy(
     trust_domain: str,
 ) -> None:
     """Inbound policy: streams each workload port's authorization policy to proxies."""
-    from meshlet.controlplane.k8s.client import api_client
     from meshlet.controlplane.k8s.events import POLICY_KINDS, Source
     from meshlet.controlplane.policy.index import ClusterConfig, parse_networks
     from meshlet.controlplane.policy.server import PolicyConfig, serve
@@ -330,15 +330,7 @@ def policy(
     if problems:
         raise click.UsageError("; ".join(problems))
     setup_logging(log_level)
-    source: Source
-    if manifests is not None:
-        from meshlet.controlplane.k8s.manifests import ManifestsSource
-
-        source = ManifestsSource(manifests, kinds=POLICY_KINDS, poll_interval=0.2)
-    else:
-        from meshlet.controlplane.k8s.informer import KubernetesSource
-
-        source = KubernetesSource(api_client(kubeconfig, in_cluster), kinds=POLICY_KINDS)
+    source: Source = cluster_source(manifests, kubeconfig, in_cluster, POLICY_KINDS)
     config = PolicyConfig(
         addr=addr,
         admin_addr=admin_addr,
@@ -422,7 +414,6 @@ def tap(
     log_level: str,
 ) -> None:
     """Tap: streams the live requests of a resource's proxies (JSON lines over HTTP)."""
-    from meshlet.controlplane.k8s.client import api_client
     from meshlet.controlplane.k8s.events import Source
     from meshlet.controlplane.tap.server import TAP_KINDS, TapConfig, serve
 
@@ -439,15 +430,7 @@ def tap(
     if problems or tls_cert is None or tls_key is None or trust_anchors is None:
         raise click.UsageError("; ".join(problems))
     setup_logging(log_level)
-    source: Source
-    if manifests is not None:
-        from meshlet.controlplane.k8s.manifests import ManifestsSource
-
-        source = ManifestsSource(manifests, kinds=TAP_KINDS, poll_interval=0.2)
-    else:
-        from meshlet.controlplane.k8s.informer import KubernetesSource
-
-        source = KubernetesSource(api_client(kubeconfig, in_cluster), kinds=TAP_KINDS)
+    source: Source = cluster_source(manifests, kubeconfig, in_cluster, TAP_KINDS)
     config = TapConfig(
         addr=addr,
         admin_addr=admin_addr,
