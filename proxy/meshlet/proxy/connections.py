@@ -18,7 +18,6 @@ from meshlet.proxy.core.failover import Failure
 from meshlet.proxy.core.routes import DEFAULT_ROUTE
 from meshlet.proxy.http.attempts import Attempts, Failed, advance
 from meshlet.proxy.http.contract import (
-    Addr,
     Connect,
     Endpoint,
     EndpointPicker,
@@ -129,15 +128,14 @@ class Connections:
         accepted: Accepted | None = None,
         handoff: Handoff | None = None,
         add_headers: Sequence[tuple[bytes, bytes]] = (),
-        client: Addr | None = None,
     ) -> None:
         """Serves the connection (a raw accepted socket, or an established `handoff`) with the
-        HTTP/1 or HTTP/2 engine; requests are routed by `router`. `client`: the client's
-        address (else `accepted`'s), as access logs show it."""
+        HTTP/1 or HTTP/2 engine; requests are routed by `router`. Access logs show the client
+        as `labels.peer` (the stacks' accepted address)."""
         observer = None
         if self.observe is not None:
-            peer = client or (accepted.client if accepted is not None else None)
-            observer = self.observe.connection(labels.direction, str(peer or "-"), labels.client_id)
+            observer = self.observe.connection(labels.direction, labels.peer or "-",
+                                               labels.client_id)  # fmt: skip
         conn = HttpConn(
             sock=accepted.sock if accepted is not None else None,
             router=router,

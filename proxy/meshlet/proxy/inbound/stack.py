@@ -199,7 +199,6 @@ class InboundStack:
                 tcp,
                 handoff=session.terminated,
                 add_headers=((CLIENT_ID_HEADER, session.client_id.encode()),),
-                client=accepted.client,
             )
 
     async def _detect_session(self, session: Session) -> Forward:
