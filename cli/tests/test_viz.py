@@ -3,6 +3,10 @@
 `meshlet-proxy`, the real control plane) and Debian's `prometheus`, scraping every proxy's
 admin port each second with the labels Kubernetes service discovery would give.
 
+The control plane's admin ports are scraped too, as job `meshlet-controller` with the
+`component` label the chart's scrape config gives them, so that every query of the Grafana
+dashboards (charts/meshlet-control-plane/dashboards) is run here and must return data.
+
 `alpha-1` (Deployment alpha) calls `server-1`'s app on 8080 (200s); `beta-1` calls port 8081 of
 `server-1`, where nothing listens (the server's proxy answers 502s). One call of each is made
 before Prometheus starts, so that every series exists at its first scrape and `increase()`
@@ -18,16 +22,17 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
 
 from meshlet.api import wellknown
-from meshlet.cli import vizmetrics
+from meshlet.cli import charts, vizmetrics
 from meshlet.cli.demo import prometheus as promconf
 from meshlet.cli.demo.topology import Layout, Mode, Pod
-from meshlet_testing.podmesh import NS, PodMesh, PodSpec, running
+from meshlet_testing import grafana
+from meshlet_testing.podmesh import CONTROL_PLANE, NS, PodMesh, PodSpec, running
 
 pytestmark = pytest.mark.netns
 
@@ -98,6 +103,10 @@ def world(
             promconf.Target(f"{ip}:{wellknown.PROXY_ADMIN_PORT}", NS, pod, WORKLOAD[pod],
                             WORKLOAD[pod])
             for pod, ip in IPS.items()
+        ] + [
+            promconf.Target(f"{layout.control_ip}:{admin}", wellknown.CONTROL_PLANE_NAMESPACE,
+                            name, name, name, promconf.CONTROLLER_JOB, component=name)
+            for name, admin in CONTROL_PLANE
         ]  # fmt: skip
         (root / "prometheus.yml").write_text(promconf.config(targets, SCRAPE))
         url = f"http://127.0.0.1:{_free_port()}"
@@ -109,6 +118,7 @@ def world(
             promconf.wait_ready(url)
             prom = vizmetrics.Prometheus(url)
             _until(prom, 'count(up{job="meshlet-proxy"} == 1)', len(IPS))
+            _until(prom, f'count(up{{job="{promconf.CONTROLLER_JOB}"}} == 1)', len(CONTROL_PLANE))
             time.sleep(SETTLE)
             assert mesh.curl_codes(ALPHA, GOOD, OK_CALLS) == [200] * OK_CALLS
             assert mesh.curl_codes(BETA, BAD, FAILED_CALLS) == [502] * FAILED_CALLS
@@ -157,6 +167,34 @@ def test_every_query_returns_data(world: tuple[PodMesh, str]) -> None:
     empty = [q for q, n in run.answers.items() if n == 0]
     assert not empty, f"queries that returned nothing: {empty}"
     assert len(run.answers) >= 20
+
+
+DASHBOARDS = charts.chart_dir(charts.CONTROL_PLANE) / "dashboards"
+
+
+def test_every_dashboard_query_returns_data(world: tuple[PodMesh, str]) -> None:
+    """Each panel's query returns data for one of the values its variables offer here (Grafana
+    shows a Deployment at a time; the world's ones either serve or send), and each variable
+    offers values."""
+    _, url = world
+    prom = vizmetrics.Prometheus(url)
+
+    def run(promql: str) -> list[Mapping[str, str]]:
+        return [sample.labels for sample in prom.query(promql)]
+
+    failures: list[str] = []
+    ran = 0
+    for path in sorted(DASHBOARDS.glob("*.json")):
+        board = json.loads(path.read_text())
+        choices, problems = grafana.assignments(grafana.variables(board), run)
+        failures += [f"{path.name}: {p}" for p in problems]
+        for query in grafana.queries(board, path.name):
+            ran += 1
+            failure = grafana.first_answering(query, choices, run)
+            if failure is not None:
+                failures.append(failure)
+    assert not failures, "dashboard queries that failed:\n" + "\n".join(failures)
+    assert ran >= 50
 
 
 def viz(url: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -22,6 +22,9 @@ from typing import Final
 SCRAPE_INTERVAL: Final = "1s"
 READY_WITHIN: Final = 20.0
 PORT: Final = 9090
+# The chart's scrape jobs (charts/meshlet-control-plane/templates/_prometheus.tpl).
+PROXY_JOB: Final = "meshlet-proxy"
+CONTROLLER_JOB: Final = "meshlet-controller"
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +36,8 @@ class Target:
     pod: str
     workload: str
     serviceaccount: str
-    job: str = "meshlet-proxy"
+    job: str = PROXY_JOB
+    component: str = ""  # a controller's, as the chart's scrape config labels it
 
 
 def binary() -> str | None:
@@ -47,6 +51,8 @@ def config(targets: Sequence[Target], interval: str = SCRAPE_INTERVAL) -> str:
     for t in targets:
         labels = {"namespace": t.namespace, "pod": t.pod, "deployment": t.workload,
                   "serviceaccount": t.serviceaccount}  # fmt: skip
+        if t.component:
+            labels["component"] = t.component
         jobs.setdefault(t.job, []).append({"targets": [t.address], "labels": labels})
     doc = {
         "global": {"scrape_interval": interval, "evaluation_interval": interval},

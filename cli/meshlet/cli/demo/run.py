@@ -178,7 +178,8 @@ class Demo:
             for p in layout.pods
         ] + [
             prometheus.Target(f"{layout.control_ip}:{port}", wellknown.CONTROL_PLANE_NAMESPACE,
-                              name, name, name, job="meshlet-control-plane")
+                              name, name, name, job=prometheus.CONTROLLER_JOB,
+                              component=name)
             for name, port in CONTROL_PLANE
         ]  # fmt: skip
         config = self.root / "prometheus.yml"
