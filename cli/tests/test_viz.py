@@ -4,7 +4,8 @@
 admin port each second with the labels Kubernetes service discovery would give.
 
 The control plane's admin ports are scraped too, as job `meshlet-controller` with the
-`component` label the chart's scrape config gives them, so that every query of the Grafana
+`component` label the chart's scrape config gives them (the proxy injector, which the test mesh
+does not run, is started beside it and answers three reviews), so that every query of the Grafana
 dashboards (charts/meshlet-control-plane/dashboards) is run here and must return data.
 
 `alpha-1` (Deployment alpha) calls `server-1`'s app on 8080 (200s); `beta-1` calls port 8081 of
@@ -31,11 +32,12 @@ from meshlet.api import wellknown
 from meshlet.cli import charts, vizmetrics
 from meshlet.cli.demo import prometheus as promconf
 from meshlet.cli.demo.topology import Layout, Mode, Pod
-from meshlet_testing import grafana
+from meshlet_testing import grafana, injectorproc, workloads
 from meshlet_testing.podmesh import CONTROL_PLANE, NS, PodMesh, PodSpec, running
 
 pytestmark = pytest.mark.netns
 
+INJECTOR = "proxy-injector"  # the component, as the chart labels its pod
 SERVER, ALPHA, BETA = "server-1", "alpha-1", "beta-1"
 IPS = {SERVER: "10.78.0.10", ALPHA: "10.78.0.21", BETA: "10.78.0.22"}
 WORKLOAD = {SERVER: "server", ALPHA: "alpha", BETA: "beta"}
@@ -96,7 +98,13 @@ def world(
     layout = Layout(Mode.NETNS, tuple(s.pod for s in pods), control_ip="10.78.0.2",
                     host_ip="10.78.0.1", prefix=24)  # fmt: skip
     root = tmp_path_factory.mktemp("viz")
-    with running(PodMesh(root, layout, pods, cluster_networks="10.78.0.0/25")) as mesh:
+    with (
+        injectorproc.started(root / "injector") as injector,
+        running(PodMesh(root, layout, pods, cluster_networks="10.78.0.0/25")) as mesh,
+    ):
+        injector.wait_ready()
+        controllers = [(name, f"{layout.control_ip}:{admin}") for name, admin in CONTROL_PLANE]
+        controllers.append((INJECTOR, injector.admin_address))
         assert mesh.curl_codes(ALPHA, GOOD, 1) == [200]
         assert mesh.curl_codes(BETA, BAD, 1) == [502]
         targets = [
@@ -104,9 +112,9 @@ def world(
                             WORKLOAD[pod])
             for pod, ip in IPS.items()
         ] + [
-            promconf.Target(f"{layout.control_ip}:{admin}", wellknown.CONTROL_PLANE_NAMESPACE,
-                            name, name, name, promconf.CONTROLLER_JOB, component=name)
-            for name, admin in CONTROL_PLANE
+            promconf.Target(address, wellknown.CONTROL_PLANE_NAMESPACE, name, name, name,
+                            promconf.CONTROLLER_JOB, component=name)
+            for name, address in controllers
         ]  # fmt: skip
         (root / "prometheus.yml").write_text(promconf.config(targets, SCRAPE))
         url = f"http://127.0.0.1:{_free_port()}"
@@ -118,8 +126,9 @@ def world(
             promconf.wait_ready(url)
             prom = vizmetrics.Prometheus(url)
             _until(prom, 'count(up{job="meshlet-proxy"} == 1)', len(IPS))
-            _until(prom, f'count(up{{job="{promconf.CONTROLLER_JOB}"}} == 1)', len(CONTROL_PLANE))
+            _until(prom, f'count(up{{job="{promconf.CONTROLLER_JOB}"}} == 1)', len(controllers))
             time.sleep(SETTLE)
+            _admission_reviews(injector)
             assert mesh.curl_codes(ALPHA, GOOD, OK_CALLS) == [200] * OK_CALLS
             assert mesh.curl_codes(BETA, BAD, FAILED_CALLS) == [502] * FAILED_CALLS
             total = 2 + OK_CALLS + FAILED_CALLS
@@ -133,6 +142,19 @@ def world(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def _admission_reviews(injector: injectorproc.Injector) -> None:
+    """What the injector counts: a pod meshed, a malformed review, a ServiceProfile judged."""
+    meshed = injector.review(
+        workloads.review(workloads.pod({wellknown.INJECT_ANNOTATION: "enabled"}))
+    )
+    assert meshed["allowed"] is True and "patch" in meshed
+    assert injector.post(b"not json")[0] == 400
+    profile = {"apiVersion": "meshlet.io/v1alpha1", "kind": "ServiceProfile",
+               "metadata": {"name": "web.emojivoto.svc.cluster.local", "namespace": "emojivoto"},
+               "spec": {"routes": [{"name": "GET /", "condition": {"method": "GET"}}]}}  # fmt: skip
+    assert injector.review(workloads.review(profile), "/validate")["allowed"] is True
 
 
 def _until(prom: vizmetrics.Prometheus, promql: str, want: float, within: float = 15.0) -> None:
