@@ -123,6 +123,17 @@ def test_the_prometheus_deployment(rendered: list[dict[str, Any]]) -> None:
     assert wk.INJECT_ANNOTATION not in (spec["template"]["metadata"].get("annotations") or {})
 
 
+def test_a_config_change_restarts_it(rendered: list[dict[str, Any]]) -> None:
+    def checksum(objects: list[dict[str, Any]]) -> str:
+        template = find(objects, "Deployment", "meshlet-prometheus")["spec"]["template"]
+        return str(template["metadata"]["annotations"]["checksum/config"])
+
+    values = yaml.safe_load(pki.VALUES.read_text())
+    values["prometheus"] = {"enabled": True, "scrapeInterval": "30s"}
+    slower = [m.doc for m in charts.render(charts.CONTROL_PLANE, values, "meshlet")]
+    assert checksum(slower) != checksum(rendered)
+
+
 def test_bad_values_are_refused(meshlet: Callable[..., Any]) -> None:
     run = meshlet("install", *FIXED, "--set", "prometheus.retention=forever")
     assert run.code != 0 and "retention" in run.err and "Traceback" not in run.err

@@ -28,3 +28,13 @@ the control plane's admin-http ports, labelled with their component. */}}
     - source_labels: [__meta_kubernetes_pod_label_meshlet_io_control_plane_component]
       target_label: component
 {{- end -}}
+
+
+{{/* The chart's own Prometheus' config file. */}}
+{{- define "meshlet.prometheus.config" -}}
+global:
+  scrape_interval: {{ .Values.prometheus.scrapeInterval }}
+  evaluation_interval: {{ .Values.prometheus.scrapeInterval }}
+scrape_configs:
+  {{- include "meshlet.prometheus.scrapeConfigs" . | nindent 2 }}
+{{- end -}}
