@@ -33,7 +33,7 @@ def _free_port() -> int:
 
 @dataclass
 class Injector:
-    proc: subprocess.Popen[bytes]
+    proc: subprocess.Popen[Any]
     port: int
     admin: int
     anchors: Path
@@ -54,6 +54,10 @@ class Injector:
             return response.status, response.read()
         finally:
             conn.close()
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://{self.admin_address}/metrics", timeout=5) as r:
+            return str(r.read().decode())
 
     def review(self, review: dict[str, Any], path: str = "/inject") -> dict[str, Any]:
         status, body = self.post(json.dumps(review).encode(), path)

@@ -4,18 +4,15 @@ AdmissionReviews posted by a real HTTP client, namespaces read from the fake API
 from __future__ import annotations
 
 import base64
-import http.client
 import json
 import os
 import signal
 import socket
-import ssl
 import subprocess
 import sys
 import time
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +22,8 @@ import pytest
 from meshlet.api import wellknown as wk
 from meshlet_testing import schema
 from meshlet_testing.fakeapi import FakeKubeAPI
+from meshlet_testing.injectorproc import SERVICE, Injector
 from meshlet_testing.workloads import pod, review
-
-SERVICE = f"{wk.INJECTOR_NAME}.{wk.CONTROL_PLANE_NAMESPACE}.svc"
 
 
 def free_port() -> int:
@@ -44,31 +40,6 @@ def controller(*args: str) -> subprocess.Popen[str]:
         text=True,
         env=os.environ.copy(),
     )
-
-
-@dataclass
-class Injector:
-    proc: subprocess.Popen[str]
-    port: int
-    admin: int
-    anchors: Path
-
-    def post(self, body: bytes, path: str = "/inject") -> tuple[int, bytes]:
-        """POSTs over TLS, verifying the injector's certificate for its Service name."""
-        context = ssl.create_default_context(cafile=str(self.anchors))
-        raw = socket.create_connection(("127.0.0.1", self.port), timeout=10)
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
-        conn.sock = context.wrap_socket(raw, server_hostname=SERVICE)
-        try:
-            conn.request("POST", path, body, {"Content-Type": "application/json"})
-            response = conn.getresponse()
-            return response.status, response.read()
-        finally:
-            conn.close()
-
-    def metrics(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.admin}/metrics", timeout=5) as r:
-            return str(r.read().decode())
 
 
 @pytest.fixture
