@@ -60,7 +60,7 @@ class TrafficSpec(_message.Message):
     source_workload: _builtins.str
     """The workload asking (its pod): see the stream rules above for its form."""
     authority: _builtins.str
-    """A name, such as an HTTP authority, when the proxy resolves names itself."""
+    """A name (such as an HTTP authority) rather than an address."""
     @_builtins.property
     def addr(self) -> _net_pb2.TcpAddress:
         """The original destination address of a connection."""
