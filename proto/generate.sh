@@ -11,7 +11,8 @@ out=${1:-.}
 if (( check )); then out=$(mktemp -d); trap 'rm -rf "$out"' EXIT; fi
 mkdir -p "$out/meshlet/api"
 messages=(meshlet/api/*.proto)
-services=(meshlet/api/destination.proto meshlet/api/identity.proto meshlet/api/inbound.proto meshlet/api/tap.proto)
+services=(meshlet/api/destination.proto meshlet/api/identity.proto meshlet/api/inbound.proto meshlet/api/outbound.proto
+    meshlet/api/tap.proto)
 "$python" -m grpc_tools.protoc -I . --python_out="$out" --mypy_out="$out" "${messages[@]}"
 "$python" -m grpc_tools.protoc -I . --grpc_python_out="$out" --mypy_grpc_out="$out" --grpclib_python_out="$out" \
     "${services[@]}"

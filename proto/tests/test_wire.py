@@ -77,6 +77,7 @@ def test_weighted_addr_field_numbers() -> None:
         "protocol_hint": 6,
         "authority_override": 7,
         "http2": 8,
+        "resource_ref": 9,
     }
     tls = {f.name: f.number for f in destination_pb2.TlsIdentity.DESCRIPTOR.fields}
     assert tls == {"dns_like_identity": 1, "uri_like_identity": 3, "server_name": 4}

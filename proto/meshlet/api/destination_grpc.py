@@ -11,6 +11,7 @@ if typing.TYPE_CHECKING:
 
 import google.protobuf.duration_pb2
 import meshlet.api.http_types_pb2
+import meshlet.api.meta_pb2
 import meshlet.api.net_pb2
 import meshlet.api.destination_pb2
 

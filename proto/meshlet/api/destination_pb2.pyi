@@ -23,6 +23,7 @@ from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
 from meshlet.api import http_types_pb2 as _http_types_pb2
+from meshlet.api import meta_pb2 as _meta_pb2
 from meshlet.api import net_pb2 as _net_pb2
 import builtins as _builtins
 import sys
@@ -200,6 +201,7 @@ class WeightedAddr(_message.Message):
     PROTOCOL_HINT_FIELD_NUMBER: _builtins.int
     AUTHORITY_OVERRIDE_FIELD_NUMBER: _builtins.int
     HTTP2_FIELD_NUMBER: _builtins.int
+    RESOURCE_REF_FIELD_NUMBER: _builtins.int
     weight: _builtins.int
     """10000 for every endpoint of a meshlet destination."""
     @_builtins.property
@@ -217,7 +219,15 @@ class WeightedAddr(_message.Message):
     @_builtins.property
     def authority_override(self) -> Global___AuthorityOverride: ...
     @_builtins.property
-    def http2(self) -> Global___Http2ClientParams: ...
+    def http2(self) -> Global___Http2ClientParams:
+        """HTTP/2 settings for connections to the endpoint, when they carry HTTP/2 (the application's,
+        or HTTP/1 upgraded between proxies by the `h2` hint).
+        """
+
+    @_builtins.property
+    def resource_ref(self) -> _meta_pb2.Metadata:
+        """The resource the endpoint is (usually its pod), when known."""
+
     def __init__(
         self,
         *,
@@ -228,10 +238,11 @@ class WeightedAddr(_message.Message):
         protocol_hint: Global___ProtocolHint | None = ...,
         authority_override: Global___AuthorityOverride | None = ...,
         http2: Global___Http2ClientParams | None = ...,
+        resource_ref: _meta_pb2.Metadata | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["addr", b"addr", "authority_override", b"authority_override", "http2", b"http2", "protocol_hint", b"protocol_hint", "tls_identity", b"tls_identity"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["addr", b"addr", "authority_override", b"authority_override", "http2", b"http2", "protocol_hint", b"protocol_hint", "resource_ref", b"resource_ref", "tls_identity", b"tls_identity"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["addr", b"addr", "authority_override", b"authority_override", "http2", b"http2", "metric_labels", b"metric_labels", "protocol_hint", b"protocol_hint", "tls_identity", b"tls_identity", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["addr", b"addr", "authority_override", b"authority_override", "http2", b"http2", "metric_labels", b"metric_labels", "protocol_hint", b"protocol_hint", "resource_ref", b"resource_ref", "tls_identity", b"tls_identity", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -326,18 +337,117 @@ Global___AuthorityOverride: _TypeAlias = AuthorityOverride  # noqa: Y015
 
 @_typing.final
 class Http2ClientParams(_message.Message):
-    """HTTP/2 client settings for an endpoint. meshlet never sets them; the message is declared so
-    that the field keeps its number and type.
+    """HTTP/2 client settings for an endpoint; each unset part keeps the client's default. meshlet's
+    destination service does not send them yet; they are declared so that a linkerd2-proxy and
+    meshlet read the same numbers and types.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class FlowControl(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        INITIAL_CONNECTION_WINDOW_SIZE_FIELD_NUMBER: _builtins.int
+        INITIAL_STREAM_WINDOW_SIZE_FIELD_NUMBER: _builtins.int
+        ADAPTIVE_FLOW_CONTROL_FIELD_NUMBER: _builtins.int
+        initial_connection_window_size: _builtins.int
+        """The largest window of the whole connection."""
+        initial_stream_window_size: _builtins.int
+        """The largest window of one stream."""
+        adaptive_flow_control: _builtins.bool
+        """When true, windows are sized from measured bandwidth and delay, and the two sizes above
+        are not used.
+        """
+        def __init__(
+            self,
+            *,
+            initial_connection_window_size: _builtins.int = ...,
+            initial_stream_window_size: _builtins.int = ...,
+            adaptive_flow_control: _builtins.bool = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["adaptive_flow_control", b"adaptive_flow_control", "initial_connection_window_size", b"initial_connection_window_size", "initial_stream_window_size", b"initial_stream_window_size"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class KeepAlive(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        INTERVAL_FIELD_NUMBER: _builtins.int
+        TIMEOUT_FIELD_NUMBER: _builtins.int
+        WHILE_IDLE_FIELD_NUMBER: _builtins.int
+        while_idle: _builtins.bool
+        """When true, pings are sent on a connection with no stream open too."""
+        @_builtins.property
+        def interval(self) -> _duration_pb2.Duration:
+            """The time between pings."""
+
+        @_builtins.property
+        def timeout(self) -> _duration_pb2.Duration:
+            """How long a ping may go unanswered before the connection is taken for dead."""
+
+        def __init__(
+            self,
+            *,
+            interval: _duration_pb2.Duration | None = ...,
+            timeout: _duration_pb2.Duration | None = ...,
+            while_idle: _builtins.bool = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["interval", b"interval", "timeout", b"timeout"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["interval", b"interval", "timeout", b"timeout", "while_idle", b"while_idle"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class Internals(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        MAX_CONCURRENT_RESET_STREAMS_FIELD_NUMBER: _builtins.int
+        MAX_FRAME_SIZE_FIELD_NUMBER: _builtins.int
+        MAX_SEND_BUF_SIZE_FIELD_NUMBER: _builtins.int
+        max_concurrent_reset_streams: _builtins.int
+        max_frame_size: _builtins.int
+        max_send_buf_size: _builtins.int
+        def __init__(
+            self,
+            *,
+            max_concurrent_reset_streams: _builtins.int = ...,
+            max_frame_size: _builtins.int = ...,
+            max_send_buf_size: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["max_concurrent_reset_streams", b"max_concurrent_reset_streams", "max_frame_size", b"max_frame_size", "max_send_buf_size", b"max_send_buf_size"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    FLOW_CONTROL_FIELD_NUMBER: _builtins.int
+    KEEP_ALIVE_FIELD_NUMBER: _builtins.int
+    INTERNALS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def flow_control(self) -> Global___Http2ClientParams.FlowControl: ...
+    @_builtins.property
+    def keep_alive(self) -> Global___Http2ClientParams.KeepAlive:
+        """Pings that detect a dead connection; none when unset."""
+
+    @_builtins.property
+    def internals(self) -> Global___Http2ClientParams.Internals:
+        """Limits of the client's HTTP/2 implementation."""
+
     def __init__(
         self,
+        *,
+        flow_control: Global___Http2ClientParams.FlowControl | None = ...,
+        keep_alive: Global___Http2ClientParams.KeepAlive | None = ...,
+        internals: Global___Http2ClientParams.Internals | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["flow_control", b"flow_control", "internals", b"internals", "keep_alive", b"keep_alive"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["flow_control", b"flow_control", "internals", b"internals", "keep_alive", b"keep_alive"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -453,6 +563,8 @@ class DestinationProfile(_message.Message):
     RETRY_BUDGET_FIELD_NUMBER: _builtins.int
     DST_OVERRIDES_FIELD_NUMBER: _builtins.int
     ENDPOINT_FIELD_NUMBER: _builtins.int
+    PARENT_REF_FIELD_NUMBER: _builtins.int
+    PROFILE_REF_FIELD_NUMBER: _builtins.int
     fully_qualified_name: _builtins.str
     """The service's fully-qualified name without port (`web.emojivoto.svc.cluster.local`), empty
     when the lookup does not name a known service.
@@ -475,6 +587,14 @@ class DestinationProfile(_message.Message):
     def endpoint(self) -> Global___WeightedAddr:
         """Set when the lookup named a pod rather than a service; service discovery is then skipped."""
 
+    @_builtins.property
+    def parent_ref(self) -> _meta_pb2.Metadata:
+        """The service looked up, when the destination is one."""
+
+    @_builtins.property
+    def profile_ref(self) -> _meta_pb2.Metadata:
+        """The ServiceProfile resource the profile was read from; unset when there is none."""
+
     def __init__(
         self,
         *,
@@ -484,10 +604,12 @@ class DestinationProfile(_message.Message):
         retry_budget: Global___RetryBudget | None = ...,
         dst_overrides: _abc.Iterable[Global___WeightedDst] | None = ...,
         endpoint: Global___WeightedAddr | None = ...,
+        parent_ref: _meta_pb2.Metadata | None = ...,
+        profile_ref: _meta_pb2.Metadata | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["endpoint", b"endpoint", "retry_budget", b"retry_budget"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["endpoint", b"endpoint", "parent_ref", b"parent_ref", "profile_ref", b"profile_ref", "retry_budget", b"retry_budget"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dst_overrides", b"dst_overrides", "endpoint", b"endpoint", "fully_qualified_name", b"fully_qualified_name", "opaque_protocol", b"opaque_protocol", "retry_budget", b"retry_budget", "routes", b"routes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dst_overrides", b"dst_overrides", "endpoint", b"endpoint", "fully_qualified_name", b"fully_qualified_name", "opaque_protocol", b"opaque_protocol", "parent_ref", b"parent_ref", "profile_ref", b"profile_ref", "retry_budget", b"retry_budget", "routes", b"routes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -751,19 +873,25 @@ class WeightedDst(_message.Message):
 
     AUTHORITY_FIELD_NUMBER: _builtins.int
     WEIGHT_FIELD_NUMBER: _builtins.int
+    BACKEND_REF_FIELD_NUMBER: _builtins.int
     authority: _builtins.str
     """Used as the `path` of a Get call."""
     weight: _builtins.int
     """Relative weight; 10000 is 100 %."""
+    @_builtins.property
+    def backend_ref(self) -> _meta_pb2.Metadata:
+        """The Service resource of `authority`."""
+
     def __init__(
         self,
         *,
         authority: _builtins.str = ...,
         weight: _builtins.int = ...,
+        backend_ref: _meta_pb2.Metadata | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["backend_ref", b"backend_ref"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["authority", b"authority", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["authority", b"authority", "backend_ref", b"backend_ref", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
