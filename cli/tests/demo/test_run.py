@@ -127,7 +127,9 @@ def machine_unchanged(_no_kept_demo: None) -> Iterator[None]:
 @pytest.fixture
 def run_demo(machine_unchanged: None, tmp_path: Path) -> Any:
 
-    def run(*args: str, duration: float) -> dict[str, Any]:
+    def run(*args: str, duration: float, output: list[str] | None = None) -> dict[str, Any]:
+        """The run's summary; its screen (stdout: no terminal, so plain snapshots) is appended
+        to `output` when given."""
         summary = tmp_path / "summary.json"
         result = subprocess.run(
             [sys.executable, "-m", "meshlet.cli.main", "demo", "--mode", "netns",
@@ -136,6 +138,8 @@ def run_demo(machine_unchanged: None, tmp_path: Path) -> Any:
         )  # fmt: skip
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         assert "removed every namespace, link, rule, file and process it made" in result.stdout
+        if output is not None:
+            output.append(result.stdout)
         data: dict[str, Any] = json.loads(summary.read_text())
         return data
 
@@ -245,8 +249,12 @@ def test_kill_destination_costs_no_call_and_updates_resume(run_demo: Any) -> Non
 
 @pytest.mark.netns
 def test_kill_replica_moves_the_traffic_and_fails_only_calls_in_flight(run_demo: Any) -> None:
-    summary = run_demo("--drill", "kill-replica", duration=16)
+    screen: list[str] = []
+    summary = run_demo("--drill", "kill-replica", duration=16, output=screen)
     checks = summary["checks"]
+    # on screen (a view every 10 s without a terminal): api-2 marked gone, not frozen at its rate
+    assert re.search(r"^api-2 +- +- +- +- +gone: no metrics for \d+ s \(killed\)", screen[0],
+                     re.MULTILINE), screen[0][-3000:]  # fmt: skip
     assert checks["failed_during_drill"] <= 3, summary["client"]
     calls = checks["calls_after_kill"]  # from 3 s after it left the endpoints to the end
     assert calls.get("api-2", 0) == 0
@@ -255,9 +263,13 @@ def test_kill_replica_moves_the_traffic_and_fails_only_calls_in_flight(run_demo:
 
 @pytest.mark.netns
 def test_restart_identity_then_the_next_renewal_succeeds(run_demo: Any) -> None:
-    summary = run_demo("--drill", "restart-identity", "--issuance-lifetime", "20s", duration=30)
+    screen: list[str] = []
+    summary = run_demo("--drill", "restart-identity", "--issuance-lifetime", "20s", duration=30,
+                       output=screen)  # fmt: skip
     renewed = summary["checks"]["renewed_after_restart"]
     assert renewed and all(renewed.values()), (renewed, summary["certificates"])
+    pods = len(renewed)
+    assert f"renewed since identity came back: {pods}/{pods}" in screen[0], screen[0][-3000:]
     assert summary["client"]["failed"] == 0
 
 
@@ -309,16 +321,29 @@ def test_a_component_that_dies_unexpectedly_fails_the_run_and_keeps_its_log(
 
 
 def test_loopback_mode_runs_the_same_application_without_root_powers(tmp_path: Path) -> None:
-    """Pods on 127.0.77.x, apps calling their proxies explicitly: no namespace, no rule."""
+    """Pods on 127.0.77.x, apps calling their proxies explicitly: no namespace, no rule. Kept
+    (--keep), it says how to call web, and that command works until `demo down`."""
     summary_file = tmp_path / "summary.json"
     before = MachineState.read()
+    meshlet = [sys.executable, "-m", "meshlet.cli.main"]
     result = subprocess.run(
-        [sys.executable, "-m", "meshlet.cli.main", "demo", "--mode", "loopback",
-         "--duration", "8", "--summary-json", str(summary_file)],
+        [*meshlet, "demo", "--mode", "loopback", "--duration", "8", "--keep",
+         "--summary-json", str(summary_file)],
         capture_output=True, text=True, timeout=90, check=False,
     )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "loopback mode" in result.stdout and "transparent interception" in result.stdout
+    try:
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        assert "loopback mode" in result.stdout and "transparent interception" in result.stdout
+        said = re.search(r"call web through load-1's proxy: +(curl .*)$", result.stdout,
+                         re.MULTILINE)  # fmt: skip
+        assert said is not None, result.stdout[-3000:]
+        call = subprocess.run(["sh", "-c", said.group(1)], capture_output=True, text=True,
+                              timeout=20, check=False)  # fmt: skip
+        assert call.returncode == 0 and json.loads(call.stdout)["web"], call
+    finally:
+        down = subprocess.run([*meshlet, "demo", "down"], capture_output=True, text=True,
+                              timeout=60, check=False)  # fmt: skip
+    assert down.returncode == 0, down.stdout + down.stderr
     summary = json.loads(summary_file.read_text())
     assert summary["mode"] == "loopback"
     assert summary["client"]["failed"] == 0 and summary["client"]["ok"] > 100
