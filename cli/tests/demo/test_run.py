@@ -146,6 +146,24 @@ def run_demo(machine_unchanged: None, tmp_path: Path) -> Any:
     return run
 
 
+def layout_identity(pod: str) -> str:
+    return topology.layout(topology.Mode.NETNS).pod(pod).identity
+
+
+def _tap_event(tap: subprocess.Popen[str], client_id: str, within: float = 15.0) -> Any:
+    """The first tap event of a request to web from `client_id` (the load keeps calling)."""
+    assert tap.stdout is not None
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        line = tap.stdout.readline()
+        if not line:
+            return None
+        event = json.loads(line)
+        if json.dumps(event).find(client_id) >= 0:
+            return event
+    return None
+
+
 @pytest.mark.netns
 def test_keep_leaves_the_mesh_running_until_demo_down(machine_unchanged: None) -> None:
     """--keep: the mesh outlives the command and serves what it prints (a call to web from
@@ -163,6 +181,17 @@ def test_keep_leaves_the_mesh_running_until_demo_down(machine_unchanged: None) -
                               capture_output=True, text=True, timeout=20, check=False)  # fmt: skip
         answer = json.loads(call.stdout)
         assert answer["web"] == "web-1" and answer["api"].startswith("api-"), answer
+        # its tap controller, found by `meshlet viz tap` without a cluster: web's live requests
+        tap = subprocess.Popen(
+            [sys.executable, "-m", "meshlet.cli.main", "viz", "tap", "deploy/web", "-o", "json"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            seen = _tap_event(tap, layout_identity("load-1"))
+        finally:
+            tap.terminate()
+            _, err = tap.communicate(timeout=10)
+        assert seen is not None, err[-2000:]
     finally:
         down = subprocess.run([*meshlet, "down"], capture_output=True, text=True, timeout=60,
                               check=False)  # fmt: skip

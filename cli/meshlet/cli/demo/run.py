@@ -2,7 +2,8 @@
 performs a drill, and takes everything down again.
 
 Up: a CA, the control plane (`meshlet-controller identity` with a tokens file, `meshlet-controller
-destination` and `meshlet-controller policy` on one manifests folder, over TLS from the CA), then
+destination`, `meshlet-controller policy` and `meshlet-controller tap` on one manifests folder, over
+TLS from the CA), then
 every pod: `meshlet-init`'s rules, `meshlet-proxy` (GID 2102, so that its own connections skip the
 rules), and the pod's app. A pod's manifest is written once its proxy holds a certificate, so it
 joins its service's endpoints as a readiness probe would let it; the load starts once the
@@ -59,6 +60,7 @@ CONTROL_PLANE: Final = (
     ("identity", wellknown.IDENTITY_ADMIN_PORT),
     ("destination", wellknown.DESTINATION_ADMIN_PORT),
     ("policy", wellknown.POLICY_ADMIN_PORT),
+    ("tap", wellknown.TAP_ADMIN_PORT),
 )
 
 
@@ -165,6 +167,7 @@ class Demo:
                 f"{name} admin": f"http://{layout.control_ip}:{port}"
                 for name, port in CONTROL_PLANE
             },
+            "tap": f"http://{layout.control_ip}:{wellknown.TAP_PORT}",
         }
         self._start_prometheus()
         self.record.save()
@@ -216,7 +219,8 @@ class Demo:
         key_file.write_bytes(ca.key_pem(issuer_key))
         issuer = ca.Issuer(chain=(issuer_cert,), key=issuer_key, anchors=(anchor,))
         for name, identity in (("destination", wellknown.DESTINATION_SERVICE_NAME),
-                               ("policy", wellknown.POLICY_SERVICE_NAME)):  # fmt: skip
+                               ("policy", wellknown.POLICY_SERVICE_NAME),
+                               ("tap", wellknown.TAP_SERVICE_NAME)):  # fmt: skip
             signer.write_serving_files(issuer, identity, folder / name, now, dt.timedelta(days=30))
         return ca.cert_pem(anchor).decode()
 
@@ -235,6 +239,7 @@ class Demo:
         ca = root / "ca"
         destination_cert = ca / "destination" / f"{wellknown.DESTINATION_SERVICE_NAME}"
         policy_cert = ca / "policy" / f"{wellknown.POLICY_SERVICE_NAME}"
+        tap_cert = ca / "tap" / f"{wellknown.TAP_SERVICE_NAME}"
         self.specs["identity"] = Process(
             "identity",
             [*command("meshlet-controller"), "identity",
@@ -264,6 +269,17 @@ class Demo:
              "--cluster-networks", layout.cluster_network,
              "--default-policy", topology.DEFAULT_POLICY],
             {}, netns, None, sup.logs / "policy.log",
+        )  # fmt: skip
+        # Opens each tapped proxy's tap server over mTLS with the tap identity's certificate.
+        self.specs["tap"] = Process(
+            "tap",
+            [*command("meshlet-controller"), "tap",
+             "--addr", f"{ip}:{wellknown.TAP_PORT}",
+             "--admin-addr", f"{ip}:{wellknown.TAP_ADMIN_PORT}",
+             "--manifests", str(root / "manifests"),
+             "--tls-cert", f"{tap_cert}.crt", "--tls-key", f"{tap_cert}.key",
+             "--trust-anchors", str(ca / "trust-anchors.pem")],
+            {}, netns, None, sup.logs / "tap.log",
         )  # fmt: skip
         for name, _ in CONTROL_PLANE:
             self._start_spec(name)
