@@ -68,7 +68,7 @@ def tap(
     from meshlet.cli import tap as taps
     from meshlet.cli.cluster import ClusterError, api_client, default_namespace
 
-    kept = _kept_demo_tap() if tap_addr is None and kubeconfig is None and context is None else None
+    kept = _kept_demo_tap() if tap_addr is None and not _kubeconfig(kubeconfig, context) else None
     if kept is not None:  # a local mesh kept running (`meshlet demo --keep`)
         tap_addr, namespace = kept[0], namespace or kept[1]
     if namespace is None:
@@ -105,6 +105,16 @@ def tap(
             raise ClusterError(f"{exc} [{where}]") from None
         except KeyboardInterrupt:
             return
+
+
+def _kubeconfig(given: Path | None, context: str | None) -> bool:
+    """Whether a cluster is named: a kubeconfig or context given, $KUBECONFIG, ~/.kube/config."""
+    import os
+
+    return (
+        bool(given or context or os.environ.get("KUBECONFIG"))
+        or Path("~/.kube/config").expanduser().exists()
+    )
 
 
 def _kept_demo_tap() -> tuple[str, str] | None:
