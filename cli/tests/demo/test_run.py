@@ -22,12 +22,25 @@ from typing import Any
 
 import pytest
 
-from meshlet.cli.demo import topology
+from meshlet.cli.demo import network, topology
+
+# Each test runs the whole local mesh; `make test` runs them beside the rest of the suite.
+pytestmark = pytest.mark.demo
+
+
+def _demo_netns() -> frozenset[str]:
+    return frozenset(m.netns for m in network.members(topology.layout(topology.Mode.NETNS)))
+
+
+def _demo_link(name: str) -> bool:
+    return name == topology.BRIDGE or name.startswith(topology.VETH_PREFIX)
 
 
 @dataclass(frozen=True)
 class MachineState:
-    """What the demo could leave behind."""
+    """What the demo could leave behind: its namespaces and links (by the names it gives them:
+    other tests make theirs at the same time), the host's rules, its files, and meshlet
+    processes descending from this test process."""
 
     netns: frozenset[str]
     links: frozenset[str]
@@ -44,8 +57,9 @@ class MachineState:
         files = {str(p) for p in Path("/dev/shm").glob("meshlet-demo*")}
         files |= {str(p) for p in (Path("/run/meshlet-demo"),) if p.exists()}
         return cls(
-            netns=frozenset(line.split()[0] for line in out("ip", "netns", "list").splitlines()),
-            links=frozenset(p.name for p in Path("/sys/class/net").iterdir()),
+            netns=frozenset(line.split()[0] for line in out("ip", "netns", "list").splitlines())
+            & _demo_netns(),
+            links=frozenset(p.name for p in Path("/sys/class/net").iterdir() if _demo_link(p.name)),
             iptables=out("iptables-legacy-save") + out("iptables-nft-save"),
             etc_netns=Path("/etc/netns").exists(),
             files=frozenset(files),
