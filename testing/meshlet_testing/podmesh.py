@@ -46,7 +46,13 @@ LOCK: Final = Path("/tmp/meshlet-podmesh.lock")
 NS: Final = topology.NAMESPACE  # the pods' Kubernetes namespace (the demo's proxy_env names it)
 READY_WITHIN: Final = 30.0
 TESTING: Final = Path(__file__).resolve().parent.parent  # what makes meshlet_testing importable
-CONTROL_PLANE: Final = run.CONTROL_PLANE  # (process, admin port), as the local mesh runs them
+# (process, admin port): the local mesh's controllers that pods need (a test that taps starts its
+# own tap controller)
+CONTROL_PLANE: Final = tuple(
+    (name, port)
+    for name, port in run.CONTROL_PLANE
+    if name in ("identity", "destination", "policy")
+)
 
 
 class MeshError(Exception):

@@ -55,7 +55,9 @@ def tap(
     destination, TLS, then method/authority/path, status and latency, duration and bytes), as
     `linkerd viz tap` prints them; `-o json` prints the tap controller's objects as they come.
     The tap controller is reached through a port-forward to its pod (as `kubectl
-    port-forward`) or, with --tap-addr, directly. Ctrl-C ends the tap.
+    port-forward`), with --tap-addr directly, or, when no kubeconfig or context is given and a
+    local mesh is kept running (`meshlet demo --keep`), that mesh's (namespace demo). Ctrl-C
+    ends the tap.
 
     \b
     meshlet viz tap deploy/web -n emojivoto
@@ -66,6 +68,9 @@ def tap(
     from meshlet.cli import tap as taps
     from meshlet.cli.cluster import ClusterError, api_client, default_namespace
 
+    kept = _kept_demo_tap() if tap_addr is None and not _kubeconfig(kubeconfig, context) else None
+    if kept is not None:  # a local mesh kept running (`meshlet demo --keep`)
+        tap_addr, namespace = kept[0], namespace or kept[1]
     if namespace is None:
         namespace = "default" if tap_addr is not None else default_namespace(kubeconfig, context)
     path_query = taps.query({
@@ -100,3 +105,24 @@ def tap(
             raise ClusterError(f"{exc} [{where}]") from None
         except KeyboardInterrupt:
             return
+
+
+def _kubeconfig(given: Path | None, context: str | None) -> bool:
+    """Whether a cluster is named: a kubeconfig or context given, $KUBECONFIG, ~/.kube/config."""
+    import os
+
+    return (
+        bool(given or context or os.environ.get("KUBECONFIG"))
+        or Path("~/.kube/config").expanduser().exists()
+    )
+
+
+def _kept_demo_tap() -> tuple[str, str] | None:
+    """The tap controller (HOST:PORT) and namespace of a local mesh kept running, if any."""
+    from meshlet.cli.demo.supervisor import Record, state_root
+    from meshlet.cli.demo.topology import NAMESPACE
+
+    record = Record.load(state_root())
+    if record is None or not record.processes or "tap" not in record.urls:
+        return None
+    return record.urls["tap"].removeprefix("http://"), NAMESPACE

@@ -22,12 +22,25 @@ from typing import Any
 
 import pytest
 
-from meshlet.cli.demo import topology
+from meshlet.cli.demo import network, topology
+
+# Each test runs the whole local mesh; `make test` runs them beside the rest of the suite.
+pytestmark = pytest.mark.demo
+
+
+def _demo_netns() -> frozenset[str]:
+    return frozenset(m.netns for m in network.members(topology.layout(topology.Mode.NETNS)))
+
+
+def _demo_link(name: str) -> bool:
+    return name == topology.BRIDGE or name.startswith(topology.VETH_PREFIX)
 
 
 @dataclass(frozen=True)
 class MachineState:
-    """What the demo could leave behind."""
+    """What the demo could leave behind: its namespaces and links (by the names it gives them:
+    other tests make theirs at the same time), the host's rules, its files, and meshlet
+    processes descending from this test process."""
 
     netns: frozenset[str]
     links: frozenset[str]
@@ -44,8 +57,9 @@ class MachineState:
         files = {str(p) for p in Path("/dev/shm").glob("meshlet-demo*")}
         files |= {str(p) for p in (Path("/run/meshlet-demo"),) if p.exists()}
         return cls(
-            netns=frozenset(line.split()[0] for line in out("ip", "netns", "list").splitlines()),
-            links=frozenset(p.name for p in Path("/sys/class/net").iterdir()),
+            netns=frozenset(line.split()[0] for line in out("ip", "netns", "list").splitlines())
+            & _demo_netns(),
+            links=frozenset(p.name for p in Path("/sys/class/net").iterdir() if _demo_link(p.name)),
             iptables=out("iptables-legacy-save") + out("iptables-nft-save"),
             etc_netns=Path("/etc/netns").exists(),
             files=frozenset(files),
@@ -127,7 +141,9 @@ def machine_unchanged(_no_kept_demo: None) -> Iterator[None]:
 @pytest.fixture
 def run_demo(machine_unchanged: None, tmp_path: Path) -> Any:
 
-    def run(*args: str, duration: float) -> dict[str, Any]:
+    def run(*args: str, duration: float, output: list[str] | None = None) -> dict[str, Any]:
+        """The run's summary; its screen (stdout: no terminal, so plain snapshots) is appended
+        to `output` when given."""
         summary = tmp_path / "summary.json"
         result = subprocess.run(
             [sys.executable, "-m", "meshlet.cli.main", "demo", "--mode", "netns",
@@ -136,10 +152,30 @@ def run_demo(machine_unchanged: None, tmp_path: Path) -> Any:
         )  # fmt: skip
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         assert "removed every namespace, link, rule, file and process it made" in result.stdout
+        if output is not None:
+            output.append(result.stdout)
         data: dict[str, Any] = json.loads(summary.read_text())
         return data
 
     return run
+
+
+def layout_identity(pod: str) -> str:
+    return topology.layout(topology.Mode.NETNS).pod(pod).identity
+
+
+def _tap_event(tap: subprocess.Popen[str], client_id: str, within: float = 15.0) -> Any:
+    """The first tap event of a request to web from `client_id` (the load keeps calling)."""
+    assert tap.stdout is not None
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        line = tap.stdout.readline()
+        if not line:
+            return None
+        event = json.loads(line)
+        if json.dumps(event).find(client_id) >= 0:
+            return event
+    return None
 
 
 @pytest.mark.netns
@@ -159,6 +195,17 @@ def test_keep_leaves_the_mesh_running_until_demo_down(machine_unchanged: None) -
                               capture_output=True, text=True, timeout=20, check=False)  # fmt: skip
         answer = json.loads(call.stdout)
         assert answer["web"] == "web-1" and answer["api"].startswith("api-"), answer
+        # its tap controller, found by `meshlet viz tap` without a cluster: web's live requests
+        tap = subprocess.Popen(
+            [sys.executable, "-m", "meshlet.cli.main", "viz", "tap", "deploy/web", "-o", "json"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            seen = _tap_event(tap, layout_identity("load-1"))
+        finally:
+            tap.terminate()
+            _, err = tap.communicate(timeout=10)
+        assert seen is not None, err[-2000:]
     finally:
         down = subprocess.run([*meshlet, "down"], capture_output=True, text=True, timeout=60,
                               check=False)  # fmt: skip
@@ -245,8 +292,12 @@ def test_kill_destination_costs_no_call_and_updates_resume(run_demo: Any) -> Non
 
 @pytest.mark.netns
 def test_kill_replica_moves_the_traffic_and_fails_only_calls_in_flight(run_demo: Any) -> None:
-    summary = run_demo("--drill", "kill-replica", duration=16)
+    screen: list[str] = []
+    summary = run_demo("--drill", "kill-replica", duration=16, output=screen)
     checks = summary["checks"]
+    # on screen (a view every 10 s without a terminal): api-2 marked gone, not frozen at its rate
+    assert re.search(r"^api-2 +- +- +- +- +gone: no metrics for \d+ s \(killed\)", screen[0],
+                     re.MULTILINE), screen[0][-3000:]  # fmt: skip
     assert checks["failed_during_drill"] <= 3, summary["client"]
     calls = checks["calls_after_kill"]  # from 3 s after it left the endpoints to the end
     assert calls.get("api-2", 0) == 0
@@ -255,9 +306,13 @@ def test_kill_replica_moves_the_traffic_and_fails_only_calls_in_flight(run_demo:
 
 @pytest.mark.netns
 def test_restart_identity_then_the_next_renewal_succeeds(run_demo: Any) -> None:
-    summary = run_demo("--drill", "restart-identity", "--issuance-lifetime", "20s", duration=30)
+    screen: list[str] = []
+    summary = run_demo("--drill", "restart-identity", "--issuance-lifetime", "20s", duration=30,
+                       output=screen)  # fmt: skip
     renewed = summary["checks"]["renewed_after_restart"]
     assert renewed and all(renewed.values()), (renewed, summary["certificates"])
+    pods = len(renewed)
+    assert f"renewed since identity came back: {pods}/{pods}" in screen[0], screen[0][-3000:]
     assert summary["client"]["failed"] == 0
 
 
@@ -309,16 +364,29 @@ def test_a_component_that_dies_unexpectedly_fails_the_run_and_keeps_its_log(
 
 
 def test_loopback_mode_runs_the_same_application_without_root_powers(tmp_path: Path) -> None:
-    """Pods on 127.0.77.x, apps calling their proxies explicitly: no namespace, no rule."""
+    """Pods on 127.0.77.x, apps calling their proxies explicitly: no namespace, no rule. Kept
+    (--keep), it says how to call web, and that command works until `demo down`."""
     summary_file = tmp_path / "summary.json"
     before = MachineState.read()
+    meshlet = [sys.executable, "-m", "meshlet.cli.main"]
     result = subprocess.run(
-        [sys.executable, "-m", "meshlet.cli.main", "demo", "--mode", "loopback",
-         "--duration", "8", "--summary-json", str(summary_file)],
+        [*meshlet, "demo", "--mode", "loopback", "--duration", "8", "--keep",
+         "--summary-json", str(summary_file)],
         capture_output=True, text=True, timeout=90, check=False,
     )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "loopback mode" in result.stdout and "transparent interception" in result.stdout
+    try:
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        assert "loopback mode" in result.stdout and "transparent interception" in result.stdout
+        said = re.search(r"call web through load-1's proxy: +(curl .*)$", result.stdout,
+                         re.MULTILINE)  # fmt: skip
+        assert said is not None, result.stdout[-3000:]
+        call = subprocess.run(["sh", "-c", said.group(1)], capture_output=True, text=True,
+                              timeout=20, check=False)  # fmt: skip
+        assert call.returncode == 0 and json.loads(call.stdout)["web"], call
+    finally:
+        down = subprocess.run([*meshlet, "demo", "down"], capture_output=True, text=True,
+                              timeout=60, check=False)  # fmt: skip
+    assert down.returncode == 0, down.stdout + down.stderr
     summary = json.loads(summary_file.read_text())
     assert summary["mode"] == "loopback"
     assert summary["client"]["failed"] == 0 and summary["client"]["ok"] > 100

@@ -1,10 +1,26 @@
-"""The demo's screen: denials shown beside the allowed traffic, and whom they refused."""
+"""The demo's screen: denials shown beside the allowed traffic, and whom they refused; what the
+drills show in words; plain output when it is no terminal; how to reach a kept mesh."""
 
 from __future__ import annotations
 
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
 from rich.console import Console
 
-from meshlet.cli.demo.view import Snapshot, render
+from meshlet.api import wellknown
+from meshlet.cli.demo import run, topology
+from meshlet.cli.demo.supervisor import Record
+from meshlet.cli.demo.topology import Mode
+from meshlet.cli.demo.view import (
+    Snapshot,
+    balancer_caption,
+    certificates_line,
+    render,
+    replicas_table,
+)
 from meshlet.cli.stats import Row
 
 API = "api.demo.serviceaccount.identity.meshlet.cluster.local"
@@ -34,3 +50,101 @@ def test_each_workload_shows_what_its_policies_allowed_and_denied() -> None:
     web = next(line for line in lines if line.startswith("web"))
     assert web.split()[-2:] == ["198", "0"]
     assert "policy up" in "\n".join(lines)
+
+
+def replica(name: str, share: float | None, rps: float | None = 10.0) -> Row:
+    return Row(name=name, meshed="", requests=100, rps=rps, success=1.0,
+               quantiles=(4.0, 9.0, 20.0), mtls=1.0, connections_per_s=None, peers=(),
+               share=share)  # fmt: skip
+
+
+def text(renderable: Any) -> str:
+    console = Console(width=200, record=True, color_system=None)
+    console.print(renderable)
+    return console.export_text()
+
+
+def test_a_gone_replica_keeps_its_line_without_a_rate() -> None:
+    table = replicas_table([replica("api-1", 0.5), replica("api-3", 0.5)],
+                           {"api-2": "killed"}, {"api-2": 4.2})  # fmt: skip
+    lines = text(table).splitlines()
+    gone = next(line for line in lines if line.startswith("api-2"))
+    assert gone.split()[1:5] == ["-", "-", "-", "-"]
+    assert "gone: no metrics for 4 s (killed)" in gone
+    assert [line.split()[1] for line in lines if line.startswith(("api-1", "api-3"))] == [
+        "50.0%",
+        "50.0%",
+    ]
+
+
+def test_a_slow_replicas_small_share_is_put_down_to_the_balancer() -> None:
+    rows = [replica("api-1", 0.46), replica("api-2", 0.46), replica("api-3", 0.08)]
+    caption = balancer_caption(rows, {"api-3": 50.0}).plain
+    assert "api-3 answers 50 ms slower: it gets 8.0% of the calls, not the even 33%" in caption
+    assert "the balancers see its latency" in caption
+    early = balancer_caption([replica("api-1", 0.34), replica("api-2", 0.33),
+                              replica("api-3", 0.33)], {"api-1": 200.0}).plain  # fmt: skip
+    assert "api-1 answers 200 ms slower: it still gets 34.0%" in early
+    assert balancer_caption(rows, {}).plain.count("\n") == 0
+
+
+def test_certificate_renewals_are_counted_and_those_after_a_restart_named() -> None:
+    now = 1_000.0
+    certs = {
+        "web-1": {"refreshed_at": 990.0, "expires_at": 1_012.0, "refreshes_ok": 3,
+                  "refreshes_failed": 1},
+        "api-1": {"refreshed_at": 960.0, "expires_at": 1_030.0, "refreshes_ok": 2,
+                  "refreshes_failed": 0},
+    }  # fmt: skip
+    line = certificates_line(certs, now, since=980.0)
+    assert line is not None
+    assert line.plain == ("certificates: 2 proxies, 5 issued or renewed, 1 failed; soonest "
+                          "expiry in 12 s; renewed since identity came back: 1/2")  # fmt: skip
+    assert certificates_line({}, now) is None
+
+
+def test_without_a_terminal_events_are_lines_and_the_view_comes_every_few_seconds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    out = io.StringIO()
+    console = Console(file=out, width=120, color_system=None)
+    assert not console.is_terminal
+    events: list[tuple[float, str]] = [(1.0, "control plane up")]
+    clock = [100.0]
+    monkeypatch.setattr(run.time, "monotonic", lambda: clock[0])
+    views = []
+
+    def view() -> str:
+        views.append(clock[0])
+        return f"VIEW {len(views)}"
+
+    with run.Screen(console, events) as screen:
+        screen.show(view)
+        events.append((65.0, "drill: api-2 killed"))
+        clock[0] += 1.0
+        screen.show(view)
+        clock[0] += run.SNAPSHOT_EVERY
+        screen.show(view)
+    assert out.getvalue().splitlines() == [
+        "00:01 control plane up", "VIEW 1", "01:05 drill: api-2 killed", "VIEW 2",
+    ]  # fmt: skip
+
+
+def test_a_kept_loopback_mesh_says_how_to_call_web() -> None:
+    layout = topology.layout(Mode.LOOPBACK)
+    lines = run.reach(layout, {"prometheus": "http://127.0.0.1:9090"}, Path("/run/x/logs"))
+    load = layout.of("load")[0]
+    assert lines[0] == (
+        "call web through load-1's proxy:   curl -s -H 'host: web.demo.svc.cluster.local:80' "
+        f"http://{load.ip}:{wellknown.PROXY_OUTBOUND_PORT}/"
+    )
+    assert lines[1:] == ["prometheus: http://127.0.0.1:9090", "logs: /run/x/logs",
+                         "stop it and remove everything: meshlet demo down"]  # fmt: skip
+
+
+def test_undoing_a_loopback_run_leaves_any_network_alone() -> None:
+    loopback = Record(mode="loopback", root="/nonexistent", shm="/nonexistent")
+    assert not run.removes_network(loopback)
+    netns = Record(mode="netns", root="/nonexistent", shm="/nonexistent",
+                   netns=["meshlet-web-1"])  # fmt: skip
+    assert run.removes_network(netns)

@@ -114,7 +114,8 @@ def demo(
     problem = drills.unavailable(drill, chosen)
     if problem is not None:
         raise click.UsageError(f"{problem} (this run: loopback mode, {why})")
-    console = Console()
+    # Not a terminal (`make demo | tee log`): rich would assume 80 columns and fold the tables.
+    console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160)
     if chosen is Mode.LOOPBACK:
         console.print(
             f"[yellow]loopback mode ({why}): no transparent interception: apps call their"

@@ -32,6 +32,7 @@ from typing import Any, Final
 
 from meshlet.api import wellknown
 from meshlet.cli.demo import topology
+from meshlet.cli.demo.apps import SLOW_DRILL_DELAY
 from meshlet.cli.demo.supervisor import command
 from meshlet.cli.stats import Scrape, traffic
 
@@ -133,10 +134,12 @@ def perform(step: Step, demo: Any) -> list[Step]:
     elif verb == "slow":
         sup.signal(f"app-{what}", signal.SIGUSR1)
         demo.notes[what] = "+200 ms (drill)"
+        demo.slow[what] = SLOW_DRILL_DELAY * 1000
         demo._event(f"drill: {what} 200 ms slower")
     elif verb == "heal":
         sup.signal(f"app-{what}", signal.SIGUSR2)
         demo.notes[what] = "healed"
+        demo.slow.pop(what, None)
         demo._event(f"drill: {what} fast again")
     elif verb == "intrude":
         stats = demo.root / INTRUDER_STATS

@@ -2,13 +2,15 @@
 performs a drill, and takes everything down again.
 
 Up: a CA, the control plane (`meshlet-controller identity` with a tokens file, `meshlet-controller
-destination` and `meshlet-controller policy` on one manifests folder, over TLS from the CA), then
+destination`, `meshlet-controller policy` and `meshlet-controller tap` on one manifests folder, over
+TLS from the CA), then
 every pod: `meshlet-init`'s rules, `meshlet-proxy` (GID 2102, so that its own connections skip the
 rules), and the pod's app. A pod's manifest is written once its proxy holds a certificate, so it
 joins its service's endpoints as a readiness probe would let it; the load starts once the
 destination has read the pods and every proxy follows its ports' policies. Running: every second
-each proxy's /metrics and the load generator's stats are read and shown. Down: processes,
-namespaces, links, files.
+each proxy's /metrics and the load generator's stats are read and shown: redrawn in place on a
+terminal; elsewhere (`make demo | tee log`) each event as a line and the whole view every
+SNAPSHOT_EVERY seconds. Down: processes, namespaces, links, files.
 """
 
 from __future__ import annotations
@@ -43,18 +45,22 @@ from meshlet.cli.demo.supervisor import (
     stop_pids,
 )
 from meshlet.cli.demo.topology import Layout, Mode, Pod
-from meshlet.cli.demo.view import Client, Snapshot, render
+from meshlet.cli.demo.view import Client, Snapshot, certificates_line, render
 from meshlet.cli.stats import QUANTILES, Scrape, Traffic, combine, parse, row, traffic
 from meshlet.cli.stats import replica_rows as make_replica_rows
 
 WINDOW: Final = 10.0  # seconds the live view's rates and quantiles cover
 WARMUP: Final = 5.0  # seconds of load before the summary's "after warm-up" numbers start
 READY_WITHIN: Final = 30.0
+# A pod whose proxy has not answered a scrape for this long is shown gone, without traffic.
+GONE_AFTER: Final = 3.0
+SNAPSHOT_EVERY: Final = 10.0  # seconds between the views printed when stdout is no terminal
 # The control plane's processes: (name, admin port), started and checked in this order.
 CONTROL_PLANE: Final = (
     ("identity", wellknown.IDENTITY_ADMIN_PORT),
     ("destination", wellknown.DESTINATION_ADMIN_PORT),
     ("policy", wellknown.POLICY_ADMIN_PORT),
+    ("tap", wellknown.TAP_ADMIN_PORT),
 )
 
 
@@ -94,6 +100,9 @@ class Demo:
         self.notes: dict[str, str] = {
             topology.SLOW_REPLICA: f"+{topology.SLOW_DELAY * 1000:.0f} ms"
         }
+        # pod → ms its app adds to each call (the slow replica, and the slow-replica drill's)
+        self.slow: dict[str, float] = {topology.SLOW_REPLICA: topology.SLOW_DELAY * 1000}
+        self.last_seen: dict[str, float] = {}  # pod → when its proxy last answered a scrape
         self.removed: set[str] = set()  # pods taken out of the manifests
         self.specs: dict[str, Process] = {}  # control-plane processes, to start again
         self.checks: dict[str, Any] = {}  # what the drill measured
@@ -158,6 +167,7 @@ class Demo:
                 f"{name} admin": f"http://{layout.control_ip}:{port}"
                 for name, port in CONTROL_PLANE
             },
+            "tap": f"http://{layout.control_ip}:{wellknown.TAP_PORT}",
         }
         self._start_prometheus()
         self.record.save()
@@ -210,7 +220,8 @@ class Demo:
         key_file.write_bytes(ca.key_pem(issuer_key))
         issuer = ca.Issuer(chain=(issuer_cert,), key=issuer_key, anchors=(anchor,))
         for name, identity in (("destination", wellknown.DESTINATION_SERVICE_NAME),
-                               ("policy", wellknown.POLICY_SERVICE_NAME)):  # fmt: skip
+                               ("policy", wellknown.POLICY_SERVICE_NAME),
+                               ("tap", wellknown.TAP_SERVICE_NAME)):  # fmt: skip
             signer.write_serving_files(issuer, identity, folder / name, now, dt.timedelta(days=30))
         return ca.cert_pem(anchor).decode()
 
@@ -229,6 +240,7 @@ class Demo:
         ca = root / "ca"
         destination_cert = ca / "destination" / f"{wellknown.DESTINATION_SERVICE_NAME}"
         policy_cert = ca / "policy" / f"{wellknown.POLICY_SERVICE_NAME}"
+        tap_cert = ca / "tap" / f"{wellknown.TAP_SERVICE_NAME}"
         self.specs["identity"] = Process(
             "identity",
             [*command("meshlet-controller"), "identity",
@@ -258,6 +270,17 @@ class Demo:
              "--cluster-networks", layout.cluster_network,
              "--default-policy", topology.DEFAULT_POLICY],
             {}, netns, None, sup.logs / "policy.log",
+        )  # fmt: skip
+        # Opens each tapped proxy's tap server over mTLS with the tap identity's certificate.
+        self.specs["tap"] = Process(
+            "tap",
+            [*command("meshlet-controller"), "tap",
+             "--addr", f"{ip}:{wellknown.TAP_PORT}",
+             "--admin-addr", f"{ip}:{wellknown.TAP_ADMIN_PORT}",
+             "--manifests", str(root / "manifests"),
+             "--tls-cert", f"{tap_cert}.crt", "--tls-key", f"{tap_cert}.key",
+             "--trust-anchors", str(ca / "trust-anchors.pem")],
+            {}, netns, None, sup.logs / "tap.log",
         )  # fmt: skip
         for name, _ in CONTROL_PLANE:
             self._start_spec(name)
@@ -361,9 +384,8 @@ class Demo:
         options = self.options
         deadline = time.monotonic() + options.duration if options.duration else None
         next_tick = time.monotonic()
-        live = Live(console=self.console, refresh_per_second=4, transient=True,
-                    redirect_stdout=False, auto_refresh=False)  # fmt: skip
-        with live, _interrupts():
+        screen = Screen(self.console, self.events)
+        with screen, _interrupts():
             try:
                 while deadline is None or time.monotonic() < deadline:
                     now = time.monotonic()
@@ -372,7 +394,7 @@ class Demo:
                         schedule.sort(key=lambda step: step.at)
                     self._scrape_all()
                     self._watch_processes()
-                    live.update(render(self._snapshot(window=True)), refresh=True)
+                    screen.show(lambda: render(self._snapshot(window=True)))
                     next_tick += options.refresh
                     time.sleep(max(0.0, next_tick - time.monotonic()))
             except KeyboardInterrupt:
@@ -418,6 +440,7 @@ class Demo:
         for pod, scrape in self._pool.map(one, self.layout.pods):
             if scrape is None:
                 continue
+            self.last_seen[pod.name] = scrape.at
             history = self.scrapes[pod.name]
             history.append(scrape)
             while history and history[0].at < scrape.at - WINDOW - 1:
@@ -445,11 +468,20 @@ class Demo:
 
     # -- what is shown ----------------------------------------------------------------------
 
+    def _gone(self) -> dict[str, float]:
+        """Pods whose proxy answered scrapes before and has not for GONE_AFTER seconds: how
+        long it has been."""
+        now = time.monotonic()
+        return {pod: now - at for pod, at in self.last_seen.items() if now - at > GONE_AFTER}
+
     def _traffic(self, window: bool) -> dict[str, Traffic]:
+        """Each pod's traffic: over the last WINDOW seconds (pods gone left out: their last
+        rate is not theirs any more), or over the whole run."""
         out = {}
+        gone = self._gone() if window else {}
         for pod in self.layout.pods:
             history = self.scrapes[pod.name]
-            if not history:
+            if not history or pod.name in gone:
                 continue
             new = history[-1]
             old: Scrape | None
@@ -471,7 +503,9 @@ class Demo:
             ready = sum(1 for p in pods if p.name in by_pod and p.name not in self.removed)
             total = combine(by_pod[p.name] for p in pods if p.name in by_pod)
             rows.append(row(workload, f"{ready}/{len(pods)}", total))
-        replicas = make_replica_rows(by_pod, [p.name for p in layout.of("api")])
+        api_pods = [p.name for p in layout.of("api")]
+        replicas = make_replica_rows(by_pod, api_pods)
+        gone = {pod: s for pod, s in self._gone().items() if pod in api_pods} if window else {}
         control = [(name, "up" if self.sup and self.sup.alive(name) else "down")
                    for name, _ in CONTROL_PLANE]  # fmt: skip
         mode = "network namespaces + iptables" if layout.mode is Mode.NETNS else "loopback"
@@ -486,7 +520,9 @@ class Demo:
             title=f"meshlet demo · {mode}{drill} · {self.options.rate:g} calls/s",
             elapsed=time.monotonic() - self.started, workloads=rows, replicas=replicas,
             replica_notes=self.notes, client=self._client(), control=control,
-            events=self.events, footer=footer if window else "",
+            events=self.events, footer=footer if window else "", gone=gone, slow=self.slow,
+            certificates=certificates_line(self._certificates(), time.time(),
+                                           self.checks.get("identity_back_at")),
         )  # fmt: skip
 
     def _client(self) -> Client | None:
@@ -607,16 +643,8 @@ class Demo:
         self.record.save()
         console = self.console
         console.print("[bold]The mesh keeps running.[/bold]")
-        if self.layout.mode is Mode.NETNS:
-            web = self.layout.of("web")[0]
-            console.print(f"  a shell in a pod:   ip netns exec {topology.netns_name(web.name)} "
-                          "bash")  # fmt: skip
-            console.print(f"  call web by name:   ip netns exec "
-                          f"{topology.netns_name('load-1')} curl -s http://web.demo/")  # fmt: skip
-        for name, url in self.record.urls.items():
-            console.print(f"  {name}: {url}")
-        console.print(f"  logs: {self.root / 'logs'}")
-        console.print("  stop it and remove everything: meshlet demo down")
+        for line in reach(self.layout, self.record.urls, self.root / "logs"):
+            console.print(f"  {line}", soft_wrap=True, highlight=False, markup=False)
 
     def down(self) -> list[str]:
         """Stops every process and removes what the demo made; problems left, if any."""
@@ -624,6 +652,61 @@ class Demo:
         if self.sup is not None:
             self.sup.stop_all()
         return undo(self.record)
+
+
+def reach(layout: Layout, urls: dict[str, str], logs: Path) -> list[str]:
+    """How to reach a kept mesh: a shell in a pod and web by name (netns), or web through the
+    load pod's proxy as the load generator calls it (loopback); then its addresses."""
+    load = layout.of("load")[0]
+    if layout.mode is Mode.NETNS:
+        web = layout.of("web")[0]
+        lines = [f"a shell in a pod:   ip netns exec {topology.netns_name(web.name)} bash",
+                 f"call web by name:   ip netns exec {topology.netns_name(load.name)} "
+                 "curl -s http://web.demo/"]  # fmt: skip
+    else:
+        lines = [f"call web through load-1's proxy:   curl -s -H 'host: "
+                 f"{topology.service('web').authority}' "
+                 f"http://{load.ip}:{wellknown.PROXY_OUTBOUND_PORT}/"]  # fmt: skip
+    lines += [f"{name}: {url}" for name, url in urls.items()]
+    return [*lines, f"logs: {logs}", "stop it and remove everything: meshlet demo down"]
+
+
+class Screen:
+    """Where the view goes: redrawn in place on a terminal (rich's Live); elsewhere each new
+    event as a line and the whole view every SNAPSHOT_EVERY seconds, as plain text."""
+
+    def __init__(self, console: Console, events: list[tuple[float, str]]) -> None:
+        self.console = console
+        self.events = events
+        self.live: Live | None = None
+        if console.is_terminal:
+            self.live = Live(console=console, refresh_per_second=4, transient=True,
+                             redirect_stdout=False, auto_refresh=False)  # fmt: skip
+        self.printed_events = 0
+        self.last_view: float | None = None
+
+    def __enter__(self) -> Screen:
+        if self.live is not None:
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.__exit__(None, None, None)
+
+    def show(self, view: Any) -> None:
+        """`view()` builds what to show (only called when something is shown)."""
+        if self.live is not None:
+            self.live.update(view(), refresh=True)
+            return
+        for at, what in self.events[self.printed_events :]:
+            self.console.print(f"{int(at) // 60:02d}:{int(at) % 60:02d} {what}", markup=False,
+                               highlight=False)  # fmt: skip
+        self.printed_events = len(self.events)
+        now = time.monotonic()
+        if self.last_view is None or now - self.last_view >= SNAPSHOT_EVERY:
+            self.console.print(view())
+            self.last_view = now
 
 
 def exit_status(proc: Process) -> str:
@@ -650,11 +733,18 @@ def undo(record: Record) -> list[str]:
     strays = [pid for ns in record.netns for pid in network.pids_in(ns)]
     stop_pids(strays, grace=2.0, group=False)
     problems = []
-    if record.netns or network.link_exists(topology.BRIDGE):
+    if removes_network(record):
         problems += network.undo(network.teardown(record.netns), [Path(p) for p in record.etc])
     shutil.rmtree(record.shm, ignore_errors=True)
     shutil.rmtree(record.root, ignore_errors=True)
     return problems
+
+
+def removes_network(record: Record) -> bool:
+    """Whether undoing `record` removes namespaces and the bridge: only for a run that made
+    them (it records its namespaces before making anything), never for a loopback run, which
+    must leave a bridge of the same name alone (another run's, or another program's)."""
+    return record.mode == Mode.NETNS.value and bool(record.netns)
 
 
 def _alive(pid: int) -> bool:

@@ -2,11 +2,14 @@
 it, rendered with rich from a `Snapshot` (no I/O here).
 
 Beside the traffic, each workload's inbound authorization: how many connections and requests its
-proxies' policies allowed and denied, and which identities were denied."""
+proxies' policies allowed and denied, and which identities were denied. Below the api replicas, what
+the drills are meant to show, in words: a replica whose proxy stopped answering is marked gone
+(its last rate is not carried on), a slow replica's share is put beside the share it would get if
+the balancer ignored latency, and the proxies' certificate renewals are counted."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +45,9 @@ class Snapshot:
     events: Sequence[tuple[float, str]]
     footer: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    gone: Mapping[str, float] = field(default_factory=dict)  # pod → seconds without metrics
+    slow: Mapping[str, float] = field(default_factory=dict)  # pod → ms it adds to each call
+    certificates: Text | None = None
 
 
 def _pct(value: float | None) -> str:
@@ -99,15 +105,75 @@ def workloads_table(rows: Sequence[Row], caption: str) -> Table:
     return table
 
 
-def replicas_table(rows: Sequence[Row], notes: dict[str, str]) -> Table:
+def replicas_table(
+    rows: Sequence[Row], notes: Mapping[str, str], gone: Mapping[str, float] | None = None
+) -> Table:
+    """One line per replica; a gone one (in `gone`, not in `rows`) keeps its line, emptied and
+    marked, so that the shares shown add up to the traffic that is really flowing."""
+    gone = gone or {}
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1))
     for name in ("POD", "SHARE", "RPS", "P50", "P99", "NOTE"):
         table.add_column(name, justify="left" if name in ("POD", "NOTE") else "right")
-    for row in rows:
+    live = {row.name: row for row in rows}
+    for name in sorted({*live, *gone}):
+        row = live.get(name)
+        note = notes.get(name, "")
+        if row is None:
+            why = f"gone: no metrics for {gone[name]:.0f} s" + (f" ({note})" if note else "")
+            table.add_row(name, "-", "-", "-", "-", Text(why, style="bold red"))
+            continue
         share = "-" if row.share is None else f"{row.share * 100:.1f}%"
         table.add_row(row.name, share, _rate(row.rps), _ms(row.quantiles[0]),
-                      _ms(row.quantiles[-1]), notes.get(row.name, ""))  # fmt: skip
+                      _ms(row.quantiles[-1]), note)  # fmt: skip
     return table
+
+
+def balancer_caption(rows: Sequence[Row], slow: Mapping[str, float]) -> Text:
+    """How the api calls are spread, and why a slow replica gets less than an even share."""
+    text = Text("api replicas: each call balanced by the caller's proxy (P2C over peak-EWMA)",
+                style="italic")  # fmt: skip
+    shares = {row.name: row.share for row in rows if row.share is not None}
+    if len(shares) < 2:
+        return text
+    even = 1 / len(shares)
+    for pod, ms in sorted(slow.items()):
+        share = shares.get(pod)
+        if share is None:
+            continue
+        text.append(f"\n  {pod} answers {ms:.0f} ms slower: ", style="italic")
+        if share < even * 0.8:
+            text.append(f"it gets {share * 100:.1f}% of the calls, not the even "
+                        f"{even * 100:.0f}%: the balancers see its latency and pick the others",
+                        style="italic yellow")  # fmt: skip
+        else:
+            text.append(f"it still gets {share * 100:.1f}% (even: {even * 100:.0f}%): the "
+                        "balancers have not seen enough of its latency yet",
+                        style="italic")  # fmt: skip
+    return text
+
+
+def certificates_line(
+    certificates: Mapping[str, Mapping[str, float]], now: float, since: float | None = None
+) -> Text | None:
+    """The proxies' certificates (from their metrics, `now` in Unix seconds): renewals, the
+    soonest expiry, and, after the identity service came back at `since`, who renewed since."""
+    if not certificates:
+        return None
+    ok = sum(c["refreshes_ok"] for c in certificates.values())
+    failed = sum(c["refreshes_failed"] for c in certificates.values())
+    text = Text("certificates: ", style="bold")
+    text.append(f"{len(certificates)} proxies, {ok:.0f} issued or renewed, ")
+    text.append(f"{failed:.0f} failed", style="red" if failed else "")
+    expiries = [c["expires_at"] for c in certificates.values() if c["expires_at"] > 0]
+    if expiries:
+        left = min(expiries) - now
+        text.append(f"; soonest expiry in {left:.0f} s" if left > 0 else "; one has expired",
+                    style="" if left > 0 else "bold red")  # fmt: skip
+    if since is not None:
+        renewed = sum(1 for c in certificates.values() if c["refreshed_at"] > since)
+        text.append(f"; renewed since identity came back: {renewed}/{len(certificates)}",
+                    style="green" if renewed == len(certificates) else "yellow")  # fmt: skip
+    return text
 
 
 def client_line(client: Client | None) -> Text:
@@ -138,14 +204,13 @@ def render(snapshot: Snapshot, caption: str = "last 10 s") -> Group:
     parts: list[Any] = [
         header,
         workloads_table(snapshot.workloads, caption),
-        Text(
-            "api replicas: each call balanced by the caller's proxy (P2C over peak-EWMA)",
-            style="italic",
-        ),
-        replicas_table(snapshot.replicas, snapshot.replica_notes),
+        balancer_caption(snapshot.replicas, snapshot.slow),
+        replicas_table(snapshot.replicas, snapshot.replica_notes, snapshot.gone),
         client_line(snapshot.client),
         control,
     ]
+    if snapshot.certificates is not None:
+        parts.append(snapshot.certificates)
     if snapshot.events:
         events = Text("events: ", style="bold")
         events.append("; ".join(f"{_clock(t)} {what}" for t, what in snapshot.events[-4:]))
