@@ -137,3 +137,43 @@ def test_through_a_port_forward_to_the_tap_pod(emojivoto: Any, controller: Contr
     assert run.out.startswith("error proxy=emojivoto/web-5d8f7-a UNAVAILABLE: ")
     forwarded = [p for _, p in emojivoto.api.requests if "/portforward" in p]
     assert forwarded[-1] == f"/api/v1/namespaces/meshlet/pods/{TAP_POD}/portforward?ports=8088"
+
+
+async def test_top_counts_the_tapped_requests_by_path(
+    controller: Controller, proxies: None
+) -> None:
+    """`meshlet viz top` over the controller's real stream (a process, no terminal: the table
+    once at the end of --duration)."""
+    addr = f"127.0.0.1:{controller.port}"
+    argv = [sys.executable, "-m", "meshlet.cli.main", "viz", "top", "deploy/web", "-n",
+            "emojivoto", "--tap-addr", addr, "--duration", "2"]  # fmt: skip
+    proc = await asyncio.create_subprocess_exec(*argv, "-o", "json", stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.PIPE)  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 20)
+    assert proc.returncode == 0, err
+    rows = {(r["destination"], r["path"]): r for r in json.loads(out)}
+    assert set(rows) == {("web-5d8f7-a", "/api/list"), ("web-5d8f7-a", "/health"),
+                         ("web-5d8f7-b", "/api/list")}  # fmt: skip
+    for row in rows.values():
+        assert row["source"] == "vote-bot-1" and row["method"] == "GET"
+        assert row["count"] == 1 and row["success"] == 1.0 and row["last"] == 0.0015
+    proc = await asyncio.create_subprocess_exec(*argv, "--hide-sources",
+                                                stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.PIPE)  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 20)
+    assert proc.returncode == 0, err
+    header, *lines = out.decode().splitlines()
+    assert header.split() == ["DESTINATION", "METHOD", "PATH", "COUNT", "BEST", "WORST", "LAST",
+                              "SUCCESS"]  # fmt: skip
+    assert sorted(line.split()[:5] for line in lines) == [
+        ["web-5d8f7-a", "GET", "/api/list", "1", "1.5ms"],
+        ["web-5d8f7-a", "GET", "/health", "1", "1.5ms"],
+        ["web-5d8f7-b", "GET", "/api/list", "1", "1.5ms"],
+    ]
+
+
+async def test_top_says_why_it_could_not_tap(controller: Controller, meshlet: Any) -> None:
+    addr = f"127.0.0.1:{controller.port}"
+    run = await asyncio.to_thread(meshlet, "viz", "top", "svc/web", "--tap-addr", addr)
+    assert run.code == 1 and "Traceback" not in run.err
+    assert run.err.startswith("Error: the tap controller refused the tap (400): invalid resource")

@@ -19,6 +19,7 @@ from meshlet.cli.uninstall import uninstall
 from meshlet.cli.version import version
 from meshlet.cli.viz import viz
 from meshlet.cli.viztap import tap
+from meshlet.cli.viztop import top
 
 EX_CONFIG = 64
 
@@ -36,6 +37,7 @@ cli.add_command(inject)
 cli.add_command(check)
 cli.add_command(stat)
 viz.add_command(tap)
+viz.add_command(top)
 cli.add_command(viz)
 cli.add_command(authz)
 cli.add_command(diagnostics)

@@ -1,6 +1,7 @@
-"""`meshlet viz`: the mesh's traffic as Linkerd's viz extension shows it (stat, edges, routes,
-top), from a Prometheus that scrapes the proxies (`--prometheus-url`, else the one a kept local
-mesh runs), or, for `stat` in a local mesh without one, from the proxies themselves."""
+"""`meshlet viz`: the mesh's traffic as Linkerd's viz extension shows it: stat, edges and routes
+from a Prometheus that scrapes the proxies (`--prometheus-url`, else the one a kept local mesh
+runs), or, for `stat` in a local mesh without one, from the proxies themselves; tap and top
+(viztap, viztop) from the tap controller."""
 
 from __future__ import annotations
 
@@ -125,8 +126,8 @@ _win = click.option("-t", "--time-window", "window", default="1m", show_default=
 
 @click.group()
 def viz() -> None:
-    """Traffic as Linkerd's viz shows it: metrics from Prometheus (stat, edges, routes, top),
-    live requests from the tap controller (tap)."""
+    """Traffic as Linkerd's viz shows it: metrics from Prometheus (stat, edges, routes),
+    live requests from the tap controller (tap, top)."""
 
 
 @viz.command()
@@ -244,25 +245,3 @@ def routes(resource: str, to: str | None, namespace: str, window: str,
     """Per-route success, RPS and latency (the route_* metrics): of the resource's inbound
     routes, or with --to of its outbound ones."""
     _routes(resource, to, namespace, window, prometheus_url, output)
-
-
-@viz.command()
-@click.argument("resource", metavar="TYPE[/NAME]")
-@_ns
-@_win
-@_url
-@_out
-def top(resource: str, namespace: str, window: str, prometheus_url: str | None,
-        output: str) -> None:  # fmt: skip
-    """The busiest routes of a resource. Per-path counts need tap (meshlet viz tap): the
-    metrics have routes, not paths, so this shows the routes by request count."""
-    click.echo(vizmetrics.NO_TOP, err=True)
-    t = _target(resource, namespace, "TYPE[/NAME]")
-    assert t is not None
-    seconds = _window(window)
-    prom = _prometheus(prometheus_url)
-    try:
-        rows = sorted(vizmetrics.routes(prom, t, seconds), key=lambda r: -r.requests)
-    except MetricsError as exc:
-        _fail(exc)
-    _emit(output, rows, routes_table(rows) if rows else "", "No route traffic in the window.")

@@ -35,10 +35,6 @@ KINDS: Final = {  # what the user types → the label Prometheus' series carry
     "au": "authority", "authority": "authority", "authorities": "authority",
 }  # fmt: skip
 _WINDOW: Final = re.compile(r"^[1-9][0-9]*[smh]$")
-NO_TOP: Final = (
-    "the proxies' metrics carry no request paths (Linkerd's top reads them from tap); "
-    "showing per-route metrics instead"
-)
 
 
 class MetricsError(Exception):

@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -15,25 +17,32 @@ from meshlet.api.hostport import HostPort
 KUBECONFIG_HELP = "Default: $KUBECONFIG or ~/.kube/config."
 
 
-@click.command("tap")
-@click.argument("resource", metavar="RESOURCE")
-@click.option("-n", "--namespace", help="RESOURCE's namespace. Default: the context's.")
-@click.option("--to", "to", metavar="RES", help="Only outbound requests to RES.")
-@click.option("--to-namespace", help="RES's namespace. Default: RESOURCE's.")
-@click.option("--method", help="Only requests with this HTTP method.")
-@click.option("--path", help="Only requests whose path starts with this.")
-@click.option("--authority", help="Only requests to this authority.")
-@click.option("--max-rps", type=click.FloatRange(min=0.1, max=100_000), default=100.0,
-              show_default=True, help="Requests per second to show at most.")  # fmt: skip
-@click.option("-o", "--output", type=click.Choice(["wide", "json"]), default=None,
-              help="wide: with source and destination; json: an object a line.")  # fmt: skip
-@click.option("--tap-addr", metavar="HOST:PORT",
-              help="Ask this tap controller directly instead of a port-forward.")  # fmt: skip
-@click.option("--tap-pod", help="Which tap controller pod to port-forward to.")
-@click.option("--control-plane-namespace", default=wk.CONTROL_PLANE_NAMESPACE, show_default=True)
-@click.option("--kubeconfig", type=click.Path(dir_okay=False, path_type=Path), help=KUBECONFIG_HELP)
-@click.option("--context", help="The kubeconfig context to use.")
-def tap(
+def source_options(command: Any) -> Any:
+    """The options that say which requests to tap and where the tap controller is."""
+    for option in reversed([
+        click.option("-n", "--namespace", help="RESOURCE's namespace. Default: the context's."),
+        click.option("--to", "to", metavar="RES", help="Only outbound requests to RES."),
+        click.option("--to-namespace", help="RES's namespace. Default: RESOURCE's."),
+        click.option("--method", help="Only requests with this HTTP method."),
+        click.option("--path", help="Only requests whose path starts with this."),
+        click.option("--authority", help="Only requests to this authority."),
+        click.option("--max-rps", type=click.FloatRange(min=0.1, max=100_000), default=100.0,
+                     show_default=True, help="Requests per second to show at most."),
+        click.option("--tap-addr", metavar="HOST:PORT",
+                     help="Ask this tap controller directly instead of a port-forward."),
+        click.option("--tap-pod", help="Which tap controller pod to port-forward to."),
+        click.option("--control-plane-namespace", default=wk.CONTROL_PLANE_NAMESPACE,
+                     show_default=True),
+        click.option("--kubeconfig", type=click.Path(dir_okay=False, path_type=Path),
+                     help=KUBECONFIG_HELP),
+        click.option("--context", help="The kubeconfig context to use."),
+    ]):  # fmt: skip
+        command = option(command)
+    return command
+
+
+@contextlib.contextmanager
+def tap_events(
     resource: str,
     namespace: str | None,
     to: str | None,
@@ -42,28 +51,15 @@ def tap(
     path: str | None,
     authority: str | None,
     max_rps: float,
-    output: str | None,
     tap_addr: str | None,
     tap_pod: str | None,
     control_plane_namespace: str,
     kubeconfig: Path | None,
     context: str | None,
-) -> None:
-    """Print the live requests of RESOURCE's proxies (deploy/NAME, pod/NAME, ns/NAME).
-
-    Each request shows as `req`, `rsp` and `end` lines (id, proxy direction, source,
-    destination, TLS, then method/authority/path, status and latency, duration and bytes), as
-    `linkerd viz tap` prints them; `-o json` prints the tap controller's objects as they come.
-    The tap controller is reached through a port-forward to its pod (as `kubectl
-    port-forward`), with --tap-addr directly, or, when no kubeconfig or context is given and a
-    local mesh is kept running (`meshlet demo --keep`), that mesh's (namespace demo). Ctrl-C
-    ends the tap.
-
-    \b
-    meshlet viz tap deploy/web -n emojivoto
-    meshlet viz tap ns/emojivoto --path /api --method GET -o wide
-    meshlet viz tap deploy/web -n emojivoto --tap-addr 127.0.0.1:8088 -o json
-    """
+) -> Iterator[Iterator[dict[str, Any]]]:
+    """The tap controller's events for RESOURCE, through a port-forward to its pod, directly
+    (--tap-addr), or from a running local mesh's when no kubeconfig is configured. A refusal
+    or a broken stream is a ClusterError naming the controller."""
     from meshlet.api.hostport import parse_hostport
     from meshlet.cli import tap as taps
     from meshlet.cli.cluster import ClusterError, api_client, default_namespace
@@ -92,17 +88,49 @@ def tap(
         pod = _component_pod(api, control_plane_namespace, "tap", tap_pod)
         forward = PortForward(api, control_plane_namespace, pod, wk.TAP_PORT)
         where = f"{control_plane_namespace}/{pod}:{wk.TAP_PORT} (port-forward)"
+
+    def events(host: str, port: int) -> Iterator[dict[str, Any]]:
+        try:
+            yield from taps.stream(host, port, path_query)
+        except taps.TapError as exc:
+            raise ClusterError(f"{exc} [{where}]") from None
+
     with forward as local:
         host, port = local if local is not None else direct
+        yield events(host, port)
+
+
+@click.command("tap")
+@click.argument("resource", metavar="RESOURCE")
+@source_options
+@click.option("-o", "--output", type=click.Choice(["wide", "json"]), default=None,
+              help="wide: with source and destination; json: an object a line.")  # fmt: skip
+def tap(resource: str, output: str | None, **source: Any) -> None:
+    """Print the live requests of RESOURCE's proxies (deploy/NAME, pod/NAME, ns/NAME).
+
+    Each request shows as `req`, `rsp` and `end` lines (id, proxy direction, source,
+    destination, TLS, then method/authority/path, status and latency, duration and bytes), as
+    `linkerd viz tap` prints them; `-o json` prints the tap controller's objects as they come.
+    The tap controller is reached through a port-forward to its pod (as `kubectl
+    port-forward`), with --tap-addr directly, or, when no kubeconfig is configured (none given,
+    no $KUBECONFIG, no ~/.kube/config) and a local mesh is running (`meshlet demo --keep`),
+    that mesh's (namespace demo). Ctrl-C ends the tap.
+
+    \b
+    meshlet viz tap deploy/web -n emojivoto
+    meshlet viz tap ns/emojivoto --path /api --method GET -o wide
+    meshlet viz tap deploy/web -n emojivoto --tap-addr 127.0.0.1:8088 -o json
+    """
+    from meshlet.cli import tap as taps
+
+    with tap_events(resource, **source) as events:
         try:
-            for event in taps.stream(host, port, path_query):
+            for event in events:
                 if output == "json":
                     sys.stdout.write(json.dumps(event, sort_keys=True) + "\n")
                 else:
                     sys.stdout.write(taps.render(event, wide=output == "wide") + "\n")
                 sys.stdout.flush()
-        except taps.TapError as exc:
-            raise ClusterError(f"{exc} [{where}]") from None
         except KeyboardInterrupt:
             return
 

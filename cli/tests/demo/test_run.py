@@ -206,6 +206,14 @@ def test_keep_leaves_the_mesh_running_until_demo_down(machine_unchanged: None) -
             tap.terminate()
             _, err = tap.communicate(timeout=10)
         assert seen is not None, err[-2000:]
+        top = subprocess.run(
+            [sys.executable, "-m", "meshlet.cli.main", "viz", "top", "deploy/web", "--duration",
+             "3", "-o", "json"], capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+        assert top.returncode == 0, top.stderr
+        rows = {(r["source"], r["destination"], r["path"]): r for r in json.loads(top.stdout)}
+        load_ip = topology.layout(topology.Mode.NETNS).pod("load-1").ip  # no labels: its IP
+        assert rows.get((load_ip, "web-1", "/"), {}).get("count", 0) > 0, rows
     finally:
         down = subprocess.run([*meshlet, "down"], capture_output=True, text=True, timeout=60,
                               check=False)  # fmt: skip
