@@ -1,6 +1,7 @@
 """`meshlet viz`: the mesh's traffic as Linkerd's viz extension shows it (stat, edges, routes,
 top), from a Prometheus that scrapes the proxies (`--prometheus-url`, else the one a kept local
-mesh runs), or, for `stat` in a local mesh without one, from the proxies themselves."""
+mesh runs), or, for `stat` in a local mesh without one, from the proxies themselves; and the
+address of the web dashboard (dashboard)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Final
 
 import click
 
+from meshlet.api import wellknown as wk
 from meshlet.cli import tables, vizmetrics
 from meshlet.cli.vizmetrics import MetricsError, Prometheus, StatRow, Target
 
@@ -266,3 +269,74 @@ def top(resource: str, namespace: str, window: str, prometheus_url: str | None,
     except MetricsError as exc:
         _fail(exc)
     _emit(output, rows, routes_table(rows) if rows else "", "No route traffic in the window.")
+
+
+DASHBOARD_PORT: Final = 50750  # Linkerd's `viz dashboard` local port
+
+
+@viz.command()
+@click.option(
+    "--port",
+    type=click.IntRange(min=0, max=65535),
+    default=DASHBOARD_PORT,
+    show_default=True,
+    help="Local port of the port-forward (0: any free one).",
+)
+@click.option(
+    "--show",
+    type=click.Choice(["url", "browser"]),
+    default="url",
+    show_default=True,
+    help="url: print the address; browser: also open it in the default browser.",
+)
+@click.option("--web-pod", help="Which tap pod (its web container) to port-forward to.")
+@click.option("--control-plane-namespace", default=wk.CONTROL_PLANE_NAMESPACE, show_default=True)
+@click.option("--kubeconfig", type=click.Path(dir_okay=False, path_type=Path),
+              help="Default: $KUBECONFIG or ~/.kube/config.")  # fmt: skip
+@click.option("--context", help="The kubeconfig context to use.")
+def dashboard(port: int, show: str, web_pod: str | None, control_plane_namespace: str,
+              kubeconfig: Path | None, context: str | None) -> None:  # fmt: skip
+    """The web dashboard: a port-forward to its container in the tap pod, held until Ctrl-C,
+    and its address. With no --kubeconfig or --context and a kept local mesh that runs one
+    (`meshlet demo --keep`), that mesh's dashboard's address instead.
+
+    \b
+    meshlet viz dashboard
+    meshlet viz dashboard --port 0 --show browser
+    """
+    local = _kept_dashboard() if kubeconfig is None and context is None else None
+    if local is not None:
+        _announce(local, show, "the local mesh's dashboard")
+        return
+    from meshlet.cli.cluster import api_client
+    from meshlet.cli.diagnostics import _component_pod
+    from meshlet.cli.portforward import PortForward
+
+    api = api_client(kubeconfig, context)
+    pod = _component_pod(api, control_plane_namespace, "tap", web_pod)
+    with PortForward(api, control_plane_namespace, pod, wk.WEB_PORT, port) as (host, bound):
+        where = f"{control_plane_namespace}/{pod}:{wk.WEB_PORT} (port-forward; Ctrl-C ends it)"
+        _announce(f"http://{host}:{bound}", show, where)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            return
+
+
+def _kept_dashboard() -> str | None:
+    from meshlet.cli.demo.supervisor import Record, state_root
+
+    record = Record.load(state_root())
+    if record is None or not record.processes:
+        return None
+    return record.urls.get("dashboard")
+
+
+def _announce(url: str, show: str, what: str) -> None:
+    click.echo(f"meshlet dashboard at {url}/ ({what})")
+    if show == "browser":
+        import webbrowser
+
+        if not webbrowser.open(f"{url}/"):
+            click.echo("no browser could be opened: visit the address above", err=True)
