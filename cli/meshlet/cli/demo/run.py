@@ -204,6 +204,38 @@ class Demo:
             return
         self.record.urls["prometheus"] = url
         self._event(f"Prometheus at {url} (meshlet viz stat deploy -n demo)")
+        try:
+            self._start_dashboard(url)
+        except StartError as exc:
+            self._event(f"no dashboard: {exc}")
+
+    def _start_dashboard(self, prometheus_url: str) -> None:
+        """The tap controller and the web dashboard, on this host's loopback beside
+        Prometheus (which the dashboard's pages read); the tap controller reaches each proxy's
+        control port as Prometheus reaches its admin port."""
+        from meshlet.cli.demo import prometheus
+
+        assert self.sup is not None
+        root, sup = self.root, self.sup
+        tap_cert = root / "ca" / "tap" / wellknown.TAP_SERVICE_NAME
+        tap, tap_admin = prometheus.listen_address(wanted=wellknown.TAP_PORT), "127.0.0.1:0"
+        web = prometheus.listen_address(wanted=wellknown.WEB_PORT)
+        web_admin = prometheus.listen_address(wanted=wellknown.WEB_ADMIN_PORT)
+        argv = {
+            "tap": ["tap", "--addr", tap, "--admin-addr", tap_admin,
+                    "--manifests", str(root / "manifests"), "--tls-cert", f"{tap_cert}.crt",
+                    "--tls-key", f"{tap_cert}.key",
+                    "--trust-anchors", str(root / "ca" / "trust-anchors.pem")],
+            "web": ["web", "--addr", web, "--admin-addr", web_admin,
+                    "--prometheus-url", prometheus_url, "--tap-addr", tap],
+        }  # fmt: skip
+        for name, args in argv.items():
+            self.specs[name] = Process(name, [*command("meshlet-controller"), *args], {}, None,
+                                       None, sup.logs / f"{name}.log")  # fmt: skip
+            self._start_spec(name)
+        sup.wait_ready("web", f"http://{web_admin}/ready", READY_WITHIN)
+        self.record.urls["dashboard"] = f"http://{web}"
+        self._event(f"dashboard at http://{web}/ (meshlet viz dashboard)")
 
     def _ca(self) -> str:
         from meshlet.controlplane.identity import ca, signer
