@@ -113,7 +113,7 @@ def test_names_from_labels_are_escaped() -> None:
     tap = pages.tap_page(EVIL, "demo", "/" + EVIL, "GET")
     for html in (page, topology, tap):
         assert "<script>alert" not in html and "&lt;script&gt;" in html
-    assert topology.count('class="edge') == 2 and topology.count("class=node") == 4
+    assert topology.count('class="edge') == 2 and topology.count('class="node"') == 4
 
 
 def test_idle_meshed_resources_get_a_row_and_a_count() -> None:

@@ -187,7 +187,7 @@ class Node:
 
 NODE_W: Final = 180
 NODE_H: Final = 36
-COL_GAP: Final = 260
+COL_GAP: Final = 400  # room for an edge's label: two identities side by side
 ROW_GAP: Final = 70
 MARGIN: Final = 20
 
@@ -226,11 +226,11 @@ def topology_svg(edges: Sequence[Edge]) -> str:
         NODE_H + ROW_GAP * 2
     )
     parts = [
-        f'<svg id=topology xmlns="http://www.w3.org/2000/svg" width="{width}" '
-        f'height="{height}" viewBox="0 0 {width} {height}" role=img>'
-        '<defs><marker id=arrow viewBox="0 0 10 10" refX=10 refY=5 markerWidth=8 '
-        'markerHeight=8 orient=auto-start-reverse><path d="M 0 0 L 10 5 L 0 10 z"/></marker>'
-        "</defs>"
+        f'<svg id="topology" xmlns="http://www.w3.org/2000/svg" width="{width}" '
+        f'height="{height}" viewBox="0 0 {width} {height}" role="img">'
+        '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="8" '
+        'markerHeight="8" orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z"/>'
+        "</marker></defs>"
     ]
     for e in edges:
         a, b = nodes.get((e.src_namespace, e.src)), nodes.get((e.dst_namespace, e.dst))
@@ -256,16 +256,16 @@ def topology_svg(edges: Sequence[Edge]) -> str:
             f'data-client-id="{esc(e.client_id)}" data-server-id="{esc(e.server_id)}">'
             f'<line x1="{x1:.0f}" y1="{y1:.0f}" x2="{x2:.0f}" y2="{y2:.0f}" '
             'marker-end="url(#arrow)"/>'
-            f'<text x="{mid_x:.0f}" y="{mid_y - 22:.0f}" text-anchor=middle>{text}</text></g>'
+            f'<text x="{mid_x:.0f}" y="{mid_y - 22:.0f}" text-anchor="middle">{text}</text></g>'
         )
     for n in nodes.values():
         parts.append(
-            f'<g class=node data-name="{esc(n.name)}" data-namespace="{esc(n.namespace)}">'
-            f'<rect x="{n.x:.0f}" y="{n.y:.0f}" width="{NODE_W}" height="{NODE_H}" rx=6/>'
-            f'<text x="{n.x + NODE_W / 2:.0f}" y="{n.y + 15:.0f}" text-anchor=middle>'
+            f'<g class="node" data-name="{esc(n.name)}" data-namespace="{esc(n.namespace)}">'
+            f'<rect x="{n.x:.0f}" y="{n.y:.0f}" width="{NODE_W}" height="{NODE_H}" rx="6"/>'
+            f'<text x="{n.x + NODE_W / 2:.0f}" y="{n.y + 15:.0f}" text-anchor="middle">'
             f"{esc(n.name)}</text>"
-            f'<text class=ns x="{n.x + NODE_W / 2:.0f}" y="{n.y + 29:.0f}" '
-            f"text-anchor=middle>{esc(n.namespace or '-')}</text></g>"
+            f'<text class="ns" x="{n.x + NODE_W / 2:.0f}" y="{n.y + 29:.0f}" '
+            f'text-anchor="middle">{esc(n.namespace or "-")}</text></g>'
         )
     parts.append("</svg>")
     return "".join(parts)

@@ -202,6 +202,7 @@ class WebServer:
         app.router.add_get("/tap", self.tap_page)
         app.router.add_get("/api/tap", self.tap)
         app.router.add_get("/static/{name}", self.static)
+        app.router.add_get("/favicon.ico", self.no_icon)
         return app
 
     async def start(self) -> None:
@@ -323,6 +324,9 @@ class WebServer:
         q = query(request, TAP_PARAMETERS | {"window": window})
         return _html(pages.tap_page(q.get("resource", ""), q.get("namespace", ""),
                                     q.get("path", ""), q.get("method", "")))  # fmt: skip
+
+    async def no_icon(self, request: web.Request) -> web.Response:
+        return web.Response(status=204)
 
     async def static(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
