@@ -204,10 +204,7 @@ class Demo:
             return
         self.record.urls["prometheus"] = url
         self._event(f"Prometheus at {url} (meshlet viz stat deploy -n demo)")
-        try:
-            self._start_dashboard(url)
-        except StartError as exc:
-            self._event(f"no dashboard: {exc}")
+        self._start_dashboard(url)
 
     def _start_dashboard(self, prometheus_url: str) -> None:
         """The tap controller and the web dashboard, on this host's loopback beside
@@ -220,7 +217,7 @@ class Demo:
         tap_cert = root / "ca" / "tap" / wellknown.TAP_SERVICE_NAME
         tap, tap_admin = prometheus.listen_address(wanted=wellknown.TAP_PORT), "127.0.0.1:0"
         web = prometheus.listen_address(wanted=wellknown.WEB_PORT)
-        web_admin = prometheus.listen_address(wanted=wellknown.WEB_ADMIN_PORT)
+        web_admin = "127.0.0.1:0"
         argv = {
             "tap": ["tap", "--addr", tap, "--admin-addr", tap_admin,
                     "--manifests", str(root / "manifests"), "--tls-cert", f"{tap_cert}.crt",
@@ -233,7 +230,8 @@ class Demo:
             self.specs[name] = Process(name, [*command("meshlet-controller"), *args], {}, None,
                                        None, sup.logs / f"{name}.log")  # fmt: skip
             self._start_spec(name)
-        sup.wait_ready("web", f"http://{web_admin}/ready", READY_WITHIN)
+        # not waited for (about a second of imports, on every run): the supervisor reports a
+        # process that dies, as for every other one
         self.record.urls["dashboard"] = f"http://{web}"
         self._event(f"dashboard at http://{web}/ (meshlet viz dashboard)")
 
