@@ -5,12 +5,15 @@ and a real browser: cli/tests/test_viz.py."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import subprocess
 import sys
 from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from meshlet.api.hostport import HostPort
 from meshlet.controlplane import vizmetrics
@@ -136,3 +139,101 @@ def test_bad_flags_exit_64_with_a_line() -> None:
     assert done.returncode == 64
     assert "--prometheus-url" in done.stderr and "--enforced-host" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+class StandInTap:
+    """A test stand-in for the tap controller's API (the real one, against real proxies, is in
+    cli/tests/test_viz.py): answers `GET /api/v1/tap` with `lines` then holds the stream open,
+    or with `status` and a JSON error; records each query."""
+
+    def __init__(self) -> None:
+        self.lines: list[bytes] = []
+        self.status = 200
+        self.queries: list[dict[str, str]] = []
+        self.runner: web.AppRunner | None = None
+        self.port = 0
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/api/v1/tap", self.tap)
+        self.runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.1)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def tap(self, request: web.Request) -> web.StreamResponse:
+        self.queries.append(dict(request.query))
+        if self.status != 200:
+            return web.json_response({"type": "error", "message": "no pods"}, status=self.status)
+        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await response.prepare(request)
+        for line in self.lines:
+            await response.write(line)
+        await asyncio.sleep(30)
+        return response
+
+
+@pytest.fixture
+async def relay() -> AsyncIterator[tuple[WebServer, StandInTap]]:
+    tap = StandInTap()
+    await tap.start()
+    config = WebConfig(LOOPBACK, LOOPBACK, "http://127.0.0.1:1", HostPort("127.0.0.1", tap.port),
+                       max_relays=1, max_relay_events=3, max_relay_seconds=1.0)  # fmt: skip
+    server = WebServer(config)
+    await server.start()
+    yield server, tap
+    await server.stop()
+    assert tap.runner is not None
+    await tap.runner.cleanup()
+
+
+async def relayed(server: WebServer, query: str) -> tuple[int, list[dict[str, object]]]:
+    url = f"http://127.0.0.1:{server.port}/api/tap?{query}"
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        body = await asyncio.wait_for(response.read(), 10)
+        lines = [json.loads(line) for line in body.splitlines() if line.strip()]
+        return response.status, lines
+
+
+async def test_the_relay_passes_lines_on_and_ends_after_its_event_limit(
+    relay: tuple[WebServer, StandInTap],
+) -> None:
+    server, tap = relay
+    tap.lines = [b'{"type": "req", "n": %d}\n' % n for n in range(5)]
+    status, lines = await relayed(server, "resource=po/web-1&namespace=demo&path=/a&method=get")
+    assert status == 200
+    assert [line.get("n") for line in lines[:3]] == [0, 1, 2]
+    assert lines[3] == {"type": "end_of_tap", "message": "3 events: tap again"} and len(lines) == 4
+    assert tap.queries == [{"resource": "po/web-1", "namespace": "demo", "path": "/a",
+                            "method": "GET", "max_rps": "20"}]  # fmt: skip
+
+
+async def test_the_relay_ends_after_its_time_and_at_a_line_too_long(
+    relay: tuple[WebServer, StandInTap],
+) -> None:
+    server, tap = relay
+    tap.lines = [b'{"type": "req"}\n']
+    status, lines = await relayed(server, "resource=po/web-1")
+    assert status == 200
+    assert lines == [{"type": "req"}, {"type": "end_of_tap", "message": "1s passed: tap again"}]
+    tap.lines = [b"x" * (MAX_LINE + 10) + b"\n"]
+    status, lines = await relayed(server, "resource=po/web-1")
+    assert lines == [{"type": "end_of_tap", "message": f"a tap event of over {MAX_LINE} bytes"}]
+
+
+async def test_one_relay_too_many_is_refused_and_refusals_pass_through(
+    relay: tuple[WebServer, StandInTap],
+) -> None:
+    server, tap = relay
+    tap.lines = []
+    url = f"http://127.0.0.1:{server.port}/api/tap?resource=po/web-1"
+    async with aiohttp.ClientSession() as session, session.get(url) as first:
+        assert first.status == 200
+        status, lines = await relayed(server, "resource=po/web-2")
+        assert status == 429 and lines == [
+            {"type": "error", "message": "1 taps are open: close one"}
+        ]
+    tap.status = 404
+    status, lines = await relayed(server, "resource=po/web-3")
+    assert status == 404 and lines == [{"type": "error", "message": "no pods"}]

@@ -78,6 +78,9 @@ class WebConfig:
     prometheus_url: str
     tap_addr: HostPort = HostPort("127.0.0.1", wellknown.TAP_PORT)
     enforced_host: str = DEFAULT_ENFORCED_HOST
+    max_relays: int = MAX_RELAYS
+    max_relay_events: int = MAX_RELAY_EVENTS
+    max_relay_seconds: float = MAX_RELAY_SECONDS
 
 
 class BadQuery(ValueError):
@@ -341,9 +344,10 @@ class WebServer:
         q = query(request, TAP_PARAMETERS)
         if not q.get("resource"):
             raise BadQuery("resource is required (deploy/NAME, po/NAME or ns/NAME)")
-        if self.relays >= MAX_RELAYS:
+        if self.relays >= self.config.max_relays:
             self._refused.labels("busy").inc()
-            return _json({"type": "error", "message": f"{MAX_RELAYS} taps are open"}, 429)
+            message = f"{self.config.max_relays} taps are open: close one"
+            return _json({"type": "error", "message": message}, 429)
         upstream = {k: v for k, v in q.items() if v} | {"max_rps": RELAY_RPS}
         host, port = self.config.tap_addr
         url = f"http://{host}:{port}/api/v1/tap?" + urllib.parse.urlencode(upstream)
@@ -373,17 +377,18 @@ class WebServer:
 
     async def _relay(self, answer: aiohttp.ClientResponse, response: web.StreamResponse) -> None:
         lines, sent = Relay(), 0
+        most, seconds = self.config.max_relay_events, self.config.max_relay_seconds
         try:
-            async with asyncio.timeout(MAX_RELAY_SECONDS):
+            async with asyncio.timeout(seconds):
                 async for data in answer.content.iter_any():
                     for line in lines.feed(data):
                         await response.write(line + b"\n")
                         sent += 1
-                        if sent >= MAX_RELAY_EVENTS:
-                            await _end(response, f"{MAX_RELAY_EVENTS} events: tap again")
+                        if sent >= most:
+                            await _end(response, f"{most} events: tap again")
                             return
         except TimeoutError:
-            await _end(response, f"{MAX_RELAY_SECONDS:g}s passed: tap again")
+            await _end(response, f"{seconds:g}s passed: tap again")
             return
         except ValueError as exc:
             await _end(response, str(exc))
