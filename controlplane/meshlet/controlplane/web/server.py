@@ -226,8 +226,8 @@ class WebServer:
         self.port = sock.getsockname()[1]
         await web.SockSite(self._runner, sock).start()
         self.admin_port = await start_admin(self._admin, cfg.admin_addr)
-        log.info("web serving on :%d (admin :%d), Prometheus %s, tap %s:%d", self.port,
-                 self.admin_port, cfg.prometheus_url, *cfg.tap_addr)  # fmt: skip
+        log.info("web serving on :%d (admin :%d), Prometheus %s, tap %s", self.port,
+                 self.admin_port, cfg.prometheus_url, cfg.tap_addr)  # fmt: skip
 
     async def stop(self) -> None:
         if self._runner is not None:
@@ -349,17 +349,15 @@ class WebServer:
             message = f"{self.config.max_relays} taps are open: close one"
             return _json({"type": "error", "message": message}, 429)
         upstream = {k: v for k, v in q.items() if v} | {"max_rps": RELAY_RPS}
-        host, port = self.config.tap_addr
-        url = f"http://{host}:{port}/api/v1/tap?" + urllib.parse.urlencode(upstream)
-        if ":" in host:
-            url = f"http://[{host}]:{port}/api/v1/tap?" + urllib.parse.urlencode(upstream)
+        tap = self.config.tap_addr
+        url = f"http://{tap}/api/v1/tap?" + urllib.parse.urlencode(upstream)
         assert self._session is not None
         self.relays += 1
         try:
             try:
                 answer = await self._session.get(url)
             except (aiohttp.ClientError, OSError) as exc:
-                message = f"cannot reach the tap controller at {host}:{port}: {exc}"
+                message = f"cannot reach the tap controller at {tap}: {exc}"
                 return _json({"type": "error", "message": message}, 502)
             async with answer:
                 if answer.status != 200:
