@@ -112,6 +112,8 @@ def test_a_kept_local_mesh_gets_its_address_printed(
     Record("netns", str(root), str(tmp_path / "shm"), processes={"web": os.getpid()},
            urls={"dashboard": url}).save()  # fmt: skip
     monkeypatch.setattr(supervisor, "state_root", lambda: root)  # this test's demo, not the user's
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.kube/config: no cluster named
     run = meshlet("viz", "dashboard")
     assert run.code == 0, run.err
     assert run.out == f"meshlet dashboard at {url}/ (the local mesh's dashboard)\n"

@@ -297,14 +297,17 @@ DASHBOARD_PORT: Final = 50750  # Linkerd's `viz dashboard` local port
 def dashboard(port: int, show: str, web_pod: str | None, control_plane_namespace: str,
               kubeconfig: Path | None, context: str | None) -> None:  # fmt: skip
     """The web dashboard: a port-forward to its container in the tap pod, held until Ctrl-C,
-    and its address. With no --kubeconfig or --context and a kept local mesh that runs one
-    (`meshlet demo --keep`), that mesh's dashboard's address instead.
+    and its address. When no kubeconfig or context is given ($KUBECONFIG, ~/.kube/config
+    included) and a kept local mesh runs one (`meshlet demo --keep`), that mesh's dashboard's
+    address instead.
 
     \b
     meshlet viz dashboard
     meshlet viz dashboard --port 0 --show browser
     """
-    local = _kept_dashboard() if kubeconfig is None and context is None else None
+    from meshlet.cli.viztap import _kubeconfig
+
+    local = None if _kubeconfig(kubeconfig, context) else _kept_dashboard()
     if local is not None:
         _announce(local, show, "the local mesh's dashboard")
         return

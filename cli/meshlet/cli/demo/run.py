@@ -207,31 +207,22 @@ class Demo:
         self._start_dashboard(url)
 
     def _start_dashboard(self, prometheus_url: str) -> None:
-        """The tap controller and the web dashboard, on this host's loopback beside
-        Prometheus (which the dashboard's pages read); the tap controller reaches each proxy's
-        control port as Prometheus reaches its admin port."""
+        """The web dashboard, on this host's loopback beside Prometheus (which its pages read),
+        relaying the control plane's tap controller for its tap page."""
         from meshlet.cli.demo import prometheus
 
         assert self.sup is not None
-        root, sup = self.root, self.sup
-        tap_cert = root / "ca" / "tap" / wellknown.TAP_SERVICE_NAME
-        tap, tap_admin = prometheus.listen_address(wanted=wellknown.TAP_PORT), "127.0.0.1:0"
         web = prometheus.listen_address(wanted=wellknown.WEB_PORT)
-        web_admin = "127.0.0.1:0"
-        argv = {
-            "tap": ["tap", "--addr", tap, "--admin-addr", tap_admin,
-                    "--manifests", str(root / "manifests"), "--tls-cert", f"{tap_cert}.crt",
-                    "--tls-key", f"{tap_cert}.key",
-                    "--trust-anchors", str(root / "ca" / "trust-anchors.pem")],
-            "web": ["web", "--addr", web, "--admin-addr", web_admin,
-                    "--prometheus-url", prometheus_url, "--tap-addr", tap],
-        }  # fmt: skip
-        for name, args in argv.items():
-            self.specs[name] = Process(name, [*command("meshlet-controller"), *args], {}, None,
-                                       None, sup.logs / f"{name}.log")  # fmt: skip
-            self._start_spec(name)
-        # not waited for (about a second of imports, on every run): the supervisor reports a
-        # process that dies, as for every other one
+        tap = f"{self.layout.control_ip}:{wellknown.TAP_PORT}"
+        self.specs["web"] = Process(
+            "web",
+            [*command("meshlet-controller"), "web", "--addr", web, "--admin-addr", "127.0.0.1:0",
+             "--prometheus-url", prometheus_url, "--tap-addr", tap],
+            {}, None, None, self.sup.logs / "web.log",
+        )  # fmt: skip
+        # not waited for (about a second of imports, on every run): the supervisor reports it
+        # if it dies, as every other process
+        self._start_spec("web")
         self.record.urls["dashboard"] = f"http://{web}"
         self._event(f"dashboard at http://{web}/ (meshlet viz dashboard)")
 
