@@ -370,3 +370,29 @@ def test_the_tap_api_is_reached_only_through_a_port_forward(meshlet: Callable[..
     tap = next(c for c in containers if c["name"] == "tap")
     assert "--addr=127.0.0.1:8088" in tap["args"]
     assert [p["containerPort"] for p in tap["ports"]] == [9998]  # admin only
+
+
+def test_the_dashboard_sits_beside_the_tap_controller_on_the_loopback(
+    meshlet: Callable[..., Any], tmp_path: Path
+) -> None:
+    """The dashboard relays taps, so it is reached as the tap API is: on the pod's loopback,
+    through a port-forward; its admin port is the one kubelet probes."""
+    regex = r"^(localhost|dash\.example\.org)(:\d+)?$"
+    values = tmp_path / "web.yaml"
+    values.write_text(yaml.safe_dump({"web": {"prometheusUrl": "http://prom.example:9090",
+                                              "enforcedHost": regex}}))  # fmt: skip
+    objects = docs(meshlet("install", "--values", str(values)).out)
+    pod = find(objects, "Deployment", "meshlet-tap")["spec"]["template"]["spec"]
+    web = next(c for c in pod["containers"] if c["name"] == "web")
+    assert "--addr=127.0.0.1:8084" in web["args"]
+    assert "--tap-addr=127.0.0.1:8088" in web["args"]
+    assert "--prometheus-url=http://prom.example:9090" in web["args"]
+    assert f"--enforced-host={regex}" in web["args"]
+    ports = {p["name"]: p["containerPort"] for p in web["ports"]}
+    assert ports == {"http": 8084, "web-admin": 9994}
+    assert web["readinessProbe"]["httpGet"]["port"] == "web-admin"
+    off = docs(meshlet("install", "--set", "web.enabled=false").out)
+    containers = find(off, "Deployment", "meshlet-tap")["spec"]["template"]["spec"]["containers"]
+    assert [c["name"] for c in containers] == ["tap"]
+    bad = meshlet("install", "--set", "web.prometheusUrl=ftp://x")
+    assert bad.code != 0 and "prometheusUrl" in bad.err

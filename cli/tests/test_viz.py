@@ -26,6 +26,7 @@ import sys
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -293,3 +294,211 @@ def test_errors_are_clear(world: tuple[PodMesh, str], tmp_path: Path) -> None:
     with pytest.raises(vizmetrics.MetricsError, match="refused"):
         vizmetrics.Prometheus(url).query("sum(")
     assert shutil.which("prometheus") is not None
+
+
+# -- the web dashboard in a real browser ---------------------------------------------------
+# `meshlet-controller tap` and `meshlet-controller web` (processes) beside the world's
+# Prometheus, the dashboard read by Debian's chromium (headless, driven through its
+# chromedriver by selenium). What a page shows is checked through its elements; screenshots
+# go to the test's output (and $MESHLET_TEST_ARTIFACTS) for a person to look at.
+
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+
+
+def _need(what: str) -> None:
+    if os.environ.get("MESHLET_REQUIRE_NETNS") == "1" or os.environ.get("CI"):
+        pytest.fail(f"{what} (scripts/system-packages and make setup install it)")
+    pytest.skip(f"{what} (scripts/system-packages and make setup install it)")
+
+
+def _controller(name: str, root: Path, *args: str) -> subprocess.Popen[bytes]:
+    log = (root / f"{name}.log").open("wb")
+    with log:
+        return subprocess.Popen([sys.executable, "-m", "meshlet.controlplane.main", name, *args],
+                                stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+
+
+def _ready(admin: str, proc: subprocess.Popen[bytes], within: float = 20.0) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"exited {proc.returncode}"
+        try:
+            with urllib.request.urlopen(f"http://{admin}/ready", timeout=1) as answer:
+                if answer.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{admin} was not ready within {within:g}s")
+
+
+@pytest.fixture(scope="module")
+def dashboard(
+    world: tuple[PodMesh, str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """The dashboard's URL, its tap view reading a tap controller that taps the world's proxies
+    with a certificate of the tap identity from the world's issuer."""
+    import datetime as dt
+
+    from meshlet.controlplane.identity import ca, signer
+
+    mesh, prometheus_url = world
+    root = tmp_path_factory.mktemp("dashboard")
+    folder = mesh.root / "ca"
+    issuer = ca.load_issuer((folder / "issuer" / wellknown.ISSUER_CERT_KEY).read_bytes(),
+                            (folder / "issuer" / wellknown.ISSUER_KEY_KEY).read_bytes(),
+                            (folder / "trust-anchors.pem").read_bytes())  # fmt: skip
+    now = dt.datetime.now(dt.UTC)
+    signer.write_serving_files(issuer, wellknown.TAP_SERVICE_NAME, root, now, dt.timedelta(hours=1))
+    cert = root / wellknown.TAP_SERVICE_NAME
+    tap, web = f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}"
+    tap_admin, web_admin = f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}"
+    procs = [
+        _controller("tap", root, "--addr", tap, "--admin-addr", tap_admin,
+                    "--manifests", str(mesh.manifests.root), "--tls-cert", f"{cert}.crt",
+                    "--tls-key", f"{cert}.key",
+                    "--trust-anchors", str(folder / "trust-anchors.pem")),
+        _controller("web", root, "--addr", web, "--admin-addr", web_admin,
+                    "--prometheus-url", prometheus_url, "--tap-addr", tap),
+    ]  # fmt: skip
+    try:
+        _ready(tap_admin, procs[0])
+        _ready(web_admin, procs[1])
+        yield f"http://{web}"
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            assert proc.wait(timeout=10) == 0, (root / "web.log").read_text()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
+        _need("chromium and chromium-driver are not installed")
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        _need("selenium is not installed")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--window-size=1400,1000", "--no-first-run", "--disable-extensions"):  # fmt: skip
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+    driver.set_page_load_timeout(20)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _shot(driver: Any, name: str, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    png = driver.get_screenshot_as_png()
+    (out / f"{name}.png").write_bytes(png)
+    artifacts = os.environ.get("MESHLET_TEST_ARTIFACTS")
+    if artifacts:
+        Path(artifacts, "dashboard").mkdir(parents=True, exist_ok=True)
+        Path(artifacts, "dashboard", f"{name}.png").write_bytes(png)
+
+
+def _cells(driver: Any, table: str) -> dict[str, list[str]]:
+    from selenium.webdriver.common.by import By
+
+    rows = driver.find_elements(By.CSS_SELECTOR, f"#{table} tbody tr")
+    out = {}
+    for row in rows:
+        cells = [td.text for td in row.find_elements(By.TAG_NAME, "td")]
+        out[cells[0]] = cells
+    return out
+
+
+def _percent(text: str) -> float:
+    return float(text.rstrip("%")) / 100
+
+
+def test_the_dashboard_in_a_browser(
+    world: tuple[PodMesh, str], browser: Any, dashboard: str, tmp_path: Path
+) -> None:
+    """Runs last in this module: the tap step sends a few more requests."""
+    import urllib.error
+    import urllib.request
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    mesh, _ = world
+    out = tmp_path / "screenshots"
+    browser.get(f"{dashboard}/")
+    assert browser.find_element(By.ID, "title").text == "Namespaces"
+    namespaces = _cells(browser, "namespaces")
+    assert namespaces[NS][1] == str(len(IPS))  # meshed pods, as Prometheus scrapes them
+    assert 0.5 < _percent(namespaces[NS][2]) < 0.8
+    _shot(browser, "namespaces", out)
+
+    browser.find_element(By.LINK_TEXT, NS).click()
+    deployments = _cells(browser, "deployments")
+    assert set(deployments) == {"alpha", "beta", "server"}
+    assert [deployments[d][1] for d in ("alpha", "beta", "server")] == ["1", "1", "1"]
+    assert 0.5 < _percent(deployments["server"][2]) < 0.8 and deployments["server"][4] != "-"
+    assert set(_cells(browser, "pods")) == {ALPHA, BETA, SERVER}
+    _shot(browser, "namespace", out)
+
+    # the world's pods carry no pod-template-hash: their destinations are labelled by pod and
+    # ReplicaSet, not Deployment (as `meshlet viz edges po` reads them)
+    browser.get(f"{dashboard}/topology?namespace={NS}&kind=po")
+    edges = {
+        (g.get_attribute("data-src"), g.get_attribute("data-dst")): g
+        for g in browser.find_elements(By.CSS_SELECTOR, "#topology g.edge")
+    }
+    assert set(edges) == {(ALPHA, SERVER), (BETA, SERVER)}
+    alpha = edges[(ALPHA, SERVER)]
+    assert alpha.get_attribute("data-mtls") == "true"
+    assert identity(ALPHA) in alpha.text and identity(SERVER) in alpha.text
+    nodes = browser.find_elements(By.CSS_SELECTOR, "#topology g.node")
+    assert sorted(n.get_attribute("data-name") for n in nodes) == [ALPHA, BETA, SERVER]
+    _shot(browser, "topology", out)
+
+    browser.get(f"{dashboard}/routes?resource=po/{SERVER}&namespace={NS}")
+    rows = browser.find_elements(By.CSS_SELECTOR, "#routes tbody tr")
+    routes = {r.find_elements(By.TAG_NAME, "td")[1].text: r.text for r in rows}
+    assert set(routes) == {f"{IPS[SERVER]}:8080", f"{IPS[SERVER]}:8081"}
+    assert "100.00%" in routes[f"{IPS[SERVER]}:8080"] and "0.00%" in routes[f"{IPS[SERVER]}:8081"]
+    _shot(browser, "routes", out)
+
+    browser.get(f"{dashboard}/tap?resource=po/{ALPHA}&namespace={NS}&path=/dashboard")
+    browser.find_element(By.ID, "tap-start").click()
+    wait = WebDriverWait(browser, 10)
+    wait.until(lambda d: "live" in d.find_element(By.ID, "tap-status").text)
+    wait.until(lambda _: _tap_open(mesh) >= 1)
+    assert mesh.curl_codes(ALPHA, f"{GOOD}dashboard-tapped", 2) == [200, 200]
+    assert mesh.curl_codes(ALPHA, f"{GOOD}not-this-path", 1) == [200]
+    wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#tap-events tr.tap-row")) >= 2)
+    wait.until(lambda d: all(
+        td.text == "200" for td in d.find_elements(By.CSS_SELECTOR, "#tap-events .tap-status")
+    ))  # fmt: skip
+    paths = [td.text for td in browser.find_elements(By.CSS_SELECTOR, "#tap-events .tap-path")]
+    assert paths == ["/dashboard-tapped", "/dashboard-tapped"]
+    _shot(browser, "tap", out)
+    browser.find_element(By.ID, "tap-stop").click()
+    wait.until(lambda d: d.find_element(By.ID, "tap-status").text == "Stopped.")
+
+    assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
+    forged = urllib.request.Request(f"{dashboard}/", headers={"Host": "dashboard.evil.example"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(forged, timeout=5)
+    refused.value.close()
+    assert refused.value.code == 403
+    assert sorted(p.name for p in out.iterdir()) == [
+        "namespace.png", "namespaces.png", "routes.png", "tap.png", "topology.png",
+    ]  # fmt: skip
+
+
+def _tap_open(mesh: PodMesh) -> float:
+    from meshlet_testing.podmesh import metric
+
+    return metric(mesh.metrics(ALPHA), "tap_open")

@@ -10,6 +10,7 @@ import pytest
 
 from meshlet.cli import stats, vizmetrics
 from meshlet.cli.vizmetrics import MetricsError, Target, stat_query
+from meshlet.controlplane import vizmetrics as cpmetrics
 
 
 def test_inbound_by_default_outbound_with_to_and_from() -> None:
@@ -64,12 +65,12 @@ def test_bad_windows(text: str) -> None:
 
 def test_answers_that_are_not_vectors_are_errors() -> None:
     with pytest.raises(MetricsError, match="not JSON"):
-        vizmetrics._vector("up", b"<html>")
+        cpmetrics._vector("up", b"<html>")
     with pytest.raises(MetricsError, match="refused up: bad"):
-        vizmetrics._vector("up", json.dumps({"status": "error", "error": "bad"}).encode())
+        cpmetrics._vector("up", json.dumps({"status": "error", "error": "bad"}).encode())
     matrix = {"status": "success", "data": {"resultType": "matrix", "result": []}}
     with pytest.raises(MetricsError, match="not an instant vector"):
-        vizmetrics._vector("up", json.dumps(matrix).encode())
+        cpmetrics._vector("up", json.dumps(matrix).encode())
     with pytest.raises(MetricsError, match="not an http"):
         vizmetrics.Prometheus("localhost:9090")
 

@@ -922,6 +922,7 @@ class _PortForward:
         except OSError:
             pass
         self._upstreams[index] = None
+        upstream.close()  # the pod's side ended first (run's cleanup no longer sees it)
         if not any(self._upstreams):
             with contextlib.suppress(OSError):
                 self._send(0x8, (1000).to_bytes(2, "big"))

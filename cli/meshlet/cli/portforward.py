@@ -20,8 +20,11 @@ CHUNK: Final = 65536
 class PortForward:
     """`with PortForward(api, ns, pod, port) as (host, port):` dials reach the pod's port."""
 
-    def __init__(self, api_client: Any, namespace: str, pod: str, port: int) -> None:
+    def __init__(
+        self, api_client: Any, namespace: str, pod: str, port: int, local_port: int = 0
+    ) -> None:
         self.namespace, self.pod, self.port = namespace, pod, port
+        self.local_port = local_port  # 0: one the system picks
         self._api = api_client
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -53,7 +56,13 @@ class PortForward:
 
     def __enter__(self) -> HostPort:
         self._first = self._open()  # the API's refusals surface here, before any dial
-        listener = socket.create_server(("127.0.0.1", 0))
+        try:
+            listener = socket.create_server(("127.0.0.1", self.local_port))
+        except OSError as exc:
+            self._first.close()
+            raise ClusterError(
+                f"cannot listen on 127.0.0.1:{self.local_port}: {exc.strerror or exc}"
+            ) from None
         listener.settimeout(POLL)
         self._listener = listener
         self._spawn(self._accept, listener)

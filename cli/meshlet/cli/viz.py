@@ -1,7 +1,7 @@
 """`meshlet viz`: the mesh's traffic as Linkerd's viz extension shows it: stat, edges and routes
 from a Prometheus that scrapes the proxies (`--prometheus-url`, else the one a kept local mesh
 runs), or, for `stat` in a local mesh without one, from the proxies themselves; tap and top
-(viztap, viztop) from the tap controller."""
+(viztap, viztop) from the tap controller; and the address of the web dashboard (dashboard)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Final
 
 import click
 
+from meshlet.api import wellknown as wk
 from meshlet.cli import tables, vizmetrics
 from meshlet.cli.vizmetrics import MetricsError, Prometheus, StatRow, Target
 
@@ -245,3 +247,77 @@ def routes(resource: str, to: str | None, namespace: str, window: str,
     """Per-route success, RPS and latency (the route_* metrics): of the resource's inbound
     routes, or with --to of its outbound ones."""
     _routes(resource, to, namespace, window, prometheus_url, output)
+
+
+DASHBOARD_PORT: Final = 50750  # Linkerd's `viz dashboard` local port
+
+
+@viz.command()
+@click.option(
+    "--port",
+    type=click.IntRange(min=0, max=65535),
+    default=DASHBOARD_PORT,
+    show_default=True,
+    help="Local port of the port-forward (0: any free one).",
+)
+@click.option(
+    "--show",
+    type=click.Choice(["url", "browser"]),
+    default="url",
+    show_default=True,
+    help="url: print the address; browser: also open it in the default browser.",
+)
+@click.option("--web-pod", help="Which tap pod (its web container) to port-forward to.")
+@click.option("--control-plane-namespace", default=wk.CONTROL_PLANE_NAMESPACE, show_default=True)
+@click.option("--kubeconfig", type=click.Path(dir_okay=False, path_type=Path),
+              help="Default: $KUBECONFIG or ~/.kube/config.")  # fmt: skip
+@click.option("--context", help="The kubeconfig context to use.")
+def dashboard(port: int, show: str, web_pod: str | None, control_plane_namespace: str,
+              kubeconfig: Path | None, context: str | None) -> None:  # fmt: skip
+    """The web dashboard: a port-forward to its container in the tap pod, held until Ctrl-C,
+    and its address. When no kubeconfig or context is given ($KUBECONFIG, ~/.kube/config
+    included) and a kept local mesh runs one (`meshlet demo --keep`), that mesh's dashboard's
+    address instead.
+
+    \b
+    meshlet viz dashboard
+    meshlet viz dashboard --port 0 --show browser
+    """
+    from meshlet.cli.viztap import _kubeconfig
+
+    local = None if _kubeconfig(kubeconfig, context) else _kept_dashboard()
+    if local is not None:
+        _announce(local, show, "the local mesh's dashboard")
+        return
+    from meshlet.cli.cluster import api_client
+    from meshlet.cli.diagnostics import _component_pod
+    from meshlet.cli.portforward import PortForward
+
+    api = api_client(kubeconfig, context)
+    pod = _component_pod(api, control_plane_namespace, "tap", web_pod)
+    with PortForward(api, control_plane_namespace, pod, wk.WEB_PORT, port) as (host, bound):
+        where = f"{control_plane_namespace}/{pod}:{wk.WEB_PORT} (port-forward; Ctrl-C ends it)"
+        _announce(f"http://{host}:{bound}", show, where)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            return
+
+
+def _kept_dashboard() -> str | None:
+    from meshlet.cli.demo.supervisor import Record, state_root
+
+    record = Record.load(state_root())
+    if record is None or not record.processes:
+        return None
+    return record.urls.get("dashboard")
+
+
+def _announce(url: str, show: str, what: str) -> None:
+    click.echo(f"meshlet dashboard at {url}/ ({what})")
+    if show == "browser":
+        import webbrowser
+
+        if not webbrowser.open(f"{url}/"):
+            click.echo("no browser could be opened: visit the address above", err=True)

@@ -16,6 +16,7 @@ from meshlet.api import wellknown
 from meshlet.api.hostport import HostPort
 from meshlet.controlplane.cli import (
     EX_CONFIG,
+    Addr,
     Duration,
     cluster_source,
     listen_options,
@@ -442,6 +443,66 @@ def tap(
         proxy_port=proxy_control_port,
         control_ns=control_plane_namespace,
         trust_domain=trust_domain,
+    )
+    _run(serve(config))
+
+
+@cli.command()
+@listen_options(wellknown.WEB_PORT, wellknown.WEB_ADMIN_PORT, "The dashboard's HTTP")
+@option(
+    "--prometheus-url",
+    default="http://127.0.0.1:9090",
+    show_default=True,
+    help="The Prometheus that scrapes the proxies, which every page asks.",
+)
+@option(
+    "--tap-addr",
+    type=Addr(),
+    default=f"127.0.0.1:{wellknown.TAP_PORT}",
+    show_default=True,
+    help="The tap controller's API, which the live tap view reads (the pod's loopback).",
+)
+@option(
+    "--enforced-host",
+    default=None,
+    help="A regular expression the whole Host header must match, else 403 (against DNS"
+    " rebinding). Default: localhost, 127.0.0.1, [::1] and the dashboard's Service names,"
+    " with any port.",
+)
+@log_level_option()
+def web(
+    addr: HostPort,
+    admin_addr: HostPort,
+    prometheus_url: str,
+    tap_addr: HostPort,
+    enforced_host: str | None,
+    log_level: str,
+) -> None:
+    """Web dashboard: namespaces, workloads, topology, routes and a live tap, read-only."""
+    import re
+
+    from meshlet.controlplane.vizmetrics import MetricsError, Prometheus
+    from meshlet.controlplane.web.server import DEFAULT_ENFORCED_HOST, WebConfig, serve
+
+    problems = []
+    try:
+        Prometheus(prometheus_url)
+    except MetricsError as exc:
+        problems.append(f"--prometheus-url: {exc}")
+    pattern = DEFAULT_ENFORCED_HOST if enforced_host is None else enforced_host
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        problems.append(f"--enforced-host: not a regular expression ({exc})")
+    if problems:
+        raise click.UsageError("; ".join(problems))
+    setup_logging(log_level)
+    config = WebConfig(
+        addr=addr,
+        admin_addr=admin_addr,
+        prometheus_url=prometheus_url,
+        tap_addr=tap_addr,
+        enforced_host=pattern,
     )
     _run(serve(config))
 

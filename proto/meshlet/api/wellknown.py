@@ -30,6 +30,9 @@ POLICY_PORT: Final = 8090
 POLICY_ADMIN_PORT: Final = 9997
 TAP_PORT: Final = 8088
 TAP_ADMIN_PORT: Final = 9998
+# The web dashboard (Linkerd viz's web: 8084, admin 9994), in the tap controller's pod.
+WEB_PORT: Final = 8084
+WEB_ADMIN_PORT: Final = 9994
 
 CONTROL_PLANE_NAMESPACE: Final = "meshlet"
 TRUST_DOMAIN: Final = "cluster.local"
@@ -166,6 +169,7 @@ SERVICEPROFILE_CRD: Final = "serviceprofiles.meshlet.io"
 POLICY_NAME: Final = "meshlet-policy"
 POLICY_API_GROUP: Final = "policy.meshlet.io"
 TAP_NAME: Final = "meshlet-tap"  # the tap controller's ServiceAccount (its identity)
+WEB_NAME: Final = "meshlet-web"  # the dashboard's name (its container, the Host names it accepts)
 
 # What the injector adds to a pod.
 PROXY_CONTAINER: Final = "meshlet-proxy"

@@ -79,11 +79,12 @@ def command(prometheus: str, config_file: Path, storage: Path, listen: str) -> l
     ]
 
 
-def listen_address(host: str = "127.0.0.1") -> str:
-    """`host:9090` when that port is free, else a free port of the system's choosing."""
+def listen_address(host: str = "127.0.0.1", wanted: int = PORT) -> str:
+    """`host:wanted` (Prometheus' 9090) when that port is free, else a free port of the
+    system's choosing."""
     import socket
 
-    for port in (PORT, 0):
+    for port in (wanted, 0):
         with socket.socket() as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Prometheus binds
             try:

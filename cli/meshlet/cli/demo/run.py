@@ -204,6 +204,27 @@ class Demo:
             return
         self.record.urls["prometheus"] = url
         self._event(f"Prometheus at {url} (meshlet viz stat deploy -n demo)")
+        self._start_dashboard(url)
+
+    def _start_dashboard(self, prometheus_url: str) -> None:
+        """The web dashboard, on this host's loopback beside Prometheus (which its pages read),
+        relaying the control plane's tap controller for its tap page."""
+        from meshlet.cli.demo import prometheus
+
+        assert self.sup is not None
+        web = prometheus.listen_address(wanted=wellknown.WEB_PORT)
+        tap = f"{self.layout.control_ip}:{wellknown.TAP_PORT}"
+        self.specs["web"] = Process(
+            "web",
+            [*command("meshlet-controller"), "web", "--addr", web, "--admin-addr", "127.0.0.1:0",
+             "--prometheus-url", prometheus_url, "--tap-addr", tap],
+            {}, None, None, self.sup.logs / "web.log",
+        )  # fmt: skip
+        # not waited for (about a second of imports, on every run): the supervisor reports it
+        # if it dies, as every other process
+        self._start_spec("web")
+        self.record.urls["dashboard"] = f"http://{web}"
+        self._event(f"dashboard at http://{web}/ (meshlet viz dashboard)")
 
     def _ca(self) -> str:
         from meshlet.controlplane.identity import ca, signer
