@@ -95,13 +95,16 @@ def before_tap(repo: Path) -> str:
 # -- the settings' checks ----------------------------------------------------------------------
 
 
-def _settle(what: str, got: Callable[[], int], want: int, timeout: float) -> int:
-    """Wait until `got()` reaches `want`; RuntimeError naming `what` after `timeout`."""
+def _settle(
+    what: str, got: Callable[[], int], want: int, timeout: float, every: float = 0.2
+) -> int:
+    """Wait until `got()` reaches `want`, asking `every` seconds; RuntimeError naming `what`
+    after `timeout`."""
     deadline = time.monotonic() + timeout
     while (n := got()) < want:
         if time.monotonic() > deadline:
             raise RuntimeError(f"{what}: {n} of {want} after {timeout:g} s")
-        time.sleep(0.2)
+        time.sleep(every)
     return n
 
 
@@ -135,7 +138,8 @@ class TapClient:
             reader = threading.Thread(target=self._read, args=(call,), daemon=True)
             reader.start()
             try:
-                _settle("taps open", lambda: _taps_open(run.proc), 1, SETTLE_TIMEOUT)
+                # seldom: each scrape is work of the proxy's, which the count would include
+                _settle("taps open", lambda: _taps_open(run.proc), 1, SETTLE_TIMEOUT, every=1.0)
                 yield
                 self._received(run.requests)
             finally:
