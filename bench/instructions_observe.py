@@ -57,7 +57,14 @@ from typing import Any, Final
 
 import grpc
 
-from bench import instructions, instructions_mesh, proxy_baseline, proxy_mesh, proxy_netns
+from bench import (
+    instructions,
+    instructions_mesh,
+    proxy_baseline,
+    proxy_evidence,
+    proxy_mesh,
+    proxy_netns,
+)
 from bench.instructions_mesh import CLIENTS, Run, ServerProxy, Setting
 from bench.proxy_procs import CpuMeter
 from meshlet.api import tap_pb2, wellknown
@@ -108,6 +115,19 @@ def _settle(
     return n
 
 
+def _quiet(what: str, got: Callable[[], int], want: int, quiet: float = 1.0) -> int:
+    """Wait until `got()` reaches `want` or stops growing for `quiet` seconds (RuntimeError
+    after SETTLE_TIMEOUT)."""
+    deadline = time.monotonic() + SETTLE_TIMEOUT
+    last = -1
+    while (n := got()) < want and n != last:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what}: {n} of {want} after {SETTLE_TIMEOUT:g} s")
+        last = n
+        time.sleep(quiet)
+    return n
+
+
 class TapClient:
     """Observe on the server pod's control port as the tap controller, consuming events in a
     thread of its own."""
@@ -155,11 +175,10 @@ class TapClient:
                 self.refused = f"{exc.code().name}: {exc.details()}"
 
     def _received(self, requests: int) -> None:
+        """Every event, or (past the tap's rate) until no more come; never none."""
         if self.refused:
             raise RuntimeError(f"the tap was refused: {self.refused}")
-        want = TAP_EVENTS * requests
-        with contextlib.suppress(RuntimeError):
-            _settle("tap events", lambda: self.events, want, SETTLE_TIMEOUT / 4)
+        _quiet("tap events", lambda: self.events, TAP_EVENTS * requests)
         if self.events == 0:
             raise RuntimeError(f"the tap received no event for {requests} requests")
 
@@ -194,6 +213,10 @@ def _lines(log: Path) -> int:
     return log.read_bytes().count(ACCESS_LINE)
 
 
+def _dropped_spans() -> float:
+    return proxy_evidence.metric_sum(proxy_mesh.metrics("server"), "trace_spans_dropped_total", {})
+
+
 class SpanSink:
     """A local OTLP/HTTP traces endpoint: accepts every export, counts its spans, keeps none."""
 
@@ -201,6 +224,7 @@ class SpanSink:
         from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
         self.spans = 0
+        self.dropped = 0  # by the proxy, in the last run
         sink = self
         request_type = trace_service_pb2.ExportTraceServiceRequest
 
@@ -225,10 +249,17 @@ class SpanSink:
 
     @contextlib.contextmanager
     def traced(self, run: Run) -> Iterator[None]:
-        """The requests; then a span for each exported to the sink."""
-        before = self.spans
+        """The requests; then a span for each at the sink, or counted dropped by the proxy (its
+        queue is bounded: under load it drops, by design). Asked once a second (scraping the
+        proxy is work of its own)."""
+        before, dropped = self.spans, _dropped_spans()
         yield
-        _settle("spans exported", lambda: self.spans - before, run.requests, SETTLE_TIMEOUT)
+
+        def accounted() -> int:
+            return self.spans - before + int(_dropped_spans() - dropped)
+
+        _settle("spans exported or dropped", accounted, run.requests, SETTLE_TIMEOUT, every=1.0)
+        self.dropped = int(_dropped_spans() - dropped)
 
     def close(self) -> None:
         self.server.shutdown()
@@ -334,12 +365,12 @@ def measure(requests: int, load_requests: int, callgrind: bool, baseline: bool) 
         with ExitStack() as stack:
             server = ServerProxy(stack, scratch, others=(TAP_ID,))
             base = stack.enter_context(checked_out_baseline(server)) if baseline else None
-            found = settings(server, stack, base).by_name
+            made = settings(server, stack, base)
             for client in CLIENTS:
                 counted = {name: _count(server, client, name, s, requests) if callgrind else None
-                           for name, s in found.items()}  # fmt: skip
-                loaded = _load(server, client, found, load_requests)
-                rows += [Row(name, client, counted[name], *loaded[name]) for name in found]
+                           for name, s in made.by_name.items()}  # fmt: skip
+                loaded = _load(server, client, made, load_requests)
+                rows += [Row(name, client, counted[name], *loaded[name]) for name in made.by_name]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return rows
@@ -350,21 +381,37 @@ def _count(server: ServerProxy, client: str, name: str, setting: Setting, n: int
     return server.per_request(client, setting, n)
 
 
-def _load(
-    server: ServerProxy, client: str, found: dict[str, Setting], requests: int
-) -> dict[str, tuple[float, float]]:
+Loaded = tuple[float | None, float | None, str]  # CPU µs per request, requests/s, a note
+
+
+def _load(server: ServerProxy, client: str, made: Settings, requests: int) -> dict[str, Loaded]:
     """Each setting's mean CPU µs per request and rate over two passes, forwards then
-    backwards."""
-    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in found}
-    for order in (list(found), list(reversed(found))):
+    backwards, and what the load left out (tap events past its rate, spans dropped); a
+    failed pass is the note."""
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in made.by_name}
+    notes: dict[str, list[str]] = {name: [] for name in made.by_name}
+    for order in (list(made.by_name), list(reversed(made.by_name))):
         for name in order:
             print(f"{client}, {name}: CPU under load ...", file=sys.stderr, flush=True)
-            cpu, rate = load(server, client, found[name], requests, LOAD_CONNECTIONS)
+            try:
+                cpu, rate = load(server, client, made.by_name[name], requests, LOAD_CONNECTIONS)
+            except (RuntimeError, OSError) as exc:
+                notes[name].append(f"failed: {exc}")
+                continue
             samples[name].append((cpu * 1e6, rate))
-    return {
-        name: (sum(c for c, _ in s) / len(s), sum(r for _, r in s) / len(s))
-        for name, s in samples.items()
-    }
+            if name == "tap open":
+                notes[name].append(f"{made.tap.events // TAP_EVENTS} of {requests} reported")
+            if name == "tracing":
+                notes[name].append(f"{made.sink.dropped} of {requests} spans dropped")
+    found: dict[str, Loaded] = {}
+    for name, got in samples.items():
+        note = "; ".join(notes[name])
+        if not got:
+            found[name] = (None, None, note)
+            continue
+        cpu_us, rate = (sum(x) / len(got) for x in zip(*got, strict=True))
+        found[name] = (cpu_us, rate, note)
+    return found
 
 
 def table(rows: Sequence[Row]) -> list[str]:
@@ -372,8 +419,8 @@ def table(rows: Sequence[Row]) -> list[str]:
     defaults flagged over DEFAULTS_LIMIT), then CPU per request under load and its ratio."""
     lines = [
         "| protocol | setting | instructions/request | ÷ baseline | CPU µs/request (load) | "
-        "÷ baseline | requests/s (load) |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+        "÷ baseline | requests/s (load) | under load |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for row in rows:
         base = next((r for r in rows if r.client == row.client and r.setting == BASELINE), None)
@@ -386,7 +433,8 @@ def table(rows: Sequence[Row]) -> list[str]:
         cpu_ratio = _ratio(row.cpu_us, base.cpu_us if base else None)
         lines.append(
             f"| {row.client} | {row.setting} | {_number(row.instructions, ',.0f')} | {ratio} | "
-            f"{_number(row.cpu_us, '.1f')} | {cpu_ratio} | {_number(row.rate, ',.0f')} |"
+            f"{_number(row.cpu_us, '.1f')} | {cpu_ratio} | {_number(row.rate, ',.0f')} | "
+            f"{row.note} |"
         )
     return lines
 
