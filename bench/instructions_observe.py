@@ -83,7 +83,10 @@ TRACEPARENT: Final = ("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067
 ACCESS_LINE: Final = b'"client.addr"'  # in every json access-log line
 BASELINE: Final = "baseline"
 DEFAULTS: Final = "defaults"
-SETTINGS: Final = (BASELINE, DEFAULTS, "tap open", "access log", "tracing")
+TAP: Final = "tap open"
+ACCESS_LOG: Final = "access log"
+TRACING: Final = "tracing"
+SETTINGS: Final = (BASELINE, DEFAULTS, TAP, ACCESS_LOG, TRACING)
 TAPPED: Final = "proxy/meshlet/proxy/tap"
 
 
@@ -269,7 +272,7 @@ class SpanSink:
 # -- the settings ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Settings:
     by_name: dict[str, Setting]
     tap: TapClient
@@ -284,9 +287,9 @@ def settings(server: ServerProxy, stack: ExitStack, baseline: str | None) -> Set
     tap, log = TapClient(server), AccessLog()
     found = {
         DEFAULTS: Setting(),
-        "tap open": Setting(around=tap.open),
-        "access log": Setting(env={ProxyEnv.ACCESS_LOG: "json"}, around=log.written),
-        "tracing": Setting(
+        TAP: Setting(around=tap.open),
+        ACCESS_LOG: Setting(env={ProxyEnv.ACCESS_LOG: "json"}, around=log.written),
+        TRACING: Setting(
             env={ProxyEnv.TRACE_COLLECTOR_SVC_ADDR: sink.url},
             headers=(TRACEPARENT,),
             around=sink.traced,
@@ -358,14 +361,18 @@ class Row:
     note: str = ""
 
 
-def measure(requests: int, load_requests: int, callgrind: bool, baseline: bool) -> list[Row]:
+def measure(
+    requests: int, load_requests: int, callgrind: bool, chosen: Sequence[str] = SETTINGS
+) -> list[Row]:
+    """The rows of the `chosen` settings (BASELINE checks the baseline out)."""
     scratch = Path(tempfile.mkdtemp(prefix="meshlet-instructions-observe-"))
     rows: list[Row] = []
     try:
         with ExitStack() as stack:
             server = ServerProxy(stack, scratch, others=(TAP_ID,))
-            base = stack.enter_context(checked_out_baseline(server)) if baseline else None
-            made = settings(server, stack, base)
+            base = checked_out_baseline(server) if BASELINE in chosen else None
+            made = settings(server, stack, stack.enter_context(base) if base else None)
+            made.by_name = {name: made.by_name[name] for name in SETTINGS if name in chosen}
             for client in CLIENTS:
                 counted = {name: _count(server, client, name, s, requests) if callgrind else None
                            for name, s in made.by_name.items()}  # fmt: skip
@@ -390,6 +397,7 @@ def _load(server: ServerProxy, client: str, made: Settings, requests: int) -> di
     failed pass is the note."""
     samples: dict[str, list[tuple[float, float]]] = {name: [] for name in made.by_name}
     notes: dict[str, list[str]] = {name: [] for name in made.by_name}
+    left_out: dict[str, list[int]] = {name: [] for name in made.by_name}
     for order in (list(made.by_name), list(reversed(made.by_name))):
         for name in order:
             print(f"{client}, {name}: CPU under load ...", file=sys.stderr, flush=True)
@@ -399,12 +407,16 @@ def _load(server: ServerProxy, client: str, made: Settings, requests: int) -> di
                 notes[name].append(f"failed: {exc}")
                 continue
             samples[name].append((cpu * 1e6, rate))
-            if name == "tap open":
-                notes[name].append(f"{made.tap.events // TAP_EVENTS} of {requests} reported")
-            if name == "tracing":
-                notes[name].append(f"{made.sink.dropped} of {requests} spans dropped")
+            if name == TAP:
+                left_out[name].append(made.tap.events // TAP_EVENTS)
+            if name == TRACING:
+                left_out[name].append(made.sink.dropped)
     found: dict[str, Loaded] = {}
     for name, got in samples.items():
+        if left_out[name]:
+            what = "reported" if name == TAP else "spans dropped"
+            counts = ", ".join(map(str, left_out[name]))
+            notes[name].insert(0, f"{what}: {counts} of {requests:,} a pass")
         note = "; ".join(notes[name])
         if not got:
             found[name] = (None, None, note)
@@ -459,12 +471,23 @@ def smoke(requests: int) -> dict[str, Any]:
             for name, setting in made.by_name.items():
                 load(server, "HTTP/1.1", setting, requests, 1)
                 found[name] = {"requests": requests}
-            found["tap open"]["events"] = made.tap.events
-            found["access log"]["lines"] = made.log.lines
-            found["tracing"]["spans"] = made.sink.spans
+            found[TAP]["events"] = made.tap.events
+            found[ACCESS_LOG]["lines"] = made.log.lines
+            found[TRACING]["spans"] = made.sink.spans
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return found
+
+
+def _chosen(text: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    if unknown := [name for name in names if name not in SETTINGS]:
+        raise argparse.ArgumentTypeError(
+            f"unknown setting {unknown[0]!r}: expected some of {', '.join(SETTINGS)}"
+        )
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected some of {', '.join(SETTINGS)}")
+    return names
 
 
 def main() -> int:
@@ -472,6 +495,8 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=REQUESTS, help="requests counted")
     parser.add_argument("--load-requests", type=int, default=LOAD_REQUESTS,
                         help="requests per setting, protocol and pass under load")  # fmt: skip
+    parser.add_argument("--settings", type=_chosen, default=SETTINGS,
+                        help=f"which, comma-separated (default: {','.join(SETTINGS)})")  # fmt: skip
     parser.add_argument("--smoke", action="store_true", help="a few requests each, as JSON")
     args = parser.parse_args()
     if min(args.requests, args.load_requests) < LOAD_CONNECTIONS:
@@ -494,7 +519,7 @@ def main() -> int:
         return 0
     callgrind = shutil.which("valgrind") is not None
     try:
-        rows = measure(args.requests, args.load_requests, callgrind, baseline=True)
+        rows = measure(args.requests, args.load_requests, callgrind, args.settings)
     except proxy_baseline.BaselineError as exc:
         print(f"{title}: the baseline cannot be measured: {exc}")
         return 1

@@ -4,10 +4,13 @@ at the sink), in a network namespace of its own, without valgrind."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from bench import instructions_observe as observe
 from bench.instructions_observe import Row
@@ -59,3 +62,11 @@ def test_each_setting_serves_its_requests_and_does_its_work(netns_available: Non
     assert found["tap open"]["events"] == observe.TAP_EVENTS * n
     assert found["access log"]["lines"] == n
     assert found["tracing"]["spans"] == n
+
+
+def test_the_settings_asked_for_are_checked_by_name() -> None:
+    assert observe._chosen("baseline, defaults") == (observe.BASELINE, observe.DEFAULTS)
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown setting 'tap'"):
+        observe._chosen("defaults,tap")
+    with pytest.raises(argparse.ArgumentTypeError, match="expected some of"):
+        observe._chosen(",")
