@@ -230,7 +230,14 @@ def test_ctrl_c_while_the_mesh_is_built_leaves_nothing(
     plane, six pods), the demo removes what it made, including processes that started as the
     interrupt arrived and were never recorded."""
     argv = [sys.executable, "-m", "meshlet.cli.main", "demo", "--mode", "netns", "--duration", "30"]
-    demo = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    # A test run started in the background (`make test`'s second lane) inherits SIGINT ignored,
+    # and so would the demo: give it a terminal's.
+    def as_from_a_terminal() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    demo = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=as_from_a_terminal)  # fmt: skip
     state = Path("/run/meshlet-demo/state.json")
     deadline = time.monotonic() + 60
     while not state.exists():  # the build has begun (on a busy machine, imports take a while)
