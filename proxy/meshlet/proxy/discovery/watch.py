@@ -27,7 +27,7 @@ from meshlet.api.backoff import Backoff
 from meshlet.proxy.discovery.decode import DecodeError
 
 T = TypeVar("T")
-_IGNORED = "ignoring a %s message from %s: %s; keeping what it last said"
+_IGNORED = "ignoring a message of %s from %s: %s; keeping what it last said"
 BROKEN = (StreamTerminatedError, ProtocolError, OSError, h2.exceptions.H2Error)
 
 
