@@ -32,6 +32,7 @@ from meshlet.proxy.core.client_policy import (
     Forbidden,
     Forward,
     PeakEwma,
+    Penalty,
     PolicyRef,
     Protocol,
     Redirect,
@@ -140,7 +141,6 @@ def test_an_http_route_decodes_into_matches_backends_retry_timeouts_and_accrual(
     policy = decode_outbound(msg)
     assert policy.protocol is Protocol.HTTP1
     assert policy.meta == PolicyRef("Service", "web", "core", "shop")
-    assert policy.accrual == ConsecutiveFailures(7, ExponentialBackoff(1.0, 60.0, 0.5))
     (route,) = policy.http1
     assert route.meta == PolicyRef("HTTPRoute", "api", "gateway.networking.k8s.io", "shop")
     assert [(h.kind, h.value) for h in route.hosts] == [(HostKind.EXACT, "web.shop")]
@@ -155,8 +155,9 @@ def test_an_http_route_decodes_into_matches_backends_retry_timeouts_and_accrual(
     assert [(b.backend.meta.name, b.weight) for b in r.distribution.backends] == [
         ("v1", 90), ("v2", 10)]  # fmt: skip
     assert r.distribution.cumulative == (90, 100)
-    balance = r.distribution.backends[0].backend.dispatch
-    assert balance == Balance(SVC, PeakEwma(0.03, 10.0))
+    accrued = ConsecutiveFailures(7, ExponentialBackoff(1.0, 60.0, 0.5))
+    for rb in r.distribution.backends:
+        assert rb.backend.dispatch == Balance(SVC, PeakEwma(0.03, 10.0), accrued)
     assert [b.meta.name for b in policy.backends] == ["v1", "v2"]
 
 
@@ -217,17 +218,36 @@ def opaque_route_forbidden() -> Any:
     return opaque_route_pb2.Forbidden()
 
 
-def test_detect_needs_its_timeout_and_all_three_protocols() -> None:
-    detect = OB.ProxyProtocol.Detect(timeout=dur(10), http1=OB.ProxyProtocol.Http1(
-        routes=[http_route("r", rule())]), http2=OB.ProxyProtocol.Http2(),
-        opaque=OB.ProxyProtocol.Opaque())  # fmt: skip
+def test_detect_needs_its_timeout_and_all_three_protocols_each_with_its_accrual() -> None:
+    detect = OB.ProxyProtocol.Detect(
+        timeout=dur(10),
+        http1=OB.ProxyProtocol.Http1(routes=[http_route("r", rule())], failure_accrual=accrual(3)),
+        http2=OB.ProxyProtocol.Http2(routes=[http_route("r", rule())], failure_accrual=accrual(9)),
+        opaque=OB.ProxyProtocol.Opaque(),
+    )
     msg = OB.OutboundPolicy(metadata=meta_pb2.Metadata(default="web"),
                             protocol=OB.ProxyProtocol(detect=detect))  # fmt: skip
     policy = decode_outbound(msg)
-    assert (policy.protocol, policy.detect_timeout, len(policy.http1)) == (Protocol.DETECT, 10, 1)
+    assert (policy.protocol, policy.detect_timeout) == (Protocol.DETECT, 10)
+    balancers = [
+        route.rules[0].distribution.backends[0].backend.dispatch
+        for route in (*policy.http1, *policy.http2)
+    ]
+    assert [b.accrual.max_failures for b in balancers if isinstance(b, Balance) and b.accrual
+            ] == [3, 9]  # fmt: skip
     msg.protocol.detect.ClearField("timeout")
     msg.protocol.detect.ClearField("opaque")
     assert refused(msg) == "2 problems: detect without timeout; detect without opaque"
+
+
+def test_a_penalty_peak_ewma_takes_linkerds_defaults_for_what_is_unset() -> None:
+    b = backend()
+    b.balancer.penalty_peak_ewma.CopyFrom(OB.Backend.BalanceP2c.PenaltyPeakEwma(penalty=dur(2)))
+    dist = HR.Distribution(first_available=HR.Distribution.FirstAvailable(
+        backends=[HR.RouteBackend(backend=b)]))  # fmt: skip
+    (route,) = decode_outbound(http1(http_route("r", rule(backends=dist)))).http1
+    balance = route.rules[0].distribution.backends[0].backend.dispatch
+    assert balance == Balance(SVC, PeakEwma(0.03, 10.0, Penalty(2.0, 10.0, 300.0)))
 
 
 def test_backends_forward_or_fail_when_the_controller_says_so() -> None:

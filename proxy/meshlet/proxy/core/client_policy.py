@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 from meshlet.proxy.core.authz import GrpcMatch, HostMatch, HttpMatch
@@ -73,17 +73,31 @@ class Queue:
 
 
 @dataclass(frozen=True, slots=True)
+class Penalty:
+    """Linkerd's PenaltyPeakEwma additions: a failed or throttled endpoint's latency is taken
+    as `penalty` (decaying over `decay`), a Retry-After hint honoured up to `max_retry_after`."""
+
+    penalty: float
+    decay: float
+    max_retry_after: float
+
+
+@dataclass(frozen=True, slots=True)
 class PeakEwma:
     default_rtt: float
     decay: float
+    penalty: Penalty | None = None  # None: plain peak EWMA
 
 
 @dataclass(frozen=True, slots=True)
 class Balance:
-    """Power-of-two-choices over the endpoints the destination service's `Get(path)` names."""
+    """Power-of-two-choices over the endpoints the destination service's `Get(path)` names,
+    with the failure accrual of the protocol the backend serves (None: endpoints are never
+    taken out; opaque backends have none)."""
 
     path: str
     load: PeakEwma
+    accrual: ConsecutiveFailures | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,8 +272,8 @@ class Protocol(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class ClientPolicy:
     """One target's policy. `http1`/`http2` hold HTTP routes (both for DETECT), `grpc` gRPC
-    routes, `opaque` the routes of connections that are not HTTP; `accrual` the failure
-    accrual of the protocol's backends (None: endpoints are never taken out)."""
+    routes, `opaque` the routes of connections that are not HTTP. Each balancer carries its
+    protocol's failure accrual (`Balance.accrual`)."""
 
     meta: PolicyRef
     protocol: Protocol
@@ -268,7 +282,6 @@ class ClientPolicy:
     http2: tuple[Route, ...] = ()
     grpc: tuple[Route, ...] = ()
     opaque: tuple[OpaqueRoute, ...] = ()
-    accrual: ConsecutiveFailures | None = None
 
     @property
     def backends(self) -> tuple[Backend, ...]:
@@ -280,3 +293,21 @@ class ClientPolicy:
                     for rb in rule.distribution.backends:
                         seen.setdefault(rb.backend, None)
         return tuple(seen)
+
+
+def with_accrual(routes: tuple[Route, ...], accrual: ConsecutiveFailures) -> tuple[Route, ...]:
+    """`routes` with `accrual` on every balancer they name."""
+
+    def backend(rb: RouteBackend) -> RouteBackend:
+        d = rb.backend.dispatch
+        if not isinstance(d, Balance):
+            return rb
+        return replace(rb, backend=replace(rb.backend, dispatch=replace(d, accrual=accrual)))
+
+    return tuple(
+        replace(route, rules=tuple(
+            replace(rule, distribution=replace(rule.distribution, backends=tuple(
+                backend(rb) for rb in rule.distribution.backends)))
+            for rule in route.rules))
+        for route in routes
+    )  # fmt: skip

@@ -43,6 +43,7 @@ from meshlet.proxy.core.client_policy import (
     Invalid,
     OpaqueRoute,
     PeakEwma,
+    Penalty,
     PolicyRef,
     Protocol,
     Queue,
@@ -54,6 +55,7 @@ from meshlet.proxy.core.client_policy import (
     RouteBackend,
     Rule,
     Timeouts,
+    with_accrual,
 )
 from meshlet.proxy.core.header_modifier import HeaderModifier, compile_modifier
 from meshlet.proxy.discovery.decode import DecodeError, decode_endpoint
@@ -70,7 +72,8 @@ MAX_WEIGHT: Final = 1_000_000
 MAX_RETRIES: Final = 65_535
 MAX_PROBLEMS: Final = 20
 # Linkerd's defaults for a PenaltyPeakEwma field left unset (seconds)
-_PEAK_EWMA_DEFAULTS: Final = {"default_rtt": 0.03, "decay": 10.0}
+_PENALTY_DEFAULTS: Final = {"default_rtt": 0.03, "decay": 10.0, "penalty": 5.0,
+                            "penalty_decay": 10.0, "max_retry_after": 300.0}  # fmt: skip
 _GRPC_CODES: Final = {"cancelled": 1, "deadine_exceeded": 4, "resource_exhausted": 8,
                       "internal": 13, "unavailable": 14}  # fmt: skip
 _SCHEMES: Final = {0: "http", 1: "https"}
@@ -124,17 +127,13 @@ def decode_outbound(msg: outbound_pb2.OutboundPolicy) -> ClientPolicy:
         for name in ("timeout", "http1", "http2", "opaque"):
             if not d.HasField(name):
                 problems.found.append(f"detect without {name}")
-        policy["http1"] = _http_routes(d.http1.routes, "http1", problems)
-        policy["http2"] = _http_routes(d.http2.routes, "http2", problems)
+        policy["http1"] = _http_routes(d.http1, "http1", problems)
+        policy["http2"] = _http_routes(d.http2, "http2", problems)
         policy["opaque"] = _opaque_routes(d.opaque.routes, "opaque", problems)
-        policy["accrual"] = _accrual(d.http1, "http1", problems)
     elif kind in ("http1", "http2"):
-        spec = getattr(proto, kind)
-        policy[kind] = _http_routes(spec.routes, kind, problems)
-        policy["accrual"] = _accrual(spec, kind, problems)
+        policy[kind] = _http_routes(getattr(proto, kind), kind, problems)
     elif kind == "grpc":
-        policy["grpc"] = _grpc_routes(proto.grpc.routes, problems)
-        policy["accrual"] = _accrual(proto.grpc, "grpc", problems)
+        policy["grpc"] = _grpc_routes(proto.grpc, problems)
     elif kind == "opaque":
         policy["opaque"] = _opaque_routes(proto.opaque.routes, "opaque", problems)
     else:
@@ -162,6 +161,11 @@ def _duration(msg: duration_pb2.Duration) -> float:
     return duration_seconds(msg)
 
 
+def _duration_or(msg: Any, name: str, default: float) -> float:
+    """The duration field `name` of `msg`, `default` when unset."""
+    return _duration(getattr(msg, name)) if msg.HasField(name) else default
+
+
 def _meta(item: Any) -> PolicyRef:
     return ref(item.metadata, "metadata") if item.HasField("metadata") else _missing("metadata")
 
@@ -185,20 +189,29 @@ def ref(msg: meta_pb2.Metadata, what: str) -> PolicyRef:
 # -- routes ---------------------------------------------------------------------------------
 
 
-def _http_routes(
-    items: Iterable[outbound_pb2.HttpRoute], what: str, problems: _Problems
-) -> tuple[Route, ...]:
-    return tuple(
-        r for at, item in enumerate(items)
+def _http_routes(spec: Any, what: str, problems: _Problems) -> tuple[Route, ...]:
+    """An Http1 or Http2 protocol's routes, its failure accrual on their balancers."""
+    routes = tuple(
+        r for at, item in enumerate(spec.routes)
         if (r := _route(item, f"{what} route {at}", problems, _http_rule)) is not None
     )  # fmt: skip
+    return _accrued(routes, spec, what, problems)
 
 
-def _grpc_routes(items: Iterable[outbound_pb2.GrpcRoute], problems: _Problems) -> tuple[Route, ...]:
-    return tuple(
-        r for at, item in enumerate(items)
+def _grpc_routes(spec: outbound_pb2.ProxyProtocol.Grpc, problems: _Problems) -> tuple[Route, ...]:
+    routes = tuple(
+        r for at, item in enumerate(spec.routes)
         if (r := _route(item, f"grpc route {at}", problems, _grpc_rule)) is not None
     )  # fmt: skip
+    return _accrued(routes, spec, "grpc", problems)
+
+
+def _accrued(routes: tuple[Route, ...], spec: Any, what: str, problems: _Problems
+             ) -> tuple[Route, ...]:  # fmt: skip
+    if not spec.HasField("failure_accrual"):
+        return routes
+    found = problems.attempt(f"{what} failure accrual", lambda: accrual(spec.failure_accrual))
+    return routes if found is None else with_accrual(routes, found)
 
 
 def _route(
@@ -314,12 +327,6 @@ def backoff(msg: outbound_pb2.ExponentialBackoff) -> ExponentialBackoff:
     if not 0.0 <= jitter <= 100.0:  # also refuses NaN
         raise DecodeError(f"backoff jitter {jitter} is not within 0-100")
     return ExponentialBackoff(low, high, jitter)
-
-
-def _accrual(msg: Any, what: str, problems: _Problems) -> ConsecutiveFailures | None:
-    if not msg.HasField("failure_accrual"):
-        return None
-    return problems.attempt(f"{what} failure accrual", lambda: accrual(msg.failure_accrual))
 
 
 def accrual(msg: outbound_pb2.FailureAccrual) -> ConsecutiveFailures:
@@ -515,13 +522,16 @@ def _balance(msg: outbound_pb2.Backend.BalanceP2c, meta: PolicyRef) -> Balance:
     if not path:
         raise DecodeError(f"backend {meta} balancer with an empty discovery path")
     load = msg.WhichOneof("load")
-    if load is None:
-        raise DecodeError(f"backend {meta} balancer without a load")
-    spec = getattr(msg, load)
     if load == "peak_ewma":
+        spec = msg.peak_ewma
         for name in ("default_rtt", "decay"):
             if not spec.HasField(name):
                 raise DecodeError(f"backend {meta} peak EWMA without {name}")
-    values = {name: _duration(getattr(spec, name)) if spec.HasField(name) else default
-              for name, default in _PEAK_EWMA_DEFAULTS.items()}  # fmt: skip
-    return Balance(path, PeakEwma(**values))
+        return Balance(path, PeakEwma(_duration(spec.default_rtt), _duration(spec.decay)))
+    if load == "penalty_peak_ewma":
+        p = msg.penalty_peak_ewma
+        v = {name: _duration_or(p, name, default) for name, default in _PENALTY_DEFAULTS.items()}
+        penalty = Penalty(v["penalty"], v["penalty_decay"], v["max_retry_after"])
+        dropped = not any((penalty.penalty, penalty.decay, penalty.max_retry_after))
+        return Balance(path, PeakEwma(v["default_rtt"], v["decay"], None if dropped else penalty))
+    raise DecodeError(f"backend {meta} balancer without a load")
