@@ -1,21 +1,21 @@
 """Which outbound route and rule a request takes, and which backend of the rule's distribution
 it goes to (pure: the random source is passed in).
 
-Precedence is the Gateway API's (HTTPRoute, GRPCRoute), which Linkerd's outbound router
-follows: first the best host match (an exact host over any wildcard, a longer wildcard over a
+Precedence is the Gateway API's (HTTPRoute, GRPCRoute), the specification the routes are written
+to: first the best host match (an exact host over any wildcard, a longer wildcard over a
 shorter); then, over every rule of those routes, the best rule match. For HTTP that is an exact
 path over a path prefix or regex, then the longer path match, then a method match, then more
 header matches, then more query parameter matches; for gRPC a longer service, then a longer
 method, then more header matches. What still ties goes to the route sent first (the policy
 controller sends routes oldest first, then by name, as the Gateway API asks) and, within it, to
-the rule written first. A rule without matches matches every request as the prefix `/`.
+the rule written first. A rule without matches matches every request, as the prefix `/`.
 
 Matching a single host, path, header or query parameter is the inbound router's
-(`core.authz`: `HostMatch`, `HttpMatch`, `GrpcMatch`), so both directions read a route alike.
-Its `find_rule` is not reused: it orders rules as linkerd2-proxy's inbound side does (path
-length first, an exact path tied with a prefix of the same length, the method last), which is
-not the Gateway API's order asked of the outbound router, and its routes carry authorizations
-rather than backends.
+(`core.authz`: `HostMatch`, `HttpMatch`, `GrpcMatch`), so both directions read a match alike.
+Its `find_rule` is not reused: it orders rules as linkerd2-proxy does in both directions (path
+match length first, so an exact path ties with a prefix of the same length, and the method
+last), where the Gateway API puts an exact path first and the method before headers; and its
+routes carry authorizations rather than backends.
 """
 
 from __future__ import annotations
