@@ -14,7 +14,14 @@ import grpc
 import pytest
 import yaml
 
-from meshlet.api import inbound_pb2, inbound_pb2_grpc, meta_pb2, net_pb2
+from meshlet.api import (
+    inbound_pb2,
+    inbound_pb2_grpc,
+    meta_pb2,
+    net_pb2,
+    outbound_pb2,
+    outbound_pb2_grpc,
+)
 from meshlet.api import wellknown as wk
 from meshlet.cli.policy import render, workload
 from meshlet_testing.fakeapi import FakeKubeAPI
@@ -74,9 +81,27 @@ class PolicyControllerFixture(inbound_pb2_grpc.InboundServerPoliciesServicer):
         return self.policies[key]
 
 
-def serve(fixture: PolicyControllerFixture, credentials: Any = None) -> tuple[Any, int]:
+class OutboundFixture(outbound_pb2_grpc.OutboundPoliciesServicer):
+    """Stands in for the controller's OutboundPolicies: Get answers from a table of authority
+    → OutboundPolicy, NOT_FOUND for anything else; every request is kept."""
+
+    def __init__(self) -> None:
+        self.policies: dict[str, outbound_pb2.OutboundPolicy] = {}
+        self.requests: list[outbound_pb2.TrafficSpec] = []
+
+    def Get(self, request: outbound_pb2.TrafficSpec, context: Any) -> outbound_pb2.OutboundPolicy:
+        self.requests.append(request)
+        if request.authority not in self.policies:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no service {request.authority}")
+        return self.policies[request.authority]
+
+
+def serve(fixture: PolicyControllerFixture, credentials: Any = None,
+          outbound: OutboundFixture | None = None) -> tuple[Any, int]:  # fmt: skip
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     inbound_pb2_grpc.add_InboundServerPoliciesServicer_to_server(fixture, server)
+    if outbound is not None:
+        outbound_pb2_grpc.add_OutboundPoliciesServicer_to_server(outbound, server)
     if credentials is None:
         port = server.add_insecure_port("127.0.0.1:0")
     else:
@@ -215,6 +240,12 @@ def test_an_unreachable_controller(cluster: Cluster) -> None:
         ((POD, "8080", "-o", "table"), "Invalid value for '-o' / '--output'"),
         ((POD, "8080", "--timeout", "soon"), "expected a duration"),
         ((" ", "8080"), "the pod name is empty"),
+        (("svc/", "80"), "the service name is empty"),
+        (("deploy/web", "80"), "'deploy' is not po or svc"),
+        ((POD,), "give POD PORT, svc/NAME PORT or --outbound SVC:PORT"),
+        (("--outbound", "web"), "'web' is not SVC:PORT"),
+        (("--outbound", "web:0"), "'web:0' is not SVC:PORT"),
+        ((POD, "80", "--outbound", "web:80"), "give either --outbound SVC:PORT or POD PORT"),
         ((POD, "8080", "--policy-ca", __file__), "--policy-ca goes with --policy-addr"),
     ],
 )
@@ -269,3 +300,62 @@ def test_rendering_keeps_every_field() -> None:
     assert json.loads(render(inbound_pb2.Server(), "json")) == empty
     assert yaml.safe_load(render(inbound_pb2.Server(), "yaml")) == empty
     assert workload("emojivoto", POD) == '{"ns":"emojivoto","pod":"web-5d4f8c9b7-x2x7q"}'
+
+
+def test_the_outbound_policy_of_a_service(meshlet: Callable[..., Any]) -> None:
+    """`svc/NAME PORT` (Linkerd's form) and `--outbound NAME:PORT` ask `OutboundPolicies.Get`
+    by the Service's name as authority, as a client in its namespace; NOT_FOUND is one line."""
+    outbound = OutboundFixture()
+    authority = "web-svc.emojivoto.svc.cluster.local:80"
+    policy = outbound_pb2.OutboundPolicy()
+    policy.metadata.resource.kind = "Service"
+    policy.metadata.resource.name = "web-svc"
+    policy.metadata.resource.namespace = "emojivoto"
+    policy.protocol.detect.timeout.seconds = 10
+    outbound.policies[authority] = policy
+    server, port = serve(PolicyControllerFixture(), outbound=outbound)
+    addr = f"127.0.0.1:{port}"
+    try:
+        by_kind = meshlet("diagnostics", "policy", "-n", "emojivoto", "svc/web-svc", "80",
+                          "--policy-addr", addr)  # fmt: skip
+        assert by_kind.code == 0, by_kind.err
+        doc = json.loads(by_kind.out)
+        assert doc["metadata"]["resource"]["name"] == "web-svc"
+        assert doc["protocol"]["detect"]["timeout"] == "10s"
+        by_option = meshlet("diagnostics", "policy", "-n", "emojivoto", "--outbound", "web-svc:80",
+                            "--policy-addr", addr, "-o", "yaml")  # fmt: skip
+        assert by_option.code == 0, by_option.err
+        assert yaml.safe_load(by_option.out) == doc
+        assert [r.authority for r in outbound.requests] == [authority, authority]
+        assert json.loads(outbound.requests[0].source_workload)["ns"] == "emojivoto"
+        missing = meshlet("diagnostics", "policy", "-n", "emojivoto", "svc/nothing", "80",
+                          "--policy-addr", addr)  # fmt: skip
+        assert missing.code == 1 and missing.err.count("\n") == 1
+        assert missing.err.startswith(
+            "Error: the policy controller does not know service "
+            "nothing.emojivoto.svc.cluster.local:80: "
+        )
+    finally:
+        server.stop(grace=None)
+
+
+def test_a_services_outbound_policy_through_a_port_forward(cluster: Cluster) -> None:
+    outbound = OutboundFixture()
+    authority = "web-svc.emojivoto.svc.cluster.local:80"
+    outbound.policies[authority] = outbound_pb2.OutboundPolicy()
+    server, port = serve(PolicyControllerFixture(), outbound=outbound)
+    try:
+        cluster.controller_pod(port)
+        gone = cluster.policy("-n", "emojivoto", "svc/web-svc", "80")
+        assert (gone.code, gone.err) == (1, "Error: service emojivoto/web-svc not found\n")
+        assert outbound.requests == []
+        cluster.api.apply({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "web-svc", "namespace": "emojivoto"},
+            "spec": {"ports": [{"port": 80}], "selector": {"app": "web"}},
+        })  # fmt: skip
+        run = cluster.policy("-n", "emojivoto", "svc/web-svc", "80")
+        assert run.code == 0, run.err
+        assert [r.authority for r in outbound.requests] == [authority]
+    finally:
+        server.stop(grace=None)

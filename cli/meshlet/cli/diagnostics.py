@@ -232,8 +232,10 @@ def _component_pod(api: Any, namespace: str, component: str, wanted: str | None)
 
 
 @diagnostics.command("policy")
-@click.argument("pod", metavar="POD")
-@click.argument("port", type=click.IntRange(1, 65535), metavar="PORT")
+@click.argument("pod", metavar="POD|svc/NAME", required=False)
+@click.argument("port", type=click.IntRange(1, 65535), metavar="PORT", required=False)
+@click.option("--outbound", metavar="SVC:PORT",
+              help="The outbound policy of this Service's port (as `svc/SVC PORT`).")  # fmt: skip
 @click.option("-n", "--namespace", help="The pod's. Default: the kubeconfig context's.")
 @click.option("-o", "--output", type=click.Choice(["json", "yaml"]), default="json",
               show_default=True)  # fmt: skip
@@ -256,8 +258,9 @@ def _component_pod(api: Any, namespace: str, component: str, wanted: str | None)
 @click.option("--kubeconfig", type=click.Path(dir_okay=False, path_type=Path), help=KUBECONFIG_HELP)
 @click.option("--context", help="The kubeconfig context to use.")
 def policy(
-    pod: str,
-    port: int,
+    pod: str | None,
+    port: int | None,
+    outbound: str | None,
     namespace: str | None,
     output: str,
     policy_addr: str | None,
@@ -269,7 +272,9 @@ def policy(
     kubeconfig: Path | None,
     context: str | None,
 ) -> None:
-    """Show the inbound policy the policy controller sends POD's proxy for PORT.
+    """Show the inbound policy the policy controller sends POD's proxy for PORT, or the
+    outbound policy it sends clients of a Service's port (`svc/NAME PORT`, or --outbound
+    NAME:PORT; asked by the Service's name as authority, `OutboundPolicies.Get`).
 
     The question is `InboundServerPolicies.GetPort` over gRPC with the pod's workload
     ({"ns":NS,"pod":POD}), as the pod's proxy asks it, through a port-forward to a running
@@ -284,6 +289,8 @@ def policy(
     meshlet diagnostics policy -n emojivoto web-5d4f8c9b7-x2x7q 8080
     meshlet diagnostics policy -n emojivoto web-5d4f8c9b7-x2x7q 8080 -o yaml
     meshlet diagnostics policy -n demo api-1 9090 --policy-addr HOST:8090 --policy-ca anchors.pem
+    meshlet diagnostics policy -n emojivoto svc/web-svc 80
+    meshlet diagnostics policy -n emojivoto --outbound web-svc:80 -o yaml
     """
     import contextlib
 
@@ -297,8 +304,7 @@ def policy(
         raise click.BadParameter(str(exc), param_hint="--timeout") from None
     if policy_ca is not None and policy_addr is None:
         raise click.UsageError("--policy-ca goes with --policy-addr")
-    if not pod.strip():
-        raise click.BadParameter("the pod name is empty", param_hint="POD")
+    service, pod, port = _policy_target(pod, port, outbound)
     ns = namespace or default_namespace(kubeconfig, context)
     forward: contextlib.AbstractContextManager[HostPort | None]
     if policy_addr is not None:
@@ -310,7 +316,11 @@ def policy(
         from meshlet.cli.portforward import PortForward
 
         api = api_client(kubeconfig, context)
-        read_json(f"pod {ns}/{pod}", k8s.CoreV1Api(api).read_namespaced_pod, pod, ns)
+        if service is not None:
+            read_json(f"service {ns}/{service}", k8s.CoreV1Api(api).read_namespaced_service,
+                      service, ns)  # fmt: skip
+        else:
+            read_json(f"pod {ns}/{pod}", k8s.CoreV1Api(api).read_namespaced_pod, pod, ns)
         controller = _component_pod(api, control_plane_namespace, "policy", policy_pod)
         forward = PortForward(api, control_plane_namespace, controller, wk.POLICY_PORT)
         where = f"{control_plane_namespace}/{controller}:{wk.POLICY_PORT} (port-forward)"
@@ -318,12 +328,45 @@ def policy(
     with forward as local:
         target = str(local) if local is not None else str(policy_addr)
         try:
-            server = pol.ask(target, ns, pod, port, timeout=seconds, ca=ca,
-                             server_name=policy_name)  # fmt: skip
+            answer: Any
+            if service is not None:
+                answer = pol.ask_outbound(target, ns, service, port, timeout=seconds, ca=ca,
+                                          server_name=policy_name)  # fmt: skip
+            else:
+                answer = pol.ask(target, ns, pod, port, timeout=seconds, ca=ca,
+                                 server_name=policy_name)  # fmt: skip
         except pol.PolicyError as exc:
             said = getattr(forward, "errors", [])
             more = f" ({'; '.join(dict.fromkeys(said))})" if said else ""
             if policy_addr is not None and ca is None and str(exc).startswith("cannot"):
                 more += "; if it serves TLS, give --policy-ca"
             raise ClusterError(f"{exc} [{where}]{more}") from None
-    sys.stdout.write(pol.render(server, output))
+    sys.stdout.write(pol.render(answer, output))
+
+
+def _policy_target(
+    pod: str | None, port: int | None, outbound: str | None
+) -> tuple[str | None, str, int]:
+    """(service or None, pod, port) from `POD PORT`, `svc/NAME PORT` or `--outbound NAME:PORT`."""
+    if outbound is not None:
+        if pod is not None or port is not None:
+            raise click.UsageError("give either --outbound SVC:PORT or POD PORT, not both")
+        name, _, text = outbound.rpartition(":")
+        if not name or not text.isdigit() or not 1 <= int(text) <= 65535:
+            raise click.BadParameter(f"{outbound!r} is not SVC:PORT (a port within 1..65535)",
+                                     param_hint="--outbound")  # fmt: skip
+        return name, "", int(text)
+    if pod is None or port is None:
+        raise click.UsageError("give POD PORT, svc/NAME PORT or --outbound SVC:PORT")
+    kind, slash, name = pod.partition("/")
+    if slash and kind in ("svc", "service", "services"):
+        if not name.strip():
+            raise click.BadParameter("the service name is empty", param_hint="POD|svc/NAME")
+        return name, "", port
+    if slash and kind in ("po", "pod", "pods"):
+        pod = name
+    elif slash:
+        raise click.BadParameter(f"{kind!r} is not po or svc", param_hint="POD|svc/NAME")
+    if not pod.strip():
+        raise click.BadParameter("the pod name is empty", param_hint="POD|svc/NAME")
+    return None, pod, port

@@ -1,6 +1,7 @@
-"""`meshlet diagnostics policy`: the inbound policy the policy controller sends a pod's proxy
-for one of its ports, asked the way a proxy asks (`InboundServerPolicies.GetPort` with the
-pod's workload) and printed as the message itself, in protobuf's JSON mapping or as YAML."""
+"""`meshlet diagnostics policy`: what the policy controller sends a proxy, asked the way a proxy
+asks and printed as the message itself, in protobuf's JSON mapping or as YAML: the inbound policy
+of a pod's port (`InboundServerPolicies.GetPort` with the pod's workload), or the outbound policy
+of a Service's port (`OutboundPolicies.Get` with the Service's name as authority)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import json
 from typing import Any, Final
 
 import yaml
+from google.protobuf.message import Message
 
-from meshlet.api import inbound_pb2
+from meshlet.api import inbound_pb2, outbound_pb2
 from meshlet.api import wellknown as wk
 from meshlet.cli.grpcchannel import control_channel
 
 OUTPUTS: Final = ("json", "yaml")
+CLI_POD: Final = "meshlet-cli"  # the workload an outbound question is asked for
 
 
 class PolicyError(Exception):
@@ -25,7 +28,7 @@ def workload(namespace: str, pod: str) -> str:
     return json.dumps({"ns": namespace, "pod": pod}, separators=(",", ":"))
 
 
-def render(server: inbound_pb2.Server, output: str) -> str:
+def render(server: Message, output: str) -> str:
     """The message as protobuf's canonical JSON (field names in lowerCamelCase) or as the same
     document in YAML. Fields at their zero value are printed too: an empty list of
     authorizations (nothing is allowed) or a /0 prefix must show, not vanish."""
@@ -74,3 +77,37 @@ def ask(
         except grpc.RpcError as exc:
             raise _refusal(what, exc.code(), exc.details() or "", timeout) from None
     return server
+
+
+def service_authority(namespace: str, service: str, port: int) -> str:
+    """The authority a meshed client names a Service's port by: `NAME.NS.svc.DOMAIN:PORT`."""
+    return f"{service}.{namespace}.svc.{wk.CLUSTER_DOMAIN}:{port}"
+
+
+def ask_outbound(
+    target: str,
+    namespace: str,
+    service: str,
+    port: int,
+    *,
+    timeout: float,
+    ca: bytes | None = None,
+    server_name: str = wk.POLICY_SERVICE_NAME,
+) -> outbound_pb2.OutboundPolicy:
+    """One `OutboundPolicies.Get` for the Service's port, as a client in its namespace asks."""
+    import grpc
+
+    from meshlet.api import outbound_pb2_grpc
+
+    channel = control_channel(target, ca, server_name)
+    authority = service_authority(namespace, service, port)
+    request = outbound_pb2.TrafficSpec(source_workload=workload(namespace, CLI_POD),
+                                       authority=authority)  # fmt: skip
+    with channel:
+        stub = outbound_pb2_grpc.OutboundPoliciesStub(channel)
+        try:
+            policy: outbound_pb2.OutboundPolicy = stub.Get(request, timeout=timeout)
+        except grpc.RpcError as exc:
+            raise _refusal(f"service {authority}", exc.code(), exc.details() or "",
+                           timeout) from None  # fmt: skip
+    return policy
