@@ -683,6 +683,8 @@ class Index:
                 return set()
             ns.annotations = annotations
             return {(name, None)}
+        if kind is Kind.SERVICE:  # outbound policy's (OutboundIndex), not inbound's
+            return set()
         ns = self.namespaces.setdefault(namespace, Namespace())
         if kind is Kind.POD:
             pod = pod_of(obj)

@@ -47,6 +47,7 @@ HTTP_METHODS: Final = (
     "TRACE",
     "PATCH",
 )
+OUTBOUND_FILTERS: Final = ("ResponseHeaderModifier", "RequestRedirect")
 _SELECTOR_OPERATORS: Final = ("In", "NotIn", "Exists", "DoesNotExist")
 
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
@@ -709,7 +710,12 @@ def _modified_name(c: _Check, value: Any, path: str, seen: set[str]) -> str | No
     return name
 
 
-def _filters(c: _Check, value: Any, path: str) -> tuple[HeaderModifier, ...]:
+def _filters(
+    c: _Check, value: Any, path: str, outbound: bool = False
+) -> tuple[HeaderModifier, ...]:
+    """A rule's inbound filters. A route attached to no Server is the outbound policy's
+    (meshlet.controlplane.policy.outbound reads and checks its filters): its other filter
+    types are not refused here."""
     out = []
     for i, item in enumerate(c.array(value, path, limit=MAX_FILTERS)):
         at = f"{path}[{i}]"
@@ -721,6 +727,8 @@ def _filters(c: _Check, value: Any, path: str) -> tuple[HeaderModifier, ...]:
                     c, entry.get("requestHeaderModifier"), f"{at}.requestHeaderModifier"
                 )
             )
+        elif outbound and kind in OUTBOUND_FILTERS:
+            continue
         elif kind is not None:
             c.fail(
                 f"{at}.type",
@@ -760,6 +768,8 @@ def _http_match(c: _Check, item: Any, at: str) -> HttpMatch:
 def _http_route(c: _Check, obj: Mapping[str, Any]) -> HTTPRoute:
     meta = _meta(c, obj)
     spec = c.mapping(obj.get("spec"), "spec", required=True) or {}
+    servers = _parents(c, spec, meta)
+    hostnames = _hostnames(c, spec)
     rules = []
     for i, item in enumerate(c.array(spec.get("rules"), "spec.rules", limit=MAX_RULES)):
         at = f"spec.rules[{i}]"
@@ -768,9 +778,10 @@ def _http_route(c: _Check, obj: Mapping[str, Any]) -> HTTPRoute:
             _http_match(c, m, f"{at}.matches[{j}]")
             for j, m in enumerate(c.array(rule.get("matches"), f"{at}.matches", limit=MAX_MATCHES))
         )
-        rules.append(HttpRule(matches, _filters(c, rule.get("filters"), f"{at}.filters")))
+        filters = _filters(c, rule.get("filters"), f"{at}.filters", outbound=not servers)
+        rules.append(HttpRule(matches, filters))
     group = str(obj.get("apiVersion", "")).split("/")[0]
-    return HTTPRoute(meta, group, _parents(c, spec, meta), _hostnames(c, spec), tuple(rules))
+    return HTTPRoute(meta, group, servers, hostnames, tuple(rules))
 
 
 def _grpc_route(c: _Check, obj: Mapping[str, Any]) -> GRPCRoute:
