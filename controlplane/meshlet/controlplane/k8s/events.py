@@ -61,6 +61,7 @@ DESTINATION_KINDS: tuple[Kind, ...] = (
     Kind.SERVICE, Kind.ENDPOINT_SLICE, Kind.POD, Kind.SERVICE_PROFILE,
 )  # fmt: skip
 POLICY_KINDS: tuple[Kind, ...] = (
+    Kind.SERVICE,  # outbound policy
     Kind.NAMESPACE,
     Kind.POD,
     Kind.SERVER,
