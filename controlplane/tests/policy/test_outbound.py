@@ -9,6 +9,7 @@ import pytest
 
 from meshlet.api import outbound_pb2
 from meshlet.api import wellknown as W
+from meshlet.controlplane.injector.validators import VALIDATORS
 from meshlet.controlplane.k8s.events import Delete, Kind, Snapshot, Upsert
 from meshlet.controlplane.policy.index import Mailbox
 from meshlet.controlplane.policy.outbound import (
@@ -21,6 +22,7 @@ from meshlet.controlplane.policy.outbound import (
     annotation_problems,
     parse_authority,
     parse_duration,
+    parse_gateway_duration,
     retry_of,
     timeouts_of,
 )
@@ -106,14 +108,14 @@ def test_bad_durations_say_why(text: str, problem: str) -> None:
     "notes,expected",
     [
         ({}, None),
-        ({W.RETRY_HTTP_ANNOTATION: "5xx"}, Retry(1, None, ((500, 599),), None)),
+        ({W.RETRY_HTTP_ANNOTATION: "5xx"}, Retry(None, None, ((500, 599),), None)),
         ({W.RETRY_HTTP_ANNOTATION: "gateway-error,429,500-504"},
-         Retry(1, None, ((502, 504), (429, 429), (500, 504)), None)),
+         Retry(None, None, ((502, 504), (429, 429), (500, 504)), None)),
         ({W.RETRY_GRPC_ANNOTATION: "Cancelled,unavailable"},
-         Retry(1, None, None, ("cancelled", "unavailable"))),
+         Retry(None, None, None, ("cancelled", "unavailable"))),
         ({W.RETRY_LIMIT_ANNOTATION: "3"}, Retry(3, None, None, None)),
         ({W.RETRY_LIMIT_ANNOTATION: "0"}, None),  # 0 is unset, as in Linkerd
-        ({W.RETRY_TIMEOUT_ANNOTATION: "250ms"}, Retry(1, 0.25, None, None)),
+        ({W.RETRY_TIMEOUT_ANNOTATION: "250ms"}, Retry(None, 0.25, None, None)),
         ({W.RETRY_TIMEOUT_ANNOTATION: "0", W.RETRY_LIMIT_ANNOTATION: "2"},
          Retry(2, None, None, None)),
     ],
@@ -382,7 +384,8 @@ def test_timeouts_and_retries_route_before_service() -> None:
     "route,problem",
     [
         (http_route(notes={W.RETRY_HTTP_ANNOTATION: "often"}), "'often' is not a retry condition"),
-        (http_route(rules=[{"timeouts": {"request": "1"}}]), "timeouts.request: '1' has no unit"),
+        (http_route(rules=[{"timeouts": {"request": "1"}}]),
+         "timeouts.request: '1' is not a Gateway API duration"),
         (http_route(rules=[{"filters": [{"type": "RequestMirror"}]}]),
          "'RequestMirror' is not supported"),
         (http_route(kind="GRPCRoute", rules=[{"filters": [{"type": "ResponseHeaderModifier",
@@ -443,3 +446,42 @@ def test_authorities(text: str, expected: tuple[str, str, int] | None) -> None:
 def test_malformed_authorities(text: str) -> None:
     with pytest.raises(TargetError, match="invalid authority"):
         parse_authority(text, "cluster.local")
+
+
+@pytest.mark.parametrize("text,seconds", [("1h30m", 5400.0), ("500ms", 0.5), ("0s", 0.0),
+                                          ("1m1s1ms", 61.001)])  # fmt: skip
+def test_gateway_api_durations(text: str, seconds: float) -> None:
+    assert parse_gateway_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["1", "1.5s", "1d", "", "123456s", "1h1h1h1h1h", "-1s"])
+def test_bad_gateway_api_durations(text: str) -> None:
+    with pytest.raises(ValueError, match="is not a Gateway API duration"):
+        parse_gateway_duration(text)
+
+
+def test_retries_are_read_per_protocol_as_linkerd_reads_them() -> None:
+    svc = service(notes={W.RETRY_GRPC_ANNOTATION: "internal"})
+    assert not http_routes(policy(svc))[0].rules[0].HasField("retry")
+    grpc = policy(svc, http_route(kind="GRPCRoute")).protocol.grpc.routes[0].rules[0]
+    assert grpc.retry.conditions.internal and grpc.retry.max_retries == 1
+    # A route's HTTP-only annotation leaves its gRPC rules to the Service's.
+    own = http_route(kind="GRPCRoute", notes={W.RETRY_HTTP_ANNOTATION: "5xx"})
+    assert policy(svc, own).protocol.grpc.routes[0].rules[0].retry.conditions.internal
+
+
+def test_the_webhook_refuses_what_outbound_would_ignore() -> None:
+    validate = VALIDATORS[(GW, "HTTPRoute")]
+    bad = http_route(notes={W.TIMEOUT_REQUEST_ANNOTATION: "soon"},
+                     rules=[{"backendRefs": [{"name": "b", "port": 80, "weight": -2}],
+                             "filters": [{"type": "URLRewrite"}]}])  # fmt: skip
+    problems = validate(bad)
+    assert any(p.startswith("metadata.annotations: timeout.meshlet.io/request") for p in problems)
+    assert any(p.startswith("spec.rules[0].backendRefs[0].weight") for p in problems)
+    assert any(p.startswith("spec.rules[0].filters[0].type: 'URLRewrite'") for p in problems)
+    good = http_route(rules=[{"filters": [{"type": "RequestRedirect",
+                                           "requestRedirect": {"statusCode": 301}}]}])  # fmt: skip
+    assert validate(good) == []
+    inbound = http_route(rules=[{"filters": [{"type": "RequestRedirect", "requestRedirect": {}}]}])
+    inbound["spec"]["parentRefs"] = [{"group": "policy.meshlet.io", "kind": "Server", "name": "s"}]
+    assert "not supported on inbound routes" in validate(inbound)[0]

@@ -19,7 +19,7 @@ import logging
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from google.protobuf import duration_pb2
 
@@ -33,7 +33,7 @@ from meshlet.api import (
     wellknown,
 )
 from meshlet.api.ports import scan_ports
-from meshlet.controlplane.k8s.events import Delete, Event, Kind, Object, Snapshot, Upsert
+from meshlet.controlplane.k8s.events import Event, Kind, Object, Snapshot, Upsert
 from meshlet.controlplane.policy import resources as r
 from meshlet.controlplane.policy.index import Mailbox, _header_match, _host, _http_match, _modifier
 
@@ -69,6 +69,7 @@ GRPC_RETRY_CONDITIONS: Final = (
 
 # -- annotations -----------------------------------------------------------------------------
 
+T = TypeVar("T")
 _DURATION = re.compile(r"(\d+)(ms|s|m|h|d)?")
 _UNITS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
@@ -90,6 +91,18 @@ def parse_duration(text: str) -> float:
     return number * _UNITS[unit or "s"]
 
 
+_GATEWAY_DURATION = re.compile(r"([0-9]{1,5}(h|ms|m|s)){1,4}")
+_GATEWAY_PART = re.compile(r"([0-9]{1,5})(h|ms|m|s)")
+
+
+def parse_gateway_duration(text: str) -> float:
+    """Seconds of a Gateway API duration (GEP-2257: up to four number-unit parts in h, m, s
+    or ms, such as 1h30m or 500ms); ValueError saying what is wrong."""
+    if not _GATEWAY_DURATION.fullmatch(text):
+        raise ValueError(f"{text!r} is not a Gateway API duration such as 10s, 500ms or 1h30m")
+    return sum(int(n) * _UNITS[u] for n, u in _GATEWAY_PART.findall(text))
+
+
 @dataclass(frozen=True, slots=True)
 class Timeouts:
     request: float | None = None
@@ -99,10 +112,20 @@ class Timeouts:
 
 @dataclass(frozen=True, slots=True)
 class Retry:
-    limit: int
+    """The retry annotations of a Service or route; HTTP and gRPC routes each read theirs."""
+
+    limit: int | None  # None: 1
     timeout: float | None
-    http: tuple[tuple[int, int], ...] | None  # status ranges; None: the proxy's default
+    http: tuple[tuple[int, int], ...] | None  # status ranges
     grpc: tuple[str, ...] | None  # GRPC_RETRY_CONDITIONS
+
+    def of(self, protocol: str) -> Retry | None:
+        """Itself when it says anything to `protocol` (http or grpc), as Linkerd's separate
+        `parse_http_retry` and `parse_grpc_retry` would; else None."""
+        conditions = self.http if protocol == "http" else self.grpc
+        if self.limit is None and self.timeout is None and conditions is None:
+            return None
+        return self
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,9 +175,20 @@ def _grpc_condition(item: str) -> str:
     raise ValueError(f"{item!r} is not one of {', '.join(GRPC_RETRY_CONDITIONS)}")
 
 
+def _conditions(
+    notes: Mapping[str, str], key: str, read: Callable[[str], T]
+) -> tuple[T, ...] | None:
+    if key not in notes:
+        return None
+    try:
+        return tuple(read(item.strip()) for item in notes[key].split(","))
+    except ValueError as exc:
+        raise ValueError(f"{key}: {exc}") from None
+
+
 def retry_of(notes: Mapping[str, str]) -> Retry | None:
-    """Linkerd's `parse_http_retry`/`parse_grpc_retry` in one: None when no retry annotation is
-    set; a limit of 0 or a timeout of 0 counts as unset; the limit defaults to 1."""
+    """Linkerd's `parse_http_retry` and `parse_grpc_retry` read together: None when no retry
+    annotation is set; a limit of 0 or a timeout of 0 counts as unset; the limit defaults to 1."""
     limit = None
     if W.RETRY_LIMIT_ANNOTATION in notes:
         text = notes[W.RETRY_LIMIT_ANNOTATION].strip()
@@ -167,22 +201,11 @@ def retry_of(notes: Mapping[str, str]) -> Retry | None:
             timeout = parse_duration(notes[W.RETRY_TIMEOUT_ANNOTATION]) or None
         except ValueError as exc:
             raise ValueError(f"{W.RETRY_TIMEOUT_ANNOTATION}: {exc}") from None
-    http = grpc = None
-    for key, read in ((W.RETRY_HTTP_ANNOTATION, _http_condition),
-                      (W.RETRY_GRPC_ANNOTATION, _grpc_condition)):  # fmt: skip
-        if key not in notes:
-            continue
-        try:
-            items = tuple(read(item.strip()) for item in notes[key].split(","))
-        except ValueError as exc:
-            raise ValueError(f"{key}: {exc}") from None
-        if key == W.RETRY_HTTP_ANNOTATION:
-            http = items
-        else:
-            grpc = items
+    http = _conditions(notes, W.RETRY_HTTP_ANNOTATION, _http_condition)
+    grpc = _conditions(notes, W.RETRY_GRPC_ANNOTATION, _grpc_condition)
     if limit is None and timeout is None and http is None and grpc is None:
         return None
-    return Retry(limit or 1, timeout, http, grpc)  # type: ignore[arg-type]
+    return Retry(limit, timeout, http, grpc)
 
 
 def accrual_of(notes: Mapping[str, str]) -> Accrual | None:
@@ -497,7 +520,7 @@ def route_of(obj: Mapping[str, Any]) -> Route:
                 if text is None:
                     continue
                 try:
-                    seconds = parse_duration(text)
+                    seconds = parse_gateway_duration(text)
                 except ValueError as exc:
                     c.fail(f"{at}.timeouts.{key}", str(exc))
                     continue
@@ -601,7 +624,7 @@ def _timeouts(t: Timeouts) -> http_route_pb2.Timeouts:
 def _http_retry(retry: Retry) -> outbound_pb2.HttpRoute.Retry:
     R = outbound_pb2.HttpRoute.Retry
     return R(
-        max_retries=retry.limit,
+        max_retries=retry.limit or 1,
         max_request_bytes=RETRY_MAX_REQUEST_BYTES,
         backoff=_backoff(*RETRY_BACKOFF),
         conditions=R.Conditions(
@@ -615,7 +638,7 @@ def _grpc_retry(retry: Retry) -> outbound_pb2.GrpcRoute.Retry:
     R = outbound_pb2.GrpcRoute.Retry
     chosen = set(retry.grpc or ())
     return R(
-        max_retries=retry.limit,
+        max_retries=retry.limit or 1,
         max_request_bytes=RETRY_MAX_REQUEST_BYTES,
         backoff=_backoff(*RETRY_BACKOFF),
         conditions=R.Conditions(
@@ -741,7 +764,7 @@ class Translator:
                 )
             ),
             timeouts=_timeouts(svc.timeouts),
-            retry=_http_retry(svc.retry) if svc.retry is not None else None,
+            retry=_http_retry(svc.retry) if svc.retry and svc.retry.of("http") else None,
         )
         if svc.timeouts.request is not None:
             rule.requestTimeout.CopyFrom(_duration(svc.timeouts.request))
@@ -792,7 +815,9 @@ class Translator:
             )
         )
 
-    def _effective(self, svc: Service, rt: Route, rule: Rule) -> tuple[Timeouts, Retry | None]:
+    def _effective(
+        self, svc: Service, rt: Route, rule: Rule, protocol: str
+    ) -> tuple[Timeouts, Retry | None]:
         """Linkerd's precedence: the route's annotations, then the rule's `timeouts.request`,
         and a route with no timeouts at all takes the Service's (the same for retries)."""
         t = rt.timeouts
@@ -800,7 +825,8 @@ class Translator:
             t = Timeouts(rule.request_timeout, t.response, t.idle)
         if t == Timeouts():
             t = svc.timeouts
-        return t, rt.retry if rt.retry is not None else svc.retry
+        own = rt.retry.of(protocol) if rt.retry is not None else None
+        return t, own or (svc.retry.of(protocol) if svc.retry is not None else None)
 
     def _route_meta(self, rt: Route) -> meta_pb2.Metadata:
         return meta_pb2.Metadata(
@@ -815,7 +841,7 @@ class Translator:
         H = outbound_pb2.HttpRoute
         rules = []
         for rule in rt.rules:
-            timeouts, retry = self._effective(svc, rt, rule)
+            timeouts, retry = self._effective(svc, rt, rule, "http")
             out = H.Rule(
                 matches=[_http_match(m) for m in rule.matches if isinstance(m, r.HttpMatch)],
                 filters=[_filter(f, H.Filter) for f in rule.filters],
@@ -834,7 +860,7 @@ class Translator:
         G = outbound_pb2.GrpcRoute
         rules = []
         for rule in rt.rules:
-            timeouts, retry = self._effective(svc, rt, rule)
+            timeouts, retry = self._effective(svc, rt, rule, "grpc")
             out = G.Rule(
                 matches=[
                     grpc_route_pb2.GrpcRouteMatch(
@@ -972,15 +998,20 @@ class OutboundIndex:
         """Applies a source event; the number of watches whose policy changed."""
         if event.kind is not Kind.SERVICE and event.kind not in OUTBOUND_ROUTE_KINDS:
             return 0
+        scope = None  # every namespace: a Service can be any route's backend
         if isinstance(event, Snapshot):
             self._replace(event.kind, event.objects)
-        elif isinstance(event, Upsert):
-            self._upsert(event.kind, event.obj)
-        elif isinstance(event, Delete):
+        else:
             key = _key(event.obj)
-            if key is not None:
+            if key is None:
+                return 0
+            if event.kind is not Kind.SERVICE:
+                scope = key[0]  # a route changes only its own namespace's Services
+            if isinstance(event, Upsert):
+                self._upsert(event.kind, event.obj)
+            else:
                 self._remove(event.kind, *key)
-        return self._refresh()
+        return self._refresh(scope)
 
     def _replace(self, kind: Kind, objects: tuple[Object, ...]) -> None:
         seen = set()
@@ -1042,11 +1073,12 @@ class OutboundIndex:
             return
         space.routes.pop((kind, name), None)
 
-    def _refresh(self) -> int:
-        """Recomputes every watch (a Service's change can alter the backends of routes in any
-        namespace); publishes the changed ones."""
+    def _refresh(self, scope: str | None) -> int:
+        """Recomputes the watches of namespace `scope` (None: all); publishes the changed ones."""
         changed = 0
         for (namespace, name, port), watch in self._watches.items():
+            if scope is not None and namespace != scope:
+                continue
             svc = self.service(namespace, name)
             if svc is None:
                 continue
@@ -1078,7 +1110,19 @@ def _key(obj: Object) -> tuple[str, str] | None:
     return (namespace if isinstance(namespace, str) and namespace else "default"), meta["name"]
 
 
-def _names_a_service(obj: Object) -> bool:
+def route_problems(obj: Mapping[str, Any]) -> list[str]:
+    """The outbound problems of a route with a Service parent (resources.problems adds them
+    to the inbound ones, so the validating webhook refuses what outbound would ignore)."""
+    if not _names_a_service(obj):
+        return []
+    try:
+        route_of(obj)
+    except r.Invalid as exc:
+        return exc.problems
+    return []
+
+
+def _names_a_service(obj: Mapping[str, Any]) -> bool:
     """Whether a route has a Service parent (routes of Servers only are inbound's)."""
     spec = obj.get("spec")
     refs = spec.get("parentRefs") if isinstance(spec, dict) else None

@@ -47,7 +47,6 @@ HTTP_METHODS: Final = (
     "TRACE",
     "PATCH",
 )
-OUTBOUND_FILTERS: Final = ("ResponseHeaderModifier", "RequestRedirect")
 _SELECTOR_OPERATORS: Final = ("In", "NotIn", "Exists", "DoesNotExist")
 
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
@@ -715,7 +714,7 @@ def _filters(
 ) -> tuple[HeaderModifier, ...]:
     """A rule's inbound filters. A route attached to no Server is the outbound policy's
     (meshlet.controlplane.policy.outbound reads and checks its filters): its other filter
-    types are not refused here."""
+    types are left to that check."""
     out = []
     for i, item in enumerate(c.array(value, path, limit=MAX_FILTERS)):
         at = f"{path}[{i}]"
@@ -727,7 +726,7 @@ def _filters(
                     c, entry.get("requestHeaderModifier"), f"{at}.requestHeaderModifier"
                 )
             )
-        elif outbound and kind in OUTBOUND_FILTERS:
+        elif outbound:
             continue
         elif kind is not None:
             c.fail(
@@ -769,6 +768,11 @@ def _http_route(c: _Check, obj: Mapping[str, Any]) -> HTTPRoute:
     meta = _meta(c, obj)
     spec = c.mapping(obj.get("spec"), "spec", required=True) or {}
     servers = _parents(c, spec, meta)
+    refs = spec.get("parentRefs")
+    outbound = not any(
+        isinstance(ref, Mapping) and str(ref.get("kind", "")).lower() == "server"
+        for ref in (refs if isinstance(refs, list) else ())
+    )
     hostnames = _hostnames(c, spec)
     rules = []
     for i, item in enumerate(c.array(spec.get("rules"), "spec.rules", limit=MAX_RULES)):
@@ -778,7 +782,7 @@ def _http_route(c: _Check, obj: Mapping[str, Any]) -> HTTPRoute:
             _http_match(c, m, f"{at}.matches[{j}]")
             for j, m in enumerate(c.array(rule.get("matches"), f"{at}.matches", limit=MAX_MATCHES))
         )
-        filters = _filters(c, rule.get("filters"), f"{at}.filters", outbound=not servers)
+        filters = _filters(c, rule.get("filters"), f"{at}.filters", outbound=outbound)
         rules.append(HttpRule(matches, filters))
     group = str(obj.get("apiVersion", "")).split("/")[0]
     return HTTPRoute(meta, group, servers, hostnames, tuple(rules))
@@ -914,7 +918,11 @@ def problems(obj: Mapping[str, Any]) -> list[str]:
     """Every problem of `obj` (a policy resource as JSON), each as `field.path: what to fix`;
     empty when the object is valid. Never raises."""
     try:
-        parse(obj)
+        resource = parse(obj)
+        if isinstance(resource, HTTPRoute | GRPCRoute):
+            from meshlet.controlplane.policy.outbound import route_problems  # it imports this
+
+            return route_problems(obj)
     except Invalid as exc:
         return exc.problems
     except Exception as exc:  # a shape no check foresaw: still an answer, never a crash
