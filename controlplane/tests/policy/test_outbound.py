@@ -230,6 +230,7 @@ def test_the_default_route_to_the_service_itself() -> None:
         ({W.OPAQUE_PORTS_ANNOTATION: "3000-4000"}, 80, False),
         ({}, 3306, True),  # a default opaque port
         ({W.OPAQUE_PORTS_ANNOTATION: ""}, 3306, False),  # the annotation replaces the default
+        ({W.OPAQUE_PORTS_ANNOTATION: "9000-9100"}, 9042, True),
     ],
 )  # fmt: skip
 def test_opaque_ports(notes: dict[str, str], port: int, opaque: bool) -> None:
@@ -485,3 +486,26 @@ def test_the_webhook_refuses_what_outbound_would_ignore() -> None:
     inbound = http_route(rules=[{"filters": [{"type": "RequestRedirect", "requestRedirect": {}}]}])
     inbound["spec"]["parentRefs"] = [{"group": "policy.meshlet.io", "kind": "Server", "name": "s"}]
     assert "not supported on inbound routes" in validate(inbound)[0]
+
+
+@pytest.mark.parametrize(
+    "app,kind",
+    [("http", "http1"), ("HTTP", "http1"), ("kubernetes.io/h2c", "http2"),
+     ("meshlet.io/opaque", "opaque"), ("meshlet.io/tcp", "opaque"), ("example.com/x", "opaque")],
+)  # fmt: skip
+def test_app_protocols(app: str, kind: str) -> None:
+    svc = service(notes={W.OPAQUE_PORTS_ANNOTATION: "80"})  # appProtocol wins over the annotation
+    svc["spec"]["ports"][0]["appProtocol"] = app
+    p = policy(svc, http_route())
+    assert p.protocol.WhichOneof("kind") == kind
+    if kind != "opaque":
+        assert getattr(p.protocol, kind).routes[0].metadata.resource.name == "r"
+
+
+def test_grpc_routes_win_on_h2c_but_not_on_http() -> None:
+    svc = service()
+    svc["spec"]["ports"][0]["appProtocol"] = "kubernetes.io/h2c"
+    assert policy(svc, http_route(kind="GRPCRoute")).protocol.HasField("grpc")
+    svc["spec"]["ports"][0]["appProtocol"] = "http"
+    p = policy(svc, http_route(kind="GRPCRoute"))
+    assert p.protocol.http1.routes[0].metadata.default == "http"

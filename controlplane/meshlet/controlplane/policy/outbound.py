@@ -17,7 +17,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
@@ -59,6 +59,14 @@ ACCRUAL_MAX_PENALTY: Final = 60.0
 ACCRUAL_JITTER: Final = 0.5
 DEFAULT_AUTHORITY_PORT: Final = 80
 MAX_BACKENDS: Final = 16
+# A Service port's appProtocol (Linkerd's names under meshlet's prefix); any other value is
+# served as opaque, as Linkerd serves an unknown one. It wins over the opaque-ports annotation.
+APP_PROTOCOLS: Final = {
+    "http": "http",
+    "kubernetes.io/h2c": "h2",
+    "meshlet.io/tcp": "opaque",
+    "meshlet.io/opaque": "opaque",
+}
 GRPC_RETRY_CONDITIONS: Final = (
     "cancelled",
     "deadline-exceeded",
@@ -284,7 +292,8 @@ class Service:
     namespace: str
     name: str
     cluster_ips: tuple[str, ...]
-    opaque_ports: frozenset[int]  # of the ports the Service names
+    opaque_ports: Container[int]
+    app_protocols: tuple[tuple[int, str], ...]  # port → http, h2, opaque (spec.ports' appProtocol)
     accrual: Accrual | None
     timeouts: Timeouts
     retry: Retry | None
@@ -304,17 +313,16 @@ def service_of(obj: Mapping[str, Any]) -> Service | None:
     notes = {k: v for k, v in raw.items() if isinstance(v, str)} if isinstance(raw, dict) else {}
     problems = []
     ips = [ip for ip in spec.get("clusterIPs") or [spec.get("clusterIP")] if isinstance(ip, str)]
-    ports = {
-        p["port"]
+    apps = tuple(
+        (p["port"], APP_PROTOCOLS.get(p["appProtocol"].lower(), "opaque"))
         for p in spec.get("ports") or []
         if isinstance(p, dict) and isinstance(p.get("port"), int)
-    }
+        and isinstance(p.get("appProtocol"), str)
+    )  # fmt: skip
+    opaque: Container[int] = W.DEFAULT_OPAQUE_PORTS
     if W.OPAQUE_PORTS_ANNOTATION in notes:
-        ranges, bad = scan_ports(notes[W.OPAQUE_PORTS_ANNOTATION])
+        opaque, bad = scan_ports(notes[W.OPAQUE_PORTS_ANNOTATION])
         problems += [f"{W.OPAQUE_PORTS_ANNOTATION}: {b}" for b in bad]
-        opaque = frozenset(p for p in ports if p in ranges)
-    else:
-        opaque = frozenset(ports & W.DEFAULT_OPAQUE_PORTS)
 
     def read(fn: Callable[[Mapping[str, str]], Any], default: Any) -> Any:
         try:
@@ -328,6 +336,7 @@ def service_of(obj: Mapping[str, Any]) -> Service | None:
         name=name,
         cluster_ips=tuple(ip for ip in ips if ip and ip != "None"),
         opaque_ports=opaque,
+        app_protocols=apps,
         accrual=read(accrual_of, None),
         timeouts=read(_timeouts_checked, Timeouts()),
         retry=read(retry_of, None),
@@ -718,15 +727,22 @@ class Translator:
         accrual = _accrual(svc.accrual)
         grpc = [rt for rt in attached if rt.kind == "GRPCRoute"]
         http = [rt for rt in attached if rt.kind == "HTTPRoute"]
-        if port in svc.opaque_ports:
+        app = dict(svc.app_protocols).get(port)
+        if app is None and port in svc.opaque_ports:
+            app = "opaque"
+        routes = [self._http_route(svc, rt, backend) for rt in http] or [
+            self._default_route(svc, backend)
+        ]
+        if app == "opaque":
             protocol = P(opaque=opaque)
-        elif grpc:
+        elif grpc and app != "http":
             protocol = P(grpc=P.Grpc(routes=[self._grpc_route(svc, rt, backend) for rt in grpc],
                                      failure_accrual=accrual))  # fmt: skip
+        elif app == "http":
+            protocol = P(http1=P.Http1(routes=routes, failure_accrual=accrual))
+        elif app == "h2":
+            protocol = P(http2=P.Http2(routes=routes, failure_accrual=accrual))
         else:
-            routes = [self._http_route(svc, rt, backend) for rt in http] or [
-                self._default_route(svc, backend)
-            ]
             protocol = P(
                 detect=P.Detect(
                     timeout=_duration(DETECT_TIMEOUT),
