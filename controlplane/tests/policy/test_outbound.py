@@ -436,6 +436,9 @@ def test_a_snapshot_removes_what_it_no_longer_holds() -> None:
         ("web.ns:80", None),
         ("example.com:443", None),
         ("web.ns.svc.other.domain:80", None),
+        ("x" * 300 + ".ns.svc.cluster.local:80", ("ns", "x" * 300, 80)),  # then NOT_FOUND
+        ("wéb.ns.svc.cluster.local:80", ("ns", "wéb", 80)),
+        ("[::1]:80", None),
     ],
 )  # fmt: skip
 def test_authorities(text: str, expected: tuple[str, str, int] | None) -> None:
@@ -443,7 +446,7 @@ def test_authorities(text: str, expected: tuple[str, str, int] | None) -> None:
 
 
 @pytest.mark.parametrize("text", ["", "web.ns.svc.cluster.local:0", "web:99999", "a/b", "u@h:1",
-                                  "web.ns.svc.cluster.local:http"])  # fmt: skip
+                                  "web.ns.svc.cluster.local:http", "web:", "x" * 513])  # fmt: skip
 def test_malformed_authorities(text: str) -> None:
     with pytest.raises(TargetError, match="invalid authority"):
         parse_authority(text, "cluster.local")
