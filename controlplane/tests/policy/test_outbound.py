@@ -512,3 +512,31 @@ def test_grpc_routes_win_on_h2c_but_not_on_http() -> None:
     svc["spec"]["ports"][0]["appProtocol"] = "http"
     p = policy(svc, http_route(kind="GRPCRoute"))
     assert p.protocol.http1.routes[0].metadata.default == "http"
+
+
+def test_consumer_routes_apply_to_their_namespace_s_clients_only() -> None:
+    producer = http_route("producer", created="2024-01-02T00:00:00Z")
+    consumer = http_route("consumer", created="2024-01-01T00:00:00Z",
+                          rules=[{"backendRefs": [{"name": "canary", "port": 80}]}])  # fmt: skip
+    consumer["metadata"]["namespace"] = "client"
+    consumer["spec"]["parentRefs"][0]["namespace"] = "ns"
+    ix = index(service(), producer, consumer)
+
+    def names(client_ns: str) -> list[str]:
+        got = ix.get("ns", "web", 80, client_ns)
+        assert got is not None
+        return [rt.metadata.resource.name for rt in http_routes(got)]
+
+    assert names("client") == ["consumer", "producer"]  # joined, oldest first
+    assert names("other") == names("ns") == names("") == ["producer"]
+    got = ix.get("ns", "web", 80, "client")
+    assert got is not None
+    backend = http_routes(got)[0].rules[0].backends.random_available.backends[0].backend
+    assert backend.backend.metadata.resource.namespace == "client"  # the route's namespace
+    assert backend.filters[0].failure_injector.message == "Service not found canary"
+    client, other = Mailbox(), Mailbox()
+    assert ix.subscribe("ns", "web", 80, client, "client")
+    assert ix.subscribe("ns", "web", 80, other, "other")
+    client.take(), other.take()
+    ix.apply(Delete(Kind.GATEWAY_HTTP_ROUTE, consumer))
+    assert client.take() is not None and other.take() is None

@@ -1,12 +1,14 @@
 """Owns the outbound model: Services and the routes whose parents are Services, and the
-`OutboundPolicy` of each watched (namespace, service, port), recomputed when something it depends
-on changes and published only when its bytes change.
+`OutboundPolicy` of each watched (namespace, service, port, client namespace), recomputed when
+something it depends on changes and published only when its bytes change.
 
 The translation is Linkerd's policy controller's (`k8s/index/src/outbound/index.rs`,
 `grpc/src/outbound.rs` and its `http`/`grpc` modules): a Service port's policy is a protocol
 (Opaque for an opaque port, gRPC when GRPCRoutes attach, else Detect with the HTTP routes), the
 routes ordered oldest first (then by name), each rule's backends a random weighted choice, a
-`default` route to the Service itself when no route attaches. A Service's retry, timeout and
+`default` route to the Service itself when no route attaches. Routes in the Service's namespace
+serve every client; routes in another namespace that name it serve that namespace's clients
+(Linkerd's producer and consumer routes). A Service's retry, timeout and
 failure-accrual annotations apply to every route that sets none of its own; a bad annotation
 value is logged and ignored, as Linkerd does (the validating webhook does not review Services).
 A route whose own annotations are bad is ignored, named in the log.
@@ -383,7 +385,7 @@ class Route:
     meta: r.Meta
     group: str
     kind: str  # HTTPRoute or GRPCRoute
-    parents: tuple[tuple[str, int | None], ...]  # (Service, port or every port)
+    parents: tuple[tuple[str, str, int | None], ...]  # (namespace, Service, port or every port)
     hostnames: tuple[str, ...]
     rules: tuple[Rule, ...]
     timeouts: Timeouts
@@ -458,7 +460,7 @@ def _backends(c: r._Check, value: Any, path: str, namespace: str) -> tuple[Backe
 
 def _service_parents(
     c: r._Check, spec: Mapping[str, Any], meta: r.Meta
-) -> tuple[tuple[str, int | None], ...]:
+) -> tuple[tuple[str, str, int | None], ...]:
     out = []
     path = "spec.parentRefs"
     for i, item in enumerate(c.array(spec.get("parentRefs"), path, limit=r.MAX_PARENT_REFS)):
@@ -469,12 +471,8 @@ def _service_parents(
         at = f"{path}[{i}]"
         ref = r._ref(c, item, at, namespaced=True)
         port = c.integer(item.get("port"), f"{at}.port", low=1, high=65535)
-        if ref is None:
-            continue
-        if ref.namespace not in (None, meta.namespace):
-            c.fail(f"{at}.namespace", "a route may attach only to a Service in its own namespace")
-            continue
-        out.append((ref.name, port))
+        if ref is not None:
+            out.append((ref.namespace or meta.namespace, ref.name, port))
     return tuple(out)
 
 
@@ -712,15 +710,19 @@ class Translator:
         self.cluster_domain = cluster_domain
         self.spaces = spaces
 
-    def policy(self, svc: Service, port: int) -> outbound_pb2.OutboundPolicy:
+    def policy(self, svc: Service, port: int, client_ns: str = "") -> outbound_pb2.OutboundPolicy:
+        """The policy of `svc`'s `port` for clients in `client_ns`: the routes of the Service's
+        namespace (producer routes) and those of the client's namespace that name it
+        (consumer routes), together, as Linkerd's index joins them."""
         P = outbound_pb2.ProxyProtocol
         backend = _balancer(svc.name, svc.namespace, port, self.cluster_domain)
-        space = self.spaces.get(svc.namespace) or Space()
+        target = (svc.namespace, svc.name)
         attached = _ordered(
             [
                 rt
-                for rt in space.routes.values()
-                if any(n == svc.name and p in (None, port) for n, p in rt.parents)
+                for ns in dict.fromkeys((svc.namespace, client_ns or svc.namespace))
+                for rt in (self.spaces.get(ns) or Space()).routes.values()
+                if any((n, s) == target and p in (None, port) for n, s, p in rt.parents)
             ]
         )
         opaque = P.Opaque(routes=[self._opaque_route(backend)])
@@ -943,7 +945,7 @@ def parse_addr(addr: net_pb2.TcpAddress) -> tuple[str, int]:
 
 # -- the index (state and watches) -----------------------------------------------------------
 
-WatchKey = tuple[str, str, int]  # (namespace, service, port)
+WatchKey = tuple[str, str, int, str]  # (namespace, service, port, client namespace)
 
 
 @dataclass(slots=True)
@@ -977,26 +979,33 @@ class OutboundIndex:
                     return svc
         return None
 
-    def get(self, namespace: str, name: str, port: int) -> outbound_pb2.OutboundPolicy | None:
+    def get(
+        self, namespace: str, name: str, port: int, client_ns: str = ""
+    ) -> outbound_pb2.OutboundPolicy | None:
+        """The policy of a Service port for clients in `client_ns` (default: its own)."""
         svc = self.service(namespace, name)
-        return self.translator.policy(svc, port) if svc is not None else None
+        return self.translator.policy(svc, port, client_ns) if svc is not None else None
 
-    def subscribe(self, namespace: str, name: str, port: int, mailbox: Mailbox) -> bool:
+    def subscribe(
+        self, namespace: str, name: str, port: int, mailbox: Mailbox, client_ns: str = ""
+    ) -> bool:
         """Puts the port's policy in `mailbox` now and at each change; False: no such Service."""
         svc = self.service(namespace, name)
         if svc is None:
             return False
-        key = (namespace, name, port)
+        key = (namespace, name, port, client_ns or namespace)
         watch = self._watches.get(key)
         if watch is None:
-            message = self.translator.policy(svc, port).SerializeToString(deterministic=True)
-            watch = self._watches[key] = _Watch(message)
+            policy = self.translator.policy(svc, port, key[3])
+            watch = self._watches[key] = _Watch(policy.SerializeToString(deterministic=True))
         watch.mailboxes.add(mailbox)
         mailbox.put(watch.message)
         return True
 
-    def unsubscribe(self, namespace: str, name: str, port: int, mailbox: Mailbox) -> None:
-        key = (namespace, name, port)
+    def unsubscribe(
+        self, namespace: str, name: str, port: int, mailbox: Mailbox, client_ns: str = ""
+    ) -> None:
+        key = (namespace, name, port, client_ns or namespace)
         watch = self._watches.get(key)
         if watch is None:
             return
@@ -1022,7 +1031,7 @@ class OutboundIndex:
             if key is None:
                 return 0
             if event.kind is not Kind.SERVICE:
-                scope = key[0]  # a route changes only its own namespace's Services
+                scope = key[0]  # a route changes its namespace's Services and clients
             if isinstance(event, Upsert):
                 self._upsert(event.kind, event.obj)
             else:
@@ -1090,15 +1099,17 @@ class OutboundIndex:
         space.routes.pop((kind, name), None)
 
     def _refresh(self, scope: str | None) -> int:
-        """Recomputes the watches of namespace `scope` (None: all); publishes the changed ones."""
+        """Recomputes the watches of Services or clients in namespace `scope` (None: all);
+        publishes the changed ones."""
         changed = 0
-        for (namespace, name, port), watch in self._watches.items():
-            if scope is not None and namespace != scope:
+        for (namespace, name, port, client_ns), watch in self._watches.items():
+            if scope is not None and scope not in (namespace, client_ns):
                 continue
             svc = self.service(namespace, name)
             if svc is None:
                 continue
-            message = self.translator.policy(svc, port).SerializeToString(deterministic=True)
+            policy = self.translator.policy(svc, port, client_ns)
+            message = policy.SerializeToString(deterministic=True)
             if message == watch.message:
                 continue
             watch.message = message

@@ -167,7 +167,7 @@ class PolicyService:
         await context.abort(code, message)
 
 
-Target = tuple[str, str, int]  # (namespace, service, port)
+Target = tuple[str, str, int, str]  # (namespace, service, port, client namespace)
 
 
 class OutboundService:
@@ -193,14 +193,15 @@ class OutboundService:
     def _target(self, request: outbound_pb2.TrafficSpec) -> Target | None:
         """The Service port asked for; None: no such Service (NOT_FOUND); WorkloadError or
         TargetError: a malformed request (INVALID_ARGUMENT)."""
-        parse_workload(request.source_workload)
+        client_ns, _ = parse_workload(request.source_workload)
         which = request.WhichOneof("target")
         if which == "authority":
-            return parse_authority(request.authority, self._index.cluster_domain)
+            found = parse_authority(request.authority, self._index.cluster_domain)
+            return None if found is None else (*found, client_ns)
         if which == "addr":
             ip, port = parse_addr(request.addr)
             svc = self._index.by_ip(ip)
-            return None if svc is None else (svc.namespace, svc.name, port)
+            return None if svc is None else (svc.namespace, svc.name, port, client_ns)
         raise TargetError("invalid target: set an authority or an addr")
 
     async def _resolve(self, request: outbound_pb2.TrafficSpec, context: Context, kind: str,
@@ -215,15 +216,15 @@ class OutboundService:
         return target
 
     async def Get(self, request: outbound_pb2.TrafficSpec, context: Context) -> bytes:
-        ns, name, port = await self._resolve(request, context, "unary", "Get")
-        policy = self._index.get(ns, name, port)
+        ns, name, port, client_ns = await self._resolve(request, context, "unary", "Get")
+        policy = self._index.get(ns, name, port, client_ns)
         assert policy is not None
         self.handled.observe("unary", "Get", grpc.StatusCode.OK)
         return policy.SerializeToString(deterministic=True)
 
     async def Watch(self, request: outbound_pb2.TrafficSpec, context: Context) -> None:
         kind, method = "server_stream", "Watch"
-        ns, name, port = await self._resolve(request, context, kind, method)
+        ns, name, port, client_ns = await self._resolve(request, context, kind, method)
         peer = peer_host(context.peer())
         refusal = self._limits.acquire(peer)
         if refusal is not None:
@@ -231,7 +232,7 @@ class OutboundService:
         wakeup = asyncio.Event()
         mailbox = Mailbox(wakeup.set)
         try:
-            if not self._index.subscribe(ns, name, port, mailbox):
+            if not self._index.subscribe(ns, name, port, mailbox, client_ns):
                 await self._abort(
                     context, kind, method, grpc.StatusCode.NOT_FOUND, "unknown target"
                 )
@@ -252,7 +253,7 @@ class OutboundService:
             self.handled.observe(kind, method, grpc.StatusCode.CANCELLED)
             raise
         finally:
-            self._index.unsubscribe(ns, name, port, mailbox)
+            self._index.unsubscribe(ns, name, port, mailbox, client_ns)
             self._limits.release(peer)
         self.handled.observe(kind, method, grpc.StatusCode.OK)
 
