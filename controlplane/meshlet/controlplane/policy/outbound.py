@@ -37,7 +37,13 @@ from meshlet.api import (
 from meshlet.api.ports import scan_ports
 from meshlet.controlplane.k8s.events import Event, Kind, Object, Snapshot, Upsert
 from meshlet.controlplane.policy import resources as r
-from meshlet.controlplane.policy.index import Mailbox, _header_match, _host, _http_match, _modifier
+from meshlet.controlplane.policy.index import (
+    Mailbox,
+    header_match,
+    host_match,
+    http_match,
+    request_modifier,
+)
 
 log = logging.getLogger(__name__)
 
@@ -392,7 +398,7 @@ class Route:
     retry: Retry | None
 
 
-def _redirect(c: r._Check, value: Any, path: str) -> Redirect:
+def _redirect(c: r.Check, value: Any, path: str) -> Redirect:
     raw = c.mapping(value, path, required=True) or {}
     scheme = c.string(raw.get("scheme"), f"{path}.scheme", choices=("http", "https"))
     host = c.string(raw.get("hostname"), f"{path}.hostname", limit=253)
@@ -415,7 +421,7 @@ BACKEND_FILTERS: Final = ("RequestHeaderModifier", "ResponseHeaderModifier")
 GRPC_FILTERS: Final = ("RequestHeaderModifier",)  # what outbound GrpcRoute.Filter can carry
 
 
-def _filters(c: r._Check, value: Any, path: str, kinds: tuple[str, ...]) -> tuple[Filter, ...]:
+def _filters(c: r.Check, value: Any, path: str, kinds: tuple[str, ...]) -> tuple[Filter, ...]:
     out = []
     for i, item in enumerate(c.array(value, path, limit=r.MAX_FILTERS)):
         at = f"{path}[{i}]"
@@ -423,7 +429,9 @@ def _filters(c: r._Check, value: Any, path: str, kinds: tuple[str, ...]) -> tupl
         kind = c.string(entry.get("type"), f"{at}.type", required=True)
         if kind in kinds and kind in ("RequestHeaderModifier", "ResponseHeaderModifier"):
             key = kind[0].lower() + kind[1:]
-            out.append(Filter(kind, modifier=r._header_modifier(c, entry.get(key), f"{at}.{key}")))
+            out.append(
+                Filter(kind, modifier=r.read_header_modifier(c, entry.get(key), f"{at}.{key}"))
+            )
         elif kind in kinds and kind == "RequestRedirect":
             redirect = _redirect(c, entry.get("requestRedirect"), f"{at}.requestRedirect")
             out.append(Filter(kind, redirect=redirect))
@@ -432,14 +440,14 @@ def _filters(c: r._Check, value: Any, path: str, kinds: tuple[str, ...]) -> tupl
     return tuple(out)
 
 
-def _backends(c: r._Check, value: Any, path: str, namespace: str) -> tuple[Backend, ...]:
+def _backends(c: r.Check, value: Any, path: str, namespace: str) -> tuple[Backend, ...]:
     """backendRefs as Linkerd reads them: a kind other than Service and a Service without a
     port become invalid backends (requests to them fail), not a refused route."""
     out = []
     for i, item in enumerate(c.array(value, path, limit=MAX_BACKENDS)):
         at = f"{path}[{i}]"
         entry = c.mapping(item, at, required=True) or {}
-        ref = r._ref(c, {"kind": "Service", **entry}, at, namespaced=True)  # the API's default
+        ref = r.read_ref(c, {"kind": "Service", **entry}, at, namespaced=True)  # the API's default
         weight = c.integer(entry.get("weight"), f"{at}.weight", low=0, high=1_000_000)
         weight = 1 if weight is None else weight
         port = c.integer(entry.get("port"), f"{at}.port", low=1, high=65535)
@@ -459,7 +467,7 @@ def _backends(c: r._Check, value: Any, path: str, namespace: str) -> tuple[Backe
 
 
 def _service_parents(
-    c: r._Check, spec: Mapping[str, Any], meta: r.Meta
+    c: r.Check, spec: Mapping[str, Any], meta: r.Meta
 ) -> tuple[tuple[str, str, int | None], ...]:
     out = []
     path = "spec.parentRefs"
@@ -469,14 +477,14 @@ def _service_parents(
         if item.get("group", "core") not in ("", "core"):
             continue
         at = f"{path}[{i}]"
-        ref = r._ref(c, item, at, namespaced=True)
+        ref = r.read_ref(c, item, at, namespaced=True)
         port = c.integer(item.get("port"), f"{at}.port", low=1, high=65535)
         if ref is not None:
             out.append((ref.namespace or meta.namespace, ref.name, port))
     return tuple(out)
 
 
-def _grpc_matches(c: r._Check, value: Any, path: str) -> tuple[r.GrpcMatch, ...]:
+def _grpc_matches(c: r.Check, value: Any, path: str) -> tuple[r.GrpcMatch, ...]:
     out = []
     for j, m in enumerate(c.array(value, path, limit=r.MAX_MATCHES)):
         at = f"{path}[{j}]"
@@ -491,7 +499,7 @@ def _grpc_matches(c: r._Check, value: Any, path: str) -> tuple[r.GrpcMatch, ...]
                 c.fail(f"{at}.method.type", "RegularExpression is not supported; use Exact")
             service = c.string(raw.get("service"), f"{at}.method.service", limit=1024)
             method = c.string(raw.get("method"), f"{at}.method.method", limit=1024)
-        headers = r._value_matches(
+        headers = r.read_value_matches(
             c, entry.get("headers"), f"{at}.headers", r.MAX_HEADER_MATCHES, True
         )
         out.append(r.GrpcMatch(service or None, method or None, headers))
@@ -500,12 +508,12 @@ def _grpc_matches(c: r._Check, value: Any, path: str) -> tuple[r.GrpcMatch, ...]
 
 def route_of(obj: Mapping[str, Any]) -> Route:
     """The outbound reading of an HTTPRoute or GRPCRoute; r.Invalid naming every problem."""
-    c = r._Check()
-    meta = r._meta(c, obj)
+    c = r.Check()
+    meta = r.read_meta(c, obj)
     kind = str(obj.get("kind"))
     spec = c.mapping(obj.get("spec"), "spec", required=True) or {}
     parents = _service_parents(c, spec, meta)
-    hostnames = r._hostnames(c, spec)
+    hostnames = r.read_hostnames(c, spec)
     rules = []
     for i, item in enumerate(c.array(spec.get("rules"), "spec.rules", limit=r.MAX_RULES)):
         at = f"spec.rules[{i}]"
@@ -516,7 +524,7 @@ def route_of(obj: Mapping[str, Any]) -> Route:
             matches = _grpc_matches(c, rule.get("matches"), f"{at}.matches")
         else:
             matches = tuple(
-                r._http_match(c, m, f"{at}.matches[{j}]")
+                r.read_http_match(c, m, f"{at}.matches[{j}]")
                 for j, m in enumerate(
                     c.array(rule.get("matches"), f"{at}.matches", limit=r.MAX_MATCHES)
                 )
@@ -676,14 +684,14 @@ def _redirect_pb(d: Redirect) -> http_route_pb2.RequestRedirect:
 
 
 def _response_modifier(m: r.HeaderModifier) -> http_route_pb2.ResponseHeaderModifier:
-    req = _modifier(m)
+    req = request_modifier(m)
     return http_route_pb2.ResponseHeaderModifier(add=req.add, set=req.set, remove=req.remove)
 
 
 def _filter(f: Filter, message: Any) -> Any:
     """`message` is outbound_pb2.HttpRoute.Filter or GrpcRoute.Filter."""
     if f.kind == "RequestHeaderModifier" and f.modifier is not None:
-        return message(request_header_modifier=_modifier(f.modifier))
+        return message(request_header_modifier=request_modifier(f.modifier))
     if f.kind == "ResponseHeaderModifier" and f.modifier is not None:
         return message(response_header_modifier=_response_modifier(f.modifier))
     assert f.redirect is not None
@@ -861,7 +869,7 @@ class Translator:
         for rule in rt.rules:
             timeouts, retry = self._effective(svc, rt, rule, "http")
             out = H.Rule(
-                matches=[_http_match(m) for m in rule.matches if isinstance(m, r.HttpMatch)],
+                matches=[http_match(m) for m in rule.matches if isinstance(m, r.HttpMatch)],
                 filters=[_filter(f, H.Filter) for f in rule.filters],
                 backends=self._distribution(rule, backend, H),
                 timeouts=_timeouts(timeouts),
@@ -870,7 +878,9 @@ class Translator:
             if timeouts.request is not None:
                 out.requestTimeout.CopyFrom(_duration(timeouts.request))
             rules.append(out)
-        return H(metadata=self._route_meta(rt), hosts=[_host(h) for h in rt.hostnames], rules=rules)
+        return H(
+            metadata=self._route_meta(rt), hosts=[host_match(h) for h in rt.hostnames], rules=rules
+        )
 
     def _grpc_route(
         self, svc: Service, rt: Route, backend: outbound_pb2.Backend
@@ -885,7 +895,7 @@ class Translator:
                         rpc=grpc_route_pb2.GrpcRpcMatch(
                             service=m.service or "", method=m.method or ""
                         ),
-                        headers=[_header_match(h) for h in m.headers],
+                        headers=[header_match(h) for h in m.headers],
                     )
                     for m in rule.matches
                     if isinstance(m, r.GrpcMatch)
@@ -898,7 +908,9 @@ class Translator:
             if timeouts.request is not None:
                 out.requestTimeout.CopyFrom(_duration(timeouts.request))
             rules.append(out)
-        return G(metadata=self._route_meta(rt), hosts=[_host(h) for h in rt.hostnames], rules=rules)
+        return G(
+            metadata=self._route_meta(rt), hosts=[host_match(h) for h in rt.hostnames], rules=rules
+        )
 
 
 # -- targets ---------------------------------------------------------------------------------
