@@ -540,3 +540,31 @@ def test_consumer_routes_apply_to_their_namespace_s_clients_only() -> None:
     client.take(), other.take()
     ix.apply(Delete(Kind.GATEWAY_HTTP_ROUTE, consumer))
     assert client.take() is not None and other.take() is None
+
+
+def test_an_event_recomputes_only_the_watches_it_can_change() -> None:
+    routed = http_route(rules=[{"backendRefs": [{"name": "b", "port": 80}]}])
+    ix = index(service(), service("b"), service("c"), routed)
+    for name in ("web", "b", "c"):
+        assert ix.subscribe("ns", name, 80, Mailbox())
+    assert ix.subscribe("ns", "c", 80, Mailbox(), "client")
+    before = ix.recomputed
+    ix.apply(Upsert(Kind.SERVICE, service("b", notes={W.RETRY_LIMIT_ANNOTATION: "2"})))
+    assert ix.recomputed - before == 2  # b's own watch and web's, which routes to b
+    before = ix.recomputed
+    ix.apply(Upsert(Kind.SERVICE, service("unrelated")))
+    assert ix.recomputed == before
+    other = http_route("elsewhere")
+    other["metadata"]["namespace"] = "client"
+    ix.apply(Upsert(Kind.GATEWAY_HTTP_ROUTE, other))
+    assert ix.recomputed - before == 1  # only the watch of clients in that namespace
+
+
+def test_cluster_ips_follow_their_service() -> None:
+    moved = service()
+    moved["spec"]["clusterIP"] = "10.96.0.9"
+    ix = index(service())
+    ix.apply(Upsert(Kind.SERVICE, moved))
+    assert ix.by_ip("10.96.0.1") is None and ix.by_ip("10.96.0.9") is not None
+    ix.apply(Delete(Kind.SERVICE, moved))
+    assert ix.by_ip("10.96.0.9") is None

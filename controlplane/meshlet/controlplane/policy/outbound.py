@@ -724,15 +724,7 @@ class Translator:
         (consumer routes), together, as Linkerd's index joins them."""
         P = outbound_pb2.ProxyProtocol
         backend = _balancer(svc.name, svc.namespace, port, self.cluster_domain)
-        target = (svc.namespace, svc.name)
-        attached = _ordered(
-            [
-                rt
-                for ns in dict.fromkeys((svc.namespace, client_ns or svc.namespace))
-                for rt in (self.spaces.get(ns) or Space()).routes.values()
-                if any((n, s) == target and p in (None, port) for n, s, p in rt.parents)
-            ]
-        )
+        attached = self.attached(svc, port, client_ns)
         opaque = P.Opaque(routes=[self._opaque_route(backend)])
         accrual = _accrual(svc.accrual)
         grpc = [rt for rt in attached if rt.kind == "GRPCRoute"]
@@ -763,6 +755,29 @@ class Translator:
             )
         return outbound_pb2.OutboundPolicy(
             protocol=protocol, metadata=_service_meta(svc.name, svc.namespace, port)
+        )
+
+    def attached(self, svc: Service, port: int, client_ns: str = "") -> list[Route]:
+        """The routes serving `svc`'s `port` to clients in `client_ns`, in Linkerd's order."""
+        target = (svc.namespace, svc.name)
+        return _ordered(
+            [
+                rt
+                for ns in dict.fromkeys((svc.namespace, client_ns or svc.namespace))
+                for rt in (self.spaces.get(ns) or Space()).routes.values()
+                if any((n, s) == target and p in (None, port) for n, s, p in rt.parents)
+            ]
+        )
+
+    def backends(self, svc: Service, port: int, client_ns: str = "") -> frozenset[Key]:
+        """The Services the policy names as backends besides `svc` itself (their existence
+        changes it)."""
+        return frozenset(
+            (b.namespace, b.name)
+            for rt in self.attached(svc, port, client_ns)
+            for rule in rt.rules
+            for b in rule.backends
+            if b.invalid is None
         )
 
     def _opaque_route(self, backend: outbound_pb2.Backend) -> outbound_pb2.OpaqueRoute:
@@ -957,12 +972,14 @@ def parse_addr(addr: net_pb2.TcpAddress) -> tuple[str, int]:
 
 # -- the index (state and watches) -----------------------------------------------------------
 
+Key = tuple[str, str]  # (namespace, name)
 WatchKey = tuple[str, str, int, str]  # (namespace, service, port, client namespace)
 
 
 @dataclass(slots=True)
 class _Watch:
     message: bytes
+    backends: frozenset[Key]  # the other Services its policy depends on
     mailboxes: set[Mailbox] = field(default_factory=set)
 
 
@@ -975,6 +992,8 @@ class OutboundIndex:
         self.spaces: dict[str, Space] = {}
         self.translator = Translator(cluster_domain, self.spaces)
         self._watches: dict[WatchKey, _Watch] = {}
+        self._by_ip: dict[str, Key] = {}
+        self.recomputed = 0  # watches recomputed (for tests and metrics)
         self._reported: dict[tuple[Kind, str, str], tuple[str, ...]] = {}
         self.invalid = 0
 
@@ -985,11 +1004,8 @@ class OutboundIndex:
         return space.services.get(name) if space is not None else None
 
     def by_ip(self, ip: str) -> Service | None:
-        for space in self.spaces.values():
-            for svc in space.services.values():
-                if ip in svc.cluster_ips:
-                    return svc
-        return None
+        key = self._by_ip.get(ip)
+        return self.service(*key) if key is not None else None
 
     def get(
         self, namespace: str, name: str, port: int, client_ns: str = ""
@@ -1009,7 +1025,9 @@ class OutboundIndex:
         watch = self._watches.get(key)
         if watch is None:
             policy = self.translator.policy(svc, port, key[3])
-            watch = self._watches[key] = _Watch(policy.SerializeToString(deterministic=True))
+            backends = self.translator.backends(svc, port, key[3])
+            watch = _Watch(policy.SerializeToString(deterministic=True), backends)
+            self._watches[key] = watch
         watch.mailboxes.add(mailbox)
         mailbox.put(watch.message)
         return True
@@ -1035,20 +1053,22 @@ class OutboundIndex:
         """Applies a source event; the number of watches whose policy changed."""
         if event.kind is not Kind.SERVICE and event.kind not in OUTBOUND_ROUTE_KINDS:
             return 0
-        scope = None  # every namespace: a Service can be any route's backend
+        affects: Callable[[WatchKey, _Watch], bool] | None = None  # None: every watch
         if isinstance(event, Snapshot):
             self._replace(event.kind, event.objects)
         else:
             key = _key(event.obj)
             if key is None:
                 return 0
-            if event.kind is not Kind.SERVICE:
-                scope = key[0]  # a route changes its namespace's Services and clients
+            if event.kind is Kind.SERVICE:  # its own watches, and those routing to it
+                affects = lambda w, watch: w[:2] == key or key in watch.backends  # noqa: E731
+            else:  # a route: its namespace's Services, and clients there
+                affects = lambda w, _: key[0] in (w[0], w[3])  # noqa: E731
             if isinstance(event, Upsert):
                 self._upsert(event.kind, event.obj)
             else:
                 self._remove(event.kind, *key)
-        return self._refresh(scope)
+        return self._refresh(affects)
 
     def _replace(self, kind: Kind, objects: tuple[Object, ...]) -> None:
         seen = set()
@@ -1081,7 +1101,9 @@ class OutboundIndex:
                 self._report(kind, namespace, name, list(svc.problems), "ignored annotations of")
             else:
                 self._reported.pop((kind, namespace, name), None)
+            self._forget_ips(space.services.get(name))
             space.services[name] = svc
+            self._by_ip.update((ip, key) for ip in svc.cluster_ips)
             return
         if not _names_a_service(obj):
             space.routes.pop((kind, name), None)
@@ -1103,23 +1125,34 @@ class OutboundIndex:
         if space is None:
             return
         if kind is Kind.SERVICE:
-            if space.services.pop(name, None) is not None:
+            gone = space.services.pop(name, None)
+            self._forget_ips(gone)
+            if gone is not None:
                 for key in [k for k in self._watches if k[:2] == (namespace, name)]:
                     for mailbox in self._watches.pop(key).mailboxes:
                         mailbox.close()
             return
         space.routes.pop((kind, name), None)
 
-    def _refresh(self, scope: str | None) -> int:
-        """Recomputes the watches of Services or clients in namespace `scope` (None: all);
-        publishes the changed ones."""
+    def _forget_ips(self, svc: Service | None) -> None:
+        if svc is None:
+            return
+        for ip in svc.cluster_ips:
+            if self._by_ip.get(ip) == (svc.namespace, svc.name):
+                del self._by_ip[ip]
+
+    def _refresh(self, affects: Callable[[WatchKey, _Watch], bool] | None) -> int:
+        """Recomputes the watches `affects` names (None: all); publishes the changed ones."""
         changed = 0
-        for (namespace, name, port, client_ns), watch in self._watches.items():
-            if scope is not None and scope not in (namespace, client_ns):
+        for key, watch in self._watches.items():
+            if affects is not None and not affects(key, watch):
                 continue
+            namespace, name, port, client_ns = key
             svc = self.service(namespace, name)
             if svc is None:
                 continue
+            self.recomputed += 1
+            watch.backends = self.translator.backends(svc, port, client_ns)
             policy = self.translator.policy(svc, port, client_ns)
             message = policy.SerializeToString(deterministic=True)
             if message == watch.message:
