@@ -51,7 +51,9 @@ $(BENCH_STAMP): pyproject.toml $(STAMP)
 # BENCH_ARGS="--baseline REV" measures REV's proxy too, for the ratio now/then from one run).
 # INSTRUCTIONS_ARGS go to the instruction count (callgrind: what a busy machine cannot skew),
 # e.g. INSTRUCTIONS_ARGS="--baseline REV". bench.instructions_policy counts the meshed pair's
-# server-side proxy with and without an AuthorizationPolicy (root: in a network namespace).
+# server-side proxy with and without an AuthorizationPolicy (root: in a network namespace);
+# bench.instructions_observe the same proxy with no tap, one tap open, access logs on, tracing on,
+# against the proxy before tap landed, with CPU per request under load beside (as root too).
 bench: export PYTHONPATH := $(abspath testing)
 bench: $(STAMP) $(BENCH_STAMP)
 	$(BIN)/python -m bench.certify
@@ -59,6 +61,7 @@ bench: $(STAMP) $(BENCH_STAMP)
 	$(BIN)/python -m bench.attacks
 	$(BIN)/python -m bench.instructions $(INSTRUCTIONS_ARGS)
 	$(BIN)/python -m bench.instructions_policy
+	$(BIN)/python -m bench.instructions_observe
 	$(BIN)/python -m bench.proxy $(BENCH_ARGS)
 
 REGISTRY ?= ghcr.io/meshlet

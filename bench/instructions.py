@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Final
@@ -103,9 +103,13 @@ def h1_requests(port: int, upstream_port: int, count: int) -> None:
         h1_exchange(sock, f"127.0.0.1:{upstream_port}", count)
 
 
-def h1_exchange(sock: socket.socket, authority: str, count: int) -> None:
-    """`count` GETs for `authority` one after the other on `sock`, each answered."""
-    request = f"GET / HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode()
+def h1_exchange(
+    sock: socket.socket, authority: str, count: int, headers: Sequence[tuple[str, str]] = ()
+) -> None:
+    """`count` GETs for `authority` (with `headers`) one after the other on `sock`, each
+    answered."""
+    extra = "".join(f"{name}: {value}\r\n" for name, value in headers)
+    request = f"GET / HTTP/1.1\r\nHost: {authority}\r\n{extra}\r\n".encode()
     for _ in range(count):
         sock.sendall(request)
         got = b""
@@ -121,13 +125,16 @@ def h2_requests(port: int, upstream_port: int, count: int) -> None:
         h2_exchange(sock, f"127.0.0.1:{upstream_port}", count)
 
 
-def h2_exchange(sock: socket.socket, authority: str, count: int) -> None:
-    """`count` GETs for `authority` one after the other on `sock` (h2 prior knowledge)."""
+def h2_exchange(
+    sock: socket.socket, authority: str, count: int, headers: Sequence[tuple[str, str]] = ()
+) -> None:
+    """`count` GETs for `authority` (with `headers`) one after the other on `sock` (h2 prior
+    knowledge)."""
     conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
     conn.initiate_connection()
     sock.sendall(conn.data_to_send())
     headers = [(":method", "GET"), (":scheme", "http"),
-               (":authority", authority), (":path", "/")]  # fmt: skip
+               (":authority", authority), (":path", "/"), *headers]  # fmt: skip
     for _ in range(count):
         sid = conn.get_next_available_stream_id()
         conn.send_headers(sid, headers, end_stream=True)

@@ -24,94 +24,54 @@ network namespace; without root, or without valgrind, it says so and exits 0.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
+import contextlib
 import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Final
 
-from bench import instructions, proxy_evidence, proxy_mesh, proxy_netns, proxy_policy
-from bench.proxy_configs import Ports
-from bench.proxy_launch import MESHLET_ENV
-from bench.proxy_pki import Pki, make_pki
-from bench.proxy_procs import Processes, free_port, wait_for_line, wait_for_ready
+from bench import (
+    instructions,
+    instructions_mesh,
+    proxy_evidence,
+    proxy_mesh,
+    proxy_netns,
+    proxy_policy,
+)
+from bench.instructions_mesh import CLIENTS, Run, ServerProxy, Setting
+from bench.proxy_procs import wait_for_line
 from bench.proxy_report import POLICY_LIMIT
-from meshlet.api.transport_header import SessionProtocol
-from meshlet.api.wellknown import POLICY_API_GROUP, PROXY_ENV_PREFIX, ProxyEnv
+from meshlet.api.wellknown import POLICY_API_GROUP
 
-WARMUP: Final = instructions.WARMUP
-REQUESTS: Final = instructions.REQUESTS
-CONTROL_TIMEOUT: Final = 30.0
-Exchange = Callable[..., None]
-CLIENTS: Final[dict[str, tuple[Exchange, SessionProtocol, str]]] = {
-    # name: (requests on a socket, the transport header's protocol, the Ports field)
-    "HTTP/1.1": (instructions.h1_exchange, SessionProtocol.HTTP1, "h1"),
-    "HTTP/2": (instructions.h2_exchange, SessionProtocol.HTTP2, "h2"),
-}
+WARMUP: Final = instructions_mesh.WARMUP
+REQUESTS: Final = instructions_mesh.REQUESTS
 
 
-class Mesh:
-    """What every count shares: the upstream on the server pod, the control plane, the
-    policy controller and the certificates."""
-
-    def __init__(self, procs: Processes, scratch: Path, upstream: Ports, pki: Pki) -> None:
-        self.procs, self.scratch, self.upstream, self.pki = procs, scratch, upstream, pki
-        self.control = proxy_mesh.start_control_plane(
-            procs, scratch / "mesh", pki, upstream, None, CONTROL_TIMEOUT
-        )
-        self.policy_port = proxy_policy.start_controller(
-            procs, scratch / "mesh", upstream, None, CONTROL_TIMEOUT
-        )
-        self._runs = 0
-
-    def count(self, client: str, policy: bool, n: int) -> int:
-        """Instructions of one server proxy's whole life, serving `n` requests of `client`."""
-        exchange, protocol, field = CLIENTS[client]
-        port = getattr(self.upstream, field)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(PROXY_ENV_PREFIX)}
-        env.update(MESHLET_ENV)
-        env.update(self.control.proxy_env("server"))
-        env[ProxyEnv.LOG] = "info"  # the line saying the policy arrived (none per request)
-        if policy:
-            env.update(proxy_policy.server_env(self.policy_port, self.upstream))
-        self._runs += 1
-        out = self.scratch / f"callgrind.{self._runs}.out"
-        argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
-                sys.executable, "-m", "meshlet.proxy.main"]  # fmt: skip
-        proc, log = self.procs.start(f"server-{self._runs}", argv, env=env)
-        try:
-            admin = proxy_mesh.admin_url("server", "/ready")
-            wait_for_ready(admin, proc, log, instructions.START_TIMEOUT)
-            if policy:  # the proxy's log line (inbound_policy.py) once the Server arrived
-                server = f"server.{POLICY_API_GROUP}/{proxy_policy.policy_name(field)}"
-                line = f"port {port}: policy {server}"
-                wait_for_line(line, proc, log, instructions.START_TIMEOUT)
-            before = _allowed(policy, field)
-            with proxy_policy.mesh_socket(
-                self.pki.client, self.pki.anchors, port, protocol, proxy_mesh.CLIENT_IP
-            ) as sock:
-                sock.settimeout(60)
-                exchange(sock, f"{proxy_mesh.SERVER_IP}:{port}", n)
-            if policy and (why := _not_by_policy(field, _allowed(policy, field) - before, n)):
-                raise RuntimeError(why)
-        finally:
-            proc.terminate()
-            proc.wait(timeout=120)
-            self.procs.stop(proc)
-        return instructions.total(out)
-
-    def per_request(self, client: str, policy: bool, requests: int) -> float:
-        low = self.count(client, policy, WARMUP)
-        high = self.count(client, policy, WARMUP + requests)
-        return (high - low) / requests
+def with_policy(policy_port: int, server: ServerProxy) -> Setting:
+    """The server proxy watching the policy controller; a count stands only if every request
+    was allowed by the AuthorizationPolicy."""
+    return Setting(env=proxy_policy.server_env(policy_port, server.upstream), around=_in_force)
 
 
-def _allowed(policy: bool, field: str) -> float:
-    return proxy_policy.allowed_by_policy(proxy_mesh.metrics("server"), field) if policy else 0.0
+@contextlib.contextmanager
+def _in_force(run: Run) -> Iterator[None]:
+    """Once the proxy logged the Server's policy for the port (inbound_policy.py): the requests;
+    then the proof that the AuthorizationPolicy allowed them all."""
+    server = f"server.{POLICY_API_GROUP}/{proxy_policy.policy_name(run.field)}"
+    line = f"port {run.port}: policy {server}"
+    wait_for_line(line, run.proc, run.log, instructions.START_TIMEOUT)
+    before = _allowed(run.field)
+    yield
+    if why := _not_by_policy(run.field, _allowed(run.field) - before, run.requests):
+        raise RuntimeError(why)
+
+
+def _allowed(field: str) -> float:
+    return proxy_policy.allowed_by_policy(proxy_mesh.metrics("server"), field)
 
 
 def _not_by_policy(field: str, allowed: float, n: int) -> str:
@@ -127,16 +87,16 @@ def measure(requests: int) -> list[tuple[str, float, float]]:
     rows = []
     try:
         with ExitStack() as stack:
-            up = stack.enter_context(instructions.upstream(proxy_mesh.SERVER_IP))
-            upstream = Ports(up[0], up[1], free_port(), free_port())
-            pki = make_pki(scratch / "pki", proxy_mesh.CLIENT_ID, proxy_mesh.SERVER_ID,
-                           dt.datetime.now(dt.UTC))  # fmt: skip
-            procs = stack.enter_context(Processes(scratch))
-            mesh = Mesh(procs, scratch, upstream, pki)
+            server = ServerProxy(stack, scratch)
+            policy_port = proxy_policy.start_controller(
+                server.procs, scratch / "mesh", server.upstream, None,
+                instructions_mesh.CONTROL_TIMEOUT,
+            )  # fmt: skip
+            policy = with_policy(policy_port, server)
             for client in CLIENTS:
                 print(f"{client}, inbound, without and with the policy ...", file=sys.stderr)
-                without = mesh.per_request(client, False, requests)
-                with_ = mesh.per_request(client, True, requests)
+                without = server.per_request(client, Setting(), requests)
+                with_ = server.per_request(client, policy, requests)
                 rows.append((client, without, with_))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -230,7 +230,19 @@ def test_ctrl_c_while_the_mesh_is_built_leaves_nothing(
     plane, six pods), the demo removes what it made, including processes that started as the
     interrupt arrived and were never recorded."""
     argv = [sys.executable, "-m", "meshlet.cli.main", "demo", "--mode", "netns", "--duration", "30"]
-    demo = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    # A test run started in the background (`make test`'s second lane) inherits SIGINT ignored,
+    # and so would the demo: give it a terminal's.
+    def as_from_a_terminal() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    demo = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=as_from_a_terminal)  # fmt: skip
+    state = Path("/run/meshlet-demo/state.json")
+    deadline = time.monotonic() + 60
+    while not state.exists():  # the build has begun (on a busy machine, imports take a while)
+        assert demo.poll() is None and time.monotonic() < deadline, demo.communicate()[0][-3000:]
+        time.sleep(0.02)
     time.sleep(after)
     demo.send_signal(signal.SIGINT)
     out, _ = demo.communicate(timeout=60)
@@ -280,7 +292,8 @@ def test_the_demo_runs_a_meshed_application_store_refuses_an_intruder_and_all_is
     before, during = checks["store_allowed_per_s_before"], checks["store_allowed_per_s_during"]
     assert during > 0.8 * before, checks
     store = summary["workloads"]["store"]
-    assert store["allowed"] >= client["ok"], store
+    # each answered call opened one store connection; the last scrape may precede the last few
+    assert store["allowed"] >= client["ok"] - 5, store
     assert store["denied"] == intruder["refused"] and store["denied_peers"] == [api]
     assert all(summary["workloads"][name]["denied"] == 0 for name in ("web", "api"))
     assert "deny drill:" in summary["caption"]

@@ -4,7 +4,8 @@ grpclib (TLS to the controller, verified by its name), reconnecting with jittere
 `Policies.get(port)` is what the inbound stack reads, per connection and per request: the port's
 current `ServerPolicy`. Until the controller has answered for a port, and for ports it does not
 watch, that is the default policy (`deny` fails closed). When the stream breaks the last policy
-stands; a message that does not decode is logged and skipped, the policy before it kept. Each
+stands; a message that does not decode is logged and skipped, the policy before it kept (the
+loop is `watch.follow`, shared with the destination and outbound streams). Each
 policy published gets a new `version`, so that a connection recomputes what it precomputed only
 when the policy changed.
 """
@@ -18,21 +19,18 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-import h2.exceptions
 from grpclib.client import Channel
 from grpclib.config import Configuration
-from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
 from meshlet.api import inbound_grpc, inbound_pb2
 from meshlet.api.backoff import Backoff
 from meshlet.api.hostport import HostPort
 from meshlet.proxy.core.authz import ServerPolicy
-from meshlet.proxy.discovery.decode import DecodeError
 from meshlet.proxy.discovery.policy_decode import decode_server
+from meshlet.proxy.discovery.watch import StreamStats, Watch, follow
 from meshlet.proxy.tls.contexts import control_client_context
 
 log = logging.getLogger(__name__)
-_BROKEN = (StreamTerminatedError, ProtocolError, OSError, h2.exceptions.H2Error)
 
 
 class Policies:
@@ -83,8 +81,15 @@ class PolicyWatcher:
         self._backoff = backoff
         self._rng = rng or random.Random()
         self.answered: set[int] = set()
-        self.failures = 0
-        self.last_error: str | None = None
+        self.stats = StreamStats()
+
+    @property
+    def failures(self) -> int:
+        return self.stats.failures
+
+    @property
+    def last_error(self) -> str | None:
+        return self.stats.last_error
 
     async def run(self) -> None:
         config = Configuration(ssl_target_name_override=self.server_name)
@@ -99,35 +104,13 @@ class PolicyWatcher:
 
     async def _follow(self, stub: Any, port: int) -> None:
         request = inbound_pb2.PortSpec(workload=self.workload, port=port)
+        source = f"the policy controller at {self.addr}"
+        watch = Watch(stub.WatchPort.open, request, f"WatchPort :{port}", source, log)
         backoff = Backoff(*self._backoff, self._rng)
-        while True:
-            try:
-                async with stub.WatchPort.open() as stream:
-                    await stream.send_message(request, end=True)
-                    while (message := await stream.recv_message()) is not None:
-                        backoff.reset()
-                        self._apply(port, message)
-                problem = "the server ended the stream"
-            except GRPCError as exc:
-                problem = f"{exc.status.name}: {exc.message}"
-            except _BROKEN as exc:
-                problem = f"{type(exc).__name__}: {exc}"
-            self.failures += 1
-            self.last_error = problem
-            delay = backoff.next()
-            level = logging.WARNING if backoff.failures == 1 else logging.DEBUG
-            log.log(level, "WatchPort :%d from the policy controller at %s failed (%s); "
-                    "keeping the port's last policy and retrying in %.2fs",
-                    port, self.addr, problem, delay)  # fmt: skip
-            await asyncio.sleep(delay)
+        async for received in follow(watch, decode_server, backoff, self.stats):
+            self._apply(port, received.value)
 
-    def _apply(self, port: int, message: inbound_pb2.Server) -> None:
-        try:
-            policy = decode_server(message)
-        except DecodeError as exc:
-            log.warning("ignoring a policy for port %d from the policy controller: %s; the "
-                        "port keeps its previous policy", port, exc)  # fmt: skip
-            return
+    def _apply(self, port: int, policy: ServerPolicy) -> None:
         self.answered.add(port)
         current = self.policies.get(port)
         if policy == current:

@@ -76,24 +76,24 @@ def decode_server(msg: inbound_pb2.Server) -> ServerPolicy:
     grpc = False
     if kind == "detect":
         if proto.detect.HasField("timeout"):
-            timeout = _seconds(proto.detect.timeout)
-        routes = _routes(proto.detect.http_routes, server_authzs, _http_match, "HTTP")
+            timeout = duration_seconds(proto.detect.timeout)
+        routes = _routes(proto.detect.http_routes, server_authzs, http_match, "HTTP")
         rate_limit = _rate_limit(proto.detect.http_local_rate_limit) if proto.detect.HasField(
             "http_local_rate_limit") else None  # fmt: skip
     elif kind in ("http1", "http2"):
         spec = proto.http1 if kind == "http1" else proto.http2
-        routes = _routes(spec.routes, server_authzs, _http_match, "HTTP")
+        routes = _routes(spec.routes, server_authzs, http_match, "HTTP")
         rate_limit = _rate_limit(spec.local_rate_limit) if spec.HasField(
             "local_rate_limit") else None  # fmt: skip
     elif kind == "grpc":
-        routes = _routes(proto.grpc.routes, server_authzs, _grpc_match, "gRPC")
+        routes = _routes(proto.grpc.routes, server_authzs, grpc_match, "gRPC")
         grpc = True
     if rate_limit is not None and rate_limit.empty:
         rate_limit = None
     return ServerPolicy(meta, PortProtocol(kind), server_authzs, routes, grpc, rate_limit, timeout)
 
 
-def _seconds(msg: duration_pb2.Duration) -> float:
+def duration_seconds(msg: duration_pb2.Duration) -> float:
     seconds = msg.seconds + msg.nanos / 1e9
     if seconds < 0:
         raise DecodeError("a negative duration")
@@ -178,7 +178,7 @@ def _regex(pattern: str, what: str) -> object:
         raise DecodeError(f"{what} regex {pattern[:80]!r}: {exc}") from None
 
 
-def _hosts(items: Iterable[http_route_pb2.HostMatch]) -> tuple[HostMatch, ...]:
+def host_matches(items: Iterable[http_route_pb2.HostMatch]) -> tuple[HostMatch, ...]:
     out = []
     for item in items:
         kind = item.WhichOneof("match")
@@ -208,7 +208,7 @@ def _header_matches(items: Iterable[http_route_pb2.HeaderMatch]) -> tuple[ValueM
     return tuple(out)
 
 
-def _http_match(msg: http_route_pb2.HttpRouteMatch) -> HttpMatch:
+def http_match(msg: http_route_pb2.HttpRouteMatch) -> HttpMatch:
     path = None
     if msg.HasField("path"):
         kind = msg.path.WhichOneof("kind")
@@ -251,7 +251,7 @@ def _route_authzs(
     return (*_authorizations(items), *server)
 
 
-def _grpc_match(msg: grpc_route_pb2.GrpcRouteMatch) -> GrpcMatch:
+def grpc_match(msg: grpc_route_pb2.GrpcRouteMatch) -> GrpcMatch:
     return GrpcMatch(msg.rpc.service, msg.rpc.method, _header_matches(msg.headers))
 
 
@@ -269,7 +269,7 @@ def _routes(
         meta = _meta(item.metadata)
         rules = tuple(tuple(match(m) for m in rule.matches) for rule in item.rules)
         modifiers = _modifiers(item.rules, meta)
-        routes.append(Route(meta, _hosts(item.hosts), rules,
+        routes.append(Route(meta, host_matches(item.hosts), rules,
                             _route_authzs(item.authorizations, server), modifiers))  # fmt: skip
     if len(routes) > MAX_ROUTES:
         raise DecodeError(f"more than {MAX_ROUTES} routes")

@@ -1,0 +1,102 @@
+"""Follows one server-streaming gRPC call for as long as its consumer wants it: the loop every
+control-plane stream of the proxy shares (destination `Get`/`GetProfile`, inbound `WatchPort`,
+outbound `Watch`).
+
+`follow` yields each message decoded (`Received`, saying whether it opened a new stream, so the
+consumer can replace rather than merge what it built). When a stream breaks or the server ends
+it, the loop waits `Backoff.next()` and opens a new one; the backoff resets once a stream has
+delivered a message. A message that does not decode (DecodeError) is logged and skipped, so the
+consumer keeps what it had: a controller's mistake never replaces a good answer with nothing.
+Only a status the caller names as final (`refuse`) ends the loop, by the exception it maps to.
+The consumer's logger is used, so that each client's lines stay under its own name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncGenerator, Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import h2.exceptions
+from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
+
+from meshlet.api.backoff import Backoff
+from meshlet.proxy.discovery.decode import DecodeError
+
+T = TypeVar("T")
+_IGNORED = "ignoring a message of %s from %s: %s; keeping what it last said"
+BROKEN = (StreamTerminatedError, ProtocolError, OSError, h2.exceptions.H2Error)
+
+
+@dataclass(frozen=True, slots=True)
+class Received(Generic[T]):
+    value: T
+    first: bool  # the first message of a new stream
+
+
+@dataclass(slots=True)
+class StreamStats:
+    """How a client's streams are doing; several streams may share one."""
+
+    active: int = 0  # streams open now
+    failures: int = 0  # streams that broke or could not be opened
+    last_error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Watch:
+    """Where the messages come from and how they are reported. `open` is a grpclib method's
+    `.open` (a new stream per call); `what` names the call in log lines ("WatchPort :8080"),
+    `source` the server ("the policy controller at 10.0.0.1:8090")."""
+
+    open: Callable[[], AbstractAsyncContextManager[Any]]
+    request: Any
+    what: str
+    source: str
+    log: logging.Logger
+
+
+async def follow(
+    watch: Watch,
+    decode: Callable[[Any], T],
+    backoff: Backoff,
+    stats: StreamStats,
+    refuse: Callable[[GRPCError], Exception | None] = lambda _: None,
+) -> AsyncGenerator[Received[T], None]:
+    """Every decoded message of `watch`, across reconnections, until the consumer stops."""
+    while True:
+        first = True
+        try:
+            async with watch.open() as stream:
+                await stream.send_message(watch.request, end=True)
+                stats.active += 1
+                try:
+                    while (message := await stream.recv_message()) is not None:
+                        try:
+                            value = decode(message)
+                        except DecodeError as exc:
+                            watch.log.warning(_IGNORED, watch.what, watch.source, exc)
+                            continue
+                        backoff.reset()
+                        yield Received(value, first)
+                        first = False
+                finally:
+                    stats.active -= 1
+            problem = "the server ended the stream"
+        except GRPCError as exc:
+            final = refuse(exc)
+            if final is not None:
+                raise final from None
+            problem = f"{exc.status.name}: {exc.message}"
+        except BROKEN as exc:
+            problem = f"{type(exc).__name__}: {exc}"
+        stats.failures += 1
+        stats.last_error = problem
+        delay = backoff.next()
+        level = logging.WARNING if backoff.failures == 1 else logging.DEBUG
+        watch.log.log(level, "%s from %s failed (%s); keeping what it last said and retrying in "
+                      "%.2fs", watch.what, watch.source, problem, delay)  # fmt: skip
+        await asyncio.sleep(delay)
