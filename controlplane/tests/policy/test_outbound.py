@@ -568,3 +568,41 @@ def test_cluster_ips_follow_their_service() -> None:
     assert ix.by_ip("10.96.0.1") is None and ix.by_ip("10.96.0.9") is not None
     ix.apply(Delete(Kind.SERVICE, moved))
     assert ix.by_ip("10.96.0.9") is None
+
+
+def test_the_proxy_s_decoder_takes_every_policy_sent() -> None:
+    from meshlet.proxy.discovery.outbound_decode import decode_outbound
+
+    everything = [
+        {"matches": [{"path": {"type": "RegularExpression", "value": "/c/[0-9]+"},
+                      "headers": [{"name": "x-a", "value": "1"}], "method": "GET",
+                      "queryParams": [{"name": "q", "type": "RegularExpression", "value": "a.*"}]}],
+         "filters": [
+             {"type": "RequestHeaderModifier",
+              "requestHeaderModifier": {"set": [{"name": "x-a", "value": "1"}]}},
+             {"type": "ResponseHeaderModifier",
+              "responseHeaderModifier": {"remove": ["x-b"]}}],
+         "backendRefs": [{"name": "web", "port": 80, "weight": 9}, {"name": "gone", "port": 80},
+                         {"name": "web"}],
+         "timeouts": {"request": "1h30m"}},
+        {"filters": [{"type": "RequestRedirect", "requestRedirect": {
+            "scheme": "https", "path": {"type": "ReplaceFullPath", "replaceFullPath": "/x"}}}]},
+    ]  # fmt: skip
+    notes = {W.RETRY_HTTP_ANNOTATION: "5xx,429", W.RETRY_GRPC_ANNOTATION: "unavailable",
+             W.RETRY_TIMEOUT_ANNOTATION: "1s", W.TIMEOUT_RESPONSE_ANNOTATION: "5s",
+             W.FAILURE_ACCRUAL_ANNOTATION: "consecutive"}  # fmt: skip
+    grpc_rules = [{"matches": [{"method": {"service": "a.B", "method": "C"}}],
+                   "backendRefs": [{"name": "gone", "port": 80}]}]  # fmt: skip
+    h2c = service(notes=notes)
+    h2c["spec"]["ports"][0]["appProtocol"] = "kubernetes.io/h2c"
+    policies = [
+        policy(service()),
+        policy(service(notes=notes), http_route(rules=everything)),
+        policy(service(notes=notes), http_route(rules=grpc_rules, kind="GRPCRoute")),
+        policy(h2c, http_route(rules=everything)),
+        policy(service(notes={W.OPAQUE_PORTS_ANNOTATION: "80"})),
+    ]
+    decoded = [decode_outbound(p) for p in policies]  # raises DecodeError on any problem
+    counts = [(len(d.http1), len(d.http2), len(d.grpc), len(d.opaque)) for d in decoded]
+    assert counts == [(1, 1, 0, 1), (1, 1, 0, 1), (0, 0, 1, 0), (0, 1, 0, 0), (0, 0, 0, 1)]
+    assert [len(d.backends) for d in decoded] == [1, 4, 1, 3, 1]

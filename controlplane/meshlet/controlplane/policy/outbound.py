@@ -75,6 +75,9 @@ APP_PROTOCOLS: Final = {
     "meshlet.io/tcp": "opaque",
     "meshlet.io/opaque": "opaque",
 }
+# A gRPC backend that cannot be used fails with UNKNOWN: Linkerd's controller sends code 500,
+# which its proxy reads as the unknown status it is; meshlet's proxy refuses codes beyond 16.
+GRPC_UNKNOWN: Final = 2
 GRPC_RETRY_CONDITIONS: Final = (
     "cancelled",
     "deadline-exceeded",
@@ -833,7 +836,9 @@ class Translator:
         injector = http_route_pb2.HttpFailureInjector(status=500, message=message)
         if route_cls is outbound_pb2.GrpcRoute:
             fault = route_cls.Filter(
-                failure_injector=grpc_route_pb2.GrpcFailureInjector(code=500, message=message)
+                failure_injector=grpc_route_pb2.GrpcFailureInjector(
+                    code=GRPC_UNKNOWN, message=message
+                )
             )
         else:
             fault = route_cls.Filter(failure_injector=injector)
