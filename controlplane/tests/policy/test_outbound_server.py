@@ -3,6 +3,7 @@ over a manifests folder, with TLS from the test CA, asked by grpcio's generic st
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import os
 import subprocess
@@ -63,7 +64,7 @@ def process(test_ca: Any, tmp_path: Path) -> Iterator[Any]:
     try:
         with channel(port, test_ca.anchors_path.read_bytes()) as ch:
             grpc.channel_ready_future(ch).result(timeout=20)
-            yield ch, folder
+            yield ch, folder, port, test_ca.anchors_path.read_text()
     finally:
         proc.terminate()
         _, err = proc.communicate(timeout=10)
@@ -99,7 +100,7 @@ def authority(text: str) -> outbound_pb2.TrafficSpec:
 
 
 def test_watch_sees_a_route_edit_within_a_second(process: Any) -> None:
-    ch, folder = process
+    ch, folder, _, _ = process
     spec = authority(f"web.ns.svc.{wellknown.CLUSTER_DOMAIN}:80")
     stream = watch(ch, spec)
     first = next(stream)
@@ -117,7 +118,7 @@ def test_watch_sees_a_route_edit_within_a_second(process: Any) -> None:
 
 
 def test_get_by_cluster_ip_and_errors(process: Any) -> None:
-    ch, _ = process
+    ch, _, _, _ = process
     ip = net_pb2.IPAddress(ipv4=int(ipaddress.IPv4Address("10.96.0.7")))
     by_addr = get(ch, outbound_pb2.TrafficSpec(
         source_workload=WORKLOAD, addr=net_pb2.TcpAddress(ip=ip, port=80)))  # fmt: skip
@@ -142,3 +143,44 @@ def test_get_by_cluster_ip_and_errors(process: Any) -> None:
         with pytest.raises(grpc.RpcError) as err:
             next(watch(ch, spec))
         assert err.value.code() == code
+
+
+async def test_the_proxy_s_client_follows_an_edit(test_ca: Any, tmp_path: Path) -> None:
+    """The proxy's own outbound client (grpclib, TLS) against the server in this process (a
+    terminated process would wait out its 5 s drain for grpclib's closed TLS connection)."""
+    from meshlet.api.hostport import HostPort
+    from meshlet.controlplane.k8s.events import POLICY_SERVER_KINDS
+    from meshlet.controlplane.k8s.manifests import ManifestsSource
+    from meshlet.controlplane.policy.index import ClusterConfig, parse_networks
+    from meshlet.controlplane.policy.server import PolicyConfig, PolicyServer
+    from meshlet.proxy.discovery.outbound_policy import WatchOutbound
+
+    folder = ManifestsFolder(tmp_path / "manifests")
+    folder.root.mkdir()
+    folder.put("service", service())
+    folder.put("route", route("/api"))
+    cert, key = test_ca.serving_cert(NAME, tmp_path / "tls")
+    source = ManifestsSource(folder.root, kinds=POLICY_SERVER_KINDS, poll_interval=0.1)
+    server = PolicyServer(
+        PolicyConfig(
+            addr=HostPort("127.0.0.1", 0),
+            admin_addr=HostPort("127.0.0.1", 0),
+            source=source,
+            cluster=ClusterConfig(networks=parse_networks("10.0.0.0/8")),
+            tls=(cert, key),
+        )
+    )
+    await server.start()
+    anchors = test_ca.anchors_path.read_text()
+    client = WatchOutbound(HostPort("127.0.0.1", server.grpc_port), NAME, anchors, WORKLOAD)
+    try:
+        stream = client.watch(HostPort("web.ns.svc.cluster.local", 80))
+        first = await asyncio.wait_for(anext(stream), 10)
+        assert first.first and first.value.http1[0].meta.name == "web-route"
+        folder.put("route", route("/v3"))
+        edited = await asyncio.wait_for(anext(stream), 2)
+        assert not edited.first and edited.value != first.value
+        await stream.aclose()
+    finally:
+        await client.aclose()
+        await server.stop(grace=0)
