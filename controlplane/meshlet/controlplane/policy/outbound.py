@@ -708,10 +708,26 @@ def _ordered(routes: list[Route]) -> list[Route]:
 
 @dataclass(slots=True)
 class Space:
-    """One namespace's Services and Service-parented routes."""
+    """One namespace's Services and Service-parented routes, the routes also by the Services
+    they name (namespace, name)."""
 
     services: dict[str, Service] = field(default_factory=dict)
     routes: dict[tuple[Kind, str], Route] = field(default_factory=dict)
+    by_parent: dict[tuple[str, str], dict[tuple[Kind, str], Route]] = field(default_factory=dict)
+
+    def put(self, key: tuple[Kind, str], route: Route) -> None:
+        self.drop(key)
+        self.routes[key] = route
+        for namespace, name, _ in route.parents:
+            self.by_parent.setdefault((namespace, name), {})[key] = route
+
+    def drop(self, key: tuple[Kind, str]) -> None:
+        route = self.routes.pop(key, None)
+        for namespace, name, _ in route.parents if route is not None else ():
+            named = self.by_parent.get((namespace, name), {})
+            named.pop(key, None)
+            if not named:
+                self.by_parent.pop((namespace, name), None)
 
 
 class Translator:
@@ -767,7 +783,7 @@ class Translator:
             [
                 rt
                 for ns in dict.fromkeys((svc.namespace, client_ns or svc.namespace))
-                for rt in (self.spaces.get(ns) or Space()).routes.values()
+                for rt in (self.spaces.get(ns) or Space()).by_parent.get(target, {}).values()
                 if any((n, s) == target and p in (None, port) for n, s, p in rt.parents)
             ]
         )
@@ -1111,19 +1127,19 @@ class OutboundIndex:
             self._by_ip.update((ip, key) for ip in svc.cluster_ips)
             return
         if not _names_a_service(obj):
-            space.routes.pop((kind, name), None)
+            space.drop((kind, name))
             return
         try:
             route = route_of(obj)
         except r.Invalid as exc:
             self._report(kind, namespace, name, exc.problems, "ignored")
-            space.routes.pop((kind, name), None)
+            space.drop((kind, name))
             return
         self._reported.pop((kind, namespace, name), None)
         if route.parents:
-            space.routes[(kind, name)] = route
+            space.put((kind, name), route)
         else:
-            space.routes.pop((kind, name), None)
+            space.drop((kind, name))
 
     def _remove(self, kind: Kind, namespace: str, name: str) -> None:
         space = self.spaces.get(namespace)
@@ -1137,7 +1153,7 @@ class OutboundIndex:
                     for mailbox in self._watches.pop(key).mailboxes:
                         mailbox.close()
             return
-        space.routes.pop((kind, name), None)
+        space.drop((kind, name))
 
     def _forget_ips(self, svc: Service | None) -> None:
         if svc is None:
