@@ -606,3 +606,18 @@ def test_the_proxy_s_decoder_takes_every_policy_sent() -> None:
     counts = [(len(d.http1), len(d.http2), len(d.grpc), len(d.opaque)) for d in decoded]
     assert counts == [(1, 1, 0, 1), (1, 1, 0, 1), (0, 0, 1, 0), (0, 1, 0, 0), (0, 0, 0, 1)]
     assert [len(d.backends) for d in decoded] == [1, 4, 1, 3, 1]
+
+
+def test_a_rule_whose_backends_all_weigh_0_fails_its_requests() -> None:
+    from meshlet.proxy.discovery.outbound_decode import decode_outbound
+
+    zero = [{"name": "web", "port": 80, "weight": 0}, {"name": "b", "port": 80, "weight": 0}]
+    p = policy(service(), http_route(rules=[{"backendRefs": zero}]))
+    (only,) = http_routes(p)[0].rules[0].backends.random_available.backends
+    assert only.weight == 1 and only.backend.filters[0].failure_injector.status == 500
+    assert "weight 0" in only.backend.filters[0].failure_injector.message
+    decode_outbound(p)  # a positive total: the proxy takes it
+    some = [{"name": "web", "port": 80, "weight": 0}, {"name": "web", "port": 80}]
+    kept = policy(service(), http_route(rules=[{"backendRefs": some}]))
+    weights = [b.weight for b in http_routes(kept)[0].rules[0].backends.random_available.backends]
+    assert weights == [0, 1]

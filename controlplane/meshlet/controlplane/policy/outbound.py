@@ -871,9 +871,12 @@ class Translator:
             return D(
                 first_available=D.FirstAvailable(backends=[route_cls.RouteBackend(backend=backend)])
             )
+        backends = rule.backends
+        if not any(b.weight for b in backends):  # the Gateway API: no traffic anywhere, 500s
+            backends = (Backend(1, invalid="every backendRef of the rule has weight 0"),)
         return D(
             random_available=D.RandomAvailable(
-                backends=[self._weighted(b, route_cls) for b in rule.backends]
+                backends=[self._weighted(b, route_cls) for b in backends]
             )
         )
 
