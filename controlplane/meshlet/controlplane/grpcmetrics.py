@@ -18,3 +18,9 @@ class HandledCounter:
 
     def observe(self, grpc_type: str, method: str, code: grpc.StatusCode) -> None:
         self._counter.labels(grpc_type, self._service, method, code.name).inc()
+
+    def for_service(self, service: str) -> HandledCounter:
+        """A counter of another service on the same server, sharing this one's metric."""
+        view = object.__new__(HandledCounter)
+        view._service, view._counter = service, self._counter
+        return view

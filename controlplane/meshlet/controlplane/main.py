@@ -312,8 +312,9 @@ def policy(
     control_plane_namespace: str,
     trust_domain: str,
 ) -> None:
-    """Inbound policy: streams each workload port's authorization policy to proxies."""
-    from meshlet.controlplane.k8s.events import POLICY_KINDS, Source
+    """Inbound and outbound policy: streams each workload port's authorization policy, and each
+    Service port's routes, retries, timeouts and failure accrual, to proxies."""
+    from meshlet.controlplane.k8s.events import POLICY_SERVER_KINDS, Source
     from meshlet.controlplane.policy.index import ClusterConfig, parse_networks
     from meshlet.controlplane.policy.server import PolicyConfig, serve
 
@@ -331,7 +332,7 @@ def policy(
     if problems:
         raise click.UsageError("; ".join(problems))
     setup_logging(log_level)
-    source: Source = cluster_source(manifests, kubeconfig, in_cluster, POLICY_KINDS)
+    source: Source = cluster_source(manifests, kubeconfig, in_cluster, POLICY_SERVER_KINDS)
     config = PolicyConfig(
         addr=addr,
         admin_addr=admin_addr,

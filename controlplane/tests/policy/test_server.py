@@ -18,7 +18,7 @@ import pytest
 
 from meshlet.api import inbound_pb2, inbound_pb2_grpc, wellknown
 from meshlet.api.hostport import HostPort
-from meshlet.controlplane.k8s.events import POLICY_KINDS
+from meshlet.controlplane.k8s.events import POLICY_SERVER_KINDS
 from meshlet.controlplane.k8s.manifests import ManifestsFolder
 from meshlet.controlplane.policy.index import ClusterConfig, parse_networks
 from meshlet.controlplane.policy.server import PolicyConfig, PolicyServer
@@ -174,7 +174,9 @@ async def test_the_kubernetes_source_through_the_fake_api(tmp_path: Path) -> Non
         api.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ns"}})
         api.apply(pod())
         source = KubernetesSource(
-            k8s_client.ApiClient(api.client_configuration()), kinds=POLICY_KINDS, watch_timeout=5
+            k8s_client.ApiClient(api.client_configuration()),
+            kinds=POLICY_SERVER_KINDS,
+            watch_timeout=5,
         )
         config = PolicyConfig(
             addr=HostPort("127.0.0.1", 0),

@@ -85,6 +85,28 @@ WORKLOAD_NS_LABEL: Final = "meshlet.io/workload-ns"
 PROXY_OWNER_LABEL_PREFIX: Final = "meshlet.io/proxy-"  # + <kind>: <owner name>
 # On the control plane's own pods: destination, identity or proxy-injector.
 CONTROL_PLANE_COMPONENT_LABEL: Final = "meshlet.io/control-plane-component"
+# -- outbound policy annotations (Linkerd's retry.linkerd.io, timeout.linkerd.io and
+# balancer.linkerd.io names), on a Service or a route whose parent is a Service.
+RETRY_HTTP_ANNOTATION: Final = "retry.meshlet.io/http"  # 5xx, gateway-error, 503, 500-504
+RETRY_GRPC_ANNOTATION: Final = "retry.meshlet.io/grpc"  # cancelled, unavailable, ...
+RETRY_LIMIT_ANNOTATION: Final = "retry.meshlet.io/limit"
+RETRY_TIMEOUT_ANNOTATION: Final = "retry.meshlet.io/timeout"
+TIMEOUT_REQUEST_ANNOTATION: Final = "timeout.meshlet.io/request"
+TIMEOUT_RESPONSE_ANNOTATION: Final = "timeout.meshlet.io/response"
+TIMEOUT_IDLE_ANNOTATION: Final = "timeout.meshlet.io/idle"
+FAILURE_ACCRUAL_ANNOTATION: Final = "balancer.meshlet.io/failure-accrual"  # consecutive
+FAILURE_ACCRUAL_MAX_FAILURES_ANNOTATION: Final = (
+    "balancer.meshlet.io/failure-accrual-consecutive-max-failures"
+)
+FAILURE_ACCRUAL_MIN_PENALTY_ANNOTATION: Final = (
+    "balancer.meshlet.io/failure-accrual-consecutive-min-penalty"
+)
+FAILURE_ACCRUAL_MAX_PENALTY_ANNOTATION: Final = (
+    "balancer.meshlet.io/failure-accrual-consecutive-max-penalty"
+)
+FAILURE_ACCRUAL_JITTER_RATIO_ANNOTATION: Final = (
+    "balancer.meshlet.io/failure-accrual-consecutive-jitter-ratio"
+)
 
 PROXY_LOG_LEVELS: Final = ("trace", "debug", "info", "warn", "error")
 DEFAULT_OPAQUE_PORTS: Final = frozenset({25, 587, 3306, 4444, 5432, 6379, 9300, 11211})

@@ -73,6 +73,8 @@ POLICY_KINDS: tuple[Kind, ...] = (
     Kind.GATEWAY_GRPC_ROUTE,
     Kind.RATE_LIMIT_POLICY,
 )
+# What the policy controller watches: inbound policy's kinds, and Services for outbound policy.
+POLICY_SERVER_KINDS: tuple[Kind, ...] = (Kind.SERVICE, *POLICY_KINDS)
 
 Object = dict[str, Any]  # a Kubernetes object as JSON
 

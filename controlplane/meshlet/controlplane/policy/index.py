@@ -362,15 +362,17 @@ class Translator:
                 metadata=meta_pb2.Metadata(
                     resource=meta_pb2.Resource(group=rt.group, kind="HTTPRoute", name=rt.meta.name)
                 ),
-                hosts=[_host(h) for h in rt.hostnames],
+                hosts=[host_match(h) for h in rt.hostnames],
                 authorizations=self._route_authzs(
                     ns, pod.namespace, rt.group, "HTTPRoute", rt.meta.name
                 ),
                 rules=[
                     inbound_pb2.HttpRoute.Rule(
-                        matches=[_http_match(m) for m in rule.matches],
+                        matches=[http_match(m) for m in rule.matches],
                         filters=[
-                            inbound_pb2.HttpRoute.Filter(request_header_modifier=_modifier(f))
+                            inbound_pb2.HttpRoute.Filter(
+                                request_header_modifier=request_modifier(f)
+                            )
                             for f in rule.filters
                         ],
                     )
@@ -399,7 +401,7 @@ class Translator:
                 metadata=meta_pb2.Metadata(
                     resource=meta_pb2.Resource(group=rt.group, kind="GRPCRoute", name=rt.meta.name)
                 ),
-                hosts=[_host(h) for h in rt.hostnames],
+                hosts=[host_match(h) for h in rt.hostnames],
                 authorizations=self._route_authzs(
                     ns, namespace, rt.group, "GRPCRoute", rt.meta.name
                 ),
@@ -410,12 +412,14 @@ class Translator:
                                 rpc=grpc_route_pb2.GrpcRpcMatch(
                                     service=m.service or "", method=m.method or ""
                                 ),
-                                headers=[_header_match(h) for h in m.headers],
+                                headers=[header_match(h) for h in m.headers],
                             )
                             for m in rule.matches
                         ],
                         filters=[
-                            inbound_pb2.GrpcRoute.Filter(request_header_modifier=_modifier(f))
+                            inbound_pb2.GrpcRoute.Filter(
+                                request_header_modifier=request_modifier(f)
+                            )
                             for f in rule.filters
                         ],
                     )
@@ -511,7 +515,7 @@ class Translator:
         return networks, identities
 
 
-def _host(host: str) -> http_route_pb2.HostMatch:
+def host_match(host: str) -> http_route_pb2.HostMatch:
     if host.startswith("*."):
         labels = list(reversed(host[2:].split(".")))
         return http_route_pb2.HostMatch(
@@ -520,14 +524,14 @@ def _host(host: str) -> http_route_pb2.HostMatch:
     return http_route_pb2.HostMatch(exact=host)
 
 
-def _header_match(m: r.ValueMatch) -> http_route_pb2.HeaderMatch:
+def header_match(m: r.ValueMatch) -> http_route_pb2.HeaderMatch:
     if m.regex:
         return http_route_pb2.HeaderMatch(name=m.name, regex=m.value)
     return http_route_pb2.HeaderMatch(name=m.name, exact=m.value.encode())
 
 
-def _http_match(m: r.HttpMatch) -> http_route_pb2.HttpRouteMatch:
-    out = http_route_pb2.HttpRouteMatch(headers=[_header_match(h) for h in m.headers])
+def http_match(m: r.HttpMatch) -> http_route_pb2.HttpRouteMatch:
+    out = http_route_pb2.HttpRouteMatch(headers=[header_match(h) for h in m.headers])
     if m.path is not None:
         kind, value = m.path
         field_name = {"Exact": "exact", "PathPrefix": "prefix"}.get(kind, "regex")
@@ -543,7 +547,7 @@ def _http_match(m: r.HttpMatch) -> http_route_pb2.HttpRouteMatch:
     return out
 
 
-def _modifier(f: r.HeaderModifier) -> http_route_pb2.RequestHeaderModifier:
+def request_modifier(f: r.HeaderModifier) -> http_route_pb2.RequestHeaderModifier:
     def headers(pairs: tuple[tuple[str, str], ...]) -> http_types_pb2.Headers:
         return http_types_pb2.Headers(
             headers=[http_types_pb2.Headers.Header(name=n, value=v.encode()) for n, v in pairs]
@@ -683,6 +687,8 @@ class Index:
                 return set()
             ns.annotations = annotations
             return {(name, None)}
+        if kind is Kind.SERVICE:  # outbound policy's (OutboundIndex), not inbound's
+            return set()
         ns = self.namespaces.setdefault(namespace, Namespace())
         if kind is Kind.POD:
             pod = pod_of(obj)

@@ -251,7 +251,7 @@ class Invalid(ValueError):
 # -- checking --------------------------------------------------------------------------------
 
 
-class _Check:
+class Check:
     """Collects problems while reading an object; each reader returns None on a problem."""
 
     def __init__(self) -> None:
@@ -340,7 +340,7 @@ def _show(value: str) -> str:
     return repr(value if len(value) <= 80 else value[:77] + "...")
 
 
-def _meta(c: _Check, obj: Mapping[str, Any]) -> Meta:
+def read_meta(c: Check, obj: Mapping[str, Any]) -> Meta:
     metadata = c.mapping(obj.get("metadata"), "metadata", required=True) or {}
     name = c.string(
         metadata.get("name"),
@@ -361,7 +361,7 @@ def _meta(c: _Check, obj: Mapping[str, Any]) -> Meta:
     return Meta(namespace or "default", name or "", created if isinstance(created, str) else "")
 
 
-def _labels(c: _Check, value: Any, path: str) -> tuple[tuple[str, str], ...]:
+def _labels(c: Check, value: Any, path: str) -> tuple[tuple[str, str], ...]:
     labels = c.mapping(value, path) or {}
     out = []
     for key, val in labels.items():
@@ -372,7 +372,7 @@ def _labels(c: _Check, value: Any, path: str) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(out))
 
 
-def _selector(c: _Check, value: Any, path: str) -> Selector:
+def _selector(c: Check, value: Any, path: str) -> Selector:
     sel = c.mapping(value, path, required=True) or {}
     labels = _labels(c, sel.get("matchLabels"), f"{path}.matchLabels")
     expressions = []
@@ -396,8 +396,8 @@ def _selector(c: _Check, value: Any, path: str) -> Selector:
     return Selector(labels, tuple(expressions))
 
 
-def _ref(
-    c: _Check, value: Any, path: str, *, namespaced: bool, default_group: str = ""
+def read_ref(
+    c: Check, value: Any, path: str, *, namespaced: bool, default_group: str = ""
 ) -> Ref | None:
     ref = c.mapping(value, path, required=True)
     if ref is None:
@@ -425,8 +425,8 @@ def _ref(
 # -- the kinds -------------------------------------------------------------------------------
 
 
-def _server(c: _Check, obj: Mapping[str, Any]) -> Server:
-    meta = _meta(c, obj)
+def _server(c: Check, obj: Mapping[str, Any]) -> Server:
+    meta = read_meta(c, obj)
     labels = _labels(c, (obj.get("metadata") or {}).get("labels"), "metadata.labels")
     spec = c.mapping(obj.get("spec"), "spec", required=True) or {}
     selector = Selector((), ())
@@ -456,10 +456,10 @@ def _server(c: _Check, obj: Mapping[str, Any]) -> Server:
     return Server(meta, labels, selector, port or 0, protocol or "unknown", access or "deny")
 
 
-def _authorization_policy(c: _Check, obj: Mapping[str, Any]) -> AuthorizationPolicy:
-    meta = _meta(c, obj)
+def _authorization_policy(c: Check, obj: Mapping[str, Any]) -> AuthorizationPolicy:
+    meta = read_meta(c, obj)
     spec = c.mapping(obj.get("spec"), "spec", required=True) or {}
-    target = _ref(c, spec.get("targetRef"), "spec.targetRef", namespaced=False)
+    target = read_ref(c, spec.get("targetRef"), "spec.targetRef", namespaced=False)
     if target is not None:
         allowed = (
             target.targets(GROUP, "Server")
@@ -484,7 +484,7 @@ def _authorization_policy(c: _Check, obj: Mapping[str, Any]) -> AuthorizationPol
     path = "spec.requiredAuthenticationRefs"
     refs = []
     for i, item in enumerate(c.array(spec.get(path.split(".")[1]), path, required=True)):
-        ref = _ref(c, item, f"{path}[{i}]", namespaced=True)
+        ref = read_ref(c, item, f"{path}[{i}]", namespaced=True)
         if ref is None:
             continue
         if not (
@@ -528,8 +528,8 @@ def identity_problem(identity: str) -> str | None:
     return None
 
 
-def _meshtls(c: _Check, obj: Mapping[str, Any]) -> MeshTLSAuthentication:
-    meta = _meta(c, obj)
+def _meshtls(c: Check, obj: Mapping[str, Any]) -> MeshTLSAuthentication:
+    meta = read_meta(c, obj)
     spec = c.mapping(obj.get("spec"), "spec", required=True) or {}
     identities = []
     for i, item in enumerate(c.array(spec.get("identities"), "spec.identities")):
@@ -541,7 +541,7 @@ def _meshtls(c: _Check, obj: Mapping[str, Any]) -> MeshTLSAuthentication:
     refs = []
     for i, item in enumerate(c.array(spec.get("identityRefs"), "spec.identityRefs")):
         at = f"spec.identityRefs[{i}]"
-        ref = _ref(c, item, at, namespaced=True)
+        ref = read_ref(c, item, at, namespaced=True)
         if ref is None:
             continue
         if ref.targets("", "Namespace"):
@@ -557,7 +557,7 @@ def _meshtls(c: _Check, obj: Mapping[str, Any]) -> MeshTLSAuthentication:
     return MeshTLSAuthentication(meta, tuple(identities), tuple(refs))
 
 
-def _cidr(c: _Check, value: Any, path: str) -> Network | None:
+def _cidr(c: Check, value: Any, path: str) -> Network | None:
     text = c.string(value, path, required=True, limit=64)
     if text is None:
         return None
@@ -568,8 +568,8 @@ def _cidr(c: _Check, value: Any, path: str) -> Network | None:
         return None
 
 
-def _network_auth(c: _Check, obj: Mapping[str, Any]) -> NetworkAuthentication:
-    meta = _meta(c, obj)
+def _network_auth(c: Check, obj: Mapping[str, Any]) -> NetworkAuthentication:
+    meta = read_meta(c, obj)
     spec = c.mapping(obj.get("spec"), "spec", required=True) or {}
     networks = []
     raw = c.array(spec.get("networks"), "spec.networks", required=True)
@@ -598,13 +598,13 @@ def _network_auth(c: _Check, obj: Mapping[str, Any]) -> NetworkAuthentication:
     return NetworkAuthentication(meta, tuple(networks))
 
 
-def _parents(c: _Check, spec: Mapping[str, Any], meta: Meta) -> tuple[str, ...]:
+def _parents(c: Check, spec: Mapping[str, Any], meta: Meta) -> tuple[str, ...]:
     """The Servers a route attaches to; other parents (Services: outbound) are not inbound's."""
     servers = []
     path = "spec.parentRefs"
     for i, item in enumerate(c.array(spec.get("parentRefs"), path, limit=MAX_PARENT_REFS)):
         at = f"{path}[{i}]"
-        ref = _ref(c, item, at, namespaced=True, default_group=GATEWAY_GROUP)
+        ref = read_ref(c, item, at, namespaced=True, default_group=GATEWAY_GROUP)
         if ref is None or not ref.targets(GROUP, "Server"):
             continue
         entry = item if isinstance(item, Mapping) else {}
@@ -619,7 +619,7 @@ def _parents(c: _Check, spec: Mapping[str, Any], meta: Meta) -> tuple[str, ...]:
     return tuple(servers)
 
 
-def _hostnames(c: _Check, spec: Mapping[str, Any]) -> tuple[str, ...]:
+def read_hostnames(c: Check, spec: Mapping[str, Any]) -> tuple[str, ...]:
     out = []
     for i, item in enumerate(c.array(spec.get("hostnames"), "spec.hostnames", limit=MAX_HOSTNAMES)):
         host = c.string(
@@ -635,15 +635,15 @@ def _hostnames(c: _Check, spec: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _regex(c: _Check, value: str, path: str) -> None:
+def _regex(c: Check, value: str, path: str) -> None:
     try:
         compile_path_regex(value)
     except ValueError as exc:
         c.fail(path, f"{_show(value)} is not an RE2 regular expression ({exc})")
 
 
-def _value_matches(
-    c: _Check, value: Any, path: str, limit: int, header: bool
+def read_value_matches(
+    c: Check, value: Any, path: str, limit: int, header: bool
 ) -> tuple[ValueMatch, ...]:
     out = []
     for i, item in enumerate(c.array(value, path, limit=limit)):
@@ -666,7 +666,7 @@ def _value_matches(
     return tuple(out)
 
 
-def _header_modifier(c: _Check, value: Any, path: str) -> HeaderModifier:
+def read_header_modifier(c: Check, value: Any, path: str) -> HeaderModifier:
     """A RequestHeaderModifier: names as the proxy accepts them (meshlet.api.headers: never the
     proxy's own, a pseudo-header, Host or a framing or hop-by-hop header), each named once per
     list whatever its case (the Gateway API's list key), values without control characters."""
@@ -694,7 +694,7 @@ def _header_modifier(c: _Check, value: Any, path: str) -> HeaderModifier:
     return HeaderModifier(tuple(pairs["add"]), tuple(pairs["set"]), tuple(remove))
 
 
-def _modified_name(c: _Check, value: Any, path: str, seen: set[str]) -> str | None:
+def _modified_name(c: Check, value: Any, path: str, seen: set[str]) -> str | None:
     name = c.string(value, path, required=True, limit=headers.MAX_NAME_LENGTH)
     if name is None:
         return None
@@ -709,7 +709,10 @@ def _modified_name(c: _Check, value: Any, path: str, seen: set[str]) -> str | No
     return name
 
 
-def _filters(c: _Check, value: Any, path: str) -> tuple[HeaderModifier, ...]:
+def _filters(c: Check, value: Any, path: str, outbound: bool = False) -> tuple[HeaderModifier, ...]:
+    """A rule's inbound filters. A route attached to no Server is the outbound policy's
+    (meshlet.controlplane.policy.outbound reads and checks its filters): its other filter
+    types are left to that check."""
     out = []
     for i, item in enumerate(c.array(value, path, limit=MAX_FILTERS)):
         at = f"{path}[{i}]"
@@ -717,10 +720,12 @@ def _filters(c: _Check, value: Any, path: str) -> tuple[HeaderModifier, ...]:
         kind = c.string(entry.get("type"), f"{at}.type", required=True)
         if kind == "RequestHeaderModifier":
             out.append(
-                _header_modifier(
+                read_header_modifier(
                     c, entry.get("requestHeaderModifier"), f"{at}.requestHeaderModifier"
                 )
             )
+        elif outbound:
+            continue
         elif kind is not None:
             c.fail(
                 f"{at}.type",
@@ -729,7 +734,7 @@ def _filters(c: _Check, value: Any, path: str) -> tuple[HeaderModifier, ...]:
     return tuple(out)
 
 
-def _http_match(c: _Check, item: Any, at: str) -> HttpMatch:
+def read_http_match(c: Check, item: Any, at: str) -> HttpMatch:
     entry = c.mapping(item, at, required=True) or {}
     path: tuple[str, str] | None = None
     raw = c.mapping(entry.get("path"), f"{at}.path")
@@ -749,32 +754,40 @@ def _http_match(c: _Check, item: Any, at: str) -> HttpMatch:
         elif not value.startswith("/"):
             c.fail(f"{at}.path.value", f"{_show(value)} is not an absolute path; start it with '/'")
         path = (kind, value)
-    headers = _value_matches(c, entry.get("headers"), f"{at}.headers", MAX_HEADER_MATCHES, True)
-    query = _value_matches(
+    headers = read_value_matches(c, entry.get("headers"), f"{at}.headers", MAX_HEADER_MATCHES, True)
+    query = read_value_matches(
         c, entry.get("queryParams"), f"{at}.queryParams", MAX_QUERY_MATCHES, False
     )
     method = c.string(entry.get("method"), f"{at}.method", choices=HTTP_METHODS)
     return HttpMatch(path, headers, query, method)
 
 
-def _http_route(c: _Check, obj: Mapping[str, Any]) -> HTTPRoute:
-    meta = _meta(c, obj)
+def _http_route(c: Check, obj: Mapping[str, Any]) -> HTTPRoute:
+    meta = read_meta(c, obj)
     spec = c.mapping(obj.get("spec"), "spec", required=True) or {}
+    servers = _parents(c, spec, meta)
+    refs = spec.get("parentRefs")
+    outbound = not any(
+        isinstance(ref, Mapping) and str(ref.get("kind", "")).lower() == "server"
+        for ref in (refs if isinstance(refs, list) else ())
+    )
+    hostnames = read_hostnames(c, spec)
     rules = []
     for i, item in enumerate(c.array(spec.get("rules"), "spec.rules", limit=MAX_RULES)):
         at = f"spec.rules[{i}]"
         rule = c.mapping(item, at, required=True) or {}
         matches = tuple(
-            _http_match(c, m, f"{at}.matches[{j}]")
+            read_http_match(c, m, f"{at}.matches[{j}]")
             for j, m in enumerate(c.array(rule.get("matches"), f"{at}.matches", limit=MAX_MATCHES))
         )
-        rules.append(HttpRule(matches, _filters(c, rule.get("filters"), f"{at}.filters")))
+        filters = _filters(c, rule.get("filters"), f"{at}.filters", outbound=outbound)
+        rules.append(HttpRule(matches, filters))
     group = str(obj.get("apiVersion", "")).split("/")[0]
-    return HTTPRoute(meta, group, _parents(c, spec, meta), _hostnames(c, spec), tuple(rules))
+    return HTTPRoute(meta, group, servers, hostnames, tuple(rules))
 
 
-def _grpc_route(c: _Check, obj: Mapping[str, Any]) -> GRPCRoute:
-    meta = _meta(c, obj)
+def _grpc_route(c: Check, obj: Mapping[str, Any]) -> GRPCRoute:
+    meta = read_meta(c, obj)
     spec = c.mapping(obj.get("spec"), "spec", required=True) or {}
     rules = []
     for i, item in enumerate(c.array(spec.get("rules"), "spec.rules", limit=MAX_RULES)):
@@ -796,19 +809,19 @@ def _grpc_route(c: _Check, obj: Mapping[str, Any]) -> GRPCRoute:
                 method = c.string(raw.get("method"), f"{mat}.method.method", limit=1024)
                 if not service and not method:
                     c.fail(f"{mat}.method", "names neither a service nor a method; give one")
-            headers = _value_matches(
+            headers = read_value_matches(
                 c, entry.get("headers"), f"{mat}.headers", MAX_HEADER_MATCHES, True
             )
             matches.append(GrpcMatch(service or None, method or None, headers))
         rules.append(GrpcRule(tuple(matches), _filters(c, rule.get("filters"), f"{at}.filters")))
     group = str(obj.get("apiVersion", "")).split("/")[0]
-    return GRPCRoute(meta, group, _parents(c, spec, meta), _hostnames(c, spec), tuple(rules))
+    return GRPCRoute(meta, group, _parents(c, spec, meta), read_hostnames(c, spec), tuple(rules))
 
 
-def _rate_limit(c: _Check, obj: Mapping[str, Any]) -> HTTPLocalRateLimitPolicy:
-    meta = _meta(c, obj)
+def _rate_limit(c: Check, obj: Mapping[str, Any]) -> HTTPLocalRateLimitPolicy:
+    meta = read_meta(c, obj)
     spec = c.mapping(obj.get("spec"), "spec", required=True) or {}
-    target = _ref(c, spec.get("targetRef"), "spec.targetRef", namespaced=False)
+    target = read_ref(c, spec.get("targetRef"), "spec.targetRef", namespaced=False)
     if target is not None and not target.targets(GROUP, "Server"):
         c.fail("spec.targetRef", f"{_kind(target)} is not a target; target a Server ({GROUP})")
 
@@ -851,7 +864,7 @@ def _rate_limit(c: _Check, obj: Mapping[str, Any]) -> HTTPLocalRateLimitPolicy:
         for j, ref_obj in enumerate(
             c.array(entry.get("clientRefs"), f"{at}.clientRefs", required=True)
         ):
-            ref = _ref(c, ref_obj, f"{at}.clientRefs[{j}]", namespaced=True)
+            ref = read_ref(c, ref_obj, f"{at}.clientRefs[{j}]", namespaced=True)
             if ref is not None and not ref.targets("", "ServiceAccount"):
                 c.fail(
                     f"{at}.clientRefs[{j}]",
@@ -869,7 +882,7 @@ def _kind(ref: Ref) -> str:
     return f"{ref.kind} ({ref.group or 'core'})"
 
 
-_PARSERS: Final[dict[tuple[str, str], Callable[[_Check, Mapping[str, Any]], Resource]]] = {
+_PARSERS: Final[dict[tuple[str, str], Callable[[Check, Mapping[str, Any]], Resource]]] = {
     (f"{GROUP}/v1beta3", "Server"): _server,
     (f"{GROUP}/v1alpha1", "AuthorizationPolicy"): _authorization_policy,
     (f"{GROUP}/v1alpha1", "MeshTLSAuthentication"): _meshtls,
@@ -892,7 +905,7 @@ def parse(obj: Mapping[str, Any]) -> Resource:
     if parser is None:
         known = ", ".join(f"{kind} {version}" for version, kind in KINDS)
         raise Invalid([f"apiVersion/kind: {key[0]!s} {key[1]!s} is not one of: {known}"])
-    check = _Check()
+    check = Check()
     resource = parser(check, obj)
     if check.problems:
         raise Invalid(check.problems)
@@ -903,7 +916,11 @@ def problems(obj: Mapping[str, Any]) -> list[str]:
     """Every problem of `obj` (a policy resource as JSON), each as `field.path: what to fix`;
     empty when the object is valid. Never raises."""
     try:
-        parse(obj)
+        resource = parse(obj)
+        if isinstance(resource, HTTPRoute | GRPCRoute):
+            from meshlet.controlplane.policy.outbound import route_problems  # it imports this
+
+            return route_problems(obj)
     except Invalid as exc:
         return exc.problems
     except Exception as exc:  # a shape no check foresaw: still an answer, never a crash

@@ -1,5 +1,7 @@
-"""Runs the policy controller: a cluster-state source feeding the index, the
-`io.linkerd.proxy.inbound.InboundServerPolicies` gRPC service, and the admin server."""
+"""Runs the policy controller: a cluster-state source feeding the inbound and outbound indexes,
+the `io.linkerd.proxy.inbound.InboundServerPolicies` and `io.linkerd.proxy.outbound.
+OutboundPolicies` gRPC services on one server (with one set of stream limits), and the admin
+server."""
 
 from __future__ import annotations
 
@@ -15,19 +17,26 @@ from typing import Any
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from meshlet.api import inbound_pb2
+from meshlet.api import inbound_pb2, outbound_pb2, wellknown
 from meshlet.api.admin import AdminServer
 from meshlet.api.hostport import HostPort
 from meshlet.controlplane.cli import serve_until_signalled
 from meshlet.controlplane.grpcmetrics import HandledCounter
 from meshlet.controlplane.k8s.events import Event, Source
 from meshlet.controlplane.policy.index import ClusterConfig, Index, Mailbox
+from meshlet.controlplane.policy.outbound import (
+    OutboundIndex,
+    TargetError,
+    parse_addr,
+    parse_authority,
+)
 from meshlet.controlplane.streaming import StreamingController, StreamLimits, peer_host
 from meshlet.controlplane.supervise import Supervisor
 
 log = logging.getLogger(__name__)
 
 SERVICE = "io.linkerd.proxy.inbound.InboundServerPolicies"
+OUTBOUND_SERVICE = "io.linkerd.proxy.outbound.OutboundPolicies"
 MAX_WORKLOAD = 512  # characters of PortSpec.workload
 
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -65,6 +74,7 @@ class PolicyConfig:
     tls: tuple[Path, Path] | None = None  # (certificate chain, key) PEM files
     max_streams: int = 20_000
     max_streams_per_peer: int = 4_096
+    cluster_domain: str = wellknown.CLUSTER_DOMAIN
 
 
 class PolicyService:
@@ -157,6 +167,124 @@ class PolicyService:
         await context.abort(code, message)
 
 
+Target = tuple[str, str, int, str]  # (namespace, service, port, client namespace)
+
+
+class OutboundService:
+    """Get and Watch of `OutboundPolicies` over the outbound index: a target is a Service's
+    authority (`name.ns.svc.cluster.local:port`) or one of its cluster IPs and a port."""
+
+    def __init__(
+        self,
+        index: OutboundIndex,
+        registry: CollectorRegistry,
+        limits: StreamLimits,
+        handled: HandledCounter,
+    ) -> None:
+        self._index = index
+        self._limits = limits
+        self.handled = handled.for_service(OUTBOUND_SERVICE)
+        self.streams = Gauge(
+            "policy_outbound_watch_streams_active",
+            "Open OutboundPolicies Watch streams.",
+            registry=registry,
+        )
+
+    def _target(self, request: outbound_pb2.TrafficSpec) -> Target | None:
+        """The Service port asked for; None: no such Service (NOT_FOUND); WorkloadError or
+        TargetError: a malformed request (INVALID_ARGUMENT)."""
+        client_ns, _ = parse_workload(request.source_workload)
+        which = request.WhichOneof("target")
+        if which == "authority":
+            found = parse_authority(request.authority, self._index.cluster_domain)
+            return None if found is None else (*found, client_ns)
+        if which == "addr":
+            ip, port = parse_addr(request.addr)
+            svc = self._index.by_ip(ip)
+            return None if svc is None else (svc.namespace, svc.name, port, client_ns)
+        raise TargetError("invalid target: set an authority or an addr")
+
+    async def _resolve(self, request: outbound_pb2.TrafficSpec, context: Context, kind: str,
+                       method: str) -> Target:  # fmt: skip
+        try:
+            target = self._target(request)
+        except (WorkloadError, TargetError) as exc:
+            await self._abort(context, kind, method, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        if target is None or self._index.service(target[0], target[1]) is None:
+            await self._abort(context, kind, method, grpc.StatusCode.NOT_FOUND, "unknown target")
+        assert target is not None
+        return target
+
+    async def Get(self, request: outbound_pb2.TrafficSpec, context: Context) -> bytes:
+        ns, name, port, client_ns = await self._resolve(request, context, "unary", "Get")
+        policy = self._index.get(ns, name, port, client_ns)
+        assert policy is not None
+        self.handled.observe("unary", "Get", grpc.StatusCode.OK)
+        return policy.SerializeToString(deterministic=True)
+
+    async def Watch(self, request: outbound_pb2.TrafficSpec, context: Context) -> None:
+        kind, method = "server_stream", "Watch"
+        ns, name, port, client_ns = await self._resolve(request, context, kind, method)
+        peer = peer_host(context.peer())
+        refusal = self._limits.acquire(peer)
+        if refusal is not None:
+            await self._abort(context, kind, method, grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
+        wakeup = asyncio.Event()
+        mailbox = Mailbox(wakeup.set)
+        try:
+            if not self._index.subscribe(ns, name, port, mailbox, client_ns):
+                await self._abort(
+                    context, kind, method, grpc.StatusCode.NOT_FOUND, "unknown target"
+                )
+            self.streams.inc()
+            try:
+                while True:
+                    message = mailbox.take()
+                    if message is not None:
+                        await context.write(message)
+                        continue
+                    if mailbox.closed:  # the Service is gone: the proxy asks again
+                        break
+                    wakeup.clear()
+                    await wakeup.wait()
+            finally:
+                self.streams.dec()
+        except asyncio.CancelledError:
+            self.handled.observe(kind, method, grpc.StatusCode.CANCELLED)
+            raise
+        finally:
+            self._index.unsubscribe(ns, name, port, mailbox, client_ns)
+            self._limits.release(peer)
+        self.handled.observe(kind, method, grpc.StatusCode.OK)
+
+    async def _abort(
+        self, context: Context, kind: str, method: str, code: grpc.StatusCode, message: str
+    ) -> None:
+        self.handled.observe(kind, method, code)
+        await context.abort(code, message)
+
+
+def outbound_handler(service: OutboundService) -> grpc.GenericRpcHandler:
+    def passthrough(message: bytes) -> bytes:
+        return message
+
+    return grpc.method_handlers_generic_handler(
+        OUTBOUND_SERVICE,
+        {
+            "Get": grpc.unary_unary_rpc_method_handler(
+                service.Get,
+                request_deserializer=outbound_pb2.TrafficSpec.FromString,
+                response_serializer=passthrough,
+            ),
+            "Watch": grpc.unary_stream_rpc_method_handler(
+                service.Watch,
+                request_deserializer=outbound_pb2.TrafficSpec.FromString,
+                response_serializer=passthrough,
+            ),
+        },
+    )
+
+
 def rpc_handler(service: PolicyService) -> grpc.GenericRpcHandler:
     def passthrough(message: bytes) -> bytes:
         return message
@@ -178,11 +306,26 @@ def rpc_handler(service: PolicyService) -> grpc.GenericRpcHandler:
     )
 
 
+class _Either(grpc.GenericRpcHandler):
+    """Both policy services as the one handler the streaming server takes."""
+
+    def __init__(self, *handlers: grpc.GenericRpcHandler) -> None:
+        self._handlers = handlers
+
+    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler[Any, Any] | None:
+        for handler in self._handlers:
+            found = handler.service(details)
+            if found is not None:
+                return found
+        return None
+
+
 class PolicyServer(StreamingController):
     def __init__(self, config: PolicyConfig, registry: CollectorRegistry | None = None) -> None:
         self.config = config
         self.registry = registry or CollectorRegistry()
         self.index = Index(config.cluster)
+        self.outbound = OutboundIndex(config.cluster_domain)
         self.limits = StreamLimits(config.max_streams, config.max_streams_per_peer)
         self._events = Counter(
             "policy_source_events_total",
@@ -193,7 +336,7 @@ class PolicyServer(StreamingController):
         self._invalid = Gauge(
             "policy_invalid_objects", "Objects ignored for their problems.", registry=self.registry
         )
-        self._invalid.set_function(lambda: self.index.invalid)
+        self._invalid.set_function(lambda: self.index.invalid + self.outbound.invalid)
         self._processing = Histogram(
             "policy_event_processing_seconds",
             "From an event reaching the index to every changed watch's mailbox filled.",
@@ -210,13 +353,18 @@ class PolicyServer(StreamingController):
     def apply(self, event: Event) -> None:
         started = time.perf_counter()
         self.index.apply(event)
+        self.outbound.apply(event)
         self._processing.observe(time.perf_counter() - started)
         self._events.labels(event.kind.kind).inc()
 
     async def start(self) -> None:
         cfg = self.config
-        handler = rpc_handler(PolicyService(self.index, self.registry, self.limits))
-        await self._serve(handler, cfg.addr, cfg.admin_addr, cfg.tls)
+        inbound = PolicyService(self.index, self.registry, self.limits)
+        handler = rpc_handler(inbound)
+        outbound = outbound_handler(
+            OutboundService(self.outbound, self.registry, self.limits, inbound.handled)
+        )
+        await self._serve(_Either(handler, outbound), cfg.addr, cfg.admin_addr, cfg.tls)
         log.info("policy serving on :%d (admin :%d)", self.grpc_port, self.admin_port)
 
 
