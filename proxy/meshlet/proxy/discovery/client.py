@@ -20,8 +20,6 @@ import random
 from collections.abc import AsyncGenerator, Callable
 from typing import Any, TypeVar
 
-from grpclib.client import Channel
-from grpclib.config import Configuration
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
@@ -31,8 +29,7 @@ from meshlet.api.hostport import HostPort
 from meshlet.proxy.core.endpoints import Update
 from meshlet.proxy.discovery.decode import decode_update
 from meshlet.proxy.discovery.profile import Profile, decode_profile
-from meshlet.proxy.discovery.watch import Received, StreamStats, Watch, follow
-from meshlet.proxy.tls.contexts import control_client_context
+from meshlet.proxy.discovery.watch import ControlChannel, Received, StreamStats, Watch, follow
 
 log = logging.getLogger(__name__)
 
@@ -60,22 +57,12 @@ class DestinationClient:
         backoff: tuple[float, float] = (0.1, 5.0),
         rng: random.Random | None = None,
     ) -> None:
-        if server_name and not trust_anchors_pem:
-            raise ValueError(
-                f"the destination service is verified as {server_name!r} but no trust anchors "
-                "are configured; set MESHLET_PROXY_IDENTITY_TRUST_ANCHORS"
-            )
+        self._control = ControlChannel(addr, server_name, trust_anchors_pem,
+                                       "the destination service")  # fmt: skip
         self.addr = addr
-        self.server_name = server_name or None
-        self._ssl = (
-            control_client_context(trust_anchors_pem) if server_name and trust_anchors_pem else None
-        )
         self._context_token = context_token
         self._backoff = backoff
         self._rng = rng or random.Random()
-        self._channel: Channel | None = None
-        self._stub: Any = None  # the generated grpclib stub is untyped
-        self._closed = False
         self.stats = StreamStats()
 
     @property
@@ -99,27 +86,17 @@ class DestinationClient:
         return self._follow("Get", path, decode_update)
 
     async def aclose(self) -> None:
-        self._closed = True
-        if self._channel is not None:
-            self._channel.close()
-            self._channel = None
-            self._stub = None
+        self._control.close()
 
     def _method(self, name: str) -> Any:
-        if self._closed:
-            raise RuntimeError("the destination client is closed")
-        if self._stub is None:
-            config = Configuration(ssl_target_name_override=self.server_name)
-            self._channel = Channel(*self.addr, ssl=self._ssl, config=config)
-            self._stub = destination_grpc.DestinationStub(self._channel)
-        return getattr(self._stub, name)
+        return getattr(destination_grpc.DestinationStub(self._control.channel()), name)
 
     def _follow(
         self, method: str, path: str, decode: Callable[[Any], T]
     ) -> AsyncGenerator[Received[T], None]:
         request = destination_pb2.GetDestination(path=path, context_token=self._context_token)
-        source = f"the destination service at {self.addr}"
-        watch = Watch(lambda: self._method(method).open(), request, f"{method} {path}", source, log)
+        watch = Watch(lambda: self._method(method).open(), request, f"{method} {path}",
+                      self._control.source, log)  # fmt: skip
         backoff = Backoff(*self._backoff, self._rng)
 
         def refuse(exc: GRPCError) -> Exception | None:

@@ -19,16 +19,12 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-from grpclib.client import Channel
-from grpclib.config import Configuration
-
 from meshlet.api import inbound_grpc, inbound_pb2
 from meshlet.api.backoff import Backoff
 from meshlet.api.hostport import HostPort
 from meshlet.proxy.core.authz import ServerPolicy
 from meshlet.proxy.discovery.policy_decode import decode_server
-from meshlet.proxy.discovery.watch import StreamStats, Watch, follow
-from meshlet.proxy.tls.contexts import control_client_context
+from meshlet.proxy.discovery.watch import ControlChannel, StreamStats, Watch, follow
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +69,8 @@ class PolicyWatcher:
     ) -> None:
         self.policies = policies
         self.addr = addr
-        self.server_name = server_name or None
-        self._ssl = (control_client_context(trust_anchors_pem)
-                     if server_name and trust_anchors_pem else None)  # fmt: skip
+        self._control = ControlChannel(addr, server_name, trust_anchors_pem,
+                                       "the policy controller")  # fmt: skip
         self.workload = workload
         self.ports = ports
         self._backoff = backoff
@@ -92,20 +87,18 @@ class PolicyWatcher:
         return self.stats.last_error
 
     async def run(self) -> None:
-        config = Configuration(ssl_target_name_override=self.server_name)
-        channel = Channel(*self.addr, ssl=self._ssl, config=config)
-        stub = inbound_grpc.InboundServerPoliciesStub(channel)
+        stub = inbound_grpc.InboundServerPoliciesStub(self._control.channel())
         try:
             async with asyncio.TaskGroup() as tasks:
                 for port in self.ports:
                     tasks.create_task(self._follow(stub, port), name=f"policy watch :{port}")
         finally:
-            channel.close()
+            self._control.close()
 
     async def _follow(self, stub: Any, port: int) -> None:
         request = inbound_pb2.PortSpec(workload=self.workload, port=port)
-        source = f"the policy controller at {self.addr}"
-        watch = Watch(stub.WatchPort.open, request, f"WatchPort :{port}", source, log)
+        watch = Watch(stub.WatchPort.open, request, f"WatchPort :{port}", self._control.source,
+                      log)  # fmt: skip
         backoff = Backoff(*self._backoff, self._rng)
         async for received in follow(watch, decode_server, backoff, self.stats):
             self._apply(port, received.value)

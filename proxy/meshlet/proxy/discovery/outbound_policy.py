@@ -19,16 +19,12 @@ import random
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from grpclib.client import Channel
-from grpclib.config import Configuration
-
 from meshlet.api import addr, outbound_grpc, outbound_pb2
 from meshlet.api.backoff import Backoff
 from meshlet.api.hostport import HostPort
 from meshlet.proxy.core.client_policy import ClientPolicy
 from meshlet.proxy.discovery.outbound_decode import decode_outbound
-from meshlet.proxy.discovery.watch import Received, StreamStats, Watch, follow
-from meshlet.proxy.tls.contexts import control_client_context
+from meshlet.proxy.discovery.watch import ControlChannel, Received, StreamStats, Watch, follow
 
 log = logging.getLogger(__name__)
 
@@ -58,49 +54,28 @@ class WatchOutbound:
         backoff: tuple[float, float] = (0.1, 5.0),
         rng: random.Random | None = None,
     ) -> None:
-        if server_name and not trust_anchors_pem:
-            raise ValueError(
-                f"the policy controller is verified as {server_name!r} but no trust anchors "
-                "are configured; set MESHLET_PROXY_IDENTITY_TRUST_ANCHORS"
-            )
+        self._control = ControlChannel(addr, server_name, trust_anchors_pem,
+                                       "the policy controller")  # fmt: skip
         self.addr = addr
-        self.server_name = server_name or None
-        self._ssl = (
-            control_client_context(trust_anchors_pem) if server_name and trust_anchors_pem else None
-        )
         self.workload = workload
         self._backoff = backoff
         self._rng = rng or random.Random()
-        self._channel: Channel | None = None
-        self._stub: Any = None  # the generated grpclib stub is untyped
-        self._closed = False
         self.stats = StreamStats()
 
     def watch(self, target: HostPort) -> AsyncGenerator[Received[ClientPolicy], None]:
         """Every policy the controller sends for `target`, across reconnections; never ends on
         its own."""
-        source = f"the policy controller at {self.addr}"
         what = f"outbound policy Watch {target}"
         spec = traffic_spec(self.workload, target)
         backoff = Backoff(*self._backoff, self._rng)
-        return follow(Watch(self._open, spec, what, source, log), decode_outbound, backoff,
-                      self.stats)  # fmt: skip
+        watch = Watch(self._open, spec, what, self._control.source, log)
+        return follow(watch, decode_outbound, backoff, self.stats)
 
     async def aclose(self) -> None:
-        self._closed = True
-        if self._channel is not None:
-            self._channel.close()
-            self._channel = None
-            self._stub = None
+        self._control.close()
 
     def _open(self) -> Any:
-        if self._closed:
-            raise RuntimeError("the outbound policy client is closed")
-        if self._stub is None:
-            config = Configuration(ssl_target_name_override=self.server_name)
-            self._channel = Channel(*self.addr, ssl=self._ssl, config=config)
-            self._stub = outbound_grpc.OutboundPoliciesStub(self._channel)
-        return self._stub.Watch.open()
+        return outbound_grpc.OutboundPoliciesStub(self._control.channel()).Watch.open()
 
 
 class Followed:

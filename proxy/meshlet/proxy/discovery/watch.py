@@ -21,10 +21,14 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import h2.exceptions
+from grpclib.client import Channel
+from grpclib.config import Configuration
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
 from meshlet.api.backoff import Backoff
+from meshlet.api.hostport import HostPort
 from meshlet.proxy.discovery.decode import DecodeError
+from meshlet.proxy.tls.contexts import control_client_context
 
 T = TypeVar("T")
 _IGNORED = "ignoring a message of %s from %s: %s; keeping what it last said"
@@ -44,6 +48,48 @@ class StreamStats:
     active: int = 0  # streams open now
     failures: int = 0  # streams that broke or could not be opened
     last_error: str | None = None
+
+
+class ControlChannel:
+    """The channel every stream to one control-plane service shares (`what`: "the destination
+    service"), opened at first use: over TLS verified as `server_name` against the trust anchors
+    when a name is given, plaintext when none is. A name without anchors is refused, never
+    quietly plaintext."""
+
+    def __init__(
+        self, addr: HostPort, server_name: str | None, trust_anchors_pem: str | None, what: str
+    ) -> None:
+        if server_name and not trust_anchors_pem:
+            raise ValueError(
+                f"{what} is verified as {server_name!r} but no trust anchors are configured;"
+                " set MESHLET_PROXY_IDENTITY_TRUST_ANCHORS"
+            )
+        self.addr = addr
+        self.what = what
+        self.server_name = server_name or None
+        self._ssl = (
+            control_client_context(trust_anchors_pem) if server_name and trust_anchors_pem else None
+        )
+        self._channel: Channel | None = None
+        self._closed = False
+
+    @property
+    def source(self) -> str:
+        return f"{self.what} at {self.addr}"
+
+    def channel(self) -> Channel:
+        if self._closed:
+            raise RuntimeError(f"the client of {self.what} is closed")
+        if self._channel is None:
+            config = Configuration(ssl_target_name_override=self.server_name)
+            self._channel = Channel(*self.addr, ssl=self._ssl, config=config)
+        return self._channel
+
+    def close(self) -> None:
+        self._closed = True
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
 
 
 @dataclass(frozen=True, slots=True)
