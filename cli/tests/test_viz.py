@@ -36,6 +36,7 @@ from meshlet.cli.demo import prometheus as promconf
 from meshlet.cli.demo.topology import Layout, Mode, Pod
 from meshlet_testing import grafana, injectorproc, workloads
 from meshlet_testing.podmesh import CONTROL_PLANE, NS, PodMesh, PodSpec, running
+from meshlet_testing.processes import stop
 
 pytestmark = pytest.mark.netns
 
@@ -142,12 +143,7 @@ def world(
             time.sleep(SETTLE)
             yield mesh, url
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop(proc)
 
 
 def _admission_reviews(injector: injectorproc.Injector) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from meshlet.api import wellknown as wk
+from meshlet_testing.processes import stop
 
 SERVICE = f"{wk.INJECTOR_NAME}.{wk.CONTROL_PLANE_NAMESPACE}.svc"
 
@@ -101,9 +102,4 @@ def started(root: Path) -> Iterator[Injector]:
     try:
         yield Injector(proc, port, admin, anchors)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
