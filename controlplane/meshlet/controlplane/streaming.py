@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter as Tally
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -83,14 +85,14 @@ class StreamingController:
 
     async def _serve(
         self,
-        handler: grpc.GenericRpcHandler,
+        handlers: tuple[grpc.GenericRpcHandler, ...],
         addr: HostPort,
         admin_addr: HostPort,
         tls: tuple[Path, Path] | None,
     ) -> None:
         self._supervising = asyncio.create_task(self.supervisor.run())
         self._grpc = streaming_server(self.limits)
-        self._grpc.add_generic_rpc_handlers((handler,))
+        self._grpc.add_generic_rpc_handlers(handlers)
         credentials = None
         if tls is not None:
             chain, key = (path.read_bytes() for path in tls)
@@ -111,3 +113,34 @@ class StreamingController:
             self._supervising.cancel()
             await asyncio.gather(self._supervising, return_exceptions=True)
         await self._admin.close()
+
+
+def passthrough_handler(
+    service: str,
+    request_type: Any,
+    unary: Mapping[str, Callable[..., Any]],
+    streaming: Mapping[str, Callable[..., Any]],
+) -> grpc.GenericRpcHandler:
+    """A gRPC service's method handlers (`unary` answer once, `streaming` stream) for requests
+    of `request_type`; the methods hand over responses already serialized (each message is
+    encoded once for every stream that sends it), so the response serializer passes bytes
+    through."""
+
+    def passthrough(message: bytes) -> bytes:
+        return message
+
+    def read(data: bytes) -> Any:
+        return request_type.FromString(data)
+
+    handlers = {
+        name: grpc.unary_unary_rpc_method_handler(
+            method, request_deserializer=read, response_serializer=passthrough
+        )
+        for name, method in unary.items()
+    } | {
+        name: grpc.unary_stream_rpc_method_handler(
+            method, request_deserializer=read, response_serializer=passthrough
+        )
+        for name, method in streaming.items()
+    }
+    return grpc.method_handlers_generic_handler(service, handlers)

@@ -126,7 +126,7 @@ class DestinationServer(StreamingController):
         cfg = self.config
         service = DestinationService(self.publishers, self.metrics, self.limits, cfg.cluster_domain)
         handler = rpc_handler(service)
-        await self._serve(handler, cfg.addr, cfg.admin_addr, cfg.tls)
+        await self._serve((handler,), cfg.addr, cfg.admin_addr, cfg.tls)
         log.info("destination serving on :%d (admin :%d)", self.grpc_port, self.admin_port)
 
 

@@ -15,7 +15,7 @@ from meshlet.controlplane.destination import paths
 from meshlet.controlplane.destination.listener import Overflow
 from meshlet.controlplane.destination.publisher import Publishers, Subscription
 from meshlet.controlplane.grpcmetrics import HandledCounter
-from meshlet.controlplane.streaming import StreamLimits, peer_host
+from meshlet.controlplane.streaming import StreamLimits, passthrough_handler, peer_host
 
 log = logging.getLogger(__name__)
 
@@ -38,23 +38,11 @@ class DestinationMetrics:
 
 
 def rpc_handler(service: DestinationService) -> grpc.GenericRpcHandler:
-    """The service's method handlers. Publishers hand over already-serialized messages, so the
-    response serializer passes bytes through."""
-
-    def passthrough(message: bytes) -> bytes:
-        return message
-
-    return grpc.method_handlers_generic_handler(
-        "io.linkerd.proxy.destination.Destination",
-        {
-            name: grpc.unary_stream_rpc_method_handler(
-                method,
-                request_deserializer=destination_pb2.GetDestination.FromString,
-                response_serializer=passthrough,
-            )
-            for name, method in (("Get", service.Get), ("GetProfile", service.GetProfile))
-        },
-    )
+    """The service's method handlers (publishers hand over already-serialized messages)."""
+    return passthrough_handler(
+        "io.linkerd.proxy.destination.Destination", destination_pb2.GetDestination, {},
+        {"Get": service.Get, "GetProfile": service.GetProfile},
+    )  # fmt: skip
 
 
 class DestinationService(destination_pb2_grpc.DestinationServicer):

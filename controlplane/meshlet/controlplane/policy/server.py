@@ -30,7 +30,12 @@ from meshlet.controlplane.policy.outbound import (
     parse_addr,
     parse_authority,
 )
-from meshlet.controlplane.streaming import StreamingController, StreamLimits, peer_host
+from meshlet.controlplane.streaming import (
+    StreamingController,
+    StreamLimits,
+    passthrough_handler,
+    peer_host,
+)
 from meshlet.controlplane.supervise import Supervisor
 
 log = logging.getLogger(__name__)
@@ -265,59 +270,13 @@ class OutboundService:
 
 
 def outbound_handler(service: OutboundService) -> grpc.GenericRpcHandler:
-    def passthrough(message: bytes) -> bytes:
-        return message
-
-    return grpc.method_handlers_generic_handler(
-        OUTBOUND_SERVICE,
-        {
-            "Get": grpc.unary_unary_rpc_method_handler(
-                service.Get,
-                request_deserializer=outbound_pb2.TrafficSpec.FromString,
-                response_serializer=passthrough,
-            ),
-            "Watch": grpc.unary_stream_rpc_method_handler(
-                service.Watch,
-                request_deserializer=outbound_pb2.TrafficSpec.FromString,
-                response_serializer=passthrough,
-            ),
-        },
-    )
+    return passthrough_handler(OUTBOUND_SERVICE, outbound_pb2.TrafficSpec, {"Get": service.Get},
+                               {"Watch": service.Watch})  # fmt: skip
 
 
 def rpc_handler(service: PolicyService) -> grpc.GenericRpcHandler:
-    def passthrough(message: bytes) -> bytes:
-        return message
-
-    return grpc.method_handlers_generic_handler(
-        SERVICE,
-        {
-            "GetPort": grpc.unary_unary_rpc_method_handler(
-                service.GetPort,
-                request_deserializer=inbound_pb2.PortSpec.FromString,
-                response_serializer=passthrough,
-            ),
-            "WatchPort": grpc.unary_stream_rpc_method_handler(
-                service.WatchPort,
-                request_deserializer=inbound_pb2.PortSpec.FromString,
-                response_serializer=passthrough,
-            ),
-        },
-    )
-
-
-class _Either(grpc.GenericRpcHandler):
-    """Both policy services as the one handler the streaming server takes."""
-
-    def __init__(self, *handlers: grpc.GenericRpcHandler) -> None:
-        self._handlers = handlers
-
-    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler[Any, Any] | None:
-        for handler in self._handlers:
-            found = handler.service(details)
-            if found is not None:
-                return found
-        return None
+    return passthrough_handler(SERVICE, inbound_pb2.PortSpec, {"GetPort": service.GetPort},
+                               {"WatchPort": service.WatchPort})  # fmt: skip
 
 
 class PolicyServer(StreamingController):
@@ -364,7 +323,7 @@ class PolicyServer(StreamingController):
         outbound = outbound_handler(
             OutboundService(self.outbound, self.registry, self.limits, inbound.handled)
         )
-        await self._serve(_Either(handler, outbound), cfg.addr, cfg.admin_addr, cfg.tls)
+        await self._serve((handler, outbound), cfg.addr, cfg.admin_addr, cfg.tls)
         log.info("policy serving on :%d (admin :%d)", self.grpc_port, self.admin_port)
 
 
