@@ -74,6 +74,14 @@ class RouteError(NamedTuple):
     reason: str
 
 
+class Redirection(str):
+    """A RouteError's reason that is where a route redirects the request: the engines answer
+    with it as the `Location` of the local (3xx) response, without an error header. A str, so
+    that it reaches the engines as any reason does."""
+
+    __slots__ = ()
+
+
 class RequestTarget(Protocol):
     """What a request names, as its router needs it: the engines' request heads are ones
     (h1head.RequestHead, h2headers.Request), so routing one costs no copy."""
@@ -351,6 +359,13 @@ class HttpConn:
     shedder: Shedder | None = None
     # Access logs and spans of its requests (None: neither, the default).
     observer: ConnObserver | None = None
+
+
+def location_value(location: str) -> bytes:
+    """A header-safe `Location` value (what is not printable ASCII percent-encoded)."""
+    return "".join(
+        c if 0x21 <= ord(c) <= 0x7E else "".join(f"%{b:02X}" for b in c.encode()) for c in location
+    ).encode("ascii")[:2048]
 
 
 def error_reason(text: str) -> bytes:
