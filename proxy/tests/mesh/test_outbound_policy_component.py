@@ -22,11 +22,12 @@ import sys
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+import grpc
 import h2.config
 import h2.connection
 import h2.events
@@ -41,7 +42,9 @@ API: Final = f"api.{NS}.svc.cluster.local"
 GW: Final = "gateway.networking.k8s.io"
 PODS: Final = {"api": "127.0.0.1", "api-v2": "127.0.0.2", "api-canary": "127.0.0.3"}
 DEADLINE: Final = 10.0  # what holds in milliseconds on an idle machine, on a busy one
-CLUSTER_IPS: Final = {"api": "10.96.7.1", "api-v2": "10.96.7.2", "api-canary": "10.96.7.3"}
+GRPC_PODS: Final = {"rpc": "127.0.0.4", "rpc-v2": "127.0.0.5"}  # gRPC apps
+CLUSTER_IPS: Final = {"api": "10.96.7.1", "api-v2": "10.96.7.2", "api-canary": "10.96.7.3",
+                      "rpc": "10.96.7.4", "rpc-v2": "10.96.7.5"}  # fmt: skip
 
 
 def until(condition: Callable[[], bool], within: float = DEADLINE) -> None:
@@ -120,8 +123,27 @@ async def serve_apps() -> None:
             lambda r, w, pod=pod: _serve(pod, r, w), ip, 0
         )
     ports = {name: server.sockets[0].getsockname()[1] for name, server in servers.items()}
+    rpcs = []
+    for service, ip in GRPC_PODS.items():
+        rpc = grpc.aio.server()
+        pod = f"{service}-1".encode()
+        handler = grpc.unary_unary_rpc_method_handler(_answers(pod))
+        rpc.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+            "test.Echo", {"Ping": handler, "Other": handler, "Broken": handler}),))  # fmt: skip
+        ports[service] = rpc.add_insecure_port(f"{ip}:0")
+        await rpc.start()
+        rpcs.append(rpc)
     print(json.dumps(ports), flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    for rpc in rpcs:
+        await rpc.stop(None)
+
+
+def _answers(pod: bytes) -> Callable[[bytes, Any], Awaitable[bytes]]:
+    async def answer(request: bytes, context: Any) -> bytes:
+        return pod
+
+    return answer
 
 
 # -- the manifests ----------------------------------------------------------------------------
@@ -155,6 +177,29 @@ def api_route(api: int = 90, canary: int = 10) -> dict[str, Any]:
         "metadata": {"name": "api-split", "namespace": NS},
         "spec": {
             "parentRefs": [{"group": "core", "kind": "Service", "name": "api", "port": 80}],
+            "rules": rules,
+        },
+    }
+
+
+def rpc_route() -> dict[str, Any]:
+    """Service rpc's GRPCRoute: test.Echo/Ping to rpc-v2, Broken to a Service that does not
+    exist, the rest to rpc."""
+
+    def method(name: str) -> list[dict[str, Any]]:
+        return [{"method": {"type": "Exact", "service": "test.Echo", "method": name}}]
+
+    rules = [
+        {"matches": method("Ping"), "backendRefs": [backend("rpc-v2")]},
+        {"matches": method("Broken"), "backendRefs": [backend("nowhere")]},
+        {"backendRefs": [backend("rpc")]},
+    ]
+    return {
+        "apiVersion": f"{GW}/v1",
+        "kind": "GRPCRoute",
+        "metadata": {"name": "rpc-split", "namespace": NS},
+        "spec": {
+            "parentRefs": [{"group": "core", "kind": "Service", "name": "rpc", "port": 80}],
             "rules": rules,
         },
     }
@@ -264,12 +309,13 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         assert apps.stdout is not None and apps.stdin is not None
         stack.callback(apps.stdin.close)  # the apps' process ends when its stdin closes
         app_ports = json.loads(apps.stdout.readline())
-        for name, ip in PODS.items():
+        for name, ip in {**PODS, **GRPC_PODS}.items():
             service = objects.service(name, NS, cluster_ip=CLUSTER_IPS[name],
                                       ports=[("http", 80, app_ports[name])])  # fmt: skip
             pod = objects.pod(f"{name}-1", ip, NS, app=name, sa=name, meshed=False)
             folder.put(name, service, pod)
         folder.put("route", api_route())
+        folder.put("grpc-route", rpc_route())
         ports = {name: (free_port(), free_port()) for name in ("destination", "policy")}
         for name, (port, admin) in ports.items():
             _started(stack, [sys.executable, "-m", "meshlet.controlplane.main", name, "--addr",
@@ -381,3 +427,21 @@ def test_no_route_is_404_and_an_unknown_backend_500_with_the_reason(api_policy: 
         # The controller turns a backendRef it cannot resolve into a failure injector
         assert out.split()[1] == "500" and "meshlet-proxy-error: service not found" in out, out
         assert world.get("/v2", http2=http2)["pod"] == "api-v2-1"
+
+
+def test_grpc_methods_are_routed_by_the_grpc_route(world: World) -> None:
+    authority = f"rpc.{NS}.svc.cluster.local"
+    options = [("grpc.default_authority", authority)]
+    with grpc.insecure_channel(f"127.0.0.1:{world.outbound}", options=options) as channel:
+
+        def call(method: str) -> bytes:
+            answer: bytes = channel.unary_unary(f"/test.Echo/{method}")(b"", timeout=5)
+            return answer
+
+        until(lambda: call("Ping") == b"rpc-v2-1")
+        assert {call("Ping") for _ in range(20)} == {b"rpc-v2-1"}
+        assert {call("Other") for _ in range(20)} == {b"rpc-1"}
+        with pytest.raises(grpc.RpcError) as failed:
+            call("Broken")
+        assert failed.value.code() is grpc.StatusCode.UNKNOWN  # the route's code, not 14
+        assert failed.value.details() == "Service not found nowhere"

@@ -82,6 +82,19 @@ class Redirection(str):
     __slots__ = ()
 
 
+class GrpcFailure(str):
+    """A RouteError's reason for a gRPC request that carries the gRPC status to answer with
+    (`code`, e.g. "2"), where the HTTP status alone would say UNAVAILABLE: a route's failure
+    injector names its code. A str, as `Redirection` is."""
+
+    code: str
+
+    def __new__(cls, reason: str, code: int) -> GrpcFailure:
+        made = super().__new__(cls, reason)
+        made.code = str(code)
+        return made
+
+
 class RequestTarget(Protocol):
     """What a request names, as its router needs it: the engines' request heads are ones
     (h1head.RequestHead, h2headers.Request), so routing one costs no copy."""

@@ -21,6 +21,7 @@ from meshlet.proxy.http.contract import (
     MAX_INFORMATIONAL,
     REPLAY_LIMIT,
     Endpoint,
+    GrpcFailure,
     RouteTarget,
     Wait,
 )
@@ -562,7 +563,8 @@ class ProxyStream:
         self.att.answered(self.server.loop.time())
         self.status = 200 if grpc else status
         if grpc and grpc_status is None:
-            grpc_status = grpc_status_of(status)
+            coded = reason.code if isinstance(reason, GrpcFailure) else None
+            grpc_status = coded or grpc_status_of(status)
         self.grpc_status = grpc_status if grpc else None
         self.up_closed = True
         self._drop_request_body()

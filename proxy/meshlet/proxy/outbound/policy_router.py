@@ -50,6 +50,7 @@ from meshlet.proxy.core.route_select import pick, select_grpc, select_http
 from meshlet.proxy.core.routes import RoutePolicy
 from meshlet.proxy.http.contract import (
     Endpoint,
+    GrpcFailure,
     Redirection,
     RequestTarget,
     RouteError,
@@ -122,14 +123,14 @@ class PolicyRouter:
         if selected is None:
             return NO_ROUTE
         rule = selected.target
-        answered = self._answered(rule.filters, rule, request)
+        answered = self._answered(rule.filters, rule, request, grpc)
         if answered is not None:
             return answered
         backend = pick(rule.distribution, self._rng)
         if backend is None:
             return NO_BACKEND
         if backend.filters:
-            answered = self._answered(backend.filters, rule, request)
+            answered = self._answered(backend.filters, rule, request, grpc)
             if answered is not None:
                 return answered
         at = rule.distribution.backends.index(backend)
@@ -149,15 +150,19 @@ class PolicyRouter:
         return policy.http1, False
 
     def _answered(
-        self, filters: tuple[Filter, ...], rule: Rule, request: RequestTarget
+        self, filters: tuple[Filter, ...], rule: Rule, request: RequestTarget, grpc: bool
     ) -> RouteError | None:
-        """The local answer a filter gives the request, if one does."""
+        """The local answer a filter gives the request, if one does (a gRPC route's failure
+        injector names a gRPC code: answered as HTTP 500 carrying it)."""
         for f in filters:
             if isinstance(f, Redirect):
                 return RouteError(f.status, Redirection(location(f, rule, request)))
             if isinstance(f, FailureInjector):
                 if self._rng.randrange(f.denominator) < f.numerator:
-                    return RouteError(f.status, f.message or "failure injected by the route")
+                    why = f.message or "failure injected by the route"
+                    if grpc:
+                        return RouteError(500, GrpcFailure(why, f.status))
+                    return RouteError(f.status, why)
             elif isinstance(f, Forbidden):
                 return RouteError(403, "the route forbids the request")
             elif isinstance(f, Invalid):
