@@ -34,6 +34,7 @@ import h2.events
 import pytest
 
 from meshlet.api import wellknown
+from meshlet.cli.stats import parse
 from meshlet.controlplane.k8s import objects
 from meshlet.controlplane.k8s.manifests import ManifestsFolder
 
@@ -220,7 +221,16 @@ def _ready(port: int) -> bool:
 class World:
     folder: ManifestsFolder
     outbound: int
+    admin: int
     proxy_log: Path
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The sum of the proxy's `name` samples whose labels include `labels`."""
+        url = f"http://127.0.0.1:{self.admin}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            series = parse(response.read().decode())
+        want = set(labels.items())
+        return sum(v for (n, have), v in series.items() if n == name and want <= have)
 
     def curl(
         self, path: str, *options: str, http2: bool = False
@@ -336,7 +346,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         })  # fmt: skip
         for port in (ports["destination"][1], ports["policy"][1], admin):
             until(lambda port=port: _ready(port), within=30)
-        yield World(folder, outbound, root / "proxy.log")
+        yield World(folder, outbound, admin, root / "proxy.log")
 
 
 @pytest.fixture
@@ -380,9 +390,23 @@ def share(pods: Counter[str], pod: str) -> float:
 
 @pytest.mark.parametrize("http2", [False, True], ids=["http1", "http2"])
 def test_two_thousand_requests_split_90_10(api_policy: World, http2: bool) -> None:
+    def counted() -> dict[str, float]:
+        return {
+            backend: api_policy.metric(
+                "outbound_http_route_backend_requests_total", parent_kind="Service",
+                parent_name="api", parent_port="80", route_kind="HTTPRoute",
+                route_name="api-split", backend_name=backend, backend_namespace=NS,
+            )
+            for backend in ("api", "api-canary")
+        }  # fmt: skip
+
+    before = counted()
     pods = api_policy.pods("/split/", 2000, http2=http2)
     assert set(pods) == {"api-1", "api-canary-1"}
     assert abs(share(pods, "api-canary-1") - 0.10) <= 0.03, pods  # binomial sd: 0.7 %
+    after = counted()
+    assert after["api"] - before["api"] == pods["api-1"]
+    assert after["api-canary"] - before["api-canary"] == pods["api-canary-1"]
 
 
 def test_editing_the_weights_moves_the_split_within_a_second(api_policy: World) -> None:
@@ -439,7 +463,10 @@ def test_grpc_methods_are_routed_by_the_grpc_route(world: World) -> None:
             return answer
 
         until(lambda: call("Ping") == b"rpc-v2-1")
+        name, route = "outbound_grpc_route_backend_requests_total", {"route_kind": "GRPCRoute"}
+        before = world.metric(name, backend_name="rpc-v2", **route)
         assert {call("Ping") for _ in range(20)} == {b"rpc-v2-1"}
+        assert world.metric(name, backend_name="rpc-v2", **route) - before == 20
         assert {call("Other") for _ in range(20)} == {b"rpc-1"}
         with pytest.raises(grpc.RpcError) as failed:
             call("Broken")

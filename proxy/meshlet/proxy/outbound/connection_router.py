@@ -202,7 +202,7 @@ class OutboundRouter:
         from meshlet.proxy.outbound.policy_router import PolicyRouter
 
         label = self._metrics.authority_label(str(policy_target(destination)))
-        router = PolicyRouter(mesh, self._session, label)
+        router = PolicyRouter(mesh, self._metrics, self._session, label)
         self._policy_router = (destination, router)
         return router
 

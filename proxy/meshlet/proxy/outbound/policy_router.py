@@ -11,7 +11,9 @@ failure injector answers its share of requests, a Forbidden or Invalid filter an
 backend answer with their status and `meshlet-proxy-error` saying why. The backend is drawn by
 weight per request (`route_select.pick`); a balanced backend's endpoints come from discovery by
 its path, balanced as dst_overrides' services are (`Destinations.pick_backend`). The rule's
-request timeout (else the backend's) is the route's timeout.
+request timeout (else the backend's) is the route's timeout. Each request dispatched to a
+backend is counted as Linkerd 2.16 counts it (`outbound_http_route_backend_requests_total`, or
+`outbound_grpc_...`: the parent Service, the route and the backend as the policy names them).
 
 Not applied (the engines have no hook for them, or they are not built yet): a
 ResponseHeaderModifier, the rule's retries and its response and idle timeouts.
@@ -30,6 +32,7 @@ from meshlet.api.transport_header import SessionProtocol
 from meshlet.proxy.core import authz
 from meshlet.proxy.core.authz import HttpMatch, PathKind
 from meshlet.proxy.core.client_policy import (
+    Backend,
     Balance,
     ClientPolicy,
     Fail,
@@ -38,6 +41,7 @@ from meshlet.proxy.core.client_policy import (
     Forbidden,
     Forward,
     Invalid,
+    PolicyRef,
     Protocol,
     Redirect,
     RequestHeaders,
@@ -61,6 +65,8 @@ from meshlet.proxy.http.contract import (
 if TYPE_CHECKING:
     from meshlet.proxy.core.endpoints import DiscoveredEndpoint
     from meshlet.proxy.discovery.outbound_policy import Followed
+    from meshlet.proxy.io.counters import Counted
+    from meshlet.proxy.metrics import ProxyMetrics
     from meshlet.proxy.outbound.destinations import Destinations
 
 NO_ROUTE: Final = RouteError(404, "no route found for request")  # linkerd2-proxy's words
@@ -97,18 +103,20 @@ class PolicyRouter:
     def __init__(
         self,
         mesh: Destinations,
+        metrics: ProxyMetrics,
         session: SessionProtocol,
         dst: str,
         rng: random.Random | None = None,
     ) -> None:
         self._mesh = mesh
+        self._metrics = metrics
         self._session = session
         self._dst = dst
         self._rng = rng or random.Random()
         self._followed: Followed | None = None
         self._version = -1
         # by (route, rule, backend) index: what requests sent there are routed to
-        self._targets: dict[tuple[int, int, int], RouteTarget | RouteError] = {}
+        self._targets: dict[tuple[int, int, int], tuple[RouteTarget | RouteError, Counted]] = {}
 
     def route(self, followed: Followed, request: RequestTarget) -> RouteTarget | RouteError:
         policy = followed.policy
@@ -135,10 +143,31 @@ class PolicyRouter:
                 return answered
         at = rule.distribution.backends.index(backend)
         key = (selected.route, selected.rule, at)
-        target = self._targets.get(key)
-        if target is None:
-            target = self._targets[key] = self._target(routes[selected.route], rule, backend)
-        return target
+        held = self._targets.get(key)
+        if held is None:
+            route = routes[selected.route]
+            held = self._targets[key] = (
+                self._target(rule, backend),
+                self._counter(policy.meta, route.meta, backend.backend, grpc),
+            )
+        held[1].inc()
+        return held[0]
+
+    def _counter(
+        self, parent: PolicyRef, route: PolicyRef, backend: Backend, grpc: bool
+    ) -> Counted:
+        m = self._metrics
+        family = (
+            m.outbound_grpc_route_backend_requests_total
+            if grpc
+            else m.outbound_http_route_backend_requests_total
+        )
+        b = backend.meta
+        return family.labels(
+            parent.group, parent.kind, parent.namespace, parent.name, str(parent.port or ""),
+            parent.section, route.group, route.kind, route.namespace, route.name,
+            b.group, b.kind, b.namespace, b.name, str(b.port or ""), b.section,
+        )  # fmt: skip
 
     def _routes(
         self, policy: ClientPolicy, request: RequestTarget
@@ -169,7 +198,7 @@ class PolicyRouter:
                 return RouteError(500, f"the route is invalid: {f.message}")
         return None
 
-    def _target(self, route: Route, rule: Rule, backend: RouteBackend) -> RouteTarget | RouteError:
+    def _target(self, rule: Rule, backend: RouteBackend) -> RouteTarget | RouteError:
         dispatch = backend.backend.dispatch
         if isinstance(dispatch, Fail):
             return RouteError(500, f"backend {backend.backend.meta}: {dispatch.message}")
