@@ -4,7 +4,8 @@ HTTP/2 with prior knowledge) sending requests for Service `api` through the prox
 listener (curl's --connect-to: the connection is not redirected, so each request is routed by
 its authority, as iptables-less clients are).
 
-Service `api`'s HTTPRoute sends `/v2` to Service `api-v2` (adding `x-route: v2`), requests
+Service `api`'s HTTPRoute sends `/v2` to Service `api-v2` (adding `x-route: v2` to the request
+and `x-served: v2` to the response), requests
 carrying `x-canary: yes` to `api-canary`, redirects `/old`, and splits the rest 90/10 between
 `api` and `api-canary`. Each service has one unmeshed pod whose app (in this process) answers
 with its pod name, the path and the header fields that reached it.
@@ -162,7 +163,9 @@ def api_route(api: int = 90, canary: int = 10) -> dict[str, Any]:
     rules = [
         {"matches": [{"path": {**prefix, "value": "/v2"}}],
          "filters": [{"type": "RequestHeaderModifier",
-                      "requestHeaderModifier": {"add": [{"name": "x-route", "value": "v2"}]}}],
+                      "requestHeaderModifier": {"add": [{"name": "x-route", "value": "v2"}]}},
+                     {"type": "ResponseHeaderModifier",
+                      "responseHeaderModifier": {"set": [{"name": "x-served", "value": "v2"}]}}],
          "backendRefs": [backend("api-v2")]},
         {"matches": [{"headers": [{"name": "x-canary", "value": "yes"}]}],
          "backendRefs": [backend("api-canary")]},
@@ -365,7 +368,11 @@ def test_the_path_match_goes_to_v2_with_the_rule_s_header(api_policy: World, htt
     seen = api_policy.get("/v2/items?x=1", http2=http2)
     assert (seen["pod"], seen["path"]) == ("api-v2-1", "/v2/items?x=1")
     assert seen["headers"]["x-route"] == "v2"  # the rule's RequestHeaderModifier
+    head = api_policy.curl("/v2/items", "-o", "/dev/null", "-D", "-", http2=http2).stdout
+    assert "\nx-served: v2\n" in head.lower()  # its ResponseHeaderModifier
     assert "x-route" not in api_policy.get("/v1", "-H", "x-canary: yes", http2=http2)["headers"]
+    head = api_policy.curl("/v1", "-o", "/dev/null", "-D", "-", http2=http2).stdout
+    assert "x-served" not in head.lower()
 
 
 @pytest.mark.parametrize("http2", [False, True], ids=["http1", "http2"])

@@ -148,13 +148,15 @@ class RouteTarget(NamedTuple):
     (timeout, retries, classification, `rt_route`), the service's retry budget (None: no
     retries but a connection's), what picks an endpoint for each attempt, and the change the
     route's filters make to the request's headers (None: none; each engine applies it to the
-    head it forwards, once, when the request is routed)."""
+    head it forwards, once, when the request is routed) and to the headers of the response
+    the upstream sends back (not to the proxy's own answers)."""
 
     dst: str
     policy: RoutePolicy
     budget: RetryBudget | None
     endpoints: EndpointPicker
     request_headers: HeaderModifier | None = None
+    response_headers: HeaderModifier | None = None
 
 
 class Router(Protocol):

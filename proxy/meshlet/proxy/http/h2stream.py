@@ -298,7 +298,11 @@ class ProxyStream:
         self._stop_timer()
         self.status = response.status
         self.grpc_status = response.grpc_status
-        if not self._send_head(response.headers, end):
+        route = att.route
+        headers = response.headers
+        if route is not None and route.response_headers is not None:
+            headers = route.response_headers.apply(headers)
+        if not self._send_head(headers, end):
             return
         if end:
             self.resp.ended = self.resp.done = True

@@ -6,7 +6,8 @@ A request takes the best route and rule (`core.route_select`: `select_grpc` for 
 when the policy has gRPC routes, else `select_http` over the routes of the connection's HTTP
 version); none matches: 404, as Linkerd's outbound proxy answers. The rule's filters apply in
 order, then the drawn backend's: a RequestHeaderModifier changes the request the engines forward
-(`RouteTarget.request_headers`), a RequestRedirect is answered here (3xx with `Location`), a
+(`RouteTarget.request_headers`), a ResponseHeaderModifier the response they relay back
+(`response_headers`), a RequestRedirect is answered here (3xx with `Location`), a
 failure injector answers its share of requests, a Forbidden or Invalid filter and a `Fail`
 backend answer with their status and `meshlet-proxy-error` saying why. The backend is drawn by
 weight per request (`route_select.pick`); a balanced backend's endpoints come from discovery by
@@ -15,8 +16,7 @@ request timeout (else the backend's) is the route's timeout. Each request dispat
 backend is counted as Linkerd 2.16 counts it (`outbound_http_route_backend_requests_total`, or
 `outbound_grpc_...`: the parent Service, the route and the backend as the policy names them).
 
-Not applied (the engines have no hook for them, or they are not built yet): a
-ResponseHeaderModifier, the rule's retries and its response and idle timeouts.
+Not applied yet: the rule's retries and its response and idle timeouts.
 
 What a rule leads to is built once per policy version and kept for the connection (a
 RouteTarget per backend): routing a request is a match, a draw and a dict read.
@@ -45,6 +45,7 @@ from meshlet.proxy.core.client_policy import (
     Protocol,
     Redirect,
     RequestHeaders,
+    ResponseHeaders,
     Route,
     RouteBackend,
     Rule,
@@ -202,7 +203,7 @@ class PolicyRouter:
         dispatch = backend.backend.dispatch
         if isinstance(dispatch, Fail):
             return RouteError(500, f"backend {backend.backend.meta}: {dispatch.message}")
-        modifier = _modifier(rule.filters + backend.filters)
+        filters = rule.filters + backend.filters
         timeout = rule.timeouts.request or backend.request_timeout
         endpoints: BackendPicker | ForwardPicker
         if isinstance(dispatch, Balance):
@@ -210,13 +211,19 @@ class PolicyRouter:
         else:
             assert isinstance(dispatch, Forward)
             endpoints = ForwardPicker(self._mesh, dispatch.endpoint, self._session)
-        return RouteTarget(self._dst, RoutePolicy(timeout=timeout), None, endpoints, modifier)
+        return RouteTarget(
+            self._dst, RoutePolicy(timeout=timeout), None, endpoints,
+            _modifier(filters, RequestHeaders), _modifier(filters, ResponseHeaders),
+        )  # fmt: skip
 
 
-def _modifier(filters: tuple[Filter, ...]) -> HeaderModifier | None:
+def _modifier(
+    filters: tuple[Filter, ...], kind: type[RequestHeaders] | type[ResponseHeaders]
+) -> HeaderModifier | None:
+    """The filters of `kind` as one modification, in order; None when there is none."""
     out: HeaderModifier | None = None
     for f in filters:
-        if isinstance(f, RequestHeaders):
+        if isinstance(f, kind):
             out = f.modifier if out is None else out.then(f.modifier)
     return out
 
