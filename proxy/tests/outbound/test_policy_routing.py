@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 import pytest
 
-from meshlet.api import outbound_pb2, outbound_pb2_grpc
+from meshlet.api import outbound_pb2, outbound_pb2_grpc, wellknown
 from meshlet.api.hostport import HostPort
 from meshlet.api.transport_header import SessionProtocol
 from meshlet.controlplane.k8s.events import Kind, Upsert
@@ -68,8 +68,10 @@ class Controller(outbound_pb2_grpc.OutboundPoliciesServicer):
 @pytest.fixture
 async def policies() -> AsyncIterator[tuple[OutboundPolicies, Controller]]:
     index = OutboundIndex()
+    timeouts = {wellknown.TIMEOUT_REQUEST_ANNOTATION: "2s", wellknown.TIMEOUT_IDLE_ANNOTATION: "5s"}
     for name, ip in (("web", "10.96.0.10"), ("web-v2", "10.96.0.11"), ("api", "10.96.0.12")):
-        index.apply(Upsert(Kind.SERVICE, service(name, NS, cluster_ip=ip)))
+        notes = timeouts if name == "web" else None
+        index.apply(Upsert(Kind.SERVICE, service(name, NS, cluster_ip=ip, annotations=notes)))
     index.apply(Upsert(Kind.GATEWAY_HTTP_ROUTE, route("web", "/v2", "web-v2")))
     index.apply(Upsert(Kind.GATEWAY_HTTP_ROUTE, route("api", "/v2", "web-v2")))
     controller = Controller(index)
@@ -93,9 +95,14 @@ async def eventually(condition: Callable[[], bool], within: float = 5.0) -> None
             await asyncio.sleep(0.01)
 
 
-async def endpoint(router: OutboundRouter, path: str) -> Endpoint:
+async def routed(router: OutboundRouter, path: str) -> RouteTarget:
     route = await settle(router.route(Target("10.96.0.10:80", "GET", path)))
     assert isinstance(route, RouteTarget), route
+    return route
+
+
+async def endpoint(router: OutboundRouter, path: str) -> Endpoint:
+    route = await routed(router, path)
     picked = await settle(route.endpoints.pick())
     assert isinstance(picked, Endpoint), picked
     return picked
@@ -123,6 +130,8 @@ async def test_a_redirected_connection_follows_its_service_s_policy(
     await eventually(lambda: (f := followed.follow(target)) is not None and f.policy is not None)
     assert (await endpoint(router, "/v2/a")).addr == HostPort("10.0.0.2", 8080)
     assert (await endpoint(router, "/other")).addr == HostPort("10.0.0.1", 8080)
+    policy = (await routed(router, "/other")).policy  # the Service's timeout annotations
+    assert (policy.timeout, policy.idle_timeout, policy.retryable) == (2.0, 5.0, False)
     assert controller.asked == [f"{fqn('web')}:80"]  # one stream, shared
 
 

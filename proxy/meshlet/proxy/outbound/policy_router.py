@@ -12,11 +12,12 @@ failure injector answers its share of requests, a Forbidden or Invalid filter an
 backend answer with their status and `meshlet-proxy-error` saying why. The backend is drawn by
 weight per request (`route_select.pick`); a balanced backend's endpoints come from discovery by
 its path, balanced as dst_overrides' services are (`Destinations.pick_backend`). The rule's
-request timeout (else the backend's) is the route's timeout. Each request dispatched to a
+request timeout (else the backend's) is the route's timeout, its idle timeout how long a
+request may stay quiet. Each request dispatched to a
 backend is counted as Linkerd 2.16 counts it (`outbound_http_route_backend_requests_total`, or
 `outbound_grpc_...`: the parent Service, the route and the backend as the policy names them).
 
-Not applied yet: the rule's retries and its response and idle timeouts.
+Not applied yet: the rule's retries and its response timeout (of each attempt).
 
 What a rule leads to is built once per policy version and kept for the connection (a
 RouteTarget per backend): routing a request is a match, a draw and a dict read.
@@ -211,8 +212,9 @@ class PolicyRouter:
         else:
             assert isinstance(dispatch, Forward)
             endpoints = ForwardPicker(self._mesh, dispatch.endpoint, self._session)
+        policy = RoutePolicy(timeout=timeout, idle_timeout=rule.timeouts.idle)
         return RouteTarget(
-            self._dst, RoutePolicy(timeout=timeout), None, endpoints,
+            self._dst, policy, None, endpoints,
             _modifier(filters, RequestHeaders), _modifier(filters, ResponseHeaders),
         )  # fmt: skip
 
