@@ -157,3 +157,40 @@ async def test_a_service_profile_with_routes_keeps_the_policy_out(
     await eventually(lambda: (f := followed.follow(target)) is not None and f.policy is not None)
     for _ in range(10):
         assert (await endpoint(router, "/v2/a")).addr == HostPort("10.0.0.3", 8080)
+
+
+async def test_a_service_without_routes_takes_its_default_route(
+    discovery: Discovery, policies: tuple[OutboundPolicies, Controller]
+) -> None:
+    followed, _ = policies
+    discovery.client.service("web-v2", 80, Discovery.endpoint("10.0.0.2"), cluster_ip="10.96.0.11")
+    mesh = discovery.mesh()
+    destination = await mesh.destination(HostPort("10.96.0.11", 80))
+    assert not isinstance(destination, tuple)
+    router = OutboundRouter(
+        mesh, discovery.metrics, SessionProtocol.HTTP1, destination=destination,
+        target=HostPort("10.96.0.11", 80), self_targets=SelfTargets([]), local_ip="10.0.0.7",
+        policies=followed,
+    )  # fmt: skip
+    target = HostPort(fqn("web-v2"), 80)
+    await eventually(lambda: (f := followed.follow(target)) is not None and f.policy is not None)
+    for path in ("/", "/a/b?c=d", "/v2"):
+        assert (await endpoint(router, path)).addr == HostPort("10.0.0.2", 8080)
+    counted = discovery.metrics.registry.get_sample_value(
+        "outbound_http_route_backend_requests_total",
+        {
+            "parent_group": "core",
+            "parent_kind": "Service",
+            "parent_namespace": NS,
+            "parent_name": "web-v2",
+            "parent_port": "80",
+            "route_kind": "default",
+            "route_name": "http",
+            "backend_group": "core",
+            "backend_kind": "Service",
+            "backend_namespace": NS,
+            "backend_name": "web-v2",
+            "backend_port": "80",
+        },
+    )  # the labels left empty are not written
+    assert counted == 3

@@ -52,7 +52,7 @@ from meshlet.proxy.core.client_policy import (
     Rule,
 )
 from meshlet.proxy.core.header_modifier import HeaderModifier
-from meshlet.proxy.core.route_select import pick, select_grpc, select_http
+from meshlet.proxy.core.route_select import Selected, pick, select_grpc, select_http
 from meshlet.proxy.core.routes import RoutePolicy
 from meshlet.proxy.http.contract import (
     Endpoint,
@@ -126,10 +126,13 @@ class PolicyRouter:
         if followed is not self._followed or followed.version != self._version:
             self._followed, self._version, self._targets = followed, followed.version, {}
         routes, grpc = self._routes(policy, request)
-        req = authz.request(
-            request.authority, request.method, request.path, getattr(request, "headers", ())
-        )
-        selected = (select_grpc if grpc else select_http)(routes, req)
+        if len(routes) == 1 and _matches_all(routes[0]):
+            selected: Selected | None = Selected(0, 0, routes[0].rules[0])  # a default route
+        else:
+            req = authz.request(
+                request.authority, request.method, request.path, getattr(request, "headers", ())
+            )
+            selected = (select_grpc if grpc else select_http)(routes, req)
         if selected is None:
             return NO_ROUTE
         rule = selected.target
@@ -217,6 +220,14 @@ class PolicyRouter:
             self._dst, policy, None, endpoints,
             _modifier(filters, RequestHeaders), _modifier(filters, ResponseHeaders),
         )  # fmt: skip
+
+
+def _matches_all(route: Route) -> bool:
+    """The route takes every request with its one rule (the policy's default route)."""
+    if route.hosts or len(route.rules) != 1:
+        return False
+    matches = route.rules[0].matches
+    return not matches or any(m.matches_all for m in matches)
 
 
 def _modifier(
