@@ -72,6 +72,9 @@ async def policies() -> AsyncIterator[tuple[OutboundPolicies, Controller]]:
     for name, ip in (("web", "10.96.0.10"), ("web-v2", "10.96.0.11"), ("api", "10.96.0.12")):
         notes = timeouts if name == "web" else None
         index.apply(Upsert(Kind.SERVICE, service(name, NS, cluster_ip=ip, annotations=notes)))
+    opaque = service("db", NS, cluster_ip="10.96.0.13")
+    opaque["spec"]["ports"][0]["appProtocol"] = "meshlet.io/opaque"
+    index.apply(Upsert(Kind.SERVICE, opaque))
     index.apply(Upsert(Kind.GATEWAY_HTTP_ROUTE, route("web", "/v2", "web-v2")))
     index.apply(Upsert(Kind.GATEWAY_HTTP_ROUTE, route("api", "/v2", "web-v2")))
     controller = Controller(index)
@@ -194,3 +197,24 @@ async def test_a_service_without_routes_takes_its_default_route(
         },
     )  # the labels left empty are not written
     assert counted == 3
+
+
+async def test_http_to_a_port_the_policy_calls_opaque_is_routed_as_without_it(
+    discovery: Discovery, policies: tuple[OutboundPolicies, Controller]
+) -> None:
+    followed, _ = policies
+    discovery.client.service("db", 80, Discovery.endpoint("10.0.0.4"), cluster_ip="10.96.0.13")
+    mesh = discovery.mesh()
+    destination = await mesh.destination(HostPort("10.96.0.13", 80))
+    assert not isinstance(destination, tuple)
+    router = OutboundRouter(
+        mesh, discovery.metrics, SessionProtocol.HTTP1, destination=destination,
+        target=HostPort("10.96.0.13", 80), self_targets=SelfTargets([]), local_ip="10.0.0.7",
+        policies=followed,
+    )  # fmt: skip
+    target = HostPort(fqn("db"), 80)
+    await eventually(lambda: (f := followed.follow(target)) is not None and f.policy is not None)
+    found = followed.follow(target)
+    assert found is not None and found.policy is not None
+    assert not found.policy.http1 and not found.policy.http2  # opaque: no HTTP routes
+    assert (await endpoint(router, "/")).addr == HostPort("10.0.0.4", 8080)  # not a 404

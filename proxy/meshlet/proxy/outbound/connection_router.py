@@ -168,7 +168,9 @@ class OutboundRouter:
         if policies is not None and destination.kind == "service" and not profiled(profile):
             followed = policies.follow(policy_target(destination))
             if followed is not None and followed.policy is not None:
-                return self._by_policy(mesh, destination).route(followed, request)
+                routed = self._by_policy(mesh, destination).route(followed, request)
+                if routed is not None:
+                    return routed
         route = route_for(profile.routes, request.method, request.path) if profile else None
         # Kept for the connection's next requests, until discovery's answer changes.
         known = self._known

@@ -120,12 +120,16 @@ class PolicyRouter:
         # by (route, rule, backend) index: what requests sent there are routed to
         self._targets: dict[tuple[int, int, int], tuple[RouteTarget | RouteError, Counted]] = {}
 
-    def route(self, followed: Followed, request: RequestTarget) -> RouteTarget | RouteError:
+    def route(self, followed: Followed, request: RequestTarget) -> RouteTarget | RouteError | None:
+        """The request's route by the policy; None when the policy has no HTTP routes (an
+        opaque or TLS port, as the controller sees it): the caller routes as without it."""
         policy = followed.policy
         assert policy is not None
         if followed is not self._followed or followed.version != self._version:
             self._followed, self._version, self._targets = followed, followed.version, {}
         routes, grpc = self._routes(policy, request)
+        if not routes:
+            return None
         if len(routes) == 1 and _matches_all(routes[0]):
             selected: Selected | None = Selected(0, 0, routes[0].rules[0])  # a default route
         else:
@@ -177,11 +181,13 @@ class PolicyRouter:
     def _routes(
         self, policy: ClientPolicy, request: RequestTarget
     ) -> tuple[tuple[Route, ...], bool]:
+        """The routes a request may take: gRPC routes for a gRPC request (or any request to a
+        gRPC port); else those of the connection's HTTP version, or of the other one when the
+        port declares only it (an `http` or `h2c` appProtocol)."""
         if policy.grpc and (policy.protocol is Protocol.GRPC or getattr(request, "grpc", False)):
             return policy.grpc, True
-        if self._session is SessionProtocol.HTTP2:
-            return policy.http2, False
-        return policy.http1, False
+        h2 = self._session is SessionProtocol.HTTP2
+        return ((policy.http2 or policy.http1) if h2 else (policy.http1 or policy.http2)), False
 
     def _answered(
         self, filters: tuple[Filter, ...], rule: Rule, request: RequestTarget, grpc: bool
