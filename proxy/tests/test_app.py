@@ -424,3 +424,22 @@ def test_json_logs_are_one_object_per_line_with_controls_escaped() -> None:
     assert record["level"] == "WARNING" and record["logger"] == "meshlet.test"
     assert record["message"] == "sni 'evil\\nINFO forged line'"
     assert plain_line.endswith("host evil\\x0d\\x0aforged\\x1b[31m")
+
+
+def test_outbound_policies_are_followed_only_with_a_policy_controller_and_discovery() -> None:
+    base = {
+        "MESHLET_PROXY_OUTBOUND_LISTEN_ADDR": "127.0.0.1:0",
+        "MESHLET_PROXY_INBOUND_LISTEN_ADDR": "127.0.0.1:0",
+        "MESHLET_PROXY_ADMIN_LISTEN_ADDR": "127.0.0.1:0",
+    }
+    discovery = {"MESHLET_PROXY_DESTINATION_SVC_ADDR": "127.0.0.1:1"}
+    policy = {
+        "MESHLET_PROXY_POLICY_SVC_ADDR": "127.0.0.1:1",
+        "MESHLET_PROXY_POLICY_WORKLOAD": '{"ns":"shop","pod":"web-1"}',
+    }
+    assert Proxy(load({**base, **discovery})).outbound_policies is None  # today's routing
+    assert Proxy(load({**base, **policy})).outbound_policies is None  # nothing to route by
+    followed = Proxy(load({**base, **discovery, **policy})).outbound_policies
+    assert (
+        followed is not None and followed.client.workload == policy["MESHLET_PROXY_POLICY_WORKLOAD"]
+    )

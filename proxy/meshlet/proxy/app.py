@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from meshlet.proxy.http.observe import Observe
     from meshlet.proxy.identity.manager import IdentityManager
     from meshlet.proxy.outbound.destinations import Destinations
+    from meshlet.proxy.outbound.policies import OutboundPolicies
     from meshlet.proxy.tap.server import TapServer
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ class Proxy:
         self.identity = _identity(config, self.metrics)
         self.router = _router(config, self.identity, self.metrics)
         self.policy, self.policy_watcher = _inbound_policy(config, self.metrics)
+        self.outbound_policies = _outbound_policies(config) if self.router is not None else None
         self.shedder = LoadShedder(
             PressureLimits(
                 connections=config.load_shed_connections, streams=config.load_shed_streams,
@@ -133,6 +135,7 @@ class Proxy:
             self.connections, self.router, self_targets=own,
             detect_timeout=cfg.outbound_detect_timeout,
             opaque_ports=cfg.outbound_ports_disable_protocol_detection,
+            policies=self.outbound_policies,
         )  # fmt: skip
         self.inbound = InboundStack(
             self.connections, self.identity, port=inbound_sock.getsockname()[1],
@@ -188,6 +191,8 @@ class Proxy:
         await asyncio.gather(
             *(listener.drain(self.config.shutdown_grace_period) for listener in self.listeners)
         )
+        if self.outbound_policies is not None:
+            await self.outbound_policies.aclose()
         if self.router is not None:
             await self.router.aclose()
         await self.connections.aclose()
@@ -267,6 +272,21 @@ def _inbound_policy(
             settings.workload, settings.ports,
         )  # fmt: skip
     return InboundPolicy(policies.get, metrics), watcher
+
+
+def _outbound_policies(config: ProxyConfig) -> OutboundPolicies | None:
+    """The outbound policies of the services the proxy's traffic targets, when a policy
+    controller is configured (else each service is routed by its ServiceProfile alone)."""
+    settings = config.policy
+    if settings is None:
+        return None
+    from meshlet.proxy.discovery.outbound_policy import WatchOutbound
+    from meshlet.proxy.outbound.policies import OutboundPolicies
+
+    client = WatchOutbound(
+        settings.svc_addr, settings.svc_name, settings.trust_anchors_pem, settings.workload
+    )
+    return OutboundPolicies(client, time.monotonic)
 
 
 class ListenError(OSError):

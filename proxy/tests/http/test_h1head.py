@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from meshlet.proxy.core.header_modifier import compile_modifier
+from meshlet.proxy.http.contract import Redirection
 from meshlet.proxy.http.h1head import (
     Body,
     Rejection,
@@ -304,6 +305,14 @@ def test_local_response_names_the_reason() -> None:
         b"refusedX: injected\n"
     )
     assert b"Connection: keep-alive" in local_response(503, "x", close=False, http10=True)
+
+
+def test_a_redirect_is_answered_with_its_location_and_no_error_header() -> None:
+    where = Redirection("http://api/new?q=é\r\nX: y")
+    assert local_response(301, where, close=False) == (
+        b"HTTP/1.1 301 Moved Permanently\r\nLocation: http://api/new?q=%C3%A9%0D%0AX:%20y\r\n"
+        b"Content-Length: 0\r\n\r\n"
+    )
 
 
 def test_a_routes_filters_rewrite_the_forwarded_head_and_leave_its_framing_alone() -> None:

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from meshlet.proxy.core.header_modifier import compile_modifier
 from meshlet.proxy.http import h2headers
+from meshlet.proxy.http.contract import Redirection
 from meshlet.proxy.http.h2headers import (
     CONNECTION_HEADERS,
     Malformed,
@@ -188,3 +189,8 @@ def test_fields_checked_once_are_remembered_and_bad_ones_never_are() -> None:
     for i in range(h2headers._VALID_ENTRIES + 5):
         assert h2headers._field_error(b"x-n", str(i).encode()) is None
     assert len(h2headers._VALID) <= h2headers._VALID_ENTRIES
+
+
+def test_a_redirect_is_answered_with_its_location() -> None:
+    head = local_response(302, Redirection("http://api/b"), False)
+    assert head == [(b":status", b"302"), (b"location", b"http://api/b"), (b"content-length", b"0")]

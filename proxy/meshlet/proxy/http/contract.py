@@ -74,6 +74,27 @@ class RouteError(NamedTuple):
     reason: str
 
 
+class Redirection(str):
+    """A RouteError's reason that is where a route redirects the request: the engines answer
+    with it as the `Location` of the local (3xx) response, without an error header. A str, so
+    that it reaches the engines as any reason does."""
+
+    __slots__ = ()
+
+
+class GrpcFailure(str):
+    """A RouteError's reason for a gRPC request that carries the gRPC status to answer with
+    (`code`, e.g. "2"), where the HTTP status alone would say UNAVAILABLE: a route's failure
+    injector names its code. A str, as `Redirection` is."""
+
+    code: str
+
+    def __new__(cls, reason: str, code: int) -> GrpcFailure:
+        made = super().__new__(cls, reason)
+        made.code = str(code)
+        return made
+
+
 class RequestTarget(Protocol):
     """What a request names, as its router needs it: the engines' request heads are ones
     (h1head.RequestHead, h2headers.Request), so routing one costs no copy."""
@@ -127,13 +148,15 @@ class RouteTarget(NamedTuple):
     (timeout, retries, classification, `rt_route`), the service's retry budget (None: no
     retries but a connection's), what picks an endpoint for each attempt, and the change the
     route's filters make to the request's headers (None: none; each engine applies it to the
-    head it forwards, once, when the request is routed)."""
+    head it forwards, once, when the request is routed) and to the headers of the response
+    the upstream sends back (not to the proxy's own answers)."""
 
     dst: str
     policy: RoutePolicy
     budget: RetryBudget | None
     endpoints: EndpointPicker
     request_headers: HeaderModifier | None = None
+    response_headers: HeaderModifier | None = None
 
 
 class Router(Protocol):
@@ -351,6 +374,13 @@ class HttpConn:
     shedder: Shedder | None = None
     # Access logs and spans of its requests (None: neither, the default).
     observer: ConnObserver | None = None
+
+
+def location_value(location: str) -> bytes:
+    """A header-safe `Location` value (what is not printable ASCII percent-encoded)."""
+    return "".join(
+        c if 0x21 <= ord(c) <= 0x7E else "".join(f"%{b:02X}" for b in c.encode()) for c in location
+    ).encode("ascii")[:2048]
 
 
 def error_reason(text: str) -> bytes:

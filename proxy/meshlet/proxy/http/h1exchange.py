@@ -574,6 +574,9 @@ class H1Machine:
         if step is not PASS:
             self._retry(ex, step)
             return None
+        route = att.route
+        if route is not None and route.response_headers is not None:
+            head = head._replace(head=modify_head(head.head, route.response_headers))
         ex.response = head
         ex.resp = Resp.STREAMING
         ex.replay = None  # answered: never sent again

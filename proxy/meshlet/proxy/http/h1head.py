@@ -25,7 +25,9 @@ from meshlet.proxy.http.contract import (
     INTERNAL_HEADERS,
     PROXY_ERROR_HEADER,
     PROXY_RESPONSE_HEADERS,
+    Redirection,
     error_reason,
+    location_value,
 )
 
 Header = tuple[bytes, bytes]
@@ -350,7 +352,19 @@ def last_chunk(trailers: Sequence[Header]) -> bytes:
 
 
 def local_response(status: int, reason: str, *, close: bool, http10: bool = False) -> bytes:
-    """A response the proxy answers itself, carrying `meshlet-proxy-error: <reason>`."""
+    """A response the proxy answers itself, carrying `meshlet-proxy-error: <reason>` (or, for
+    a route's redirect, its `Location`)."""
+    if isinstance(reason, Redirection):
+        lines = [
+            b"HTTP/1.1 %d %s" % (status, _REASONS.get(status, b"Redirect")),
+            b"Location: " + location_value(reason),
+            b"Content-Length: 0",
+        ]
+        if close:
+            lines.append(b"Connection: close")
+        elif http10:
+            lines.append(b"Connection: keep-alive")
+        return b"\r\n".join(lines) + b"\r\n\r\n"
     text = error_reason(reason)
     body = text + b"\n"
     lines = [

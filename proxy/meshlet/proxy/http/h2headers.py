@@ -20,7 +20,9 @@ from meshlet.proxy.http.contract import (
     INTERNAL_HEADERS,
     PROXY_ERROR_HEADER,
     PROXY_RESPONSE_HEADERS,
+    Redirection,
     error_reason,
+    location_value,
 )
 
 Header = tuple[bytes, bytes]
@@ -302,6 +304,9 @@ def local_response(
     """The head of a response the proxy answers itself (ends the stream). gRPC clients get a
     trailers-only response (HTTP 200, `grpc-status`: 14 UNAVAILABLE, or 4 DEADLINE_EXCEEDED for
     a timeout) that they understand."""
+    if isinstance(reason, Redirection) and not grpc:
+        return [(b":status", str(status).encode()), (b"location", location_value(reason)),
+                (b"content-length", b"0")]  # fmt: skip
     proxy_error = (PROXY_ERROR_HEADER, error_reason(reason).strip() or b"error")
     if grpc:
         return [

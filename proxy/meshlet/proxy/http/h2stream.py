@@ -21,6 +21,7 @@ from meshlet.proxy.http.contract import (
     MAX_INFORMATIONAL,
     REPLAY_LIMIT,
     Endpoint,
+    GrpcFailure,
     RouteTarget,
     Wait,
 )
@@ -297,7 +298,11 @@ class ProxyStream:
         self._stop_timer()
         self.status = response.status
         self.grpc_status = response.grpc_status
-        if not self._send_head(response.headers, end):
+        route = att.route
+        headers = response.headers
+        if route is not None and route.response_headers is not None:
+            headers = route.response_headers.apply(headers)
+        if not self._send_head(headers, end):
             return
         if end:
             self.resp.ended = self.resp.done = True
@@ -562,7 +567,8 @@ class ProxyStream:
         self.att.answered(self.server.loop.time())
         self.status = 200 if grpc else status
         if grpc and grpc_status is None:
-            grpc_status = grpc_status_of(status)
+            coded = reason.code if isinstance(reason, GrpcFailure) else None
+            grpc_status = coded or grpc_status_of(status)
         self.grpc_status = grpc_status if grpc else None
         self.up_closed = True
         self._drop_request_body()

@@ -7,6 +7,12 @@ not redirected: each request is routed by its authority, through discovery for c
 IP literals, else by DNS). For a service the request is matched to the profile's routes (its
 timeout, retries, classification and `rt_route`), retries are budgeted by the service's retry
 budget, and every attempt is balanced (`Destinations.pick`).
+
+With a policy controller, the service's outbound policy is followed from the connection's (or
+the request's) first look at it (`outbound.policies`). Linkerd's precedence: while the service
+has a ServiceProfile with routes or dst_overrides, the profile routes and the policy is
+ignored; otherwise, once the policy has arrived, each request is routed by it
+(`outbound.policy_router`). Until then requests take the profile's path, never wait for it.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, NamedTuple
 
+from meshlet.api.hostport import HostPort, parse_hostport
 from meshlet.api.transport_header import SessionProtocol
 from meshlet.proxy.authority import by_authority, by_literal
 from meshlet.proxy.core.loops import SelfTargets
@@ -35,6 +42,8 @@ if TYPE_CHECKING:  # discovery is imported only by proxies that use it
     from meshlet.proxy.discovery.profile import Profile
     from meshlet.proxy.discovery.resolver import Destination
     from meshlet.proxy.outbound.destinations import Destinations
+    from meshlet.proxy.outbound.policies import OutboundPolicies
+    from meshlet.proxy.outbound.policy_router import PolicyRouter
 
 _UNKNOWN: Final = RouteError(502, "discovery knows nothing of the request's destination")
 
@@ -110,8 +119,11 @@ class OutboundRouter:
         target: Addr | None = None,
         self_targets: SelfTargets,
         local_ip: str,
+        policies: OutboundPolicies | None = None,
     ) -> None:
         self._mesh = mesh
+        self._policies = policies
+        self._policy_router: tuple[Destination, PolicyRouter] | None = None
         self._metrics = metrics
         self._session = session
         self._destination = destination
@@ -123,6 +135,8 @@ class OutboundRouter:
         if target is not None:
             label = metrics.authority_label(str(target))
             self._fallback = FixedPicker(Endpoint(target, label))
+        if policies is not None and destination is not None and destination.kind == "service":
+            policies.follow(policy_target(destination))  # to arrive before the first request
 
     def route(self, request: RequestTarget) -> RouteTarget | RouteError | Wait:
         mesh = self._mesh
@@ -146,10 +160,17 @@ class OutboundRouter:
         destination: Destination,
         request: RequestTarget,
         authority: str | None = None,
-    ) -> RouteTarget:
+    ) -> RouteTarget | RouteError:
         """The request's route on `destination`; without a redirected target, requests are
         routed by `authority`, which a name lookup falls back to."""
         profile = destination.profile
+        policies = self._policies
+        if policies is not None and destination.kind == "service" and not profiled(profile):
+            followed = policies.follow(policy_target(destination))
+            if followed is not None and followed.policy is not None:
+                routed = self._by_policy(mesh, destination).route(followed, request)
+                if routed is not None:
+                    return routed
         route = route_for(profile.routes, request.method, request.path) if profile else None
         # Kept for the connection's next requests, until discovery's answer changes.
         known = self._known
@@ -175,6 +196,17 @@ class OutboundRouter:
                 DiscoveredPicker(mesh, destination, self._session, fallback),
             )
         return target
+
+    def _by_policy(self, mesh: Destinations, destination: Destination) -> PolicyRouter:
+        held = self._policy_router
+        if held is not None and held[0] is destination:
+            return held[1]
+        from meshlet.proxy.outbound.policy_router import PolicyRouter
+
+        label = self._metrics.authority_label(str(policy_target(destination)))
+        router = PolicyRouter(mesh, self._metrics, self._session, label)
+        self._policy_router = (destination, router)
+        return router
 
     def _by_literal(self, authority: str | None) -> RouteTarget | RouteError | None:
         """Without discovery, an authority that needs no name lookup is routed at once, and
@@ -208,3 +240,18 @@ class OutboundRouter:
         if isinstance(routed, RouteError):
             return routed
         return self._fixed_target(routed)
+
+
+def profiled(profile: Profile | None) -> bool:
+    """The service's ServiceProfile routes its requests (its routes or dst_overrides): then
+    its outbound policy is not used."""
+    return profile is not None and bool(profile.routes or profile.dst_overrides)
+
+
+def policy_target(destination: Destination) -> HostPort:
+    """What the policy controller is asked for a service: its name and port, else the address
+    discovery was asked for."""
+    profile = destination.profile
+    if profile is not None and profile.fqn:
+        return HostPort(profile.fqn, destination.port)
+    return parse_hostport(destination.target)

@@ -192,6 +192,50 @@ class Destinations:
                 return self._fail_fast("the destination service has not reported endpoints")
         return self._balanced(destination, session, after)
 
+    def pick_backend(
+        self, path: str, session: SessionProtocol, after: Endpoint | None = None
+    ) -> Endpoint | RouteError | Wait:
+        """An endpoint of an outbound policy's backend, the service discovery names `path`
+        (`name:port`), balanced as a dst_override's service is (the same balancer); the
+        backend's own profile does not split it further."""
+        destination = self.resolver.known(path)
+        if destination is None or destination.endpoints.status is Status.PENDING:
+            return Wait(self._backend_later, (path, session, after))
+        return self._backend(destination, session, after)
+
+    async def _backend_later(
+        self, args: tuple[str, SessionProtocol, Endpoint | None]
+    ) -> Endpoint | RouteError:
+        path, session, after = args
+        try:
+            destination = await self.resolver.resolve(path)
+        except ResolverFull as exc:
+            return self._fail_fast(str(exc), "discovery_full")
+        except ValueError:
+            return RouteError(500, f"backend {path[:80]!r} is not a name:port")
+        if destination.endpoints.status is Status.PENDING:
+            try:
+                async with asyncio.timeout(ENDPOINTS_WAIT):
+                    await destination.wait_endpoints()
+            except TimeoutError:
+                return self._fail_fast(f"backend {path} has not reported endpoints")
+        return self._backend(destination, session, after)
+
+    def _backend(
+        self, destination: Destination, session: SessionProtocol, after: Endpoint | None
+    ) -> Endpoint | RouteError:
+        picked = self._balanced(destination, session, after)
+        if picked is None:
+            return self._fail_fast(f"discovery knows nothing of backend {destination.target}")
+        return picked
+
+    def reach(
+        self, endpoint: DiscoveredEndpoint, session: SessionProtocol
+    ) -> Endpoint | RouteError:
+        """How a request reaches one endpoint named without discovery (an outbound policy's
+        forward backend): over mTLS when it has an identity, as a discovered one."""
+        return self._reach(endpoint, session, str(endpoint.addr), None)
+
     def _split(self, overrides: tuple[DstOverride, ...]) -> str:
         """An override's authority, drawn by weight (the first when all weigh nothing)."""
         weights = [max(0, o.weight) for o in overrides]

@@ -7,7 +7,8 @@ accepted (io/listener)
     for the connection's life; an opaque port or profile skips detection
   → detected: HTTP/1, HTTP/2, or opaque (core/detect.py, io/listener.py)
   → HTTP: the engine asks `outbound.connection_router.OutboundRouter` for each request's route
-    (profile route, retry budget) and endpoints (balanced per request, reached over mTLS
+    (profile route, retry budget; or the service's outbound policy: outbound/policy_router.py)
+    and endpoints (balanced per request, reached over mTLS
     when meshed: outbound/destinations.py, mesh/outbound.py)
   → opaque: relayed to the endpoint picked for the connection (connections.Connections).
 """
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from meshlet.proxy.discovery.resolver import Destination
     from meshlet.proxy.outbound.connection_router import OutboundRouter
     from meshlet.proxy.outbound.destinations import Destinations
+    from meshlet.proxy.outbound.policies import OutboundPolicies
 
 log = logging.getLogger(__name__)
 DIRECTION = "outbound"
@@ -58,8 +60,10 @@ class OutboundStack:
         self_targets: SelfTargets,
         detect_timeout: float,
         opaque_ports: PortRanges,
+        policies: OutboundPolicies | None = None,
     ) -> None:
         self._conns = connections
+        self._policies = policies
         self._mesh = mesh
         self._timeout = detect_timeout
         self._opaque_ports = opaque_ports
@@ -139,5 +143,5 @@ class OutboundStack:
         return OutboundRouter(
             self._mesh, self._conns.metrics, session, destination=logical.destination,
             target=logical.orig.target, self_targets=self.self_targets,
-            local_ip=accepted.local[0],
+            local_ip=accepted.local[0], policies=self._policies,
         )  # fmt: skip

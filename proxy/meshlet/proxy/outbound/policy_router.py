@@ -1,0 +1,285 @@
+"""How one connection's requests to a service are routed by the service's outbound policy
+(Linkerd's client policy, linkerd2-proxy `outbound/src/http/logical/policy`), once the policy
+controller has answered and no ServiceProfile with routes or dst_overrides claims the service.
+
+A request takes the best route and rule (`core.route_select`: `select_grpc` for a gRPC request
+when the policy has gRPC routes, else `select_http` over the routes of the connection's HTTP
+version); none matches: 404, as Linkerd's outbound proxy answers. The rule's filters apply in
+order, then the drawn backend's: a RequestHeaderModifier changes the request the engines forward
+(`RouteTarget.request_headers`), a ResponseHeaderModifier the response they relay back
+(`response_headers`), a RequestRedirect is answered here (3xx with `Location`), a
+failure injector answers its share of requests, a Forbidden or Invalid filter and a `Fail`
+backend answer with their status and `meshlet-proxy-error` saying why. The backend is drawn by
+weight per request (`route_select.pick`); a balanced backend's endpoints come from discovery by
+its path, balanced as dst_overrides' services are (`Destinations.pick_backend`). The rule's
+request timeout (else the backend's) is the route's timeout, its idle timeout how long a
+request may stay quiet. Each request dispatched to a
+backend is counted as Linkerd 2.16 counts it (`outbound_http_route_backend_requests_total`, or
+`outbound_grpc_...`: the parent Service, the route and the backend as the policy names them).
+
+Not applied yet: the rule's retries and its response timeout (of each attempt).
+
+What a rule leads to is built once per policy version and kept for the connection (a
+RouteTarget per backend): routing a request is a match, a draw and a dict read.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+from meshlet.api.transport_header import SessionProtocol
+from meshlet.proxy.core import authz
+from meshlet.proxy.core.authz import HttpMatch, PathKind
+from meshlet.proxy.core.client_policy import (
+    Backend,
+    Balance,
+    ClientPolicy,
+    Fail,
+    FailureInjector,
+    Filter,
+    Forbidden,
+    Forward,
+    Invalid,
+    PolicyRef,
+    Protocol,
+    Redirect,
+    RequestHeaders,
+    ResponseHeaders,
+    Route,
+    RouteBackend,
+    Rule,
+)
+from meshlet.proxy.core.header_modifier import HeaderModifier
+from meshlet.proxy.core.route_select import Selected, pick, select_grpc, select_http
+from meshlet.proxy.core.routes import RoutePolicy
+from meshlet.proxy.http.contract import (
+    Endpoint,
+    GrpcFailure,
+    Redirection,
+    RequestTarget,
+    RouteError,
+    RouteTarget,
+    Wait,
+)
+
+if TYPE_CHECKING:
+    from meshlet.proxy.core.endpoints import DiscoveredEndpoint
+    from meshlet.proxy.discovery.outbound_policy import Followed
+    from meshlet.proxy.io.counters import Counted
+    from meshlet.proxy.metrics import ProxyMetrics
+    from meshlet.proxy.outbound.destinations import Destinations
+
+NO_ROUTE: Final = RouteError(404, "no route found for request")  # linkerd2-proxy's words
+NO_BACKEND: Final = RouteError(500, "the route has no backends")
+
+
+@dataclass(frozen=True, slots=True)
+class BackendPicker:
+    """Each attempt balanced over the endpoints of the backend discovery names `path`."""
+
+    mesh: Destinations
+    path: str
+    session: SessionProtocol
+
+    def pick(self, after: Endpoint | None = None) -> Endpoint | RouteError | Wait:
+        return self.mesh.pick_backend(self.path, self.session, after)
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardPicker:
+    """The one endpoint of a forward backend."""
+
+    mesh: Destinations
+    endpoint: DiscoveredEndpoint
+    session: SessionProtocol
+
+    def pick(self, after: Endpoint | None = None) -> Endpoint | RouteError:
+        return self.mesh.reach(self.endpoint, self.session)
+
+
+class PolicyRouter:
+    """Routes the requests of one connection to one service by its outbound policy."""
+
+    def __init__(
+        self,
+        mesh: Destinations,
+        metrics: ProxyMetrics,
+        session: SessionProtocol,
+        dst: str,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._mesh = mesh
+        self._metrics = metrics
+        self._session = session
+        self._dst = dst
+        self._rng = rng or random.Random()
+        self._followed: Followed | None = None
+        self._version = -1
+        # by (route, rule, backend) index: what requests sent there are routed to
+        self._targets: dict[tuple[int, int, int], tuple[RouteTarget | RouteError, Counted]] = {}
+
+    def route(self, followed: Followed, request: RequestTarget) -> RouteTarget | RouteError | None:
+        """The request's route by the policy; None when the policy has no HTTP routes (an
+        opaque or TLS port, as the controller sees it): the caller routes as without it."""
+        policy = followed.policy
+        assert policy is not None
+        if followed is not self._followed or followed.version != self._version:
+            self._followed, self._version, self._targets = followed, followed.version, {}
+        routes, grpc = self._routes(policy, request)
+        if not routes:
+            return None
+        if len(routes) == 1 and _matches_all(routes[0]):
+            selected: Selected | None = Selected(0, 0, routes[0].rules[0])  # a default route
+        else:
+            req = authz.request(
+                request.authority, request.method, request.path, getattr(request, "headers", ())
+            )
+            selected = (select_grpc if grpc else select_http)(routes, req)
+        if selected is None:
+            return NO_ROUTE
+        rule = selected.target
+        answered = self._answered(rule.filters, rule, request, grpc)
+        if answered is not None:
+            return answered
+        backend = pick(rule.distribution, self._rng)
+        if backend is None:
+            return NO_BACKEND
+        if backend.filters:
+            answered = self._answered(backend.filters, rule, request, grpc)
+            if answered is not None:
+                return answered
+        at = rule.distribution.backends.index(backend)
+        key = (selected.route, selected.rule, at)
+        held = self._targets.get(key)
+        if held is None:
+            route = routes[selected.route]
+            held = self._targets[key] = (
+                self._target(rule, backend),
+                self._counter(policy.meta, route.meta, backend.backend, grpc),
+            )
+        held[1].inc()
+        return held[0]
+
+    def _counter(
+        self, parent: PolicyRef, route: PolicyRef, backend: Backend, grpc: bool
+    ) -> Counted:
+        m = self._metrics
+        family = (
+            m.outbound_grpc_route_backend_requests_total
+            if grpc
+            else m.outbound_http_route_backend_requests_total
+        )
+        b = backend.meta
+        return family.labels(
+            parent.group, parent.kind, parent.namespace, parent.name, str(parent.port or ""),
+            parent.section, route.group, route.kind, route.namespace, route.name,
+            b.group, b.kind, b.namespace, b.name, str(b.port or ""), b.section,
+        )  # fmt: skip
+
+    def _routes(
+        self, policy: ClientPolicy, request: RequestTarget
+    ) -> tuple[tuple[Route, ...], bool]:
+        """The routes a request may take: gRPC routes for a gRPC request (or any request to a
+        gRPC port); else those of the connection's HTTP version, or of the other one when the
+        port declares only it (an `http` or `h2c` appProtocol)."""
+        if policy.grpc and (policy.protocol is Protocol.GRPC or getattr(request, "grpc", False)):
+            return policy.grpc, True
+        h2 = self._session is SessionProtocol.HTTP2
+        return ((policy.http2 or policy.http1) if h2 else (policy.http1 or policy.http2)), False
+
+    def _answered(
+        self, filters: tuple[Filter, ...], rule: Rule, request: RequestTarget, grpc: bool
+    ) -> RouteError | None:
+        """The local answer a filter gives the request, if one does (a gRPC route's failure
+        injector names a gRPC code: answered as HTTP 500 carrying it)."""
+        for f in filters:
+            if isinstance(f, Redirect):
+                return RouteError(f.status, Redirection(location(f, rule, request)))
+            if isinstance(f, FailureInjector):
+                if self._rng.randrange(f.denominator) < f.numerator:
+                    why = f.message or "failure injected by the route"
+                    if grpc:
+                        return RouteError(500, GrpcFailure(why, f.status))
+                    return RouteError(f.status, why)
+            elif isinstance(f, Forbidden):
+                return RouteError(403, "the route forbids the request")
+            elif isinstance(f, Invalid):
+                return RouteError(500, f"the route is invalid: {f.message}")
+        return None
+
+    def _target(self, rule: Rule, backend: RouteBackend) -> RouteTarget | RouteError:
+        dispatch = backend.backend.dispatch
+        if isinstance(dispatch, Fail):
+            return RouteError(500, f"backend {backend.backend.meta}: {dispatch.message}")
+        filters = rule.filters + backend.filters
+        timeout = rule.timeouts.request or backend.request_timeout
+        endpoints: BackendPicker | ForwardPicker
+        if isinstance(dispatch, Balance):
+            endpoints = BackendPicker(self._mesh, dispatch.path, self._session)
+        else:
+            assert isinstance(dispatch, Forward)
+            endpoints = ForwardPicker(self._mesh, dispatch.endpoint, self._session)
+        policy = RoutePolicy(timeout=timeout, idle_timeout=rule.timeouts.idle)
+        return RouteTarget(
+            self._dst, policy, None, endpoints,
+            _modifier(filters, RequestHeaders), _modifier(filters, ResponseHeaders),
+        )  # fmt: skip
+
+
+def _matches_all(route: Route) -> bool:
+    """The route takes every request with its one rule (the policy's default route)."""
+    if route.hosts or len(route.rules) != 1:
+        return False
+    matches = route.rules[0].matches
+    return not matches or any(m.matches_all for m in matches)
+
+
+def _modifier(
+    filters: tuple[Filter, ...], kind: type[RequestHeaders] | type[ResponseHeaders]
+) -> HeaderModifier | None:
+    """The filters of `kind` as one modification, in order; None when there is none."""
+    out: HeaderModifier | None = None
+    for f in filters:
+        if isinstance(f, kind):
+            out = f.modifier if out is None else out.then(f.modifier)
+    return out
+
+
+def location(redirect: Redirect, rule: Rule, request: RequestTarget) -> str:
+    """Where a RequestRedirect sends the request: each part it leaves unset is the request's
+    own (a prefix replaces the path prefix the rule matched)."""
+    scheme = redirect.scheme or "http"
+    authority = request.authority or ""
+    host, port = _host_port(authority)
+    host = redirect.host or host
+    if redirect.port is not None:
+        port = str(redirect.port)
+    elif redirect.scheme is not None:
+        port = ""
+    path, sep, query = request.path.partition("?")
+    if redirect.full_path is not None:
+        path = redirect.full_path
+    elif redirect.prefix is not None:
+        matched = _matched_prefix(rule, path)
+        rest = path[len(matched) :] if matched else path
+        path = redirect.prefix.rstrip("/") + ("/" + rest.lstrip("/") if rest else "") or "/"
+    where = f"{host}:{port}" if port else host
+    return f"{scheme}://{where}{path}{sep}{query}"
+
+
+def _host_port(authority: str) -> tuple[str, str]:
+    if authority.startswith("["):
+        end = authority.find("]")
+        return authority[: end + 1], authority[end + 2 :]
+    host, _, port = authority.partition(":")
+    return host, port
+
+
+def _matched_prefix(rule: Rule, path: str) -> str:
+    for m in rule.matches:
+        p = m.path if isinstance(m, HttpMatch) else None
+        if p is not None and p.kind is PathKind.PREFIX and p.length(path) is not None:
+            return p.value.rstrip("/")
+    return ""
