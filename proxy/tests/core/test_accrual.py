@@ -200,4 +200,4 @@ def test_defaults_are_linkerds() -> None:
     assert (policy.max_failures, policy.min_penalty, policy.max_penalty, policy.jitter) == (
         7, 1.0, 60.0, 0.5,
     )  # fmt: skip
-    assert GRPC_FAILURES == {"2", "4", "7", "13", "14", "15"}
+    assert {"2", "4", "7", "13", "14", "15"} == GRPC_FAILURES
