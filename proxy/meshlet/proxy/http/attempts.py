@@ -27,6 +27,11 @@ and on HTTP/1 the requests before it on the connection were answered). Its route
 its `response_latency_ms` run from then, on the loop's clock: a discovery wait, a connect and
 every retry count against the timeout; the latency ends when the response head (the upstream's,
 or the proxy's own answer) goes to the client.
+
+Each attempt's outcome goes to its endpoint's lease once, for failure accrual
+(core/accrual.py): a failure when the upstream resets the request or its response head fails,
+else the response the client got, with its gRPC status from headers or trailers (`record`).
+A connection that failed is reported by the lease itself (`Lease.failed`).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, Protocol
 
+from meshlet.proxy.core import accrual
 from meshlet.proxy.core.classify import FAILURE
 from meshlet.proxy.core.failover import Action, Attempt, Decision, Failure, decide
 from meshlet.proxy.http.contract import (
@@ -287,6 +293,8 @@ class Attempts:
     def failed(self, failure: Failure, replayable: bool, responded: bool, now: float) -> Step:
         """The request was sent and then failed (STALE, RESET), or `response` found its answer
         a failure (STATUS): what follows, with the budget asked for a retry."""
+        if failure is Failure.RESET:
+            self._outcome(False)
         decision = self._decision(failure, self._attempt(replayable, responded), now)
         action = decision.action
         if action is Action.RETRY:
@@ -310,6 +318,8 @@ class Attempts:
         retry (the route classifies it a failure, and the policy and budget allow)."""
         if self.observation is not None:
             self.observation.response_headers = headers
+        if not accrual.succeeded(status, grpc_status):
+            self._outcome(False)
         route = self.route
         recorder = self.recorder
         if route is not None and recorder is not None:
@@ -373,6 +383,7 @@ class Attempts:
 
     def record(self, status: int, grpc_status: str | None = None, failed: bool = False) -> str:
         """The response the client got (`failed`: cut short); its classification."""
+        self._outcome(not failed and accrual.succeeded(status, grpc_status))
         recorder = self.recorder
         if recorder is None:
             return ""
@@ -385,6 +396,12 @@ class Attempts:
             tap.ended(status, grpc_status, self.latency_ms, failed)
         return recorder.response(self.label, self.endpoint, self.route, status, grpc_status,
                                  self.latency_ms, failed, known)  # fmt: skip
+
+    def _outcome(self, success: bool) -> None:
+        """The current attempt's outcome, to its endpoint's balancer (the first report counts)."""
+        endpoint = self.endpoint
+        if endpoint is not None and endpoint.lease is not None:
+            endpoint.lease.outcome(success)
 
     def release(self) -> None:
         """The current attempt's endpoint is done with (a no-op without a lease, or repeated)."""
