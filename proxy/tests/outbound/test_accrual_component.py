@@ -35,7 +35,7 @@ from meshlet.proxy.metrics import ProxyMetrics
 from meshlet.proxy.outbound.destinations import Destinations
 from meshlet.proxy.outbound.stack import OutboundStack
 
-from .conftest import ScriptedClient, fqn
+from .conftest import NS, ScriptedClient, fqn
 
 HTTP = f"{fqn('web')}:80"
 GRPC = f"{fqn('web')}:9090"
@@ -278,6 +278,21 @@ def ok(results: list[Result]) -> float:
     return sum(status == 200 for status, _ in results) / len(results)
 
 
+def endpoints(metrics: ProxyMetrics, served_as: str) -> dict[str, float]:
+    """`outbound_http_balancer_endpoints` of the service's port, by `endpoint_state`."""
+    port = "9090" if served_as == "grpc" else "80"
+    pairs = (("group", "core"), ("kind", "Service"), ("namespace", NS), ("name", "web"),
+             ("port", port))  # fmt: skip
+    labels = {f"{side}_{name}": value for side in ("parent", "backend") for name, value in pairs}
+    return {
+        state: metrics.registry.get_sample_value(
+            "outbound_http_balancer_endpoints", {**labels, "endpoint_state": state}
+        )
+        or 0.0
+        for state in ("ready", "pending")
+    }
+
+
 @pytest.mark.parametrize("protocol", list(SENDERS))
 async def test_failure_accrual_keeps_a_failing_replica_out_heals_and_fails_fast(
     service: Service, protocol: str
@@ -298,6 +313,7 @@ async def test_failure_accrual_keeps_a_failing_replica_out_heals_and_fails_fast(
 
     async with outbound(service, QUICK) as (proxy, metrics):
         await send(proxy, 50)  # ejected
+        assert endpoints(metrics, served_as) == {"ready": 2, "pending": 1}
         before = service.sick.served[served_as]
         service.sick.failing = False
         await asyncio.sleep(QUICK.max_penalty)
@@ -307,6 +323,7 @@ async def test_failure_accrual_keeps_a_failing_replica_out_heals_and_fails_fast(
         for replica in service.replicas:
             replica.failing = True
         await send(proxy, 30)  # each fails three in a row: all ejected
+        assert endpoints(metrics, served_as) == {"ready": 0, "pending": 3}
         started = time.monotonic()
         results = await send(proxy, 20)
         fast = time.monotonic() - started

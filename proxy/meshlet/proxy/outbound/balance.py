@@ -175,6 +175,16 @@ class Balancer(Generic[E]):
     def backing_off(self, endpoint: E) -> bool:
         return self._stats[endpoint].down_until > self._clock()
 
+    def ready(self) -> int:
+        """Endpoints a request may go to now (not ejected by failure accrual, nor probing, nor
+        backing off after a failed connection); the others are pending."""
+        now = self._clock()
+        return sum(
+            1
+            for stats in self._stats.values()
+            if stats.down_until <= now and (stats.breaker is None or stats.breaker.admits(now))
+        )
+
     def breaker(self, endpoint: E) -> Breaker | None:
         """The endpoint's breaker (None: no failure accrual)."""
         return self._stats[endpoint].breaker

@@ -19,7 +19,7 @@ import asyncio
 import ipaddress
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Final
 
 from meshlet.api.hostport import format_hostport
@@ -37,6 +37,7 @@ from meshlet.proxy.io.counters import dst_values
 from meshlet.proxy.mesh.outbound import MeshConnectError, mesh_connect
 from meshlet.proxy.metrics import ProxyMetrics
 from meshlet.proxy.outbound.balance import AllEjected, Balancer, Lease, NoEndpoints
+from meshlet.proxy.series import Family
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,22 @@ class Destinations:
         self._accruals: dict[str, FailureAccrual | None] = {}  # per service `name:port`
         if identity is not None:
             identity.on_change(self._reaches.clear)
+        metrics.registry.register(self)
+
+    def collect(self) -> Iterator[Family]:
+        """Linkerd's `outbound_http_balancer_endpoints` gauge: each service's endpoints that
+        are ready, and those pending (ejected by failure accrual, being probed, or backing
+        off after a failed connection). The service is both parent and backend (no routes
+        split it here)."""
+        doc = "The number of endpoints currently in a HTTP request balancer."
+        family = Family("outbound_http_balancer_endpoints", "gauge", doc)
+        for authority, (_, balancer) in self._balancers.items():
+            labels = _service_labels(authority)
+            ready = balancer.ready()
+            family.add_sample(family.name, {**labels, "endpoint_state": "ready"}, ready)
+            pending = len(balancer.endpoints) - ready
+            family.add_sample(family.name, {**labels, "endpoint_state": "pending"}, pending)
+        yield family
 
     async def aclose(self) -> None:
         """Ends discovery: the resolver's streams, then the connection to the destination
@@ -316,3 +333,19 @@ class Destinations:
 
     def _label(self, authority: str) -> str:
         return self._metrics.authority_label(authority)
+
+
+def _service_labels(authority: str) -> dict[str, str]:
+    """Linkerd's parent and backend labels of a balancer keyed `name.namespace.svc...:port`
+    (or `ip:port`: that name and no namespace)."""
+    host, _, port = authority.rpartition(":")
+    name, namespace = host, ""
+    parts = host.split(".")
+    if len(parts) > 2 and parts[2] == "svc":
+        name, namespace = parts[0], parts[1]
+    labels: dict[str, str] = {}
+    for side in ("parent", "backend"):
+        labels |= {f"{side}_group": "core", f"{side}_kind": "Service",
+                   f"{side}_namespace": namespace, f"{side}_name": name,
+                   f"{side}_port": port}  # fmt: skip
+    return labels
