@@ -41,7 +41,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, Protocol
 
-from meshlet.proxy.core import accrual
+from meshlet.proxy.core.accrual import GRPC_FAILURES
 from meshlet.proxy.core.classify import FAILURE
 from meshlet.proxy.core.failover import Action, Attempt, Decision, Failure, decide
 from meshlet.proxy.http.contract import (
@@ -318,8 +318,10 @@ class Attempts:
         retry (the route classifies it a failure, and the policy and budget allow)."""
         if self.observation is not None:
             self.observation.response_headers = headers
-        if not accrual.succeeded(status, grpc_status):
-            self._outcome(False)
+        endpoint = self.endpoint  # accrual.succeeded, inlined: it runs for every response
+        failing = status >= 500 or grpc_status in GRPC_FAILURES
+        if failing and endpoint is not None and endpoint.lease is not None:
+            endpoint.lease.outcome(False)
         route = self.route
         recorder = self.recorder
         if route is not None and recorder is not None:
@@ -383,7 +385,9 @@ class Attempts:
 
     def record(self, status: int, grpc_status: str | None = None, failed: bool = False) -> str:
         """The response the client got (`failed`: cut short); its classification."""
-        self._outcome(not failed and accrual.succeeded(status, grpc_status))
+        endpoint = self.endpoint
+        if endpoint is not None and endpoint.lease is not None:  # accrual.succeeded, inlined
+            endpoint.lease.outcome(not failed and status < 500 and grpc_status not in GRPC_FAILURES)
         recorder = self.recorder
         if recorder is None:
             return ""
