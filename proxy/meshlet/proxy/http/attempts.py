@@ -319,9 +319,9 @@ class Attempts:
         if self.observation is not None:
             self.observation.response_headers = headers
         endpoint = self.endpoint  # accrual.succeeded, inlined: it runs for every response
-        failing = status >= 500 or grpc_status in GRPC_FAILURES
-        if failing and endpoint is not None and endpoint.lease is not None:
-            endpoint.lease.outcome(False)
+        lease = endpoint.lease if endpoint is not None else None
+        if lease is not None and (status >= 500 or grpc_status in GRPC_FAILURES):
+            lease.outcome(False)
         route = self.route
         recorder = self.recorder
         if route is not None and recorder is not None:
@@ -386,8 +386,9 @@ class Attempts:
     def record(self, status: int, grpc_status: str | None = None, failed: bool = False) -> str:
         """The response the client got (`failed`: cut short); its classification."""
         endpoint = self.endpoint
-        if endpoint is not None and endpoint.lease is not None:  # accrual.succeeded, inlined
-            endpoint.lease.outcome(not failed and status < 500 and grpc_status not in GRPC_FAILURES)
+        lease = endpoint.lease if endpoint is not None else None
+        if lease is not None:  # accrual.succeeded, inlined
+            lease.outcome(not failed and status < 500 and grpc_status not in GRPC_FAILURES)
         recorder = self.recorder
         if recorder is None:
             return ""
