@@ -339,3 +339,21 @@ def test_never_two_probes_and_back_only_after_a_success(
     for lease in flying:
         lease.release()
     assert all(balancer._stats[ep].ewma.pending == 0 for ep in range(3))
+
+
+def test_requests_in_flight_when_accrual_is_turned_on_or_off_end_cleanly() -> None:
+    clock = Clock()
+    balancer: Balancer[str] = Balancer(clock=clock, rng=random.Random(1))
+    balancer.update(["a"])
+    before = balancer.pick()
+    balancer.set_accrual(ACCRUAL)
+    before.outcome(False)  # picked before: not counted
+    before.release()
+    breaker = balancer.breaker("a")
+    assert breaker is not None and breaker.failures == 0
+    serve(balancer, clock, {"a"}, 3)
+    clock.now += 1.0
+    probe = balancer.pick()
+    balancer.set_accrual(None)
+    probe.release()  # its breaker is gone: nothing to give way to
+    assert balancer.pick().endpoint == "a"

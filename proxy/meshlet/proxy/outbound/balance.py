@@ -96,16 +96,17 @@ class Lease(Generic[E]):
 
     def outcome(self, success: bool) -> None:
         """The request's outcome as failure accrual counts it (core/accrual.py), once: later
-        reports are ignored; a no-op without failure accrual."""
+        reports are ignored; a no-op without failure accrual (or for a request picked before
+        it was turned on)."""
         breaker = self._stats.breaker
-        if breaker is None or self._reported:
+        rng = self._rng
+        if breaker is None or rng is None or self._reported:
             return
         self._reported = True
         if success:
             breaker.success(self._probe)
         else:
-            assert self._rng is not None
-            breaker.failure(self._probe, self._clock(), self._rng)
+            breaker.failure(self._probe, self._clock(), rng)
 
     def release(self) -> None:
         """The request is over (also after a failure, which then counts as a slow sample). A
@@ -119,8 +120,8 @@ class Lease(Generic[E]):
         if self._probe and not self._reported:
             self._reported = True
             breaker = self._stats.breaker
-            assert breaker is not None
-            breaker.abandoned(True)
+            if breaker is not None:  # else accrual was turned off meanwhile
+                breaker.abandoned(True)
 
 
 class Balancer(Generic[E]):
