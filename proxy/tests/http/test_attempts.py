@@ -280,6 +280,8 @@ def test_each_attempt_reports_its_outcome_to_its_own_lease() -> None:
     att.sent()
     assert att.response(200, None, True, 0.2) is PASS
     att.record(200)
+    assert case.picker.leases[1].outcomes == []  # reported as the attempt is released
+    att.release()
     first, second = case.picker.leases
     assert first.outcomes == [False] and second.outcomes == [True]
 
@@ -304,6 +306,7 @@ def test_the_response_the_client_got_is_the_outcome(
     att.sent()
     assert att.response(status, None, False, 0.1) is PASS
     att.record(status, grpc_status, failed)
+    att.release()
     [lease] = case.picker.leases
     assert lease.outcomes == outcomes  # the lease counts only the first
 
@@ -318,3 +321,18 @@ def test_a_reset_before_the_response_fails_the_endpoint_a_stale_connection_does_
     att.sent()
     assert isinstance(att.failed(Failure.RESET, True, False, 0.2), Answer)  # after a retry
     assert case.picker.leases[0].outcomes == [False]
+
+
+def test_a_response_cut_short_after_its_head_was_recorded_is_a_failure() -> None:
+    """HTTP/1 records the response as its head goes to the client; the upstream then fails
+    mid-body: the endpoint's outcome is a failure, reported as the attempt is released."""
+    case = Case(policy=DEFAULT_ROUTE)
+    att = case.request(now=0.0)
+    att.start()
+    att.sent()
+    assert att.response(200, None, False, 0.1) is PASS
+    att.record(200)
+    att.cut()
+    att.release()
+    [lease] = case.picker.leases
+    assert lease.outcomes == [False] and lease.events == ["responded", "release"]

@@ -54,6 +54,7 @@ QUICK = FailureAccrual(max_failures=3, min_penalty=0.2, max_penalty=0.4, jitter=
 class Replica:
     name: str
     failing: bool = False
+    cutting: bool = False  # HTTP/1.1: a 200 head, then the connection closes mid-body
     served: Counter[str] = field(default_factory=Counter)  # by protocol
     http: asyncio.Server | None = None
     grpc: grpc.aio.Server | None = None
@@ -104,6 +105,9 @@ class Replica:
                 return
             while head:
                 status = self._status("http/1")
+                if self.cutting:
+                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nok")
+                    break
                 writer.write(b"HTTP/1.1 %d X\r\ncontent-length: 2\r\n\r\nok" % status)
                 head = await reader.readuntil(b"\r\n\r\n")
         self.writers.discard(writer)
@@ -336,3 +340,22 @@ async def test_failure_accrual_keeps_a_failing_replica_out_heals_and_fails_fast(
         assert (metrics.registry.get_sample_value(
             "fail_fast_total", {"direction": "outbound", "reason": "all_endpoints_ejected"}
         ) or 0) >= 18  # fmt: skip
+
+
+async def test_http1_responses_cut_mid_body_count_as_failures(service: Service) -> None:
+    """A replica sends a 200 head and closes the connection mid-body: each client sees its
+    connection cut, and after three in a row the replica is ejected."""
+    service.sick.failing, service.sick.cutting = False, True
+    cut = 0
+    async with outbound(service, QUICK) as (proxy, metrics):
+        for _ in range(40):
+            reader, writer = await asyncio.open_connection(proxy.host, proxy.port)
+            writer.write(f"GET / HTTP/1.1\r\nhost: {HTTP}\r\n\r\n".encode())
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+                await reader.readexactly(100 if b"content-length: 100" in head.lower() else 2)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                cut += 1
+            writer.close()
+        assert endpoints(metrics, "http/1") == {"ready": 2, "pending": 1}
+    assert 3 <= cut <= 4  # three in a row, and a probe if one fell due

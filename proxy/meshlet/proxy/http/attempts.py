@@ -30,8 +30,9 @@ or the proxy's own answer) goes to the client.
 
 Each attempt's outcome goes to its endpoint's lease once, for failure accrual
 (core/accrual.py): a failure when the upstream resets the request or its response head fails,
-else the response the client got, with its gRPC status from headers or trailers (`record`).
-A connection that failed is reported by the lease itself (`Lease.failed`).
+else the response the client got, with its gRPC status from headers or trailers (`record`),
+or a failure when it was `cut` short; reported when the attempt is released. A connection
+that failed is reported by the lease itself (`Lease.failed`).
 """
 
 from __future__ import annotations
@@ -128,6 +129,7 @@ class Attempts:
         "label",
         "latency_ms",
         "observation",
+        "ok",
         "previous",
         "recorder",
         "route",
@@ -161,6 +163,7 @@ class Attempts:
         self.deadline: float | None = None  # loop time of the route's timeout
         self.latency_ms: float | None = None  # arrival to the response head
         self.classified = ""  # the response head's class, as the route classified it
+        self.ok: bool | None = None  # the recorded response's outcome, for failure accrual
         self.tap: Tapped | None = None  # the taps that took the request (tap/taps.py)
         # The access log entry and span (observe.py): None unless the workload has either.
         observer = recorder.observer if recorder is not None else None
@@ -385,10 +388,8 @@ class Attempts:
 
     def record(self, status: int, grpc_status: str | None = None, failed: bool = False) -> str:
         """The response the client got (`failed`: cut short); its classification."""
-        endpoint = self.endpoint
-        lease = endpoint.lease if endpoint is not None else None
-        if lease is not None:  # accrual.succeeded, inlined
-            lease.outcome(not failed and status < 500 and grpc_status not in GRPC_FAILURES)
+        if self.ok is None:  # accrual.succeeded, inlined; reported on release
+            self.ok = not failed and status < 500 and grpc_status not in GRPC_FAILURES
         recorder = self.recorder
         if recorder is None:
             return ""
@@ -408,10 +409,18 @@ class Attempts:
         if endpoint is not None and endpoint.lease is not None:
             endpoint.lease.outcome(success)
 
+    def cut(self) -> None:
+        """The upstream's response was cut short after its head went to the client (recorded
+        then as it began): its outcome is a failure."""
+        self.ok = False
+
     def release(self) -> None:
-        """The current attempt's endpoint is done with (a no-op without a lease, or repeated)."""
+        """The current attempt's endpoint is done with, its outcome (the response recorded)
+        reported first (a no-op without a lease, or repeated)."""
         endpoint = self.endpoint
         if endpoint is not None and endpoint.lease is not None:
+            if self.ok is not None:
+                endpoint.lease.outcome(self.ok)
             endpoint.lease.release()
 
 
