@@ -4,11 +4,13 @@ from __future__ import annotations
 
 
 class RecordingLease:
-    """Each call, in order: "responded", "release", "failed"."""
+    """Each call, in order: "responded", "release", "failed"; each outcome reported for
+    failure accrual, in order, in `outcomes` (True: a success)."""
 
     def __init__(self) -> None:
         self.endpoint: object = None  # a balancer's key; none here
         self.events: list[str] = []
+        self.outcomes: list[bool] = []
 
     def responded(self) -> None:
         self.events.append("responded")
@@ -18,3 +20,6 @@ class RecordingLease:
 
     def failed(self) -> None:
         self.events.append("failed")
+
+    def outcome(self, success: bool) -> None:
+        self.outcomes.append(success)

@@ -263,3 +263,76 @@ def test_the_outcome_is_recorded_with_the_latency_from_arrival() -> None:
     assert case.count("response_latency_ms_sum", authority="a:8080") == pytest.approx(250.0)
     att.release()
     assert case.picker.leases[0].events == ["responded", "release"]
+
+
+# -- outcomes for failure accrual ------------------------------------------------------------
+
+
+def test_each_attempt_reports_its_outcome_to_its_own_lease() -> None:
+    """A 500 that is retried fails the first endpoint; the retry's 200, recorded as the
+    response the client got, succeeds on the second (a balancer's lease counts only its first
+    report: outbound/test_balance.py)."""
+    case = Case()
+    att = case.request(now=0.0)
+    att.start()
+    att.sent()
+    assert isinstance(att.response(500, None, replayable=True, now=0.1), Endpoint)
+    att.sent()
+    assert att.response(200, None, True, 0.2) is PASS
+    att.record(200)
+    assert case.picker.leases[1].outcomes == []  # reported as the attempt is released
+    att.release()
+    first, second = case.picker.leases
+    assert first.outcomes == [False] and second.outcomes == [True]
+
+
+@pytest.mark.parametrize(
+    ("status", "grpc_status", "failed", "outcomes"),
+    [
+        (200, None, False, [True]),
+        (404, None, False, [True]),
+        (503, None, False, [False, False]),  # at the head, and as the response recorded
+        (200, "14", False, [False]),  # UNAVAILABLE in the trailers: known at the end
+        (200, "5", False, [True]),  # NOT_FOUND: the caller's error
+        (200, None, True, [False]),  # cut short: the upstream reset mid-response
+    ],
+)
+def test_the_response_the_client_got_is_the_outcome(
+    status: int, grpc_status: str | None, failed: bool, outcomes: list[bool]
+) -> None:
+    case = Case(policy=DEFAULT_ROUTE)
+    att = case.request(now=0.0)
+    att.start()
+    att.sent()
+    assert att.response(status, None, False, 0.1) is PASS
+    att.record(status, grpc_status, failed)
+    att.release()
+    [lease] = case.picker.leases
+    assert lease.outcomes == outcomes  # the lease counts only the first
+
+
+def test_a_reset_before_the_response_fails_the_endpoint_a_stale_connection_does_not() -> None:
+    case = Case(policy=DEFAULT_ROUTE)
+    att = case.request(now=0.0)
+    att.start()
+    att.sent()
+    assert att.failed(Failure.STALE, True, False, 0.1) is AGAIN
+    assert case.picker.leases[0].outcomes == []
+    att.sent()
+    assert isinstance(att.failed(Failure.RESET, True, False, 0.2), Answer)  # after a retry
+    assert case.picker.leases[0].outcomes == [False]
+
+
+def test_a_response_cut_short_after_its_head_was_recorded_is_a_failure() -> None:
+    """HTTP/1 records the response as its head goes to the client; the upstream then fails
+    mid-body: the endpoint's outcome is a failure, reported as the attempt is released."""
+    case = Case(policy=DEFAULT_ROUTE)
+    att = case.request(now=0.0)
+    att.start()
+    att.sent()
+    assert att.response(200, None, False, 0.1) is PASS
+    att.record(200)
+    att.cut()
+    att.release()
+    [lease] = case.picker.leases
+    assert lease.outcomes == [False] and lease.events == ["responded", "release"]

@@ -11,6 +11,7 @@ import pytest
 
 from meshlet.api.hostport import HostPort
 from meshlet.api.transport_header import SessionProtocol
+from meshlet.proxy.core.accrual import FailureAccrual
 from meshlet.proxy.discovery.profile import DstOverride, Profile, RetryBudgetSpec
 from meshlet.proxy.discovery.resolver import Destination
 from meshlet.proxy.http.contract import Endpoint, RouteError, settle
@@ -207,3 +208,25 @@ async def test_only_services_have_a_retry_budget(discovery: Any) -> None:
         destination = await mesh.destination(target)
         assert isinstance(destination, Destination)
         assert mesh.budget_for(destination) is None
+
+
+async def test_failure_accrual_set_for_a_service_applies_to_its_next_pick(discovery: Any) -> None:
+    """Set for the service (as its outbound policy will): its endpoint, failing three times in
+    a row, is ejected, and with nothing left requests fail fast with the reason; turned off,
+    the endpoint is picked again."""
+    discovery.client.service("web", 80, discovery.endpoint("10.1.0.1"), cluster_ip="10.96.0.10")
+    mesh = discovery.mesh()
+    destination = await mesh.destination(CLUSTER_IP)
+    (await picked(mesh, destination)).lease.release()  # type: ignore[union-attr]
+    mesh.set_failure_accrual(WEB, FailureAccrual(max_failures=3, min_penalty=1.0))
+    for _ in range(3):
+        lease = (await picked(mesh, destination)).lease
+        assert lease is not None
+        lease.outcome(False)
+        lease.release()
+    refused = await settle(mesh.pick(destination, HTTP1))
+    assert isinstance(refused, RouteError) and refused.status == 503
+    assert refused.reason.startswith(f"{WEB}: all 1 endpoint failed too often in a row")
+    assert discovery.fail_fast("all_endpoints_ejected") == 1
+    mesh.set_failure_accrual(WEB, None)
+    assert (await picked(mesh, destination)).addr == ("10.1.0.1", 8080)

@@ -27,6 +27,12 @@ and on HTTP/1 the requests before it on the connection were answered). Its route
 its `response_latency_ms` run from then, on the loop's clock: a discovery wait, a connect and
 every retry count against the timeout; the latency ends when the response head (the upstream's,
 or the proxy's own answer) goes to the client.
+
+Each attempt's outcome goes to its endpoint's lease once, for failure accrual
+(core/accrual.py): a failure when the upstream resets the request or its response head fails,
+else the response the client got, with its gRPC status from headers or trailers (`record`),
+or a failure when it was `cut` short; reported when the attempt is released. A connection
+that failed is reported by the lease itself (`Lease.failed`).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, Protocol
 
+from meshlet.proxy.core.accrual import GRPC_FAILURES
 from meshlet.proxy.core.classify import FAILURE
 from meshlet.proxy.core.failover import Action, Attempt, Decision, Failure, decide
 from meshlet.proxy.http.contract import (
@@ -122,6 +129,7 @@ class Attempts:
         "label",
         "latency_ms",
         "observation",
+        "ok",
         "previous",
         "recorder",
         "route",
@@ -155,6 +163,7 @@ class Attempts:
         self.deadline: float | None = None  # loop time of the route's timeout
         self.latency_ms: float | None = None  # arrival to the response head
         self.classified = ""  # the response head's class, as the route classified it
+        self.ok: bool | None = None  # the recorded response's outcome, for failure accrual
         self.tap: Tapped | None = None  # the taps that took the request (tap/taps.py)
         # The access log entry and span (observe.py): None unless the workload has either.
         observer = recorder.observer if recorder is not None else None
@@ -287,6 +296,8 @@ class Attempts:
     def failed(self, failure: Failure, replayable: bool, responded: bool, now: float) -> Step:
         """The request was sent and then failed (STALE, RESET), or `response` found its answer
         a failure (STATUS): what follows, with the budget asked for a retry."""
+        if failure is Failure.RESET:
+            self._outcome(False)
         decision = self._decision(failure, self._attempt(replayable, responded), now)
         action = decision.action
         if action is Action.RETRY:
@@ -310,6 +321,10 @@ class Attempts:
         retry (the route classifies it a failure, and the policy and budget allow)."""
         if self.observation is not None:
             self.observation.response_headers = headers
+        endpoint = self.endpoint  # accrual.succeeded, inlined: it runs for every response
+        lease = endpoint.lease if endpoint is not None else None
+        if lease is not None and (status >= 500 or grpc_status in GRPC_FAILURES):
+            lease.outcome(False)
         route = self.route
         recorder = self.recorder
         if route is not None and recorder is not None:
@@ -373,6 +388,8 @@ class Attempts:
 
     def record(self, status: int, grpc_status: str | None = None, failed: bool = False) -> str:
         """The response the client got (`failed`: cut short); its classification."""
+        if self.ok is None:  # accrual.succeeded, inlined; reported on release
+            self.ok = not failed and status < 500 and grpc_status not in GRPC_FAILURES
         recorder = self.recorder
         if recorder is None:
             return ""
@@ -386,10 +403,24 @@ class Attempts:
         return recorder.response(self.label, self.endpoint, self.route, status, grpc_status,
                                  self.latency_ms, failed, known)  # fmt: skip
 
-    def release(self) -> None:
-        """The current attempt's endpoint is done with (a no-op without a lease, or repeated)."""
+    def _outcome(self, success: bool) -> None:
+        """The current attempt's outcome, to its endpoint's balancer (the first report counts)."""
         endpoint = self.endpoint
         if endpoint is not None and endpoint.lease is not None:
+            endpoint.lease.outcome(success)
+
+    def cut(self) -> None:
+        """The upstream's response was cut short after its head went to the client (recorded
+        then as it began): its outcome is a failure."""
+        self.ok = False
+
+    def release(self) -> None:
+        """The current attempt's endpoint is done with, its outcome (the response recorded)
+        reported first (a no-op without a lease, or repeated)."""
+        endpoint = self.endpoint
+        if endpoint is not None and endpoint.lease is not None:
+            if self.ok is not None:
+                endpoint.lease.outcome(self.ok)
             endpoint.lease.release()
 
 

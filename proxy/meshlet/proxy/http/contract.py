@@ -49,6 +49,10 @@ class Lease(Protocol):
         """The endpoint could not be reached and nothing was sent: the balancer skips it for a
         while (the request may be routed again)."""
 
+    def outcome(self, success: bool) -> None:
+        """The attempt's outcome, for failure accrual (the first report counts; a no-op when
+        the balancer has none)."""
+
 
 class Endpoint(NamedTuple):
     """Where one request goes. The values made for every request are NamedTuples: as

@@ -632,6 +632,7 @@ class H1Machine:
         upstream, ex.upstream = ex.upstream, None
         self._resume_reading(Pause.UPSTREAM_FULL)
         if ex.resp is Resp.STREAMING:  # mid-response: the client must see it cut, not complete
+            ex.att.cut()
             _release(ex)
             log.debug("upstream %s failed mid-response: %s", ex.att.endpoint, exc)
             ex.response = None
@@ -899,7 +900,6 @@ def _from_peer_proxy(ex: Exchange) -> bool:
 
 
 def _release(ex: Exchange) -> None:
-    """Tells the balancer the request is over (a no-op without a lease, or when repeated)."""
-    endpoint = ex.att.endpoint
-    if endpoint is not None and endpoint.lease is not None:
-        endpoint.lease.release()
+    """Tells the balancer the request is over, and its outcome (a no-op without a lease, or
+    when repeated)."""
+    ex.att.release()

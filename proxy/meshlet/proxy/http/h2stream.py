@@ -615,9 +615,9 @@ class ProxyStream:
             return
         self.closed = True
         self._stop_timer()
+        if record or failed:  # before the release, which reports the outcome to the lease
+            self.att.record(self.status, self.grpc_status, failed)
         self.att.release()
         self._drop_request_body()
         self._detach()
         self.server.forget(self)
-        if record or failed:
-            self.att.record(self.status, self.grpc_status, failed)

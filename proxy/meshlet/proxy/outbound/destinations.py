@@ -4,7 +4,9 @@ request or per connection), and how to reach it (plain TCP, or mTLS to its proxy
 - an unknown destination: the original destination as is, unmeshed (`pick` returns None);
 - a pod (`kind == "endpoint"`): that endpoint;
 - a service: `dst_overrides` split traffic by weight between services first; then P2C over
-  peak-EWMA among its endpoints. No endpoints fails fast (503 / a closed connection).
+  peak-EWMA among its endpoints. No endpoints fails fast (503 / a closed connection), and so
+  does a service whose endpoints failure accrual has all ejected (`failure_accrual`, per
+  service: outbound/balance.py).
 
 A meshed endpoint (it has a TLS identity and an inbound port) is reached over the mesh transport
 (mesh/outbound.py) with our current client certificate; without a certificate the request
@@ -17,12 +19,13 @@ import asyncio
 import ipaddress
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Final
 
 from meshlet.api.hostport import format_hostport
 from meshlet.api.transport_header import SessionProtocol
 from meshlet.proxy.authority import split_authority
+from meshlet.proxy.core.accrual import FailureAccrual
 from meshlet.proxy.core.endpoints import DiscoveredEndpoint, Status
 from meshlet.proxy.core.retry_budget import RetryBudget
 from meshlet.proxy.discovery.client import DestinationClient
@@ -33,7 +36,8 @@ from meshlet.proxy.identity.manager import IdentityManager
 from meshlet.proxy.io.counters import dst_values
 from meshlet.proxy.mesh.outbound import MeshConnectError, mesh_connect
 from meshlet.proxy.metrics import ProxyMetrics
-from meshlet.proxy.outbound.balance import Balancer, Lease, NoEndpoints
+from meshlet.proxy.outbound.balance import AllEjected, Balancer, Lease, NoEndpoints
+from meshlet.proxy.series import Family
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +60,7 @@ class Destinations:
         clock: Callable[[], float],
         rng: random.Random | None = None,
         profile_suffixes: tuple[str, ...] = ("svc.cluster.local",),
+        failure_accrual: FailureAccrual | None = None,
     ) -> None:
         self.resolver = resolver
         self._client = client
@@ -71,8 +76,26 @@ class Destinations:
         self._reaches: dict[tuple[Addr, str, int | None, SessionProtocol, str], Endpoint] = {}
         self._targets: dict[str, str | None] = {}  # request authority -> discovery target
         self._budgets: dict[str, tuple[RetryBudgetSpec, RetryBudget]] = {}  # per service
+        self._accrual = failure_accrual  # every service's, unless set for it
+        self._accruals: dict[str, FailureAccrual | None] = {}  # per service `name:port`
         if identity is not None:
             identity.on_change(self._reaches.clear)
+        metrics.registry.register(self)
+
+    def collect(self) -> Iterator[Family]:
+        """Linkerd's `outbound_http_balancer_endpoints` gauge: each service's endpoints that
+        are ready, and those pending (ejected by failure accrual, being probed, or backing
+        off after a failed connection). The service is both parent and backend (no routes
+        split it here)."""
+        doc = "The number of endpoints currently in a HTTP request balancer."
+        family = Family("outbound_http_balancer_endpoints", "gauge", doc)
+        for authority, (_, balancer) in self._balancers.items():
+            labels = _service_labels(authority)
+            ready = balancer.ready()
+            family.add_sample(family.name, {**labels, "endpoint_state": "ready"}, ready)
+            pending = len(balancer.endpoints) - ready
+            family.add_sample(family.name, {**labels, "endpoint_state": "pending"}, pending)
+        yield family
 
     async def aclose(self) -> None:
         """Ends discovery: the resolver's streams, then the connection to the destination
@@ -133,6 +156,16 @@ class Destinations:
                                  min(60.0, max(1.0, settings.ttl)), self._clock())  # fmt: skip
             held = self._budgets[key] = (settings, budget)
         return held[1]
+
+    def set_failure_accrual(self, authority: str, accrual: FailureAccrual | None) -> None:
+        """Failure accrual for the service `authority` (`fqn:port`, as its balancer is keyed;
+        None: off), from its outbound policy; applied to the next pick."""
+        if authority not in self._accruals and len(self._accruals) >= MAX_CACHED:
+            self._accruals.clear()
+        self._accruals[authority] = accrual
+        held = self._balancers.get(authority)
+        if held is not None:
+            held[1].set_accrual(accrual)
 
     def _discovery_target(self, authority: str) -> str | None:
         """`host:port` as discovery is asked for it, or None when discovery is not asked."""
@@ -251,12 +284,14 @@ class Destinations:
         authority = f"{name}:{destination.port}" if name else destination.target
         if endpoints.status is Status.UNKNOWN:
             return None
-        version, balancer = self._balancers.get(authority) or (-1, self._new_balancer())
+        version, balancer = self._balancers.get(authority) or (-1, self._new_balancer(authority))
         if version != endpoints.version:
             balancer.update(endpoints.endpoints)
             self._balancers[authority] = (endpoints.version, balancer)
         try:
             lease = balancer.pick(after.lease.endpoint if after and after.lease else None)
+        except AllEjected as exc:
+            return self._fail_fast(f"{authority}: {exc}", "all_endpoints_ejected")
         except NoEndpoints:
             return self._fail_fast(f"{authority} has no endpoints")
         return self._reach(endpoints.endpoints[lease.endpoint], session, authority, lease)
@@ -332,8 +367,9 @@ class Destinations:
 
         return counted
 
-    def _new_balancer(self) -> Balancer[Addr]:
-        return Balancer(clock=self._clock, rng=self._rng)
+    def _new_balancer(self, authority: str) -> Balancer[Addr]:
+        accrual = self._accruals.get(authority, self._accrual)
+        return Balancer(clock=self._clock, rng=self._rng, accrual=accrual)
 
     def _fail_fast(self, why: str, reason: str = "no_endpoints") -> RouteError:
         self._metrics.fail_fast_total.labels("outbound", reason).inc()
@@ -341,3 +377,19 @@ class Destinations:
 
     def _label(self, authority: str) -> str:
         return self._metrics.authority_label(authority)
+
+
+def _service_labels(authority: str) -> dict[str, str]:
+    """Linkerd's parent and backend labels of a balancer keyed `name.namespace.svc...:port`
+    (or `ip:port`: that name and no namespace)."""
+    host, _, port = authority.rpartition(":")
+    name, namespace = host, ""
+    parts = host.split(".")
+    if len(parts) > 2 and parts[2] == "svc":
+        name, namespace = parts[0], parts[1]
+    labels: dict[str, str] = {}
+    for side in ("parent", "backend"):
+        labels |= {f"{side}_group": "core", f"{side}_kind": "Service",
+                   f"{side}_namespace": namespace, f"{side}_name": name,
+                   f"{side}_port": port}  # fmt: skip
+    return labels
