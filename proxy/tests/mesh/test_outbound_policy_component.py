@@ -45,8 +45,12 @@ GW: Final = "gateway.networking.k8s.io"
 PODS: Final = {"api": "127.0.0.1", "api-v2": "127.0.0.2", "api-canary": "127.0.0.3"}
 DEADLINE: Final = 10.0  # what holds in milliseconds on an idle machine, on a busy one
 GRPC_PODS: Final = {"rpc": "127.0.0.4", "rpc-v2": "127.0.0.5"}  # gRPC apps
+# Service `flaky`: three pods, the third answers 500 to everything
+FLAKY_PODS: Final = {"flaky-1": "127.0.0.6", "flaky-2": "127.0.0.7", "flaky-3": "127.0.0.8"}
+FAILING: Final = "flaky-3"
+FLAKY_PORT: Final = 8080
 CLUSTER_IPS: Final = {"api": "10.96.7.1", "api-v2": "10.96.7.2", "api-canary": "10.96.7.3",
-                      "rpc": "10.96.7.4", "rpc-v2": "10.96.7.5"}  # fmt: skip
+                      "rpc": "10.96.7.4", "rpc-v2": "10.96.7.5", "flaky": "10.96.7.6"}  # fmt: skip
 
 
 def until(condition: Callable[[], bool], within: float = DEADLINE) -> None:
@@ -91,8 +95,9 @@ async def _serve(pod: str, reader: asyncio.StreamReader, writer: asyncio.StreamW
             pairs: list[tuple[str, str]] = [(f[0], f[1]) for f in fields if len(f) == 2]
             await reader.readexactly(int(dict(pairs).get("content-length", "0")))
             body = _answer(pod, lines[0].split()[1], pairs)
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                         b"content-length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
+            status = b"500 Internal Server Error" if pod == FAILING else b"200 OK"
+            writer.write(b"HTTP/1.1 %s\r\ncontent-type: application/json\r\n"
+                         b"content-length: %d\r\n\r\n%s" % (status, len(body), body))  # fmt: skip
             head = await reader.readuntil(b"\r\n\r\n")
     writer.close()
 
@@ -123,6 +128,10 @@ async def serve_apps() -> None:
         pod = f"{service}-1"
         servers[service] = await asyncio.start_server(
             lambda r, w, pod=pod: _serve(pod, r, w), ip, 0
+        )
+    for pod, ip in FLAKY_PODS.items():  # one port for all three: the Service's targetPort
+        servers[pod] = await asyncio.start_server(
+            lambda r, w, pod=pod: _serve(pod, r, w), ip, FLAKY_PORT
         )
     ports = {name: server.sockets[0].getsockname()[1] for name, server in servers.items()}
     rpcs = []
@@ -210,6 +219,20 @@ def rpc_route() -> dict[str, Any]:
 
 
 # -- the processes ----------------------------------------------------------------------------
+
+
+def flaky_service(accrual: bool) -> dict[str, Any]:
+    """Service `flaky`, with Linkerd's consecutive-failures breaker by annotation (or not)."""
+    service = objects.service("flaky", NS, cluster_ip=CLUSTER_IPS["flaky"],
+                              ports=[("http", 80, FLAKY_PORT)])  # fmt: skip
+    if accrual:
+        service["metadata"]["annotations"] = {
+            wellknown.FAILURE_ACCRUAL_ANNOTATION: "consecutive",
+            wellknown.FAILURE_ACCRUAL_MAX_FAILURES_ANNOTATION: "3",
+            wellknown.FAILURE_ACCRUAL_MIN_PENALTY_ANNOTATION: "1s",
+            wellknown.FAILURE_ACCRUAL_MAX_PENALTY_ANNOTATION: "30s",
+        }
+    return service
 
 
 def _ready(port: int) -> bool:
@@ -327,6 +350,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
                                       ports=[("http", 80, app_ports[name])])  # fmt: skip
             pod = objects.pod(f"{name}-1", ip, NS, app=name, sa=name, meshed=False)
             folder.put(name, service, pod)
+        folder.put("flaky", flaky_service(accrual=False),
+                   *(objects.pod(pod, ip, NS, app="flaky", sa="flaky", meshed=False)
+                     for pod, ip in FLAKY_PODS.items()))  # fmt: skip
         folder.put("route", api_route())
         folder.put("grpc-route", rpc_route())
         ports = {name: (free_port(), free_port()) for name in ("destination", "policy")}
@@ -479,3 +505,40 @@ def test_grpc_methods_are_routed_by_the_grpc_route(world: World) -> None:
             call("Broken")
         assert failed.value.code() is grpc.StatusCode.UNKNOWN  # the route's code, not 14
         assert failed.value.details() == "Service not found nowhere"
+
+
+def flaky_statuses(world: World, count: int) -> Counter[str]:
+    """The statuses of `count` GETs to Service `flaky`, 8 at a time (curl --parallel): with
+    requests in flight a replica whose last answer looked slow is still chosen (P2C weighs
+    latency times requests in flight), as under real load."""
+    done = subprocess.run(
+        ["curl", "-sS", "--max-time", "30", "--connect-to", f"::127.0.0.1:{world.outbound}",
+         "--parallel", "--parallel-max", "8",
+         "-o", "/dev/null", "-w", "%{http_code}\n",
+         f"http://flaky.{NS}.svc.cluster.local/[1-{count}]"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    return Counter(done.stdout.split())
+
+
+def test_the_service_s_failure_accrual_ejects_the_replica_that_fails_everything(
+    world: World,
+) -> None:
+    """Without `balancer.meshlet.io/failure-accrual` the replica that answers 500 to everything
+    gets its share of the calls and fails them (once the balancer has tried it: an endpoint it
+    has no latency for waits out the default estimate); with `consecutive` on the Service
+    (through the policy controller, the proxy's policy and its balancer) it is ejected after 3
+    failures in a row and only probed now and then."""
+    pods = [objects.pod(pod, ip, NS, app="flaky", sa="flaky", meshed=False)
+            for pod, ip in FLAKY_PODS.items()]  # fmt: skip
+    world.folder.put("flaky", flaky_service(accrual=False), *pods)
+    until(lambda: flaky_statuses(world, 300)["500"] >= 300 * 0.2, within=30)
+    world.folder.put("flaky", flaky_service(accrual=True), *pods)
+    until(lambda: flaky_statuses(world, 60)["500"] <= 5)  # the policy's change has arrived
+    with_breaker = flaky_statuses(world, 2000)
+    # ejected: then one probe after 1 s, 2 s, 4 s (+ jitter), ...
+    assert with_breaker["200"] >= 2000 * 0.995, with_breaker
+    flaky = {"backend_name": "flaky", "backend_namespace": NS}
+    assert world.metric("outbound_http_balancer_endpoints", endpoint_state="pending",
+                        **flaky) == 1  # fmt: skip
+    assert world.metric("outbound_http_balancer_endpoints", endpoint_state="ready", **flaky) == 2

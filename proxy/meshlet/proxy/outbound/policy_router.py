@@ -25,12 +25,14 @@ RouteTarget per backend): routing a request is a match, a draw and a dict read.
 
 from __future__ import annotations
 
+import logging
 import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from meshlet.api.transport_header import SessionProtocol
 from meshlet.proxy.core import authz
+from meshlet.proxy.core.accrual import FailureAccrual, InvalidAccrual
 from meshlet.proxy.core.authz import HttpMatch, PathKind
 from meshlet.proxy.core.client_policy import (
     Backend,
@@ -73,6 +75,8 @@ if TYPE_CHECKING:
 
 NO_ROUTE: Final = RouteError(404, "no route found for request")  # linkerd2-proxy's words
 NO_BACKEND: Final = RouteError(500, "the route has no backends")
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +221,7 @@ class PolicyRouter:
         timeout = rule.timeouts.request or backend.request_timeout
         endpoints: BackendPicker | ForwardPicker
         if isinstance(dispatch, Balance):
+            self._mesh.set_failure_accrual(dispatch.path, _accrual(dispatch))
             endpoints = BackendPicker(self._mesh, dispatch.path, self._session)
         else:
             assert isinstance(dispatch, Forward)
@@ -283,3 +288,17 @@ def _matched_prefix(rule: Rule, path: str) -> str:
         if p is not None and p.kind is PathKind.PREFIX and p.length(path) is not None:
             return p.value.rstrip("/")
     return ""
+
+
+def _accrual(balance: Balance) -> FailureAccrual | None:
+    """The balancer's failure accrual from the backend's (None: off). Values the breaker cannot
+    take leave it off for that backend, said in the log."""
+    spec = balance.accrual
+    if spec is None:
+        return None
+    try:
+        return FailureAccrual(spec.max_failures, spec.backoff.min, spec.backoff.max,
+                              spec.backoff.jitter)  # fmt: skip
+    except InvalidAccrual as exc:
+        log.warning("backend %s: failure accrual left off: %s", balance.path, exc)
+        return None
