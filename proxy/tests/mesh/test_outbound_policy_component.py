@@ -38,6 +38,7 @@ from meshlet.api import wellknown
 from meshlet.cli.stats import parse
 from meshlet.controlplane.k8s import objects
 from meshlet.controlplane.k8s.manifests import ManifestsFolder
+from meshlet_testing.processes import stop
 
 NS: Final = "shop"
 API: Final = f"api.{NS}.svc.cluster.local"
@@ -318,19 +319,10 @@ def h2_requests(
     return bodies
 
 
-def _stopped(proc: subprocess.Popen[Any]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 def _started(stack: contextlib.ExitStack, argv: list[str], log: Path, **env: str) -> None:
     out = stack.enter_context(log.open("wb"))
     proc = subprocess.Popen(argv, stdout=out, stderr=out, env={**os.environ, **env})
-    stack.callback(_stopped, proc)
+    stack.callback(stop, proc)
 
 
 @pytest.fixture(scope="module")
