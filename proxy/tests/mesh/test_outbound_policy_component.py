@@ -38,7 +38,6 @@ from meshlet.api import wellknown
 from meshlet.cli.stats import parse
 from meshlet.controlplane.k8s import objects
 from meshlet.controlplane.k8s.manifests import ManifestsFolder
-from meshlet_testing.processes import stop
 
 NS: Final = "shop"
 API: Final = f"api.{NS}.svc.cluster.local"
@@ -320,6 +319,8 @@ def h2_requests(
 
 
 def _started(stack: contextlib.ExitStack, argv: list[str], log: Path, **env: str) -> None:
+    from meshlet_testing.processes import stop  # here: this file also runs as the apps' script
+
     out = stack.enter_context(log.open("wb"))
     proc = subprocess.Popen(argv, stdout=out, stderr=out, env={**os.environ, **env})
     stack.callback(stop, proc)
