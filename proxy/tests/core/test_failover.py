@@ -89,3 +89,19 @@ def test_invariants(failure: Failure, attempt: Attempt) -> None:
     if decision.budgeted:
         assert failure in (Failure.RESET, Failure.STATUS, Failure.STALE)
     assert decision.action is not Action.ANSWER or decision.status in (502, 503, 504)
+
+
+@pytest.mark.parametrize("limit", [0, 1, 2, 5])
+def test_an_outbound_policy_s_retry_limit_counts_the_retries_of_a_retryable_route(
+    limit: int,
+) -> None:
+    """`retry.meshlet.io/limit: N`: N retries after the first send, for a failure status and a
+    reset alike; None keeps the ServiceProfile rule (MAX_ATTEMPTS sends)."""
+    for failure, gave_up in ((Failure.STATUS, Action.PASS), (Failure.RESET, Action.ANSWER)):
+        for sends in range(1, limit + 2):
+            decision = decide(failure, attempt(retryable_route=True, retry_limit=limit,
+                                               sends=sends))  # fmt: skip
+            want = Action.RETRY if sends <= limit else gave_up
+            assert decision.action is want, (failure, sends, decision)
+    unlimited = attempt(retryable_route=True, sends=MAX_ATTEMPTS - 1)
+    assert decide(Failure.STATUS, unlimited).action is Action.RETRY

@@ -221,12 +221,19 @@ def rpc_route() -> dict[str, Any]:
 # -- the processes ----------------------------------------------------------------------------
 
 
-def flaky_service(accrual: bool) -> dict[str, Any]:
-    """Service `flaky`, with Linkerd's consecutive-failures breaker by annotation (or not)."""
+def flaky_service(accrual: bool = False, retries: str = "") -> dict[str, Any]:
+    """Service `flaky`, with Linkerd's consecutive-failures breaker by annotation (or not), and
+    `retries` (`5xx`…) retried twice by annotation."""
     service = objects.service("flaky", NS, cluster_ip=CLUSTER_IPS["flaky"],
                               ports=[("http", 80, FLAKY_PORT)])  # fmt: skip
-    if accrual:
+    service["metadata"]["annotations"] = {}
+    if retries:
         service["metadata"]["annotations"] = {
+            wellknown.RETRY_HTTP_ANNOTATION: retries,
+            wellknown.RETRY_LIMIT_ANNOTATION: "2",
+        }
+    if accrual:
+        service["metadata"]["annotations"] |= {
             wellknown.FAILURE_ACCRUAL_ANNOTATION: "consecutive",
             wellknown.FAILURE_ACCRUAL_MAX_FAILURES_ANNOTATION: "3",
             wellknown.FAILURE_ACCRUAL_MIN_PENALTY_ANNOTATION: "1s",
@@ -535,3 +542,20 @@ def test_the_service_s_failure_accrual_ejects_the_replica_that_fails_everything(
     assert world.metric("outbound_http_balancer_endpoints", endpoint_state="pending",
                         **flaky) == 1  # fmt: skip
     assert world.metric("outbound_http_balancer_endpoints", endpoint_state="ready", **flaky) == 2
+
+
+def test_retries_by_annotation_resend_failures_to_another_replica(world: World) -> None:
+    """`retry.meshlet.io/http: 5xx` and `retry.meshlet.io/limit: 2` on the Service: each 500 of
+    the failing replica is retried on another, so the client sees none; `gateway-error`
+    (502-504) leaves the 500s as they are."""
+    pods = [objects.pod(pod, ip, NS, app="flaky", sa="flaky", meshed=False)
+            for pod, ip in FLAKY_PODS.items()]  # fmt: skip
+    world.folder.put("flaky", flaky_service(retries="gateway-error"), *pods)
+    until(lambda: flaky_statuses(world, 300)["500"] >= 300 * 0.2, within=30)
+    failed_before = world.metric("route_actual_response_total", status_code="500")
+    world.folder.put("flaky", flaky_service(retries="5xx"), *pods)
+    until(lambda: flaky_statuses(world, 60)["500"] == 0)
+    retried = flaky_statuses(world, 600)
+    assert retried == Counter({"200": 600}), retried
+    # the failing replica was still asked (its 500s went to the proxy, not to the client)
+    assert world.metric("route_actual_response_total", status_code="500") > failed_before + 20

@@ -65,6 +65,7 @@ class Attempt:
     retryable_route: bool
     method: str
     responded: bool  # a response byte went back to the client
+    retry_limit: int | None = None  # retries the route allows (None: up to MAX_ATTEMPTS sends)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +82,11 @@ class Decision:
 _ABORT: Final = Decision(Action.ABORT, reason="the response had started")
 _NOTHING_SENT: Final = frozenset({Failure.CONNECT, Failure.CONNECT_TIMEOUT, Failure.REFUSED})
 _GAVE_UP_STATUS: Final = {Failure.CONNECT: 502, Failure.CONNECT_TIMEOUT: 504, Failure.REFUSED: 503}
+
+
+def _route_sends(attempt: Attempt) -> int:
+    """Sends a retryable route allows one request: its retries plus the first."""
+    return MAX_ATTEMPTS if attempt.retry_limit is None else attempt.retry_limit + 1
 
 
 def decide(failure: Failure, attempt: Attempt) -> Decision:
@@ -101,12 +107,12 @@ def decide(failure: Failure, attempt: Attempt) -> Decision:
         failure = Failure.RESET
     if failure is Failure.RESET:
         gave_up = Decision(Action.ANSWER, 502, "the upstream failed before responding")
-        limit = MAX_ATTEMPTS if attempt.retryable_route else (
+        limit = _route_sends(attempt) if attempt.retryable_route else (
             MAX_IDEMPOTENT_ATTEMPTS if attempt.method in IDEMPOTENT else 1
         )  # fmt: skip
     else:  # STATUS
         gave_up = Decision(Action.PASS, reason="a failure response")
-        limit = MAX_ATTEMPTS if attempt.retryable_route else 1
+        limit = _route_sends(attempt) if attempt.retryable_route else 1
     if attempt.replayable and attempt.sends < limit:
         return Decision(Action.RETRY, reason=f"retry after {failure.value}", budgeted=True,
                         otherwise=gave_up)  # fmt: skip

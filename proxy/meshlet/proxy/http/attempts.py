@@ -329,7 +329,7 @@ class Attempts:
         recorder = self.recorder
         if route is not None and recorder is not None:
             classified = recorder.attempt_response(route, status, grpc_status)
-            if classified == FAILURE:
+            if classified == FAILURE and _retried(route.policy.retry_statuses, status):
                 step = self.failed(Failure.STATUS, replayable, False, now)
                 if step is not PASS:
                     return step
@@ -357,6 +357,7 @@ class Attempts:
             sends=self.sends, connects_failed=self.connects, stale_retried=self.stale_retried,
             replayable=replayable, retryable_route=route is not None and route.policy.retryable,
             method=self.target.method, responded=responded,
+            retry_limit=route.policy.retry_limit if route is not None else None,
         )  # fmt: skip
 
     def _decision(self, failure: Failure, attempt: Attempt, now: float) -> Decision:
@@ -493,3 +494,9 @@ async def advance(
             return
         else:
             return
+
+
+def _retried(statuses: tuple[tuple[int, int], ...] | None, status: int) -> bool:
+    """Whether a failure response may be retried by its route: any (a ServiceProfile's route),
+    or one within the outbound policy's retried statuses."""
+    return statuses is None or any(low <= status <= high for low, high in statuses)

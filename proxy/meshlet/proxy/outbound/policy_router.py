@@ -226,7 +226,13 @@ class PolicyRouter:
         else:
             assert isinstance(dispatch, Forward)
             endpoints = ForwardPicker(self._mesh, dispatch.endpoint, self._session)
-        policy = RoutePolicy(timeout=timeout, idle_timeout=rule.timeouts.idle)
+        retry = rule.retry
+        policy = RoutePolicy(
+            timeout=timeout, idle_timeout=rule.timeouts.idle,
+            retryable=retry is not None and retry.limit > 0,
+            retry_statuses=retry.statuses if retry is not None else None,
+            retry_limit=retry.limit if retry is not None else None,
+        )  # fmt: skip
         return RouteTarget(
             self._dst, policy, None, endpoints,
             _modifier(filters, RequestHeaders), _modifier(filters, ResponseHeaders),
