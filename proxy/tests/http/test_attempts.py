@@ -336,3 +336,31 @@ def test_a_response_cut_short_after_its_head_was_recorded_is_a_failure() -> None
     att.release()
     [lease] = case.picker.leases
     assert lease.outcomes == [False] and lease.events == ["responded", "release"]
+
+
+def test_an_outbound_policy_s_retry_resends_only_what_it_names() -> None:
+    """`retry.meshlet.io/grpc: unavailable` (code 14) with `limit: 1`: a trailers-only
+    UNAVAILABLE is resent once to another endpoint; INTERNAL, and an HTTP 500 without a gRPC
+    status, pass as they are. `retry.meshlet.io/http: 5xx` never retries on a gRPC code."""
+    grpc_only = RoutePolicy("", retryable=True, retry_statuses=(),
+                            retry_grpc_codes=frozenset({14}), retry_limit=1)  # fmt: skip
+
+    def first(policy: RoutePolicy, status: int, grpc: str | None) -> object:
+        att = Case(policy=policy).request(now=0.0)
+        att.start()
+        att.sent()
+        return att.response(status, grpc, replayable=True, now=0.1)
+
+    assert isinstance(first(grpc_only, 200, "14"), Endpoint)
+    assert first(grpc_only, 200, "13") is PASS
+    assert first(grpc_only, 500, None) is PASS
+    http_only = RoutePolicy("", retryable=True, retry_statuses=((500, 599),), retry_limit=1)
+    assert isinstance(first(http_only, 503, None), Endpoint)
+    assert first(http_only, 200, "14") is PASS
+    assert first(http_only, 404, None) is PASS
+    att = Case(policy=grpc_only).request(now=0.0)  # the limit: one retry, then passed on
+    att.start()
+    att.sent()
+    assert isinstance(att.response(200, "14", True, 0.1), Endpoint)
+    att.sent()
+    assert att.response(200, "14", True, 0.2) is PASS

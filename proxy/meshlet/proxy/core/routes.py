@@ -122,9 +122,9 @@ class RoutePolicy:
     """What a request's route asks of the proxy: the route's metric name (`rt_route`; empty
     for the default route), its timeout, whether it may be retried, its classes, and how long
     its requests may stay quiet (None: the workload's setting, by default no limit). An
-    outbound policy's retry also names the statuses retried (inclusive ranges; None: every
-    failure, as a ServiceProfile's) and how many retries one request gets (None: the
-    ServiceProfile rule, up to MAX_ATTEMPTS sends)."""
+    outbound policy's retry also names the HTTP statuses (inclusive ranges) and gRPC codes
+    retried (both None: every failure, as a ServiceProfile's) and how many retries one request
+    gets (None: the ServiceProfile rule, up to MAX_ATTEMPTS sends)."""
 
     name: str = ""
     timeout: float | None = None
@@ -132,6 +132,7 @@ class RoutePolicy:
     classes: tuple[ResponseClass, ...] = ()
     idle_timeout: float | None = None
     retry_statuses: tuple[tuple[int, int], ...] | None = None
+    retry_grpc_codes: frozenset[int] | None = None
     retry_limit: int | None = None
 
 

@@ -45,6 +45,7 @@ from typing import NamedTuple, Protocol
 from meshlet.proxy.core.accrual import GRPC_FAILURES
 from meshlet.proxy.core.classify import FAILURE
 from meshlet.proxy.core.failover import Action, Attempt, Decision, Failure, decide
+from meshlet.proxy.core.routes import RoutePolicy
 from meshlet.proxy.http.contract import (
     Endpoint,
     Recording,
@@ -329,7 +330,7 @@ class Attempts:
         recorder = self.recorder
         if route is not None and recorder is not None:
             classified = recorder.attempt_response(route, status, grpc_status)
-            if classified == FAILURE and _retried(route.policy.retry_statuses, status):
+            if classified == FAILURE and _retried(route.policy, status, grpc_status):
                 step = self.failed(Failure.STATUS, replayable, False, now)
                 if step is not PASS:
                     return step
@@ -496,7 +497,14 @@ async def advance(
             return
 
 
-def _retried(statuses: tuple[tuple[int, int], ...] | None, status: int) -> bool:
+def _retried(policy: RoutePolicy, status: int, grpc_status: str | None) -> bool:
     """Whether a failure response may be retried by its route: any (a ServiceProfile's route),
-    or one within the outbound policy's retried statuses."""
-    return statuses is None or any(low <= status <= high for low, high in statuses)
+    or one whose gRPC code (in its head: a trailers-only response), else HTTP status, the
+    outbound policy's retry names. A gRPC status that comes in trailers after a body is not
+    seen here: the response has been passed on by then."""
+    statuses, codes = policy.retry_statuses, policy.retry_grpc_codes
+    if statuses is None and codes is None:
+        return True
+    if grpc_status is not None and grpc_status.isdigit():
+        return codes is not None and int(grpc_status) in codes
+    return statuses is not None and any(low <= status <= high for low, high in statuses)

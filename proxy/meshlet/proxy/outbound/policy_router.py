@@ -231,6 +231,7 @@ class PolicyRouter:
             timeout=timeout, idle_timeout=rule.timeouts.idle,
             retryable=retry is not None and retry.limit > 0,
             retry_statuses=retry.statuses if retry is not None else None,
+            retry_grpc_codes=retry.grpc_codes if retry is not None else None,
             retry_limit=retry.limit if retry is not None else None,
         )  # fmt: skip
         return RouteTarget(
