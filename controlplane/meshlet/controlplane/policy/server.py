@@ -144,19 +144,7 @@ class PolicyService:
                     grpc.StatusCode.NOT_FOUND,
                     f"unknown server: no pod {ns}/{pod}",
                 )
-            self.streams.inc()
-            try:
-                while True:
-                    message = mailbox.take()
-                    if message is not None:
-                        await context.write(message)
-                        continue
-                    if mailbox.closed:  # the pod is gone: the proxy asks again
-                        break
-                    wakeup.clear()
-                    await wakeup.wait()
-            finally:
-                self.streams.dec()
+            await _forward(mailbox, wakeup, context, self.streams)  # until the pod is gone
         except asyncio.CancelledError:
             self.handled.observe("server_stream", method, grpc.StatusCode.CANCELLED)
             raise
@@ -241,19 +229,7 @@ class OutboundService:
                 await self._abort(
                     context, kind, method, grpc.StatusCode.NOT_FOUND, "unknown target"
                 )
-            self.streams.inc()
-            try:
-                while True:
-                    message = mailbox.take()
-                    if message is not None:
-                        await context.write(message)
-                        continue
-                    if mailbox.closed:  # the Service is gone: the proxy asks again
-                        break
-                    wakeup.clear()
-                    await wakeup.wait()
-            finally:
-                self.streams.dec()
+            await _forward(mailbox, wakeup, context, self.streams)  # until the Service is gone
         except asyncio.CancelledError:
             self.handled.observe(kind, method, grpc.StatusCode.CANCELLED)
             raise
@@ -267,6 +243,26 @@ class OutboundService:
     ) -> None:
         self.handled.observe(kind, method, code)
         await context.abort(code, message)
+
+
+async def _forward(
+    mailbox: Mailbox, wakeup: asyncio.Event, context: Context, streams: Gauge
+) -> None:
+    """Writes each policy the index leaves in `mailbox` (only the newest waits there) until the
+    watched object is gone and the stream ends (the proxy asks again); `streams` counts it open."""
+    streams.inc()
+    try:
+        while True:
+            message = mailbox.take()
+            if message is not None:
+                await context.write(message)
+                continue
+            if mailbox.closed:
+                return
+            wakeup.clear()
+            await wakeup.wait()
+    finally:
+        streams.dec()
 
 
 def outbound_handler(service: OutboundService) -> grpc.GenericRpcHandler:
