@@ -123,7 +123,8 @@ class OutboundRouter:
     ) -> None:
         self._mesh = mesh
         self._policies = policies
-        self._policy_router: tuple[Destination, PolicyRouter] | None = None
+        # the service's policy target and router, kept while discovery's answer is the same
+        self._policy_router: tuple[Destination, HostPort, PolicyRouter] | None = None
         self._metrics = metrics
         self._session = session
         self._destination = destination
@@ -166,9 +167,10 @@ class OutboundRouter:
         profile = destination.profile
         policies = self._policies
         if policies is not None and destination.kind == "service" and not profiled(profile):
-            followed = policies.follow(policy_target(destination))
+            service, router = self._by_policy(mesh, destination)
+            followed = policies.follow(service)
             if followed is not None and followed.policy is not None:
-                routed = self._by_policy(mesh, destination).route(followed, request)
+                routed = router.route(followed, request)
                 if routed is not None:
                     return routed
         route = route_for(profile.routes, request.method, request.path) if profile else None
@@ -197,16 +199,21 @@ class OutboundRouter:
             )
         return target
 
-    def _by_policy(self, mesh: Destinations, destination: Destination) -> PolicyRouter:
+    def _by_policy(
+        self, mesh: Destinations, destination: Destination
+    ) -> tuple[HostPort, PolicyRouter]:
+        """The service's policy target and this connection's router by its policy, made once
+        per discovery answer (not per request)."""
         held = self._policy_router
         if held is not None and held[0] is destination:
-            return held[1]
+            return held[1], held[2]
         from meshlet.proxy.outbound.policy_router import PolicyRouter
 
-        label = self._metrics.authority_label(str(policy_target(destination)))
+        target = policy_target(destination)
+        label = self._metrics.authority_label(str(target))
         router = PolicyRouter(mesh, self._metrics, self._session, label)
-        self._policy_router = (destination, router)
-        return router
+        self._policy_router = (destination, target, router)
+        return target, router
 
     def _by_literal(self, authority: str | None) -> RouteTarget | RouteError | None:
         """Without discovery, an authority that needs no name lookup is routed at once, and
