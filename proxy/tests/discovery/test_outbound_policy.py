@@ -137,6 +137,10 @@ async def test_the_watch_follows_updates_keeps_the_last_policy_and_resumes(
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+            # closed while the controller still serves, and given the loop's turns to finish
+            # the TLS close, so that no transport is left half-closed when the loop ends
+            await client.aclose()
+            await asyncio.sleep(0.1)
 
 
 async def test_a_controller_with_another_identity_is_never_believed(

@@ -387,7 +387,7 @@ async def test_latency_runs_from_the_requests_arrival(engine: Any) -> None:
     ((status, _),) = await get(proxy, 1)
     assert status == 200
     latency = proxy.sample("response_latency_ms_sum", status_code="200")
-    assert 300 <= latency < 5000
+    assert 300 - 1e-6 <= latency < 5000  # the loop clock's float arithmetic, not a shortfall
 
 
 @pytest.mark.parametrize(("ttl", "pause", "retried"), [(10.0, 0.0, True), (1.0, 1.2, False)],
