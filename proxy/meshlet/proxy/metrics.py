@@ -26,6 +26,7 @@ from typing import Any, Final
 
 from meshlet.api.hostport import HostPort
 from meshlet.proxy.io.counters import DST_LABELS, NO_DST, ConnLabels, TcpConn, TcpKey, Values
+from meshlet.proxy.route_metrics import RouteFamilies
 from meshlet.proxy.series import (
     Counter,
     Family,
@@ -87,13 +88,6 @@ _SRV: Final = ["target_addr", "srv_group", "srv_kind", "srv_name"]
 _ROUTE_AUTHZ: Final = [*_SRV, "route_group", "route_kind", "route_name"]
 _CLIENT_TLS: Final = ["tls", "no_tls_reason", "client_id"]
 _AUTHZ: Final = ["authz_group", "authz_kind", "authz_name"]
-# Linkerd 2.16's outbound route metrics: the Service, the route and the backend, each as its
-# outbound policy names it.
-_PARENT: Final = ["parent_group", "parent_kind", "parent_namespace", "parent_name", "parent_port",
-                  "parent_section_name"]  # fmt: skip
-_ROUTE_REF: Final = ["route_group", "route_kind", "route_namespace", "route_name"]
-_BACKEND_REF: Final = ["backend_group", "backend_kind", "backend_namespace", "backend_name",
-                       "backend_port", "backend_section_name"]  # fmt: skip
 _RATELIMIT: Final = ["ratelimit_group", "ratelimit_kind", "ratelimit_name", "ratelimit_scope"]
 _TCP_CLOSE: Final = [*_TCP, "errno"]
 _DURATION_LES: Final = [*(str(bound) for bound in DURATION_BUCKETS_MS), "+Inf"]
@@ -263,16 +257,9 @@ class ProxyMetrics:
             "inbound_http_local_ratelimit", "Inbound HTTP requests refused by the rate limit.",
             [*_SRV, *_RATELIMIT, *_CLIENT_TLS], registry=r,
         )  # fmt: skip
-        self.outbound_http_route_backend_requests_total = Counter(
-            "outbound_http_route_backend_requests",
-            "Outbound requests dispatched to an HTTP route backend.",
-            [*_PARENT, *_ROUTE_REF, *_BACKEND_REF], registry=r,
-        )  # fmt: skip
-        self.outbound_grpc_route_backend_requests_total = Counter(
-            "outbound_grpc_route_backend_requests",
-            "Outbound requests dispatched to a gRPC route backend.",
-            [*_PARENT, *_ROUTE_REF, *_BACKEND_REF], registry=r,
-        )  # fmt: skip
+        # Linkerd 2.16's outbound_http_route_* and outbound_grpc_route_* (route_metrics.py)
+        self.outbound_http_route = RouteFamilies("http", r)
+        self.outbound_grpc_route = RouteFamilies("grpc", r)
         self.inbound_tcp_authz_allow_total = Counter(
             "inbound_tcp_authz_allow", "Inbound TCP connections allowed, by authorization.",
             [*_SRV, *_AUTHZ, *_CLIENT_TLS], registry=r,

@@ -42,6 +42,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, Protocol
 
+from meshlet.proxy import route_metrics
 from meshlet.proxy.core.accrual import GRPC_FAILURES
 from meshlet.proxy.core.classify import FAILURE
 from meshlet.proxy.core.failover import Action, Attempt, Decision, Failure, decide
@@ -127,6 +128,7 @@ class Attempts:
         "counted",
         "deadline",
         "endpoint",
+        "error",
         "label",
         "latency_ms",
         "observation",
@@ -165,6 +167,7 @@ class Attempts:
         self.latency_ms: float | None = None  # arrival to the response head
         self.classified = ""  # the response head's class, as the route classified it
         self.ok: bool | None = None  # the recorded response's outcome, for failure accrual
+        self.error = ""  # why the proxy answered, as Linkerd's route metrics say (route_metrics)
         self.tap: Tapped | None = None  # the taps that took the request (tap/taps.py)
         # The access log entry and span (observe.py): None unless the workload has either.
         observer = recorder.observer if recorder is not None else None
@@ -234,6 +237,7 @@ class Attempts:
     def _picked(self, picked: Endpoint | RouteError) -> Step:
         if isinstance(picked, RouteError):
             self._count(None)
+            self.error = route_metrics.FAIL_FAST
             return Answer(picked.status, picked.reason)
         self._count(picked)
         self.endpoint = picked
@@ -307,6 +311,7 @@ class Attempts:
             self.stale_retried = True
             return AGAIN
         if action is Action.ANSWER:
+            self.error = route_metrics.RESET
             return Answer(decision.status, decision.reason)
         return PASS if action is Action.PASS else ABORT
 
@@ -334,6 +339,8 @@ class Attempts:
                 step = self.failed(Failure.STATUS, replayable, False, now)
                 if step is not PASS:
                     return step
+            elif self.sends > 1 and route.series is not None and route.policy.retryable:
+                route.series.route.successes.inc()
             if grpc_status is None:  # else a gRPC status in trailers may still change it
                 self.classified = classified
         self.responded(now)
@@ -344,6 +351,7 @@ class Attempts:
         route = self.route
         timeout = route.policy.timeout if route is not None else None
         decision = decide(Failure.TIMEOUT, self._attempt(False, False))
+        self.error = route_metrics.REQUEST_TIMEOUT
         why = f"the route's timeout of {timeout:g}s passed" if timeout else "the timeout passed"
         return Answer(decision.status, why)
 
@@ -370,6 +378,8 @@ class Attempts:
             if self.recorder is not None:
                 self.recorder.retry_skipped(route)
             decision = decision.otherwise
+        if route is not None and route.series is not None:
+            route_metrics.failover(route.series, failure, decision, attempt)
         return decision
 
     # -- outcome ---------------------------------------------------------------------------
@@ -387,6 +397,7 @@ class Attempts:
         self._count(None)
         self.deadline = None
         self.latency_ms = (now - self.arrived) * 1000.0
+        self.error = self.error or route_metrics.UNKNOWN
 
     def record(self, status: int, grpc_status: str | None = None, failed: bool = False) -> str:
         """The response the client got (`failed`: cut short); its classification."""
@@ -403,7 +414,7 @@ class Attempts:
         if tap is not None:
             tap.ended(status, grpc_status, self.latency_ms, failed)
         return recorder.response(self.label, self.endpoint, self.route, status, grpc_status,
-                                 self.latency_ms, failed, known)  # fmt: skip
+                                 self.latency_ms, failed, known, self.error)  # fmt: skip
 
     def _outcome(self, success: bool) -> None:
         """The current attempt's outcome, to its endpoint's balancer (the first report counts)."""

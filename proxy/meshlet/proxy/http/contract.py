@@ -27,6 +27,7 @@ from meshlet.proxy.io.counters import ConnLabels, CounterFamily, HistogramFamily
 
 if TYPE_CHECKING:
     from meshlet.proxy.http.observe import ConnObserver
+    from meshlet.proxy.route_metrics import BackendSeries
 
 Addr = HostPort  # printed as host:port, [v6]:port
 T = TypeVar("T")
@@ -153,7 +154,8 @@ class RouteTarget(NamedTuple):
     retries but a connection's), what picks an endpoint for each attempt, and the change the
     route's filters make to the request's headers (None: none; each engine applies it to the
     head it forwards, once, when the request is routed) and to the headers of the response
-    the upstream sends back (not to the proxy's own answers)."""
+    the upstream sends back (not to the proxy's own answers); an outbound policy's route
+    backend also carries its Linkerd route metrics (`series`; None: not such a route)."""
 
     dst: str
     policy: RoutePolicy
@@ -161,6 +163,7 @@ class RouteTarget(NamedTuple):
     endpoints: EndpointPicker
     request_headers: HeaderModifier | None = None
     response_headers: HeaderModifier | None = None
+    series: BackendSeries | None = None
 
 
 class Router(Protocol):
@@ -230,9 +233,10 @@ class Recording(Protocol):
         latency_ms: float | None,
         failed: bool = False,
         classified: str = "",
+        error: str = "",
     ) -> str:
         """The response the client got (`failed`: cut short; `classified`: its class, when
-        already known); its classification."""
+        already known; `error`: the proxy answered, for this reason); its classification."""
 
     def attempt(self, route: RouteTarget) -> None:
         """The request was (at least partly) sent upstream."""

@@ -5,7 +5,9 @@ the response the client gets (with the endpoint's labels on the outbound side), 
 `route_request_total` / `route_response_total` / `route_response_latency_ms`; per attempt sent
 upstream, `route_actual_request_total` and, for each response that came back (a retried one
 included), `route_actual_response_total`. Responses are classified by the route's response
-classes. Label children are looked up once per label set, not per request.
+classes. Label children are looked up once per label set, not per request. A route of an
+outbound policy also carries Linkerd's route series (route_metrics.py): its request's end and
+each attempt's response go there too.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from meshlet.proxy.http.contract import (
     Tapped,
 )
 from meshlet.proxy.io.counters import ConnLabels
+from meshlet.proxy.route_metrics import UNKNOWN
 
 if TYPE_CHECKING:
     from meshlet.proxy.http.observe import ConnObserver
@@ -83,9 +86,11 @@ class Recorder:
         latency_ms: float | None,
         failed: bool = False,
         classified: str = "",
+        error: str = "",
     ) -> str:
-        """The response the client got (or the exchange's end when `failed`: cut short);
-        returns its classification (`classified`: already known)."""
+        """The response the client got (or the exchange's end when `failed`: cut short; the
+        proxy's own answer, for `error`); returns its classification (`classified`: already
+        known)."""
         policy = route.policy if route is not None else DEFAULT_ROUTE
         grpc = grpc_status or ""
         classification = (
@@ -105,6 +110,13 @@ class Recorder:
             children[1].observe(latency_ms)
         if route is not None:
             self._route_response(route, policy.name, status, classification, latency_ms)
+            series = route.series
+            if series is not None:
+                seconds = latency_ms / 1000.0 if latency_ms is not None else None
+                if error:
+                    series.route.finished(0, None, error, seconds)
+                else:
+                    series.route.finished(status, grpc_status, UNKNOWN if failed else "", seconds)
         return classification
 
     def _route_response(
@@ -135,6 +147,8 @@ class Recorder:
     def attempt_response(self, route: RouteTarget, status: int, grpc_status: str | None) -> str:
         """A response came back from upstream (given to the client or retried); its class."""
         classification = classify_response(route.policy, status, grpc_status)
+        if route.series is not None:
+            route.series.statuses.inc(status, grpc_status, "")
         key = (route.dst, route.policy.name, status, classification)
         counter = self._actual_responses.get(key)
         if counter is None:
@@ -146,6 +160,8 @@ class Recorder:
 
     def retry_skipped(self, route: RouteTarget) -> None:
         self.metrics.retry_skipped_total.labels(self.direction, route.dst, route.policy.name).inc()
+        if route.series is not None:
+            route.series.route.overflow.inc()
 
     def error(self, label: str) -> None:
         """A request or connection refused for its input, by what was sent (a status, or an

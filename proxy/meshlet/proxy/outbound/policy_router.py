@@ -13,11 +13,12 @@ backend answer with their status and `meshlet-proxy-error` saying why. The backe
 weight per request (`route_select.pick`); a balanced backend's endpoints come from discovery by
 its path, balanced as dst_overrides' services are (`Destinations.pick_backend`). The rule's
 request timeout (else the backend's) is the route's timeout, its idle timeout how long a
-request may stay quiet. Each request dispatched to a
-backend is counted as Linkerd 2.16 counts it (`outbound_http_route_backend_requests_total`, or
-`outbound_grpc_...`: the parent Service, the route and the backend as the policy names them).
+request may stay quiet. Requests are counted in Linkerd 2.16's outbound route families
+(route_metrics.py: the parent Service, the route and the backend as the policy names them): a
+route target carries its backend's series, looked up when the target is built; a rule's own
+answer (a redirect, an injected failure, a route that cannot send) is counted on its route here.
 
-Not applied yet: the rule's retries and its response timeout (of each attempt).
+Not applied yet: the rule's response timeout (of each attempt).
 
 What a rule leads to is built once per policy version and kept for the connection (a
 RouteTarget per backend): routing a request is a match, a draw and a dict read.
@@ -35,7 +36,6 @@ from meshlet.proxy.core import authz
 from meshlet.proxy.core.accrual import FailureAccrual, InvalidAccrual
 from meshlet.proxy.core.authz import HttpMatch, PathKind
 from meshlet.proxy.core.client_policy import (
-    Backend,
     Balance,
     ClientPolicy,
     Fail,
@@ -65,16 +65,19 @@ from meshlet.proxy.http.contract import (
     RouteTarget,
     Wait,
 )
+from meshlet.proxy.route_metrics import UNKNOWN
 
 if TYPE_CHECKING:
     from meshlet.proxy.core.endpoints import DiscoveredEndpoint
     from meshlet.proxy.discovery.outbound_policy import Followed
-    from meshlet.proxy.io.counters import Counted
     from meshlet.proxy.metrics import ProxyMetrics
     from meshlet.proxy.outbound.destinations import Destinations
+    from meshlet.proxy.route_metrics import BackendSeries, RouteSeries
 
 NO_ROUTE: Final = RouteError(404, "no route found for request")  # linkerd2-proxy's words
 NO_BACKEND: Final = RouteError(500, "the route has no backends")
+FORBIDDEN: Final = RouteError(403, "the route forbids the request")
+INVALID: Final = "the route is invalid: "
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +125,9 @@ class PolicyRouter:
         self._followed: Followed | None = None
         self._version = -1
         # by (route, rule, backend) index: what requests sent there are routed to
-        self._targets: dict[tuple[int, int, int], tuple[RouteTarget | RouteError, Counted]] = {}
+        self._targets: dict[tuple[int, int, int], tuple[RouteTarget | RouteError, BackendSeries]]
+        self._targets = {}
+        self._route_series: dict[int, RouteSeries] = {}  # by route index: its route metrics
 
     def route(self, followed: Followed, request: RequestTarget) -> RouteTarget | RouteError | None:
         """The request's route by the policy; None when the policy has no HTTP routes (an
@@ -130,7 +135,8 @@ class PolicyRouter:
         policy = followed.policy
         assert policy is not None
         if followed is not self._followed or followed.version != self._version:
-            self._followed, self._version, self._targets = followed, followed.version, {}
+            self._followed, self._version = followed, followed.version
+            self._targets, self._route_series = {}, {}
         routes, grpc = self._routes(policy, request)
         if not routes:
             return None
@@ -145,42 +151,44 @@ class PolicyRouter:
             return NO_ROUTE
         rule = selected.target
         answered = self._answered(rule.filters, rule, request, grpc)
+        if answered is None:
+            backend = pick(rule.distribution, self._rng)
+            if backend is None:
+                answered = NO_BACKEND
+            elif backend.filters:
+                answered = self._answered(backend.filters, rule, request, grpc)
         if answered is not None:
+            self._route_metrics(policy.meta, routes, selected.route, grpc).finished(
+                *_answer_labels(answered), 0.0
+            )
             return answered
-        backend = pick(rule.distribution, self._rng)
-        if backend is None:
-            return NO_BACKEND
-        if backend.filters:
-            answered = self._answered(backend.filters, rule, request, grpc)
-            if answered is not None:
-                return answered
+        assert backend is not None
         at = rule.distribution.backends.index(backend)
         key = (selected.route, selected.rule, at)
         held = self._targets.get(key)
         if held is None:
-            route = routes[selected.route]
-            held = self._targets[key] = (
-                self._target(rule, backend),
-                self._counter(policy.meta, route.meta, backend.backend, grpc),
-            )
-        held[1].inc()
-        return held[0]
+            route = self._route_metrics(policy.meta, routes, selected.route, grpc)
+            series = route.families.backend(route, backend.backend.meta)
+            target = self._target(rule, backend)
+            if isinstance(target, RouteTarget):
+                target = target._replace(series=series)
+            held = self._targets[key] = (target, series)
+        target, series = held
+        series.requests.inc()
+        if isinstance(target, RouteError):  # a Fail backend: answered here
+            series.route.finished(0, None, UNKNOWN, 0.0)
+        return target
 
-    def _counter(
-        self, parent: PolicyRef, route: PolicyRef, backend: Backend, grpc: bool
-    ) -> Counted:
-        m = self._metrics
-        family = (
-            m.outbound_grpc_route_backend_requests_total
-            if grpc
-            else m.outbound_http_route_backend_requests_total
-        )
-        b = backend.meta
-        return family.labels(
-            parent.group, parent.kind, parent.namespace, parent.name, str(parent.port or ""),
-            parent.section, route.group, route.kind, route.namespace, route.name,
-            b.group, b.kind, b.namespace, b.name, str(b.port or ""), b.section,
-        )  # fmt: skip
+    def _route_metrics(
+        self, parent: PolicyRef, routes: tuple[Route, ...], at: int, grpc: bool
+    ) -> RouteSeries:
+        """The route metrics of `routes[at]`, looked up once per policy version."""
+        series = self._route_series.get(at)
+        if series is None:
+            m = self._metrics
+            families = m.outbound_grpc_route if grpc else m.outbound_http_route
+            series = self._route_series[at] = families.route(parent, routes[at].meta)
+        return series
 
     def _routes(
         self, policy: ClientPolicy, request: RequestTarget
@@ -208,9 +216,9 @@ class PolicyRouter:
                         return RouteError(500, GrpcFailure(why, f.status))
                     return RouteError(f.status, why)
             elif isinstance(f, Forbidden):
-                return RouteError(403, "the route forbids the request")
+                return FORBIDDEN
             elif isinstance(f, Invalid):
-                return RouteError(500, f"the route is invalid: {f.message}")
+                return RouteError(500, f"{INVALID}{f.message}")
         return None
 
     def _target(self, rule: Rule, backend: RouteBackend) -> RouteTarget | RouteError:
@@ -238,6 +246,17 @@ class PolicyRouter:
             self._dst, policy, None, endpoints,
             _modifier(filters, RequestHeaders), _modifier(filters, ResponseHeaders),
         )  # fmt: skip
+
+
+def _answer_labels(answer: RouteError) -> tuple[int, str | None, str]:
+    """A rule's local answer as Linkerd's route metrics label it: a redirect's or an injected
+    failure's status (or gRPC code); a route that cannot send the request, an error."""
+    reason = answer.reason
+    if isinstance(reason, GrpcFailure):
+        return answer.status, reason.code, ""
+    if answer is NO_BACKEND or answer is FORBIDDEN or reason.startswith(INVALID):
+        return 0, None, UNKNOWN
+    return answer.status, None, ""
 
 
 def _matches_all(route: Route) -> bool:

@@ -1,0 +1,194 @@
+"""Linkerd 2.16's outbound route metrics (linkerd2-proxy `outbound/src/http/logical/policy/route/
+metrics.rs`, `backend/metrics.rs`, `linkerd-http-retry`), and the series of one route target.
+
+Only requests routed by an outbound policy's HTTPRoute or GRPCRoute are counted here
+(ServiceProfile routes keep the `route_*` families). Each family exists twice, as
+`outbound_http_route_*` and `outbound_grpc_route_*` (a GRPCRoute's requests; `grpc_status` in
+place of `http_status`, a code's name, `UNKNOWN` when none came):
+
+- per route (`parent_*`, `route_*`): `request_duration_seconds`, a histogram with Linkerd's
+  coarse buckets (0.05, 0.5, 1, 10 s), and `request_statuses_total` (`http_status`, `error`),
+  once per request, for the response the client got; `retry_requests_total` (each retry sent),
+  `retry_successes_total` (a retry's response that was not retried again),
+  `retry_limit_exceeded_total` (a request still failing when its retries were used up: once
+  per request), `retry_overflow_total` (a retry the retry budget refused);
+- per route backend (`backend_*` too): `backend_requests_total`, each dispatch to the backend
+  (a retry is dispatched again), and `backend_response_statuses_total` for each attempt's
+  outcome, retried ones included.
+
+`error` is Linkerd's name of why a request ended without a response (`FAIL_FAST`,
+`REQUEST_TIMEOUT`, `RESET`, `UNKNOWN`...); it is left out when a response came whole, and
+`http_status` is left out when none came. The request duration runs from the request's arrival
+to the response head the client got (Linkerd's runs to the response's last byte).
+
+Series are looked up once per route target (the policy router keeps a `BackendSeries` per
+(route, rule, backend) and policy version); a request pays dict reads for its status only.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from meshlet.proxy.core.client_policy import PolicyRef
+from meshlet.proxy.core.failover import MAX_ATTEMPTS, Action, Attempt, Decision, Failure
+from meshlet.proxy.series import Counter, CounterChild, Histogram, HistogramChild, Registry
+
+REQUEST_BUCKETS: Final = (0.05, 0.5, 1.0, 10.0)  # Linkerd's RouteMetrics::REQUEST_BUCKETS
+PARENT: Final = ("parent_group", "parent_kind", "parent_namespace", "parent_name", "parent_port",
+                 "parent_section_name")  # fmt: skip
+ROUTE: Final = ("route_group", "route_kind", "route_namespace", "route_name")
+BACKEND: Final = ("backend_group", "backend_kind", "backend_namespace", "backend_name",
+                  "backend_port", "backend_section_name")  # fmt: skip
+# Linkerd's `error` label values (route/metrics/labels.rs)
+FAIL_FAST: Final = "FAIL_FAST"
+REQUEST_TIMEOUT: Final = "REQUEST_TIMEOUT"
+RESET: Final = "RESET"
+UNKNOWN: Final = "UNKNOWN"
+GRPC_CODES: Final = (
+    "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+    "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+    "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+    "UNAUTHENTICATED",
+)  # fmt: skip
+
+Values = tuple[str, ...]
+
+
+def ref_values(ref: PolicyRef, service: bool) -> Values:
+    """A parent's or backend's label values (`service`: with port and section), or a route's."""
+    head = (ref.group, ref.kind, ref.namespace, ref.name)
+    return (*head, str(ref.port or ""), ref.section) if service else head
+
+
+def grpc_code_name(code: str | None) -> str:
+    """`grpc-status` as Linkerd labels it: the code's name; `UNKNOWN` for none or another."""
+    if code is not None and code.isdigit() and int(code) < len(GRPC_CODES):
+        return GRPC_CODES[int(code)]
+    return "UNKNOWN"
+
+
+class RouteFamilies:
+    """The families of one protocol (`http` or `grpc`) on the proxy's registry."""
+
+    def __init__(self, protocol: str, registry: Registry) -> None:
+        p = f"outbound_{protocol}_route"
+        self.grpc = protocol == "grpc"
+        status = "grpc_status" if self.grpc else "http_status"
+        route, backend = [*PARENT, *ROUTE], [*PARENT, *ROUTE, *BACKEND]
+        r = registry
+        self.request_duration = Histogram(
+            f"{p}_request_duration_seconds",
+            "The time between request initialization and response completion.",
+            route, r, REQUEST_BUCKETS,
+        )  # fmt: skip
+        self.request_statuses = Counter(f"{p}_request_statuses",
+                                        "Completed request-response streams.",
+                                        [*route, status, "error"], r)  # fmt: skip
+        self.retry_requests = Counter(f"{p}_retry_requests", "Retry requests emitted.", route, r)
+        self.retry_successes = Counter(
+            f"{p}_retry_successes", "Successful responses to retry requests.", route, r
+        )
+        self.retry_limit_exceeded = Counter(
+            f"{p}_retry_limit_exceeded", "Retryable requests not sent due to retry limits.",
+            route, r,
+        )  # fmt: skip
+        self.retry_overflow = Counter(
+            f"{p}_retry_overflow",
+            "Retryable requests not sent due to circuit breakers (the retry budget).", route, r,
+        )  # fmt: skip
+        self.backend_requests = Counter(
+            f"{p}_backend_requests",
+            f"Outbound requests dispatched to a{'' if self.grpc else 'n'} "
+            f"{'gRPC' if self.grpc else 'HTTP'} route backend.",
+            backend, r,
+        )  # fmt: skip
+        self.backend_response_statuses = Counter(f"{p}_backend_response_statuses",
+                                                 "Completed responses.",
+                                                 [*backend, status, "error"], r)  # fmt: skip
+        self._routes: dict[Values, RouteSeries] = {}
+
+    def route(self, parent: PolicyRef, route: PolicyRef) -> RouteSeries:
+        """The series of a (parent, route), shared by its rules and backends."""
+        values = (*ref_values(parent, True), *ref_values(route, False))
+        series = self._routes.get(values)
+        if series is None:
+            series = self._routes[values] = RouteSeries(self, values)
+        return series
+
+    def backend(self, route: RouteSeries, backend: PolicyRef) -> BackendSeries:
+        return BackendSeries(route, (*route.values, *ref_values(backend, True)))
+
+
+class _Statuses:
+    """A statuses family's children under fixed labels, by (status, error)."""
+
+    __slots__ = ("_children", "_family", "_grpc", "_values")
+
+    def __init__(self, family: Counter, values: Values, grpc: bool) -> None:
+        self._family = family
+        self._values = values
+        self._grpc = grpc
+        self._children: dict[tuple[int, str | None, str], CounterChild] = {}
+
+    def inc(self, status: int, grpc_status: str | None, error: str) -> None:
+        """`status` 0: no response came (then `error` says why)."""
+        key = (status, grpc_status, error)
+        child = self._children.get(key)
+        if child is None:
+            label = grpc_code_name(grpc_status) if self._grpc else str(status or "")
+            child = self._children[key] = self._family.labels(*self._values, label, error)
+        child.value += 1
+
+
+class RouteSeries:
+    """The per-route series of one (parent, route)."""
+
+    __slots__ = ("duration", "families", "limit_exceeded", "overflow", "retries", "statuses",
+                 "successes", "values")  # fmt: skip
+
+    def __init__(self, families: RouteFamilies, values: Values) -> None:
+        self.values = values
+        self.duration: HistogramChild = families.request_duration.labels(*values)
+        self.statuses = _Statuses(families.request_statuses, values, families.grpc)
+        self.retries = families.retry_requests.labels(*values)
+        self.successes = families.retry_successes.labels(*values)
+        self.limit_exceeded = families.retry_limit_exceeded.labels(*values)
+        self.overflow = families.retry_overflow.labels(*values)
+        self.families = families
+
+    def finished(
+        self, status: int, grpc_status: str | None, error: str, seconds: float | None
+    ) -> None:
+        """The request's end as the client saw it (once per request)."""
+        self.statuses.inc(status, grpc_status, error)
+        self.duration.observe(seconds if seconds is not None else 0.0)
+
+
+class BackendSeries:
+    """The series of one route backend (a route target), with its route's."""
+
+    __slots__ = ("requests", "route", "statuses")
+
+    def __init__(self, route: RouteSeries, values: Values) -> None:
+        families = route.families
+        self.route = route
+        self.requests = families.backend_requests.labels(*values)
+        self.statuses = _Statuses(families.backend_response_statuses, values, families.grpc)
+
+
+def failover(series: BackendSeries, failure: Failure, decision: Decision, attempt: Attempt) -> None:
+    """A sent attempt failed (reset, or a status its route retries) and the driver decided
+    (`decision`, after the budget): a reset is the attempt's outcome; on a route with retries,
+    a retry is a retry request and a dispatch to the backend again, and a failure with its
+    retries used up (while it could still be resent) exceeds the limit."""
+    if failure is Failure.RESET:
+        series.statuses.inc(0, None, RESET)
+    if not attempt.retryable_route:
+        return
+    if decision.action is Action.RETRY:
+        series.route.retries.inc()
+        series.requests.inc()
+        return
+    limit = attempt.retry_limit if attempt.retry_limit is not None else MAX_ATTEMPTS - 1
+    if attempt.replayable and not attempt.responded and attempt.sends > limit:
+        series.route.limit_exceeded.inc()
