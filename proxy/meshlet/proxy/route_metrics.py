@@ -178,14 +178,15 @@ class BackendSeries:
 
 def failover(series: BackendSeries, failure: Failure, decision: Decision, attempt: Attempt) -> None:
     """A sent attempt failed (reset, or a status its route retries) and the driver decided
-    (`decision`, after the budget): a reset is the attempt's outcome; on a route with retries,
-    a retry is a retry request and a dispatch to the backend again, and a failure with its
-    retries used up (while it could still be resent) exceeds the limit."""
-    if failure is Failure.RESET:
+    (`decision`, after the budget): a reset retried is the attempt's outcome; on a route with
+    retries, a retry is a retry request and a dispatch to the backend again, and a failure
+    with its retries used up (while it could still be resent) exceeds the limit."""
+    retry = decision.action is Action.RETRY
+    if failure is Failure.RESET and retry:  # else the answer the client gets says so
         series.statuses.inc(0, None, RESET)
     if not attempt.retryable_route:
         return
-    if decision.action is Action.RETRY:
+    if retry:
         series.route.retries.inc()
         series.requests.inc()
         return

@@ -35,7 +35,7 @@ import h2.events
 import pytest
 
 from meshlet.api import wellknown
-from meshlet.cli.stats import parse
+from meshlet.cli.stats import Series, parse
 from meshlet.controlplane.k8s import objects
 from meshlet.controlplane.k8s.manifests import ManifestsFolder
 
@@ -45,7 +45,7 @@ GW: Final = "gateway.networking.k8s.io"
 PODS: Final = {"api": "127.0.0.1", "api-v2": "127.0.0.2", "api-canary": "127.0.0.3"}
 DEADLINE: Final = 10.0  # what holds in milliseconds on an idle machine, on a busy one
 GRPC_PODS: Final = {"rpc": "127.0.0.4", "rpc-v2": "127.0.0.5"}  # gRPC apps
-# Service `flaky`: three pods, the third answers 500 to everything
+# Service `flaky`: three pods, the third answers 500 to everything (all three: to /fail...)
 FLAKY_PODS: Final = {"flaky-1": "127.0.0.6", "flaky-2": "127.0.0.7", "flaky-3": "127.0.0.8"}
 FAILING: Final = "flaky-3"
 FLAKY_PORT: Final = 8080
@@ -95,7 +95,8 @@ async def _serve(pod: str, reader: asyncio.StreamReader, writer: asyncio.StreamW
             pairs: list[tuple[str, str]] = [(f[0], f[1]) for f in fields if len(f) == 2]
             await reader.readexactly(int(dict(pairs).get("content-length", "0")))
             body = _answer(pod, lines[0].split()[1], pairs)
-            status = b"500 Internal Server Error" if pod == FAILING else b"200 OK"
+            failing = pod == FAILING or lines[0].split()[1].startswith("/fail")
+            status = b"500 Internal Server Error" if failing else b"200 OK"
             writer.write(b"HTTP/1.1 %s\r\ncontent-type: application/json\r\n"
                          b"content-length: %d\r\n\r\n%s" % (status, len(body), body))  # fmt: skip
             head = await reader.readuntil(b"\r\n\r\n")
@@ -257,11 +258,15 @@ class World:
     admin: int
     proxy_log: Path
 
-    def metric(self, name: str, **labels: str) -> float:
-        """The sum of the proxy's `name` samples whose labels include `labels`."""
+    def scrape(self) -> Series:
         url = f"http://127.0.0.1:{self.admin}/metrics"
         with urllib.request.urlopen(url, timeout=5) as response:
-            series = parse(response.read().decode())
+            return parse(response.read().decode())
+
+    def metric(self, name: str, series: Series | None = None, **labels: str) -> float:
+        """The sum of the proxy's `name` samples (of `series`, else a scrape now) whose labels
+        include `labels`."""
+        series = self.scrape() if series is None else series
         want = set(labels.items())
         return sum(v for (n, have), v in series.items() if n == name and want <= have)
 
@@ -497,17 +502,29 @@ def test_grpc_methods_are_routed_by_the_grpc_route(world: World) -> None:
 
         until(lambda: call("Ping") == b"rpc-v2-1")
         name, route = "outbound_grpc_route_backend_requests_total", {"route_kind": "GRPCRoute"}
-        before = world.metric(name, backend_name="rpc-v2", **route)
+        before = world.scrape()
         assert {call("Ping") for _ in range(20)} == {b"rpc-v2-1"}
-        assert world.metric(name, backend_name="rpc-v2", **route) - before == 20
+        assert world.metric(name, backend_name="rpc-v2", **route) - world.metric(
+            name, before, backend_name="rpc-v2", **route) == 20  # fmt: skip
         assert {call("Other") for _ in range(20)} == {b"rpc-1"}
         with pytest.raises(grpc.RpcError) as failed:
             call("Broken")
         assert failed.value.code() is grpc.StatusCode.UNKNOWN  # the route's code, not 14
         assert failed.value.details() == "Service not found nowhere"
+        after = world.scrape()
+
+    def added(name: str, **labels: str) -> float:
+        name, labels = f"outbound_grpc_route_{name}", {"route_name": "rpc-split", **labels}
+        return world.metric(name, after, **labels) - world.metric(name, before, **labels)
+
+    # Linkerd's gRPC route families: the status by its code's name, the injected one included
+    assert added("request_statuses_total", grpc_status="OK") == 40
+    assert added("request_statuses_total", grpc_status="UNKNOWN") == 1
+    assert added("request_duration_seconds_count") == 41
+    assert added("backend_response_statuses_total", grpc_status="OK", backend_name="rpc-v2") == 20
 
 
-def flaky_statuses(world: World, count: int) -> Counter[str]:
+def flaky_statuses(world: World, count: int, path: str = "/") -> Counter[str]:
     """The statuses of `count` GETs to Service `flaky`, 8 at a time (curl --parallel): with
     requests in flight a replica whose last answer looked slow is still chosen (P2C weighs
     latency times requests in flight), as under real load."""
@@ -515,7 +532,7 @@ def flaky_statuses(world: World, count: int) -> Counter[str]:
         ["curl", "-sS", "--max-time", "30", "--connect-to", f"::127.0.0.1:{world.outbound}",
          "--parallel", "--parallel-max", "8",
          "-o", "/dev/null", "-w", "%{http_code}\n",
-         f"http://flaky.{NS}.svc.cluster.local/[1-{count}]"],
+         f"http://flaky.{NS}.svc.cluster.local{path}[1-{count}]"],
         capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     return Counter(done.stdout.split())
@@ -559,3 +576,60 @@ def test_retries_by_annotation_resend_failures_to_another_replica(world: World) 
     assert retried == Counter({"200": 600}), retried
     # the failing replica was still asked (its 500s went to the proxy, not to the client)
     assert world.metric("route_actual_response_total", status_code="500") > failed_before + 20
+
+
+FLAKY_ROUTE: Final = {"parent_kind": "Service", "parent_name": "flaky", "parent_port": "80",
+                      "route_kind": "default", "route_name": "http"}  # fmt: skip
+
+
+def test_linkerd_s_route_metrics_count_each_request_retry_and_status(world: World) -> None:
+    """With `retry.meshlet.io/http: 5xx` and a limit of 2 on Service `flaky`: 200 GETs of which
+    those sent to the failing replica are retried once on another (a retry request and a retry
+    success each), and 20 GETs of /fail, which every replica fails: sent 3 times, a 500 to the
+    client, the limit exceeded once each. Linkerd's families count exactly that."""
+    pods = [objects.pod(pod, ip, NS, app="flaky", sa="flaky", meshed=False)
+            for pod, ip in FLAKY_PODS.items()]  # fmt: skip
+    world.folder.put("flaky", flaky_service(retries="5xx"), *pods)
+    until(lambda: flaky_statuses(world, 60)["500"] == 0)
+    before = world.scrape()
+    assert flaky_statuses(world, 200) == Counter({"200": 200})
+    assert flaky_statuses(world, 20, "/fail/") == Counter({"500": 20})
+    after = world.scrape()
+
+    def added(name: str, **labels: str) -> float:
+        name = f"outbound_http_route_{name}"
+        return world.metric(name, after, **FLAKY_ROUTE, **labels) - world.metric(
+            name, before, **FLAKY_ROUTE, **labels
+        )
+
+    assert added("request_statuses_total", http_status="200") == 200
+    assert added("request_statuses_total", http_status="500") == 20
+    assert added("request_statuses_total") == 220  # no request ended in an error
+    assert added("request_duration_seconds_count") == 220
+    assert added("request_duration_seconds_bucket", le="10") == 220
+    assert added("retry_limit_exceeded_total") == 20
+    assert added("retry_overflow_total") == 0
+    rescued = added("retry_successes_total")  # the GETs the failing replica answered first
+    assert rescued >= 1
+    assert added("retry_requests_total") == 2 * 20 + rescued
+    # each attempt, per backend: its status, and its dispatch (the first and each retry's)
+    flaky = {"backend_kind": "Service", "backend_name": "flaky", "backend_port": "80"}
+    assert added("backend_response_statuses_total", http_status="500", **flaky) == 3 * 20 + rescued
+    assert added("backend_response_statuses_total", http_status="200", **flaky) == 200
+    assert added("backend_requests_total", **flaky) == 220 + 2 * 20 + rescued
+    # the label sets, as Linkerd's (the empty ones, as the proxy's others, left out)
+    parent = {"parent_group", "parent_kind", "parent_namespace", "parent_name", "parent_port"}
+    route = {"route_kind", "route_name"}
+    backend = {"backend_group", "backend_kind", "backend_namespace", "backend_name",
+               "backend_port"}  # fmt: skip
+    expected = {
+        "outbound_http_route_request_statuses_total": parent | route | {"http_status"},
+        "outbound_http_route_request_duration_seconds_count": parent | route,
+        "outbound_http_route_retry_requests_total": parent | route,
+        "outbound_http_route_backend_response_statuses_total":
+            parent | route | backend | {"http_status"},
+    }  # fmt: skip
+    for name, labels in expected.items():
+        seen = {frozenset(dict(have)) for (n, have), _ in after.items()
+                if n == name and ("parent_name", "flaky") in have}  # fmt: skip
+        assert seen == {frozenset(labels)}, (name, seen)

@@ -414,7 +414,8 @@ class Attempts:
         if tap is not None:
             tap.ended(status, grpc_status, self.latency_ms, failed)
         return recorder.response(self.label, self.endpoint, self.route, status, grpc_status,
-                                 self.latency_ms, failed, known, self.error)  # fmt: skip
+                                 self.latency_ms, failed, known, self.error,
+                                 self.classified != "")  # fmt: skip
 
     def _outcome(self, success: bool) -> None:
         """The current attempt's outcome, to its endpoint's balancer (the first report counts)."""

@@ -234,9 +234,11 @@ class Recording(Protocol):
         failed: bool = False,
         classified: str = "",
         error: str = "",
+        trailers: bool = False,
     ) -> str:
         """The response the client got (`failed`: cut short; `classified`: its class, when
-        already known; `error`: the proxy answered, for this reason); its classification."""
+        already known; `error`: the proxy answered, for this reason; `trailers`: the
+        upstream's head had no gRPC status); its classification."""
 
     def attempt(self, route: RouteTarget) -> None:
         """The request was (at least partly) sent upstream."""

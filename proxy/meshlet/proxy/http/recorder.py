@@ -27,6 +27,7 @@ from meshlet.proxy.route_metrics import UNKNOWN
 
 if TYPE_CHECKING:
     from meshlet.proxy.http.observe import ConnObserver
+    from meshlet.proxy.route_metrics import BackendSeries
 
 Children = dict[tuple[Any, ...], Any]
 
@@ -87,10 +88,11 @@ class Recorder:
         failed: bool = False,
         classified: str = "",
         error: str = "",
+        trailers: bool = False,
     ) -> str:
         """The response the client got (or the exchange's end when `failed`: cut short; the
-        proxy's own answer, for `error`); returns its classification (`classified`: already
-        known)."""
+        proxy's own answer, for `error`; `trailers`: the upstream's head had no gRPC status);
+        returns its classification (`classified`: already known)."""
         policy = route.policy if route is not None else DEFAULT_ROUTE
         grpc = grpc_status or ""
         classification = (
@@ -112,11 +114,7 @@ class Recorder:
             self._route_response(route, policy.name, status, classification, latency_ms)
             series = route.series
             if series is not None:
-                seconds = latency_ms / 1000.0 if latency_ms is not None else None
-                if error:
-                    series.route.finished(0, None, error, seconds)
-                else:
-                    series.route.finished(status, grpc_status, UNKNOWN if failed else "", seconds)
+                _finished(series, status, grpc_status, latency_ms, failed, error, trailers)
         return classification
 
     def _route_response(
@@ -147,8 +145,9 @@ class Recorder:
     def attempt_response(self, route: RouteTarget, status: int, grpc_status: str | None) -> str:
         """A response came back from upstream (given to the client or retried); its class."""
         classification = classify_response(route.policy, status, grpc_status)
-        if route.series is not None:
-            route.series.statuses.inc(status, grpc_status, "")
+        series = route.series
+        if series is not None and (grpc_status is not None or not series.route.families.grpc):
+            series.statuses.inc(status, grpc_status, "")  # else its trailers will tell
         key = (route.dst, route.policy.name, status, classification)
         counter = self._actual_responses.get(key)
         if counter is None:
@@ -172,3 +171,25 @@ class Recorder:
                 self.direction, label
             )
         counter.inc()
+
+
+def _finished(
+    series: BackendSeries,
+    status: int,
+    grpc_status: str | None,
+    latency_ms: float | None,
+    failed: bool,
+    error: str,
+    trailers: bool,
+) -> None:
+    """A request's end in Linkerd's route families: the route's status and duration; the
+    backend's status when it comes only now (the proxy's answer, a gRPC status in trailers)."""
+    seconds = latency_ms / 1000.0 if latency_ms is not None else None
+    if error:
+        series.route.finished(0, None, error, seconds)
+        series.statuses.inc(0, None, error)
+        return
+    cut = UNKNOWN if failed else ""
+    series.route.finished(status, grpc_status, cut, seconds)
+    if trailers and series.route.families.grpc:
+        series.statuses.inc(status, grpc_status, cut)
