@@ -13,13 +13,16 @@ place of `http_status`, a code's name, `UNKNOWN` when none came):
   `retry_limit_exceeded_total` (a request still failing when its retries were used up: once
   per request), `retry_overflow_total` (a retry the retry budget refused);
 - per route backend (`backend_*` too): `backend_requests_total`, each dispatch to the backend
-  (a retry is dispatched again), and `backend_response_statuses_total` for each attempt's
-  outcome, retried ones included.
+  (a retry is dispatched again), `backend_response_duration_seconds` (buckets 0.025, 0.05,
+  0.1, 0.25, 0.5, 1, 10 s) and `backend_response_statuses_total` for each attempt's response
+  or failure, retried ones included.
 
 `error` is Linkerd's name of why a request ended without a response (`FAIL_FAST`,
 `REQUEST_TIMEOUT`, `RESET`, `UNKNOWN`...); it is left out when a response came whole, and
 `http_status` is left out when none came. The request duration runs from the request's arrival
-to the response head the client got (Linkerd's runs to the response's last byte).
+to the response head the client got, a backend response's from its attempt's start (the
+request's arrival, or the failure a retry follows) to its head: Linkerd's both run to the
+response's last byte.
 
 Series are looked up once per route target (the policy router keeps a `BackendSeries` per
 (route, rule, backend) and policy version); a request pays dict reads for its status only.
@@ -34,6 +37,7 @@ from meshlet.proxy.core.failover import MAX_ATTEMPTS, Action, Attempt, Decision,
 from meshlet.proxy.series import Counter, CounterChild, Histogram, HistogramChild, Registry
 
 REQUEST_BUCKETS: Final = (0.05, 0.5, 1.0, 10.0)  # Linkerd's RouteMetrics::REQUEST_BUCKETS
+RESPONSE_BUCKETS: Final = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 10.0)  # ...::RESPONSE_BUCKETS
 PARENT: Final = ("parent_group", "parent_kind", "parent_namespace", "parent_name", "parent_port",
                  "parent_section_name")  # fmt: skip
 ROUTE: Final = ("route_group", "route_kind", "route_namespace", "route_name")
@@ -102,6 +106,11 @@ class RouteFamilies:
             f"{'gRPC' if self.grpc else 'HTTP'} route backend.",
             backend, r,
         )  # fmt: skip
+        self.backend_response_duration = Histogram(
+            f"{p}_backend_response_duration_seconds",
+            "The time between request completion and response completion.",
+            backend, r, RESPONSE_BUCKETS,
+        )  # fmt: skip
         self.backend_response_statuses = Counter(f"{p}_backend_response_statuses",
                                                  "Completed responses.",
                                                  [*backend, status, "error"], r)  # fmt: skip
@@ -167,12 +176,13 @@ class RouteSeries:
 class BackendSeries:
     """The series of one route backend (a route target), with its route's."""
 
-    __slots__ = ("requests", "route", "statuses")
+    __slots__ = ("duration", "requests", "route", "statuses")
 
     def __init__(self, route: RouteSeries, values: Values) -> None:
         families = route.families
         self.route = route
         self.requests = families.backend_requests.labels(*values)
+        self.duration: HistogramChild = families.backend_response_duration.labels(*values)
         self.statuses = _Statuses(families.backend_response_statuses, values, families.grpc)
 
 

@@ -616,6 +616,7 @@ def test_linkerd_s_route_metrics_count_each_request_retry_and_status(world: Worl
     flaky = {"backend_kind": "Service", "backend_name": "flaky", "backend_port": "80"}
     assert added("backend_response_statuses_total", http_status="500", **flaky) == 3 * 20 + rescued
     assert added("backend_response_statuses_total", http_status="200", **flaky) == 200
+    assert added("backend_response_duration_seconds_count", **flaky) == 200 + 3 * 20 + rescued
     assert added("backend_requests_total", **flaky) == 220 + 2 * 20 + rescued
     # the label sets, as Linkerd's (the empty ones, as the proxy's others, left out)
     parent = {"parent_group", "parent_kind", "parent_namespace", "parent_name", "parent_port"}
@@ -626,6 +627,7 @@ def test_linkerd_s_route_metrics_count_each_request_retry_and_status(world: Worl
         "outbound_http_route_request_statuses_total": parent | route | {"http_status"},
         "outbound_http_route_request_duration_seconds_count": parent | route,
         "outbound_http_route_retry_requests_total": parent | route,
+        "outbound_http_route_backend_response_duration_seconds_count": parent | route | backend,
         "outbound_http_route_backend_response_statuses_total":
             parent | route | backend | {"http_status"},
     }  # fmt: skip

@@ -141,6 +141,7 @@ class Attempts:
         "stale_retried",
         "tap",
         "target",
+        "tried",
     )
 
     def __init__(
@@ -168,6 +169,7 @@ class Attempts:
         self.classified = ""  # the response head's class, as the route classified it
         self.ok: bool | None = None  # the recorded response's outcome, for failure accrual
         self.error = ""  # why the proxy answered, as Linkerd's route metrics say (route_metrics)
+        self.tried = now  # loop time the current attempt began (route_metrics)
         self.tap: Tapped | None = None  # the taps that took the request (tap/taps.py)
         # The access log entry and span (observe.py): None unless the workload has either.
         observer = recorder.observer if recorder is not None else None
@@ -306,6 +308,7 @@ class Attempts:
         decision = self._decision(failure, self._attempt(replayable, responded), now)
         action = decision.action
         if action is Action.RETRY:
+            self.tried = now
             return self._again_elsewhere()
         if action is Action.RETRY_SAME:
             self.stale_retried = True
@@ -334,7 +337,7 @@ class Attempts:
         route = self.route
         recorder = self.recorder
         if route is not None and recorder is not None:
-            classified = recorder.attempt_response(route, status, grpc_status)
+            classified = recorder.attempt_response(route, status, grpc_status, now - self.tried)
             if classified == FAILURE and _retried(route.policy, status, grpc_status):
                 step = self.failed(Failure.STATUS, replayable, False, now)
                 if step is not PASS:

@@ -243,8 +243,11 @@ class Recording(Protocol):
     def attempt(self, route: RouteTarget) -> None:
         """The request was (at least partly) sent upstream."""
 
-    def attempt_response(self, route: RouteTarget, status: int, grpc_status: str | None) -> str:
-        """A response came back from upstream (given to the client or retried); its class."""
+    def attempt_response(
+        self, route: RouteTarget, status: int, grpc_status: str | None, seconds: float = 0.0
+    ) -> str:
+        """A response came back from upstream (given to the client or retried), `seconds`
+        after its attempt began; its class."""
 
     def retry_skipped(self, route: RouteTarget) -> None:
         """The retry budget refused a retry."""

@@ -142,12 +142,17 @@ class Recorder:
             )
         counter.inc()
 
-    def attempt_response(self, route: RouteTarget, status: int, grpc_status: str | None) -> str:
-        """A response came back from upstream (given to the client or retried); its class."""
+    def attempt_response(
+        self, route: RouteTarget, status: int, grpc_status: str | None, seconds: float = 0.0
+    ) -> str:
+        """A response came back from upstream (given to the client or retried), `seconds`
+        after its attempt began; its class."""
         classification = classify_response(route.policy, status, grpc_status)
         series = route.series
-        if series is not None and (grpc_status is not None or not series.route.families.grpc):
-            series.statuses.inc(status, grpc_status, "")  # else its trailers will tell
+        if series is not None:
+            series.duration.observe(seconds)
+            if grpc_status is not None or not series.route.families.grpc:
+                series.statuses.inc(status, grpc_status, "")  # else its trailers will tell
         key = (route.dst, route.policy.name, status, classification)
         counter = self._actual_responses.get(key)
         if counter is None:
