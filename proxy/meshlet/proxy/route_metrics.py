@@ -128,25 +128,30 @@ class RouteFamilies:
         return BackendSeries(route, (*route.values, *ref_values(backend, True)))
 
 
-class _Statuses:
-    """A statuses family's children under fixed labels, by (status, error)."""
+StatusKey = tuple[int, str | None, str]  # HTTP status (0: none came), gRPC status, error
 
-    __slots__ = ("_children", "_family", "_grpc", "_values")
+
+class Statuses(dict[StatusKey, CounterChild]):
+    """A statuses family's children under fixed labels, by (status, grpc status, error): a
+    dict, so that counting one already seen is a lookup with no call (`s[key].value += 1`)."""
+
+    __slots__ = ("_family", "_grpc", "_values")
 
     def __init__(self, family: Counter, values: Values, grpc: bool) -> None:
+        super().__init__()
         self._family = family
         self._values = values
         self._grpc = grpc
-        self._children: dict[tuple[int, str | None, str], CounterChild] = {}
+
+    def __missing__(self, key: StatusKey) -> CounterChild:
+        status, grpc_status, error = key
+        label = grpc_code_name(grpc_status) if self._grpc else str(status or "")
+        child = self[key] = self._family.labels(*self._values, label, error)
+        return child
 
     def inc(self, status: int, grpc_status: str | None, error: str) -> None:
         """`status` 0: no response came (then `error` says why)."""
-        key = (status, grpc_status, error)
-        child = self._children.get(key)
-        if child is None:
-            label = grpc_code_name(grpc_status) if self._grpc else str(status or "")
-            child = self._children[key] = self._family.labels(*self._values, label, error)
-        child.value += 1
+        self[status, grpc_status, error].value += 1
 
 
 class RouteSeries:
@@ -158,7 +163,7 @@ class RouteSeries:
     def __init__(self, families: RouteFamilies, values: Values) -> None:
         self.values = values
         self.duration: HistogramChild = families.request_duration.labels(*values)
-        self.statuses = _Statuses(families.request_statuses, values, families.grpc)
+        self.statuses = Statuses(families.request_statuses, values, families.grpc)
         self.retries = families.retry_requests.labels(*values)
         self.successes = families.retry_successes.labels(*values)
         self.limit_exceeded = families.retry_limit_exceeded.labels(*values)
@@ -176,14 +181,15 @@ class RouteSeries:
 class BackendSeries:
     """The series of one route backend (a route target), with its route's."""
 
-    __slots__ = ("duration", "requests", "route", "statuses")
+    __slots__ = ("duration", "grpc", "requests", "route", "statuses")
 
     def __init__(self, route: RouteSeries, values: Values) -> None:
         families = route.families
         self.route = route
+        self.grpc = families.grpc
         self.requests = families.backend_requests.labels(*values)
         self.duration: HistogramChild = families.backend_response_duration.labels(*values)
-        self.statuses = _Statuses(families.backend_response_statuses, values, families.grpc)
+        self.statuses = Statuses(families.backend_response_statuses, values, families.grpc)
 
 
 def failover(series: BackendSeries, failure: Failure, decision: Decision, attempt: Attempt) -> None:

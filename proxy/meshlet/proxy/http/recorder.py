@@ -113,8 +113,14 @@ class Recorder:
         if route is not None:
             self._route_response(route, policy.name, status, classification, latency_ms)
             series = route.series
-            if series is not None:
+            if series is None:
+                pass
+            elif error or failed or (trailers and series.grpc) or latency_ms is None:
                 _finished(series, status, grpc_status, latency_ms, failed, error, trailers)
+            else:  # the common case, inlined: it runs for every request a policy routes
+                served = series.route
+                served.statuses[status, grpc_status, ""].value += 1
+                served.duration.observe(latency_ms / 1000.0)
         return classification
 
     def _route_response(
@@ -151,8 +157,8 @@ class Recorder:
         series = route.series
         if series is not None:
             series.duration.observe(seconds)
-            if grpc_status is not None or not series.route.families.grpc:
-                series.statuses.inc(status, grpc_status, "")  # else its trailers will tell
+            if grpc_status is not None or not series.grpc:  # else its trailers will tell
+                series.statuses[status, grpc_status, ""].value += 1
         key = (route.dst, route.policy.name, status, classification)
         counter = self._actual_responses.get(key)
         if counter is None:
@@ -196,5 +202,5 @@ def _finished(
         return
     cut = UNKNOWN if failed else ""
     series.route.finished(status, grpc_status, cut, seconds)
-    if trailers and series.route.families.grpc:
+    if trailers and series.grpc:
         series.statuses.inc(status, grpc_status, cut)
