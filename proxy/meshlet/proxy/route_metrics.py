@@ -64,6 +64,12 @@ def ref_values(ref: PolicyRef, service: bool) -> Values:
     return (*head, str(ref.port or ""), ref.section) if service else head
 
 
+def parent_labels(parent: PolicyRef) -> dict[str, str]:
+    """A parent Service's `parent_*` labels, those with a value."""
+    values = ref_values(parent, True)
+    return {name: value for name, value in zip(PARENT, values, strict=True) if value}
+
+
 def grpc_code_name(code: str | None) -> str:
     """`grpc-status` as Linkerd labels it: the code's name; `UNKNOWN` for none or another."""
     if code is not None and code.isdigit() and int(code) < len(GRPC_CODES):

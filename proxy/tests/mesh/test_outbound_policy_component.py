@@ -445,6 +445,11 @@ def test_two_thousand_requests_split_90_10(api_policy: World, http2: bool) -> No
     after = counted()
     assert after["api"] - before["api"] == pods["api-1"]
     assert after["api-canary"] - before["api-canary"] == pods["api-canary-1"]
+    # the canary's balancer, under the Service whose route sends to it (Linkerd's labels)
+    canary = {"parent_name": "api", "parent_port": "80", "backend_name": "api-canary",
+              "backend_namespace": NS, "backend_port": "80"}  # fmt: skip
+    assert api_policy.metric("outbound_http_balancer_endpoints", endpoint_state="ready",
+                             **canary) == 1  # fmt: skip
 
 
 def test_editing_the_weights_moves_the_split_within_a_second(api_policy: World) -> None:

@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 ENDPOINTS_WAIT: Final = 3.0  # seconds a new service may take to report its endpoints
 MAX_CACHED: Final = 10_000  # entries in each per-request lookup cache (cleared when full)
+MAX_PARENTS: Final = 100  # parent Services one backend's balancer gauge is reported under
 
 
 class Destinations:
@@ -78,6 +79,7 @@ class Destinations:
         self._budgets: dict[str, tuple[RetryBudgetSpec, RetryBudget]] = {}  # per service
         self._accrual = failure_accrual  # every service's, unless set for it
         self._accruals: dict[str, FailureAccrual | None] = {}  # per service `name:port`
+        self._parents: dict[str, list[dict[str, str]]] = {}  # per backend `name:port`
         if identity is not None:
             identity.on_change(self._reaches.clear)
         metrics.registry.register(self)
@@ -85,17 +87,33 @@ class Destinations:
     def collect(self) -> Iterator[Family]:
         """Linkerd's `outbound_http_balancer_endpoints` gauge: each service's endpoints that
         are ready, and those pending (ejected by failure accrual, being probed, or backing
-        off after a failed connection). The service is both parent and backend (no routes
-        split it here)."""
+        off after a failed connection), under each parent Service whose outbound policy
+        routes to it (`route_parent`; Linkerd keeps a balancer per parent and backend), else
+        with the service as its own parent."""
         doc = "The number of endpoints currently in a HTTP request balancer."
         family = Family("outbound_http_balancer_endpoints", "gauge", doc)
         for authority, (_, balancer) in self._balancers.items():
-            labels = _service_labels(authority)
+            backend = _service_labels("backend", authority)
             ready = balancer.ready()
-            family.add_sample(family.name, {**labels, "endpoint_state": "ready"}, ready)
             pending = len(balancer.endpoints) - ready
-            family.add_sample(family.name, {**labels, "endpoint_state": "pending"}, pending)
+            parents = self._parents.get(authority)
+            for parent in parents or (_service_labels("parent", authority),):
+                labels = {**parent, **backend}
+                family.add_sample(family.name, {**labels, "endpoint_state": "ready"}, ready)
+                family.add_sample(family.name, {**labels, "endpoint_state": "pending"}, pending)
         yield family
+
+    def route_parent(self, authority: str, parent: dict[str, str]) -> None:
+        """An outbound policy routes requests for the Service `parent` (its `parent_*`
+        labels) to the backend `authority`: its balancer is reported under that parent (up to
+        MAX_PARENTS of them)."""
+        parents = self._parents.get(authority)
+        if parents is None:
+            if len(self._parents) >= MAX_CACHED:
+                self._parents.clear()
+            parents = self._parents[authority] = []
+        if parent not in parents and len(parents) < MAX_PARENTS:
+            parents.append(parent)
 
     async def aclose(self) -> None:
         """Ends discovery: the resolver's streams, then the connection to the destination
@@ -379,17 +397,13 @@ class Destinations:
         return self._metrics.authority_label(authority)
 
 
-def _service_labels(authority: str) -> dict[str, str]:
-    """Linkerd's parent and backend labels of a balancer keyed `name.namespace.svc...:port`
-    (or `ip:port`: that name and no namespace)."""
+def _service_labels(side: str, authority: str) -> dict[str, str]:
+    """Linkerd's parent or backend (`side`) labels of a balancer keyed
+    `name.namespace.svc...:port` (or `ip:port`: that name and no namespace)."""
     host, _, port = authority.rpartition(":")
     name, namespace = host, ""
     parts = host.split(".")
     if len(parts) > 2 and parts[2] == "svc":
         name, namespace = parts[0], parts[1]
-    labels: dict[str, str] = {}
-    for side in ("parent", "backend"):
-        labels |= {f"{side}_group": "core", f"{side}_kind": "Service",
-                   f"{side}_namespace": namespace, f"{side}_name": name,
-                   f"{side}_port": port}  # fmt: skip
-    return labels
+    return {f"{side}_group": "core", f"{side}_kind": "Service", f"{side}_namespace": namespace,
+            f"{side}_name": name, f"{side}_port": port}  # fmt: skip

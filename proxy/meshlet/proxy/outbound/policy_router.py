@@ -65,7 +65,7 @@ from meshlet.proxy.http.contract import (
     RouteTarget,
     Wait,
 )
-from meshlet.proxy.route_metrics import UNKNOWN
+from meshlet.proxy.route_metrics import UNKNOWN, parent_labels
 
 if TYPE_CHECKING:
     from meshlet.proxy.core.endpoints import DiscoveredEndpoint
@@ -169,7 +169,7 @@ class PolicyRouter:
         if held is None:
             route = self._route_metrics(policy.meta, routes, selected.route, grpc)
             series = route.families.backend(route, backend.backend.meta)
-            target = self._target(rule, backend)
+            target = self._target(rule, backend, policy.meta)
             if isinstance(target, RouteTarget):
                 target = target._replace(series=series)
             held = self._targets[key] = (target, series)
@@ -221,7 +221,9 @@ class PolicyRouter:
                 return RouteError(500, f"{INVALID}{f.message}")
         return None
 
-    def _target(self, rule: Rule, backend: RouteBackend) -> RouteTarget | RouteError:
+    def _target(
+        self, rule: Rule, backend: RouteBackend, parent: PolicyRef
+    ) -> RouteTarget | RouteError:
         dispatch = backend.backend.dispatch
         if isinstance(dispatch, Fail):
             return RouteError(500, f"backend {backend.backend.meta}: {dispatch.message}")
@@ -230,6 +232,7 @@ class PolicyRouter:
         endpoints: BackendPicker | ForwardPicker
         if isinstance(dispatch, Balance):
             self._mesh.set_failure_accrual(dispatch.path, _accrual(dispatch))
+            self._mesh.route_parent(dispatch.path, parent_labels(parent))
             endpoints = BackendPicker(self._mesh, dispatch.path, self._session)
         else:
             assert isinstance(dispatch, Forward)
