@@ -16,7 +16,7 @@ from meshlet.proxy.discovery.profile import DstOverride, Profile, RetryBudgetSpe
 from meshlet.proxy.discovery.resolver import Destination
 from meshlet.proxy.http.contract import Endpoint, RouteError, settle
 from meshlet.proxy.io.counters import dst_values
-from meshlet.proxy.outbound.destinations import Destinations
+from meshlet.proxy.outbound.destinations import MAX_PARENTS, Destinations
 
 HTTP1 = SessionProtocol.HTTP1
 NAME = "web.emojivoto.svc.cluster.local"
@@ -230,3 +230,28 @@ async def test_failure_accrual_set_for_a_service_applies_to_its_next_pick(discov
     assert discovery.fail_fast("all_endpoints_ejected") == 1
     mesh.set_failure_accrual(WEB, None)
     assert (await picked(mesh, destination)).addr == ("10.1.0.1", 8080)
+
+
+async def test_a_balancer_is_reported_under_each_parent_routing_to_it_up_to_a_bound(
+    discovery: Any,
+) -> None:
+    """Linkerd's `outbound_http_balancer_endpoints` names the parent Service and the backend:
+    the service as its own parent until an outbound policy routes some parent to it, then each
+    such parent, at most MAX_PARENTS of them."""
+    discovery.client.service("web", 80, discovery.endpoint("10.1.0.1"), cluster_ip="10.96.0.10")
+    mesh = discovery.mesh()
+    (await picked(mesh, await mesh.destination(CLUSTER_IP))).lease.release()  # type: ignore[union-attr]
+
+    def parents(state: str = "ready") -> dict[str, float]:
+        return {
+            sample.labels["parent_name"]: sample.value
+            for family in mesh.collect()
+            for sample in family.samples
+            if sample.labels["endpoint_state"] == state and sample.labels["backend_name"] == "web"
+        }
+
+    assert parents() == {"web": 1} and parents("pending") == {"web": 0}
+    for n in range(MAX_PARENTS + 20):
+        mesh.route_parent(WEB, {"parent_kind": "Service", "parent_name": f"app-{n}"})
+    mesh.route_parent(WEB, {"parent_kind": "Service", "parent_name": "app-0"})  # once
+    assert parents() == {f"app-{n}": 1 for n in range(MAX_PARENTS)}
