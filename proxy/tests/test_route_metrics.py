@@ -9,7 +9,7 @@ import pytest
 from meshlet.proxy.core.client_policy import PolicyRef
 from meshlet.proxy.core.failover import Failure
 from meshlet.proxy.core.routes import RoutePolicy
-from meshlet.proxy.http.attempts import PASS, Answer, Attempts
+from meshlet.proxy.http.attempts import AGAIN, PASS, Answer, Attempts
 from meshlet.proxy.http.contract import Endpoint, RouteError, RouteTarget, Target
 from meshlet.proxy.http.recorder import Recorder
 from meshlet.proxy.metrics import ProxyMetrics
@@ -125,6 +125,18 @@ def test_a_status_the_route_does_not_retry_is_passed_with_no_retry_counted() -> 
     for name in ("retry_requests", "retry_limit_exceeded", "retry_successes", "retry_overflow"):
         assert case.count(f"{name}_total") == 0
     assert case.count("request_statuses_total", http_status="500") == 1
+
+
+def test_a_stale_connection_sent_again_is_no_retry() -> None:
+    case = Case()
+    att = case.request(now=0.0)
+    att.start()
+    att.sent()
+    assert att.failed(Failure.STALE, True, False, 0.1) is AGAIN  # on a fresh connection
+    att.sent()
+    assert att.response(200, None, True, 0.2) is PASS
+    assert case.count("retry_requests_total") == 0
+    assert case.count("retry_successes_total") == 0
 
 
 def test_the_route_timeout_is_a_request_timeout_error_with_no_status() -> None:

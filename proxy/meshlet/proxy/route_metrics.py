@@ -30,11 +30,14 @@ Series are looked up once per route target (the policy router keeps a `BackendSe
 
 from __future__ import annotations
 
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from meshlet.proxy.core.client_policy import PolicyRef
 from meshlet.proxy.core.failover import MAX_ATTEMPTS, Action, Attempt, Decision, Failure
 from meshlet.proxy.series import Counter, CounterChild, Histogram, HistogramChild, Registry
+
+if TYPE_CHECKING:
+    from meshlet.proxy.core.routes import RoutePolicy
 
 REQUEST_BUCKETS: Final = (0.05, 0.5, 1.0, 10.0)  # Linkerd's RouteMetrics::REQUEST_BUCKETS
 RESPONSE_BUCKETS: Final = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 10.0)  # ...::RESPONSE_BUCKETS
@@ -196,6 +199,13 @@ class BackendSeries:
         self.requests = families.backend_requests.labels(*values)
         self.duration: HistogramChild = families.backend_response_duration.labels(*values)
         self.statuses = Statuses(families.backend_response_statuses, values, families.grpc)
+
+
+def retry_answered(series: BackendSeries, policy: RoutePolicy) -> None:
+    """A response that is not retried came back to a request sent again (not only over a
+    fresh connection): on a route with retries, a retry's success."""
+    if policy.retryable:
+        series.route.successes.inc()
 
 
 def failover(series: BackendSeries, failure: Failure, decision: Decision, attempt: Attempt) -> None:

@@ -342,8 +342,8 @@ class Attempts:
                 step = self.failed(Failure.STATUS, replayable, False, now)
                 if step is not PASS:
                     return step
-            elif self.sends > 1 and route.series is not None and route.policy.retryable:
-                route.series.route.successes.inc()
+            elif route.series is not None and self.sends > 1 + self.stale_retried:
+                route_metrics.retry_answered(route.series, route.policy)
             if grpc_status is None:  # else a gRPC status in trailers may still change it
                 self.classified = classified
         self.responded(now)
