@@ -144,13 +144,14 @@ class Statuses(dict[StatusKey, CounterChild]):
     """A statuses family's children under fixed labels, by (status, grpc status, error): a
     dict, so that counting one already seen is a lookup with no call (`s[key].value += 1`)."""
 
-    __slots__ = ("_family", "_grpc", "_values")
+    __slots__ = ("_family", "_grpc", "_values", "whole")
 
     def __init__(self, family: Counter, values: Values, grpc: bool) -> None:
         super().__init__()
         self._family = family
         self._values = values
         self._grpc = grpc
+        self.whole = Whole(self, grpc)
 
     def __missing__(self, key: StatusKey) -> CounterChild:
         status, grpc_status, error = key
@@ -161,6 +162,26 @@ class Statuses(dict[StatusKey, CounterChild]):
     def inc(self, status: int, grpc_status: str | None, error: str) -> None:
         """`status` 0: no response came (then `error` says why)."""
         self[status, grpc_status, error].value += 1
+
+
+class Whole(dict[int | str | None, CounterChild]):
+    """The children of responses that came whole, by HTTP status (gRPC: the `grpc-status`
+    value): the common case, looked up with a key that needs no tuple."""
+
+    __slots__ = ("_grpc", "_statuses")
+
+    def __init__(self, statuses: Statuses, grpc: bool) -> None:
+        super().__init__()
+        self._statuses = statuses
+        self._grpc = grpc
+
+    def __missing__(self, key: int | str | None) -> CounterChild:
+        if self._grpc:
+            child = self._statuses[0, key if isinstance(key, str) else None, ""]
+        else:
+            child = self._statuses[key if isinstance(key, int) else 0, None, ""]
+        self[key] = child
+        return child
 
 
 class RouteSeries:

@@ -12,6 +12,7 @@ each attempt's response go there too.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import TYPE_CHECKING, Any
 
 from meshlet.proxy.core.routes import DEFAULT_ROUTE, classify_response
@@ -23,7 +24,7 @@ from meshlet.proxy.http.contract import (
     Tapped,
 )
 from meshlet.proxy.io.counters import ConnLabels
-from meshlet.proxy.route_metrics import UNKNOWN
+from meshlet.proxy.route_metrics import REQUEST_BUCKETS, RESPONSE_BUCKETS, UNKNOWN
 
 if TYPE_CHECKING:
     from meshlet.proxy.http.observe import ConnObserver
@@ -119,8 +120,11 @@ class Recorder:
                 _finished(series, status, grpc_status, latency_ms, failed, error, trailers)
             else:  # the common case, inlined: it runs for every request a policy routes
                 served = series.route
-                served.statuses[status, grpc_status, ""].value += 1
-                served.duration.observe(latency_ms / 1000.0)
+                served.statuses.whole[grpc_status if series.grpc else status].value += 1
+                seconds = latency_ms / 1000.0
+                duration = served.duration
+                duration.counts[bisect_left(REQUEST_BUCKETS, seconds)] += 1
+                duration.sum += seconds
         return classification
 
     def _route_response(
@@ -155,10 +159,14 @@ class Recorder:
         after its attempt began; its class."""
         classification = classify_response(route.policy, status, grpc_status)
         series = route.series
-        if series is not None:
-            series.duration.observe(seconds)
-            if grpc_status is not None or not series.grpc:  # else its trailers will tell
-                series.statuses[status, grpc_status, ""].value += 1
+        if series is not None:  # Linkerd's route families, inlined as in `response`
+            duration = series.duration
+            duration.counts[bisect_left(RESPONSE_BUCKETS, seconds)] += 1
+            duration.sum += seconds
+            if not series.grpc:
+                series.statuses.whole[status].value += 1
+            elif grpc_status is not None:  # else its trailers will tell
+                series.statuses.whole[grpc_status].value += 1
         key = (route.dst, route.policy.name, status, classification)
         counter = self._actual_responses.get(key)
         if counter is None:
