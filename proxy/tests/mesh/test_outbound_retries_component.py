@@ -395,6 +395,21 @@ def test_the_first_request_to_a_service_waits_for_its_policy(world: World) -> No
     assert took < 2.0
 
 
+def test_a_redirect_loop_is_the_client_s_to_follow_and_costs_the_proxy_one_answer_each(
+    world: World,
+) -> None:
+    """Service moved redirects every path to /elsewhere, itself included: the proxy answers
+    each request with the redirect and never follows it; curl following it gives up after
+    its limit, and the proxy goes on serving."""
+    argv = ["curl", "-sS", "-L", "--max-redirs", "20", "-o", "/dev/null", "-w", "%{num_redirects}",
+            "--connect-to", f"::127.0.0.1:{world.outbound}",
+            f"http://moved.{NS}.svc.cluster.local/page"]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 47, done  # CURLE_TOO_MANY_REDIRECTS
+    assert done.stdout == "20", done
+    assert world.call("moved", "/again")[0] == "301"
+
+
 @pytest.mark.parametrize("http2", [False, True], ids=["http1", "http2"])
 def test_a_retry_timeout_cancels_a_hung_attempt_and_sends_it_elsewhere(
     world: World, http2: bool
