@@ -147,6 +147,7 @@ class Demo:
         tokens.mkdir(exist_ok=True)
         for pod in layout.pods:
             (tokens / pod.name).write_text(pod.token)
+        (root / topology.FAULTS_DIR).mkdir(exist_ok=True)
         manifests = self._manifests()
         for name, objs in topology.manifests_static().items():
             manifests.put(name, *objs)
@@ -378,7 +379,7 @@ class Demo:
             sup.start(f"proxy-{pod.name}", command("meshlet-proxy"), env=env, netns=netns, gid=gid)
             if pod.app != "load":
                 argv = topology.app_argv(layout, pod, rate=self.options.rate,
-                                         stats_file=str(stats))  # fmt: skip
+                                         stats_file=str(stats), root=str(root))  # fmt: skip
                 app_env = {"GRPC_DNS_RESOLVER": "native"}
                 sup.start(f"app-{pod.name}", [*command("meshlet"), *argv], env=app_env,
                           netns=netns)  # fmt: skip
@@ -391,7 +392,8 @@ class Demo:
         self._wait_policies_followed()
         self._event("every proxy follows its port's policy")
         load = layout.of("load")[0]
-        argv = topology.app_argv(layout, load, rate=self.options.rate, stats_file=str(stats))
+        argv = topology.app_argv(layout, load, rate=self.options.rate, stats_file=str(stats),
+                                 root=str(root))  # fmt: skip
         sup.start(f"app-{load.name}", [*command("meshlet"), *argv],
                   netns=topology.netns_name(load.name) if netns_mode else None)  # fmt: skip
         self.load_started = time.monotonic()
