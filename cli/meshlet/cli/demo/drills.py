@@ -192,12 +192,16 @@ def perform(step: Step, demo: Any) -> list[Step]:
         _watch_balancers(demo)
         return [Step(step.at + WATCH_EVERY, step.action)]
     elif verb == "mark":
+        if what.startswith("settled "):
+            demo._scrape_all()
         demo.checks.setdefault("marks", {})[what] = {
             "scrapes": {pod: history[-1] for pod, history in demo.scrapes.items() if history},
             "ok_by_api": _ok_by_api(demo),
             "failed": _failed(demo),
             "at": time.time(),
         }
+        if what.startswith("settled "):
+            _settled(demo, what.removeprefix("settled "))
     else:
         raise ValueError(f"unknown drill step {step.action!r}")
     return []
@@ -207,6 +211,7 @@ def _weigh(demo: Any, weights: str) -> None:
     """Marks the end of the split so far, then writes api's route with the new weights
     (`50/50`: api's, then the canary's)."""
     api, canary = (int(w) for w in weights.split("/"))
+    demo._scrape_all()  # the counters as they are now, not as of the last refresh
     demo.checks.setdefault("marks", {})[f"before {weights}"] = {
         "scrapes": {pod: history[-1] for pod, history in demo.scrapes.items() if history},
         "ok_by_api": _ok_by_api(demo),
@@ -216,6 +221,22 @@ def _weigh(demo: Any, weights: str) -> None:
     demo._manifests().put(topology.ROUTE_FILE, topology.api_route(api, canary))
     demo.weights = {"api": api, topology.CANARY: canary}
     demo._event(f"drill: {topology.API_ROUTE} now weighs api {api}, {topology.CANARY} {canary}")
+
+
+def _settled(demo: Any, weights: str) -> None:
+    """An event with the canary's share of api's calls since the weights were written (which
+    includes the time the change takes to reach the proxies)."""
+    from meshlet.cli.demo import outbound
+
+    marks = demo.checks["marks"]
+    before, now = marks.get(f"before {weights}"), marks[f"settled {weights}"]
+    if before is None:
+        return
+    counts = outbound.split_between(before["scrapes"], now["scrapes"], "api")
+    share = outbound.shares(counts).get(topology.CANARY, 0.0)
+    demo._event(f"{topology.API_ROUTE} at {weights}: {topology.CANARY} took {share * 100:.0f}%"
+                f" of api's {sum(counts.values()):.0f} calls in the {SETTLE:g} s since the"
+                " change")  # fmt: skip
 
 
 def _watch_balancers(demo: Any) -> None:
@@ -234,14 +255,16 @@ def _watch_balancers(demo: Any) -> None:
     if failing is not None and pending and "ejected_at" not in checks:
         checks["ejected_at"] = now
         demo.notes[FAILING_REPLICA] = "answers INTERNAL (drill) · ejected by the breaker"
-        demo._event(f"the callers' balancers ejected an api endpoint ({now - failing:.1f} s after"
-                    f" {FAILING_REPLICA} began failing)")  # fmt: skip
+        assert api is not None
+        demo._event(f"api's balancer: {api.ready:.0f} ready, {api.pending:.0f} pending:"
+                    f" {FAILING_REPLICA} ejected {now - failing:.1f} s after it began"
+                    " failing")  # fmt: skip
     back = repaired is not None and "ejected_at" in checks and not pending
     if back and "restored_at" not in checks:
         checks["restored_at"] = now
         demo.notes[FAILING_REPLICA] = "back in the balancers"
-        demo._event(f"{FAILING_REPLICA} back in the balancers ({now - repaired:.1f} s after"
-                    " the repair)")  # fmt: skip
+        demo._event(f"api's balancer: {FAILING_REPLICA} back {now - repaired:.1f} s after the"
+                    " repair, nothing pending")  # fmt: skip
     stats = demo._load_stats() or {}
     calls = _calls(demo)
     last = calls[-1][0] if calls else 0.0
