@@ -471,8 +471,8 @@ def summary_line(drill: str | None, checks: dict[str, Any]) -> str:
             f"{pct('success_until_ejected')} until {FAILING_REPLICA} was ejected "
             f"({'never' if ejected is None else f'after {ejected:g} s'}), "
             f"{pct('success_while_ejected')} while ejected, {pct('success_after_repair')} "
-            f"after the repair ({FAILING_REPLICA} back "
-            f"{'-' if restored is None else f'{restored:g} s'} after it)"
+            f"after the repair ({FAILING_REPLICA} "
+            f"{'not back by the end' if restored is None else f'back {restored:g} s after it'})"
         )
     if drill != "deny" or "intruder" not in checks:
         return ""
