@@ -297,6 +297,11 @@ def test_the_demo_runs_a_meshed_application_store_refuses_an_intruder_and_all_is
     assert store["denied"] == intruder["refused"] and store["denied_peers"] == [api]
     assert all(summary["workloads"][name]["denied"] == 0 for name in ("web", "api"))
     assert "deny drill:" in summary["caption"]
+    # api's HTTPRoute: about 10 % of its calls to the canary, by web's proxy's count
+    split = summary["outbound"]["requests"]
+    assert 0.04 < split["api-v2"] / (split["api"] + split["api-v2"]) < 0.2, split
+    assert summary["outbound"]["balancers"] == {"api": {"ready": 3, "pending": 0},
+                                                "api-v2": {"ready": 1, "pending": 0}}  # fmt: skip
 
 
 @pytest.mark.netns
@@ -467,6 +472,8 @@ def test_loopback_mode_runs_the_same_application_without_root_powers(tmp_path: P
     assert summary["client"]["failed"] == 0 and summary["client"]["ok"] > 100
     for name in ("web", "api"):  # the store is called directly in this mode
         assert summary["workloads"][name]["mtls"] == 1.0
+    split = summary["outbound"]["requests"]  # the route applies to calls by authority too
+    assert 0.02 < split["api-v2"] / (split["api"] + split["api-v2"]) < 0.25, split
     after = MachineState.read()
     assert after.files == before.files and after.netns == before.netns
     assert after.processes <= before.processes
