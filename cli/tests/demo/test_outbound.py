@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 from rich.console import Console
+from rich.text import Text
 
 from meshlet.cli.demo import drills, outbound, topology
 from meshlet.cli.demo.outbound import Endpoints
@@ -123,3 +124,21 @@ def test_the_summaries_say_what_moved() -> None:
         "; failing-replica drill: client success 100.0% before, 82.5% until api-2 was ejected"
         " (after 2 s), 98.3% while ejected, 100.0% after the repair (api-2 not back by the end)"
     )
+
+
+def test_the_client_line_shows_the_last_windows_success_in_red_under_99_percent() -> None:
+    from meshlet.cli.demo.view import Client, client_line
+
+    def line(recent: float | None) -> Text:
+        return client_line(Client(sent=100, ok=95, failed={"http 502": 5}, dropped=0,
+                                  quantiles=(1.0, 2.0, 3.0), store_first_byte_max_ms=1.0,
+                                  recent_success=recent))  # fmt: skip
+
+    dipped = line(0.825)
+    assert dipped.plain.endswith("; last 10 s: success 82.50%")
+    assert any(str(span.style) == "bold red" and dipped.plain[span.start : span.end] == "82.50%"
+               for span in dipped.spans)  # fmt: skip
+    recovered = line(1.0)
+    assert recovered.plain.endswith("; last 10 s: success 100%")
+    assert all(recovered.plain[span.start : span.end] != "100%" for span in recovered.spans)
+    assert "last 10 s" not in line(None).plain

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from meshlet.api import wellknown
-from meshlet.cli.demo import topology
+from meshlet.cli.demo import outbound, topology
 from meshlet.cli.demo.apps import SLOW_DRILL_DELAY
 from meshlet.cli.demo.supervisor import command
 from meshlet.cli.stats import Scrape, traffic
@@ -61,7 +61,6 @@ RESUBSCRIBE_WITHIN: Final = 15.0  # seconds the proxies get to reopen their disc
 CANARY_STEPS: Final = ((50, 50), (0, 100))  # api's route's weights at the fault, at the repair
 FAILING_REPLICA: Final = "api-2"
 WATCH_EVERY: Final = 1.0  # seconds between the failing-replica drill's looks at the balancers
-RESTORE_WITHIN: Final = 15.0  # seconds after the repair the replica gets to return
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,32 +191,32 @@ def perform(step: Step, demo: Any) -> list[Step]:
         _watch_balancers(demo)
         return [Step(step.at + WATCH_EVERY, step.action)]
     elif verb == "mark":
-        if what.startswith("settled "):
-            demo._scrape_all()
-        demo.checks.setdefault("marks", {})[what] = {
-            "scrapes": {pod: history[-1] for pod, history in demo.scrapes.items() if history},
-            "ok_by_api": _ok_by_api(demo),
-            "failed": _failed(demo),
-            "at": time.time(),
-        }
-        if what.startswith("settled "):
+        settled = what.startswith("settled ")
+        _mark(demo, what, fresh=settled)
+        if settled:
             _settled(demo, what.removeprefix("settled "))
     else:
         raise ValueError(f"unknown drill step {step.action!r}")
     return []
 
 
+def _mark(demo: Any, name: str, fresh: bool = False) -> None:
+    """Keeps the counters as they are now under `name`: every proxy's last scrape (`fresh`:
+    scraped now rather than at the last refresh, up to a second ago) and the load's counts."""
+    if fresh:
+        demo._scrape_all()
+    demo.checks.setdefault("marks", {})[name] = {
+        "scrapes": {pod: history[-1] for pod, history in demo.scrapes.items() if history},
+        "ok_by_api": _ok_by_api(demo),
+        "failed": _failed(demo),
+    }
+
+
 def _weigh(demo: Any, weights: str) -> None:
     """Marks the end of the split so far, then writes api's route with the new weights
     (`50/50`: api's, then the canary's)."""
     api, canary = (int(w) for w in weights.split("/"))
-    demo._scrape_all()  # the counters as they are now, not as of the last refresh
-    demo.checks.setdefault("marks", {})[f"before {weights}"] = {
-        "scrapes": {pod: history[-1] for pod, history in demo.scrapes.items() if history},
-        "ok_by_api": _ok_by_api(demo),
-        "failed": _failed(demo),
-        "at": time.time(),
-    }
+    _mark(demo, f"before {weights}", fresh=True)
     demo._manifests().put(topology.ROUTE_FILE, topology.api_route(api, canary))
     demo.weights = {"api": api, topology.CANARY: canary}
     demo._event(f"drill: {topology.API_ROUTE} now weighs api {api}, {topology.CANARY} {canary}")
@@ -226,8 +225,6 @@ def _weigh(demo: Any, weights: str) -> None:
 def _settled(demo: Any, weights: str) -> None:
     """An event with the canary's share of api's calls since the weights were written (which
     includes the time the change takes to reach the proxies)."""
-    from meshlet.cli.demo import outbound
-
     marks = demo.checks["marks"]
     before, now = marks.get(f"before {weights}"), marks[f"settled {weights}"]
     if before is None:
@@ -240,11 +237,10 @@ def _settled(demo: Any, weights: str) -> None:
 
 
 def _watch_balancers(demo: Any) -> None:
-    """During the failing-replica drill: the api balancers' pending endpoints now (from the
-    callers' proxies' last scrapes), when the ejection was first seen, when the replica was
-    back, and every call the load finished (to measure the success rate by phase)."""
-    from meshlet.cli.demo import outbound
-
+    """During the failing-replica drill, every WATCH_EVERY seconds: the api balancers' pending
+    endpoints (from the callers' proxies' last scrapes), when the ejection was first seen, when
+    the replica was back, and every call the load finished since the last look (to measure the
+    success rate by phase: the load keeps its last 30 s)."""
     checks = demo.checks
     now = time.time()
     latest = [history[-1] for history in demo.scrapes.values() if history]
@@ -252,10 +248,9 @@ def _watch_balancers(demo: Any) -> None:
     pending = api.pending if api is not None else 0.0
     checks["api_pending_max"] = max(checks.get("api_pending_max", 0.0), pending)
     failing, repaired = checks.get("failing_at"), checks.get("repaired_at")
-    if failing is not None and pending and "ejected_at" not in checks:
+    if failing is not None and api is not None and api.pending and "ejected_at" not in checks:
         checks["ejected_at"] = now
         demo.notes[FAILING_REPLICA] = "answers INTERNAL (drill) · ejected by the breaker"
-        assert api is not None
         demo._event(f"api's balancer: {api.ready:.0f} ready, {api.pending:.0f} pending:"
                     f" {FAILING_REPLICA} ejected {now - failing:.1f} s after it began"
                     " failing")  # fmt: skip
@@ -385,8 +380,6 @@ def _canary(demo: Any, marks: dict[str, Any]) -> list[dict[str, Any]]:
     """Each weighting's split, from SETTLE seconds after it was written (the load's start for
     the first) to the next change (the end for the last): requests per backend as the callers'
     proxies counted them, and calls per api pod as the load counted who answered."""
-    from meshlet.cli.demo import outbound
-
     now = {
         "scrapes": {pod: history[-1] for pod, history in demo.scrapes.items() if history},
         "ok_by_api": _ok_by_api(demo),
@@ -421,8 +414,6 @@ def _failing(demo: Any, calls: list[tuple[float, str, str]]) -> dict[str, Any]:
     """The load's success rate before the fault, from the fault until the ejection was seen,
     while the replica was ejected (until the repair), and after the repair; how long the
     ejection and the return took; what the replica answered while ejected."""
-    from meshlet.cli.demo import outbound
-
     checks = demo.checks
     end = time.time()
     load = end - (time.monotonic() - demo.load_started) if demo.load_started else end
@@ -443,8 +434,8 @@ def _failing(demo: Any, calls: list[tuple[float, str, str]]) -> dict[str, Any]:
         ),
     }
     if ejected is not None:
-        during = [(outcome, pod) for at, outcome, pod in calls if ejected <= at < repaired]
-        out["failed_while_ejected"] = sum(1 for outcome, _ in during if outcome != "ok")
+        during = [outcome for at, outcome, _ in calls if ejected <= at < repaired]
+        out["failed_while_ejected"] = sum(1 for outcome in during if outcome != "ok")
         out["calls_while_ejected"] = len(during)
     return out
 
