@@ -293,9 +293,16 @@ def test_the_policy_controller(installed: list[dict[str, Any]]) -> None:
             ("policy.meshlet.io", "servers"), ("policy.meshlet.io", "authorizationpolicies"),
             ("gateway.networking.k8s.io", "httproutes"),
             ("gateway.networking.k8s.io", "grpcroutes")} <= reads  # fmt: skip
+    from meshlet.controlplane.k8s.events import POLICY_SERVER_KINDS
+    from meshlet.controlplane.policy.status import ROUTE_KINDS
+
+    def group(kind: Any) -> str:
+        return kind.api_version.rpartition("/")[0]
+
+    assert {(group(k), k.plural) for k in POLICY_SERVER_KINDS} <= reads  # all it watches
     patches = {(g, r) for rule in role["rules"] if rule["verbs"] == ["patch"]
                for g in rule["apiGroups"] for r in rule["resources"]}  # fmt: skip
-    assert ("gateway.networking.k8s.io", "httproutes/status") in patches
+    assert {(group(k), f"{k.plural}/status") for k in ROUTE_KINDS} <= patches
     assert all(r.endswith("/status") for _, r in patches)  # nothing else is written
     binding = find(installed, "ClusterRoleBinding", "meshlet-meshlet-policy")
     assert binding["subjects"] == [
