@@ -313,3 +313,31 @@ def test_a_snapshot_forgets_routes_that_are_gone() -> None:
     writer.apply(Snapshot(Kind.GATEWAY_HTTP_ROUTE, (route("a"), route("b"))))
     writer.apply(Snapshot(Kind.GATEWAY_HTTP_ROUTE, (route("b"),)))
     assert sorted(k[2] for k in writer.routes) == ["b"]
+
+
+def test_a_change_marks_only_the_routes_that_name_it() -> None:
+    from meshlet.controlplane.policy.status import StatusWriter
+
+    async def never(*_: Any) -> None:
+        raise AssertionError
+
+    writer = StatusWriter(cluster(), never)
+    on_api = route("on-api", parents=[{"kind": "Service", "name": "api", "group": "core"}])
+    writer.apply(Snapshot(Kind.GATEWAY_HTTP_ROUTE, (
+        route("r"), route("to-canary", backends=[{"name": "canary", "port": 80}]), on_api,
+    )))  # fmt: skip
+    writer.dirty.clear()
+
+    def marked() -> list[str]:
+        names = sorted(k[2] for k in writer.dirty)
+        writer.dirty.clear()
+        return names
+
+    writer.apply(Upsert(Kind.SERVICE, service("canary")))
+    assert marked() == ["to-canary"]
+    writer.apply(Upsert(Kind.SERVICE_PROFILE, profile()))
+    assert marked() == ["r", "to-canary"]
+    writer.apply(Upsert(Kind.GATEWAY_GRPC_ROUTE, route("g", kind="GRPCRoute")))
+    assert marked() == ["g", "r", "to-canary"]  # the HTTPRoutes it may conflict with
+    writer.apply(Upsert(Kind.SERVICE, service("unrelated")))
+    assert marked() == []

@@ -328,6 +328,7 @@ class Pacer:
 # -- the shell -------------------------------------------------------------------------------
 
 RouteKey = tuple[Kind, str, str]  # (kind, namespace, name)
+Ref = tuple[str, str, str]  # (Service or Server, namespace, name)
 Patch = Callable[[Kind, str, str, dict[str, Any]], Awaitable[None]]
 
 
@@ -350,6 +351,8 @@ class StatusWriter:
     clock: Callable[[], float] = time.monotonic
     wall: Callable[[], float] = time.time
     routes: dict[RouteKey, Object] = field(default_factory=dict)
+    named: dict[RouteKey, frozenset[Ref]] = field(default_factory=dict)  # what each names
+    refs: dict[Ref, set[RouteKey]] = field(default_factory=dict)  # the routes naming each
     dirty: set[RouteKey] = field(default_factory=set)
     patched: int = 0
     failed: int = 0
@@ -360,16 +363,18 @@ class StatusWriter:
             if isinstance(event, Snapshot):
                 keys = {k for obj in event.objects if (k := _route_key(event.kind, obj))}
                 for gone in [k for k in self.routes if k[0] is event.kind and k not in keys]:
-                    del self.routes[gone]
+                    self._drop(gone)
                 for obj in event.objects:
                     self._put(event.kind, obj)
             elif isinstance(event, Upsert):
                 self._put(event.kind, event.obj)
             elif isinstance(event, Delete) and (key := _route_key(event.kind, event.obj)):
-                self.routes.pop(key, None)
-                self.dirty.discard(key)
+                self._drop(key)
         elif event.kind in (Kind.SERVICE, Kind.SERVER, Kind.SERVICE_PROFILE):
-            self.dirty.update(self.routes)  # a route's conditions may name any of them
+            if isinstance(event, Snapshot):
+                self.dirty.update(self.routes)
+            elif (ref := _object_ref(event.kind, event.obj)) is not None:
+                self.dirty.update(self.refs.get(ref, ()))
         else:
             return
         if self.dirty:
@@ -377,9 +382,35 @@ class StatusWriter:
 
     def _put(self, kind: Kind, obj: Object) -> None:
         key = _route_key(kind, obj)
-        if key is not None:
-            self.routes[key] = obj
-            self.dirty.add(key)
+        if key is None:
+            return
+        self._drop(key)
+        names = references(obj)
+        self.named[key] = names
+        for ref in names:
+            self.refs.setdefault(ref, set()).add(key)
+        self.routes[key] = obj
+        self.dirty.add(key)
+        if kind.kind == "GRPCRoute":  # it may conflict with the HTTPRoutes of its parents
+            self._touch_siblings(names)
+
+    def _drop(self, key: RouteKey) -> None:
+        self.routes.pop(key, None)
+        self.dirty.discard(key)
+        names = self.named.pop(key, frozenset())
+        for ref in names:
+            holders = self.refs.get(ref)
+            if holders is not None:
+                holders.discard(key)
+                if not holders:
+                    del self.refs[ref]
+        if key[0].kind == "GRPCRoute":
+            self._touch_siblings(names)
+
+    def _touch_siblings(self, names: frozenset[Ref]) -> None:
+        for ref in names:
+            if ref[0] == "Service":
+                self.dirty.update(k for k in self.refs.get(ref, ()) if k in self.routes)
 
     async def run(self) -> None:
         while True:
@@ -445,6 +476,32 @@ def kubernetes_patch(api_client: Any, timeout: float = 10.0) -> Patch:
         await asyncio.to_thread(call, kind, namespace, name, body)
 
     return patch
+
+
+def references(obj: Mapping[str, Any]) -> frozenset[Ref]:
+    """The Services and Servers a route's conditions depend on: its parents and backends."""
+    ns = _namespace(obj)
+    out: set[Ref] = {(p.kind, p.namespace, p.name) for p in parents(obj)}
+    for rule in _items(_spec(obj).get("rules")):
+        for ref in _items(rule.get("backendRefs")):
+            name, refns = ref.get("name"), ref.get("namespace")
+            if isinstance(name, str):
+                out.add(("Service", refns if isinstance(refns, str) and refns else ns, name))
+    return frozenset(out)
+
+
+def _object_ref(kind: Kind, obj: Mapping[str, Any]) -> Ref | None:
+    """The Service or Server an event's object is, or whose profile it is."""
+    name = _meta(obj).get("name")
+    if not isinstance(name, str):
+        return None
+    ns = _namespace(obj)
+    if kind is Kind.SERVER:
+        return ("Server", ns, name)
+    if kind is Kind.SERVICE_PROFILE:
+        service, _, rest = name.partition(".")
+        return ("Service", ns, service) if rest.startswith(f"{ns}.svc.") else None
+    return ("Service", ns, name)
 
 
 def _route_key(kind: Kind, obj: Mapping[str, Any]) -> RouteKey | None:
