@@ -357,5 +357,17 @@ def test_a_services_outbound_policy_through_a_port_forward(cluster: Cluster) -> 
         run = cluster.policy("-n", "emojivoto", "svc/web-svc", "80")
         assert run.code == 0, run.err
         assert [r.authority for r in outbound.requests] == [authority]
+        assert run.err == ""
+        cluster.api.apply({
+            "apiVersion": "meshlet.io/v1alpha1", "kind": "ServiceProfile",
+            "metadata": {"name": "web-svc.emojivoto.svc.cluster.local", "namespace": "emojivoto"},
+            "spec": {"routes": []},
+        })  # fmt: skip
+        shadowed = cluster.policy("-n", "emojivoto", "svc/web-svc", "80")
+        assert shadowed.code == 0 and json.loads(shadowed.out) == json.loads(run.out)
+        assert shadowed.err.startswith(
+            "note: ServiceProfile emojivoto/web-svc.emojivoto.svc.cluster.local exists: proxies"
+            " use it for service emojivoto/web-svc and ignore the routes"
+        )
     finally:
         server.stop(grace=None)
