@@ -163,6 +163,17 @@ def test_a_policy_crd_that_cannot_be_read_says_why() -> None:
     assert judged["policy CRDs are installed"] == (Status.ERROR, "403 Forbidden")
 
 
+def test_the_gateway_api_route_crds_are_required_too() -> None:
+    """The policy controller watches them: without them it never becomes ready."""
+    gateway = {n for n in POLICY_CRDS if n.endswith(".gateway.networking.k8s.io")}
+    judged = outcome(snapshot(policy_crds=frozenset(POLICY_CRDS) - gateway))
+    assert judged["policy CRDs are installed"] == (
+        Status.ERROR,
+        "CustomResourceDefinitions not found: httproutes.gateway.networking.k8s.io,"
+        " grpcroutes.gateway.networking.k8s.io",
+    )
+
+
 def http_route(name: str, parent: str = "web", status: list[dict[str, Any]] | None = None,
                ) -> dict[str, Any]:  # fmt: skip
     return {

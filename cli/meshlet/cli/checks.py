@@ -16,18 +16,23 @@ Obj = dict[str, Any]
 MIN_VERSION: Final = (1, 29)  # native sidecars
 EXPIRY_WARNING: Final = dt.timedelta(days=60)
 COMPONENTS: Final = (wk.DESTINATION_NAME, wk.IDENTITY_NAME, wk.INJECTOR_NAME)
-# The policy controller's kinds, as `meshlet install --crds` renders them.
-POLICY_CRDS: Final = tuple(
-    f"{plural}.{wk.POLICY_API_GROUP}"
-    for plural in (
-        "servers",
-        "authorizationpolicies",
-        "meshtlsauthentications",
-        "networkauthentications",
-        "httplocalratelimitpolicies",
-        "httproutes",
-        "grpcroutes",
-    )
+# The policy controller's kinds, as `meshlet install --crds` renders them, and the Gateway API's
+# routes it also watches (it is not ready until it has listed each).
+POLICY_CRDS: Final = (
+    *(
+        f"{plural}.{wk.POLICY_API_GROUP}"
+        for plural in (
+            "servers",
+            "authorizationpolicies",
+            "meshtlsauthentications",
+            "networkauthentications",
+            "httplocalratelimitpolicies",
+            "httproutes",
+            "grpcroutes",
+        )
+    ),
+    "httproutes.gateway.networking.k8s.io",
+    "grpcroutes.gateway.networking.k8s.io",
 )
 # The route kinds whose status the policy controller writes: (group, version, plural).
 ROUTE_APIS: Final = (
