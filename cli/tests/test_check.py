@@ -323,9 +323,10 @@ def test_routes_and_profiles_are_read_from_every_namespace(tmp_path: Path) -> No
         api.patch_status(f"{gw}/v1", "HTTPRoute", "orphan", {"status": {"parents": [
             {"parentRef": ref, "controllerName": wk.POLICY_CONTROLLER_NAME,
              "conditions": [condition]}]}}, "emojivoto")  # fmt: skip
+        routed = {"routes": [{"name": "GET /", "condition": {"method": "GET"}}]}
         api.apply({"apiVersion": "meshlet.io/v1alpha1", "kind": "ServiceProfile",
                    "metadata": {"name": "web-svc.emojivoto.svc.cluster.local",
-                                "namespace": "emojivoto"}, "spec": {"routes": []}})  # fmt: skip
+                                "namespace": "emojivoto"}, "spec": routed})  # fmt: skip
         state = snapshot(api.write_kubeconfig(tmp_path / "kubeconfig"), None, "meshlet")
     assert not state.errors.get("routes") and not state.errors.get("profiles")
     assert sorted(r["metadata"]["name"] for r in state.routes) == ["orphan", "web-split"]
@@ -343,5 +344,6 @@ def test_routes_and_profiles_are_read_from_every_namespace(tmp_path: Path) -> No
         routes_not_shadowed(state, now)
     assert str(shadowed.value) == (
         f"HTTPRoute.{gw} emojivoto/web-split: ServiceProfile"
-        " emojivoto/web-svc.emojivoto.svc.cluster.local is used instead"
+        " emojivoto/web-svc.emojivoto.svc.cluster.local (with routes or dstOverrides) is used"
+        " instead"
     )

@@ -226,8 +226,13 @@ def test_routes_that_are_not_accepted_warn_and_say_why() -> None:
 
 
 def test_a_route_shadowed_by_a_service_profile_warns() -> None:
-    profile = {"metadata": {"namespace": "shop", "name": "web.shop.svc.cluster.local"}}
-    other = {"metadata": {"namespace": "shop", "name": "api.shop.svc.cluster.local"}}
+    routed = {"routes": [{"name": "GET /", "condition": {"method": "GET"}}]}
+    profile = {"metadata": {"namespace": "shop", "name": "web.shop.svc.cluster.local"},
+               "spec": routed}  # fmt: skip
+    other = {"metadata": {"namespace": "shop", "name": "api.shop.svc.cluster.local"},
+             "spec": {"dstOverrides": [{"authority": "api-v2.shop.svc.cluster.local:80",
+                                        "weight": 1}]}}  # fmt: skip
+    empty = {**profile, "spec": {"routes": []}}
     routes = (http_route("good", status=GOOD), http_route("to-api", "api", GOOD))
     results = {r.description: r for r in evaluate(snapshot(routes=routes, profiles=(profile,)),
                                                    NOW)}  # fmt: skip
@@ -235,12 +240,12 @@ def test_a_route_shadowed_by_a_service_profile_warns() -> None:
     assert (found.status, found.error) == (
         Status.WARNING,
         "HTTPRoute.gateway.networking.k8s.io shop/good: ServiceProfile"
-        " shop/web.shop.svc.cluster.local is used instead",
+        " shop/web.shop.svc.cluster.local (with routes or dstOverrides) is used instead",
     )
     assert "delete the ServiceProfile" in found.hint
     clear = outcome(snapshot(routes=routes, profiles=(other,)))
     assert clear[SHADOWED][0] is Status.WARNING  # to-api is shadowed by api's profile
-    assert outcome(snapshot(routes=routes[:1], profiles=(other,)))[SHADOWED] == (
+    assert outcome(snapshot(routes=routes[:1], profiles=(other, empty)))[SHADOWED] == (
         Status.SUCCESS, "",
     )  # fmt: skip
 

@@ -457,20 +457,31 @@ def routes_accepted(s: Snapshot, now: dt.datetime) -> str | None:
     return f"{len(served)} routes" if served else None
 
 
+def overrides_policy(profile: Obj) -> bool:
+    """Whether proxies use a ServiceProfile instead of its Service's policy (Linkerd's rule):
+    it has `routes` or `dstOverrides`."""
+    raw = profile.get("spec")
+    spec: Obj = raw if isinstance(raw, dict) else {}
+    return any(isinstance(spec.get(k), list) and spec[k] for k in ("routes", "dstOverrides"))
+
+
 def routes_not_shadowed(s: Snapshot, now: dt.datetime) -> None:
-    """No route has a parent Service with a ServiceProfile (the proxies would ignore it)."""
+    """No route has a parent Service whose ServiceProfile proxies use instead of its policy."""
     _route_errors(s)
     profiles = {
         (str(meta.get("namespace")), str(meta.get("name")))
         for p in s.profiles
-        if isinstance(meta := p.get("metadata"), dict)
+        if isinstance(meta := p.get("metadata"), dict) and overrides_policy(p)
     }
     shadowed = []
     for obj in s.routes:
         for ns, name in _service_parents(obj):
             fqn = f"{name}.{ns}.svc.{wk.CLUSTER_DOMAIN}"
             if (ns, fqn) in profiles:
-                shadowed.append(f"{_route_name(obj)}: ServiceProfile {ns}/{fqn} is used instead")
+                shadowed.append(
+                    f"{_route_name(obj)}: ServiceProfile {ns}/{fqn} (with routes or dstOverrides)"
+                    " is used instead"
+                )
     if shadowed:
         raise _Fail(_named(sorted(set(shadowed))), Status.WARNING)
 
@@ -532,9 +543,9 @@ INSTALLED: Final[tuple[Entry, ...]] = (
      "kubectl -n NAMESPACE get httproute NAME -o yaml shows each condition; fix the parent"
      " Service or the backendRefs it names"),
     ("meshlet-policy", "no route is shadowed by a ServiceProfile", routes_not_shadowed,
-     "while a Service has a ServiceProfile, proxies use the profile and ignore the Service's"
-     " routes and retry/timeout annotations: delete the ServiceProfile (kubectl -n NAMESPACE"
-     " delete serviceprofile NAME) to use the routes"),
+     "while a Service's ServiceProfile has routes or dstOverrides, proxies use the profile and"
+     " ignore the Service's routes and retry/timeout annotations: delete the ServiceProfile"
+     " (kubectl -n NAMESPACE delete serviceprofile NAME) to use the routes"),
     ("meshlet-data-plane", "data plane proxies are ready", proxies_ready,
      "kubectl describe the pods named; meshlet diagnostics proxy-metrics POD"),
     ("meshlet-data-plane", "data plane proxies use the current trust root", proxies_trust_root,

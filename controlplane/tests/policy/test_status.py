@@ -71,12 +71,13 @@ def server_obj() -> dict[str, Any]:
     }
 
 
-def profile() -> dict[str, Any]:
+def profile(routes: bool = True) -> dict[str, Any]:
+    route = {"name": "GET /", "condition": {"method": "GET", "pathRegex": "/"}}
     return {
         "apiVersion": "meshlet.io/v1alpha1",
         "kind": "ServiceProfile",
         "metadata": {"name": "web.ns.svc.cluster.local", "namespace": "ns"},
-        "spec": {"routes": []},
+        "spec": {"routes": [route] if routes else []},
     }
 
 
@@ -126,6 +127,8 @@ CASES: list[tuple[str, dict[str, Any], list[dict[str, Any]], Any]] = [
      route(parents=[{"group": GW, "kind": "Gateway", "name": "edge"}]), [], []),
     ("a ServiceProfile shadows the route: Accepted stays True", route(), [service(), profile()],
      [[*OK, ("meshlet.io/ServiceProfile", "True", "ServiceProfileExists")]]),
+    ("a ServiceProfile without routes or dstOverrides does not", route(),
+     [service(), profile(routes=False)], [OK]),
 ]  # fmt: skip
 
 
@@ -140,7 +143,7 @@ def test_the_messages_say_what_is_missing() -> None:
     [(_, found)] = parent_statuses(obj, cluster(obj))
     assert [c.message for c in found] == ["Service ns/web not found", "Service ns/gone not found"]
     [(_, found)] = parent_statuses(obj, cluster(obj, service(), profile()))
-    assert "ServiceProfile web.ns.svc.cluster.local exists" in found[2].message
+    assert "ServiceProfile web.ns.svc.cluster.local has routes or dstOverrides" in found[2].message
 
 
 def test_merged_keeps_other_controllers_and_unchanged_transition_times() -> None:

@@ -10,12 +10,12 @@ for an HTTPRoute beside a GRPCRoute on the same parent, `UnsupportedValue` for a
 refuses) and `ResolvedRefs` (False with `BackendNotFound` or `InvalidKind` when a backendRef
 names a missing Service or another kind); a Server parent gets `Accepted` alone.
 
-meshlet adds one condition Linkerd has not, `meshlet.io/ServiceProfile` (True while a
-ServiceProfile exists for the parent Service: the proxies then use the profile and ignore the
-route, as Linkerd's do). `Accepted` stays True, since the controller does serve the route and a
-Gateway API client (Flagger, kubectl wait) reads `Accepted` as Gateway API defines it; the extra
-condition carries the precedence, domain-prefixed as the Gateway API asks of
-implementation-specific types.
+meshlet adds one condition Linkerd has not, `meshlet.io/ServiceProfile` (True while the parent
+Service has a ServiceProfile with `routes` or `dstOverrides`: the proxies then use the profile
+and ignore the route, as Linkerd's do). `Accepted` stays True, since the controller does serve
+the route and a Gateway API client (Flagger, kubectl wait) reads `Accepted` as Gateway API
+defines it; the extra condition carries the precedence, domain-prefixed as the Gateway API asks
+of implementation-specific types.
 
 The decisions are pure (`parent_statuses`, `merged`, `Pacer`); `StatusWriter` is the shell: it
 coalesces changes by route (a burst of edits to one route is one patch), paces patches with a
@@ -98,8 +98,8 @@ def invalid_kind(message: str) -> Condition:
 def shadowed(profile: str) -> Condition:
     return Condition(
         SERVICE_PROFILE_CONDITION, "True", "ServiceProfileExists",
-        f"ServiceProfile {profile} exists for this Service: proxies use it and ignore this route"
-        " and the Service's retry and timeout annotations until it is deleted",
+        f"ServiceProfile {profile} has routes or dstOverrides for this Service: proxies use it and"
+        " ignore this route and the Service's retry and timeout annotations until it has neither",
     )  # fmt: skip
 
 
@@ -524,9 +524,14 @@ class Indexes:
         if event.kind is not Kind.SERVICE_PROFILE:
             return
         if isinstance(event, Snapshot):
-            self.profiles = {k for obj in event.objects if (k := _profile_key(obj))}
+            self.profiles = {
+                k for obj in event.objects if overrides_policy(obj) and (k := _profile_key(obj))
+            }
         elif (key := _profile_key(event.obj)) is not None:
-            (self.profiles.add if isinstance(event, Upsert) else self.profiles.discard)(key)
+            if isinstance(event, Upsert) and overrides_policy(event.obj):
+                self.profiles.add(key)
+            else:
+                self.profiles.discard(key)
 
     def service(self, namespace: str, name: str) -> Service | None:
         return self.outbound.service(namespace, name)
@@ -546,6 +551,13 @@ class Indexes:
     def profile(self, namespace: str, name: str) -> str | None:
         fqn = f"{name}.{namespace}.svc.{self.cluster_domain}"
         return fqn if (namespace, fqn) in self.profiles else None
+
+
+def overrides_policy(profile: Mapping[str, Any]) -> bool:
+    """Whether a ServiceProfile takes precedence over its Service's policy in the proxies: it
+    has `routes` or `dstOverrides` (an empty profile leaves the routes in force)."""
+    spec = _spec(profile)
+    return any(isinstance(spec.get(k), list) and spec[k] for k in ("routes", "dstOverrides"))
 
 
 def _profile_key(obj: Mapping[str, Any]) -> tuple[str, str] | None:
