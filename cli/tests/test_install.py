@@ -457,6 +457,10 @@ def test_the_gateway_api_crds_only_when_the_cluster_lacks_them(
 def test_the_gateway_api_crds_lint_and_validate() -> None:
     values = {"installGatewayAPI": True}
     assert charts.lint(charts.CRDS, values, "meshlet") == []
+    for bad, said in (({"installGatewayAPI": "yes"}, "got string, want boolean"),
+                      ({"installGatewayApi": True}, "not allowed")):  # fmt: skip
+        with pytest.raises(charts.ChartError, match=said):
+            charts.render(charts.CRDS, bad, "meshlet")
     rendered = {m.doc["metadata"]["name"]: m.doc for m in charts.render(charts.CRDS, values, "m")}
     for name in GATEWAY_CRDS:
         crd = rendered[name]
