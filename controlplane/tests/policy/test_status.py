@@ -254,6 +254,10 @@ async def test_the_policy_controller_writes_route_status_through_the_api() -> No
                 assert await eventually(lambda: ours(api, "orphan") == NO_PARENT)
                 written = await asyncio.to_thread(patches, api)
                 assert written == 2
+                counted = srv.registry.get_sample_value(
+                    "policy_route_status_patches_total", {"result": "written"}
+                )
+                assert counted == 2
                 await asyncio.sleep(0.6)  # its own writes came back as events: nothing to write
                 assert await asyncio.to_thread(patches, api) == written
 

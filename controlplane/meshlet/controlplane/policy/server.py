@@ -306,7 +306,15 @@ class PolicyServer(StreamingController):
         self.indexes = Indexes(self.outbound, self.index, config.cluster_domain)
         self.status: StatusWriter | None = None
         if config.status_patch is not None:
-            self.status = StatusWriter(self.indexes, config.status_patch)
+            patches = Counter(
+                "policy_route_status_patches_total",
+                "Route status patches sent, by result (written, conflict: the route changed"
+                " meanwhile, failed).",
+                ["result"],
+                registry=self.registry,
+            )
+            self.status = StatusWriter(self.indexes, config.status_patch,
+                                       on_result=lambda r: patches.labels(r).inc())  # fmt: skip
             self.supervisor.add("the route status writer", self.status.run)
 
     def ready(self) -> bool:

@@ -356,6 +356,7 @@ class StatusWriter:
     dirty: set[RouteKey] = field(default_factory=set)
     patched: int = 0
     failed: int = 0
+    on_result: Callable[[str], None] = lambda _: None  # "written", "conflict" or "failed"
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
 
     def apply(self, event: Event) -> None:
@@ -440,15 +441,18 @@ class StatusWriter:
             await self.patch(kind, namespace, name, patch_body(obj, parents))
         except PatchConflict:
             log.debug("status of %s %s/%s changed meanwhile", kind.kind, namespace, name)
+            self.on_result("conflict")
             return
         except Exception as exc:  # the API is down or refuses: retried, paced by the bucket
             self.failed += 1
+            self.on_result("failed")
             self.dirty.add(key)
             self._wake.set()
             log.warning("could not write the status of %s %s/%s: %s", kind.kind, namespace,
                         name, exc)  # fmt: skip
             return
         self.patched += 1
+        self.on_result("written")
         log.info("wrote the status of %s %s/%s", kind.kind, namespace, name)
 
 
