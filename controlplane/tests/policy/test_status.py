@@ -387,3 +387,17 @@ async def test_a_failed_patch_is_retried_and_a_conflict_waits_for_the_newer_rout
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+def test_merged_keeps_the_order_another_controller_wrote() -> None:
+    theirs = {
+        "parentRef": {"group": GW, "kind": "Gateway", "name": "edge"},
+        "controllerName": "example.net/gateway",
+        "conditions": [{"type": "Accepted", "status": "True", "reason": "Accepted"}],
+    }
+    obj = route()
+    world = cluster(obj, service())
+    first = merged(obj, world, NOW)
+    assert first is not None
+    obj["status"] = {"parents": [*first, theirs]}  # ours first, as the other one left it
+    assert merged(obj, world, LATER) is None

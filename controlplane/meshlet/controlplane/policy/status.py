@@ -255,38 +255,67 @@ def _same_ref(entry: Mapping[str, Any], ref: Mapping[str, Any]) -> bool:
 def merged(obj: Mapping[str, Any], cluster: Cluster, now: str) -> list[dict[str, Any]] | None:
     """The `status.parents` to write on `obj`, or None when its status already says it.
 
-    Other controllers' entries are kept as they are; ours are recomputed, each condition
-    keeping its `lastTransitionTime` while its status (True/False) is unchanged (the
-    Kubernetes condition convention), `observedGeneration` the route's generation."""
+    Other controllers' entries are kept as they are and where they are (so two controllers never
+    reorder each other's lists back and forth); ours are recomputed in place, new ones appended,
+    stale ones dropped; each condition keeps its `lastTransitionTime` while its status
+    (True/False) is unchanged (the Kubernetes condition convention), `observedGeneration` the
+    route's generation."""
     status = obj.get("status")
     current = _items(status.get("parents")) if isinstance(status, Mapping) else []
-    ours = [e for e in current if e.get("controllerName") == CONTROLLER_NAME]
     generation = _meta(obj).get("generation")
     generation = generation if isinstance(generation, int) else None
-    out: list[dict[str, Any]] = [dict(e) for e in current if e.get("controllerName")
-                                 != CONTROLLER_NAME]  # fmt: skip
+    fresh = []
     for parent, conditions in parent_statuses(obj, cluster):
         ref = parent.ref()
-        before = next((e for e in ours if _same_ref(e, ref)), None)
+        before = next(
+            (
+                e
+                for e in current
+                if e.get("controllerName") == CONTROLLER_NAME and _same_ref(e, ref)
+            ),
+            None,
+        )
         old = {c.get("type"): c for c in _items(before.get("conditions") if before else None)}
-        written = []
-        for c in conditions:
-            prior = old.get(c.type)
-            since = now
-            if (
-                prior is not None
-                and prior.get("status") == c.status
-                and isinstance(prior.get("lastTransitionTime"), str)
-            ):
-                since = prior["lastTransitionTime"]
-            item: dict[str, Any] = {"type": c.type, "status": c.status, "reason": c.reason,
-                                    "message": c.message, "lastTransitionTime": since}  # fmt: skip
-            if generation is not None:
-                item["observedGeneration"] = generation
-            written.append(item)
-        out.append({"parentRef": ref, "controllerName": CONTROLLER_NAME, "conditions": written})
+        fresh.append((ref, _entry(ref, conditions, old, generation, now)))
+    out: list[dict[str, Any]] = []
+    placed: set[int] = set()
+    for e in current:
+        if e.get("controllerName") != CONTROLLER_NAME:
+            out.append(dict(e))
+            continue
+        i = next((i for i, (ref, _) in enumerate(fresh) if i not in placed and _same_ref(e, ref)),
+                 None)  # fmt: skip
+        if i is not None:
+            out.append(fresh[i][1])
+            placed.add(i)
+    out += [entry for i, (_, entry) in enumerate(fresh) if i not in placed]
     out = out[:MAX_PARENTS]
     return None if out == [dict(e) for e in current] else out
+
+
+def _entry(
+    ref: dict[str, Any],
+    conditions: list[Condition],
+    old: Mapping[Any, Mapping[str, Any]],
+    generation: int | None,
+    now: str,
+) -> dict[str, Any]:
+    written = []
+    for c in conditions:
+        prior = old.get(c.type)
+        since = now
+        if (
+            prior is not None
+            and prior.get("status") == c.status
+            and isinstance(prior.get("lastTransitionTime"), str)
+        ):
+            since = prior["lastTransitionTime"]
+        item: dict[str, Any] = {"type": c.type, "status": c.status, "reason": c.reason,
+                                "message": c.message, "lastTransitionTime": since}  # fmt: skip
+        if generation is not None:
+            item["observedGeneration"] = generation
+        written.append(item)
+    return {"parentRef": ref, "controllerName": CONTROLLER_NAME, "conditions": written}
 
 
 def patch_body(obj: Mapping[str, Any], parents: list[dict[str, Any]]) -> dict[str, Any]:
