@@ -401,3 +401,34 @@ def test_merged_keeps_the_order_another_controller_wrote() -> None:
     assert first is not None
     obj["status"] = {"parents": [*first, theirs]}  # ours first, as the other one left it
     assert merged(obj, world, LATER) is None
+
+
+def test_a_policy_controller_process_with_a_kubeconfig_writes_status(tmp_path: Any) -> None:
+    """`meshlet-controller policy --kubeconfig` as a user runs it: the status writer is on."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from meshlet_testing.fakeapi import POLICY_RESOURCES, RESOURCES, FakeKubeAPI
+
+    with FakeKubeAPI(resources=RESOURCES + POLICY_RESOURCES) as api:
+        api.apply(service())
+        api.apply(route())
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "meshlet.controlplane.main", "policy", "--kubeconfig",
+             str(kubeconfig), "--addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ),
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 20
+            while ours(api) != OK and time.monotonic() < deadline:
+                assert proc.poll() is None, proc.communicate()
+                time.sleep(0.1)
+            assert ours(api) == OK
+        finally:
+            proc.terminate()
+            _, err = proc.communicate(timeout=10)
+        assert proc.returncode == 0, err
+        assert "wrote the status of HTTPRoute ns/r" in err
