@@ -382,6 +382,7 @@ class StatusWriter:
     routes: dict[RouteKey, Object] = field(default_factory=dict)
     named: dict[RouteKey, frozenset[Ref]] = field(default_factory=dict)  # what each names
     refs: dict[Ref, set[RouteKey]] = field(default_factory=dict)  # the routes naming each
+    versions: dict[tuple[Kind, Ref], str] = field(default_factory=dict)  # Services, Servers...
     dirty: set[RouteKey] = field(default_factory=set)
     patched: int = 0
     failed: int = 0
@@ -401,19 +402,41 @@ class StatusWriter:
             elif isinstance(event, Delete) and (key := _route_key(event.kind, event.obj)):
                 self._drop(key)
         elif event.kind in (Kind.SERVICE, Kind.SERVER, Kind.SERVICE_PROFILE):
-            if isinstance(event, Snapshot):
-                self.dirty.update(self.routes)
+            if isinstance(event, Snapshot):  # a relist: only what changed since counts
+                seen = {v for obj in event.objects if (v := self._seen(event.kind, obj))}
+                for old in [v for v in self.versions if v[0] is event.kind and v not in seen]:
+                    del self.versions[old]
+                    self.dirty.update(self.refs.get(old[1], ()))
+            elif isinstance(event, Upsert):
+                self._seen(event.kind, event.obj)
             elif (ref := _object_ref(event.kind, event.obj)) is not None:
+                self.versions.pop((event.kind, ref), None)
                 self.dirty.update(self.refs.get(ref, ()))
         else:
             return
         if self.dirty:
             self._wake.set()
 
+    def _seen(self, kind: Kind, obj: Object) -> tuple[Kind, Ref] | None:
+        """Records a Service, Server or ServiceProfile; marks the routes naming it when it is
+        new or changed (an unchanged one, as a relist brings back, marks none)."""
+        ref = _object_ref(kind, obj)
+        if ref is None:
+            return None
+        version = _version(obj)
+        if not version or self.versions.get((kind, ref)) != version:
+            self.versions[(kind, ref)] = version
+            self.dirty.update(self.refs.get(ref, ()))
+        return (kind, ref)
+
     def _put(self, kind: Kind, obj: Object) -> None:
         key = _route_key(kind, obj)
         if key is None:
             return
+        version = _version(obj)
+        known = self.routes.get(key)
+        if version and known is not None and _version(known) == version:
+            return  # a relist brought it back unchanged
         self._drop(key)
         names = references(obj)
         self.named[key] = names
@@ -535,6 +558,11 @@ def _object_ref(kind: Kind, obj: Mapping[str, Any]) -> Ref | None:
         service, _, rest = name.partition(".")
         return ("Service", ns, service) if rest.startswith(f"{ns}.svc.") else None
     return ("Service", ns, name)
+
+
+def _version(obj: Mapping[str, Any]) -> str:
+    version = _meta(obj).get("resourceVersion")
+    return version if isinstance(version, str) else ""
 
 
 def _route_key(kind: Kind, obj: Mapping[str, Any]) -> RouteKey | None:
