@@ -198,6 +198,7 @@ def test_a_malformed_status_is_rewritten_not_a_crash() -> None:
     [
         ([0.0, 0.0, 0.0], [0.0, 0.0, 0.5]),  # a burst of 2, then 2 a second
         ([0.0, 0.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0, 0.5]),  # refilled after a second
+        ([0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.5, 1.0]),  # each waits its own turn
     ],
 )
 def test_the_pacer_is_a_token_bucket(steps: list[float], expected: list[float]) -> None:
@@ -459,3 +460,27 @@ def test_a_relist_marks_only_what_changed() -> None:
     writer.dirty.clear()
     writer.apply(Snapshot(Kind.GATEWAY_HTTP_ROUTE, (versioned(route("a"), "10"), on_api)))
     assert sorted(k[2] for k in writer.dirty) == ["a"]
+
+
+async def test_the_writer_paces_its_patches() -> None:
+    """A burst of changes to many routes is written at the bucket's rate, not at once."""
+    from meshlet.controlplane.policy.status import StatusWriter
+
+    loop = asyncio.get_running_loop()
+    sent: list[float] = []
+
+    async def patch(kind: Kind, namespace: str, name: str, body: dict[str, Any]) -> None:
+        sent.append(loop.time())
+
+    writer = StatusWriter(cluster(service()), patch, interval=0.01,
+                          pacer=Pacer(rate=50.0, burst=2.0), clock=loop.time)  # fmt: skip
+    task = asyncio.create_task(writer.run())
+    try:
+        writer.apply(Snapshot(Kind.GATEWAY_HTTP_ROUTE, tuple(route(f"r{i}") for i in range(7))))
+        assert await eventually(lambda: len(sent) == 7, 2.0)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert sent[1] - sent[0] < 0.015  # the burst of 2
+    assert sent[6] - sent[1] >= 5 / 50.0 - 0.005  # then 50 a second

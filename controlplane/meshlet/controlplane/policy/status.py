@@ -335,23 +335,23 @@ def timestamp(when: float) -> str:
 
 @dataclass(slots=True)
 class Pacer:
-    """A token bucket of `rate` patches a second, `burst` at once; `delay(now)` is how long the
-    next patch waits (0: now, and a token is spent)."""
+    """A token bucket of `rate` patches a second, `burst` at once. `delay(now)` reserves the
+    next token and says how long to wait for it (0: now); reservations may run the bucket
+    below zero, so each caller waits its own turn."""
 
     rate: float
     burst: float
     tokens: float = -1.0
     at: float = 0.0
+    started: bool = False
 
     def delay(self, now: float) -> float:
-        if self.tokens < 0:
-            self.tokens, self.at = self.burst, now
+        if not self.started:
+            self.tokens, self.at, self.started = self.burst, now, True
         self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
         self.at = now
-        if self.tokens >= 1:
-            self.tokens -= 1
-            return 0.0
-        return (1 - self.tokens) / self.rate
+        self.tokens -= 1
+        return 0.0 if self.tokens >= 0 else -self.tokens / self.rate
 
 
 # -- the shell -------------------------------------------------------------------------------
@@ -482,7 +482,6 @@ class StatusWriter:
                 wait = self.pacer.delay(self.clock())
                 if wait:
                     await asyncio.sleep(wait)
-                    self.pacer.delay(self.clock())
                 await self._write(key, obj, parents)
             if self.failed != failed:
                 await asyncio.sleep(self.retry_delay)
