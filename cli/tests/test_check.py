@@ -301,3 +301,49 @@ def test_missing_policy_crds_and_controller(cluster: Cluster, tmp_path: Path) ->
     assert f"{CROSS} policy controller Deployment is ready" in run.out
     assert "Deployment meshlet/meshlet-policy not found" in run.out
     assert "Traceback" not in run.out
+
+
+def test_routes_and_profiles_are_read_from_every_namespace(tmp_path: Path) -> None:
+    """The route checks' reading, without an install (the judging is test_checks.py's)."""
+    from meshlet.cli.check import snapshot
+    from meshlet.cli.checks import Status, routes_accepted, routes_not_shadowed
+    from meshlet_testing.fakeapi import POLICY_RESOURCES, RESOURCES
+
+    gw = "gateway.networking.k8s.io"
+    with FakeKubeAPI(resources=RESOURCES + POLICY_RESOURCES) as api:
+        for name, parent in (("web-split", "web-svc"), ("orphan", "nope")):
+            api.apply({"apiVersion": f"{gw}/v1", "kind": "HTTPRoute",
+                       "metadata": {"name": name, "namespace": "emojivoto"},
+                       "spec": {"parentRefs": [{"group": "core", "kind": "Service",
+                                                "name": parent}]}})  # fmt: skip
+        ref = {"group": "core", "kind": "Service", "namespace": "emojivoto", "name": "nope"}
+        condition = {"type": "Accepted", "status": "False", "reason": "NoMatchingParent",
+                     "message": "Service emojivoto/nope not found",
+                     "lastTransitionTime": "2026-11-27T03:00:00Z"}  # fmt: skip
+        api.patch_status(f"{gw}/v1", "HTTPRoute", "orphan", {"status": {"parents": [
+            {"parentRef": ref, "controllerName": wk.POLICY_CONTROLLER_NAME,
+             "conditions": [condition]}]}}, "emojivoto")  # fmt: skip
+        routed = {"routes": [{"name": "GET /", "condition": {"method": "GET"}}]}
+        api.apply({"apiVersion": "meshlet.io/v1alpha1", "kind": "ServiceProfile",
+                   "metadata": {"name": "web-svc.emojivoto.svc.cluster.local",
+                                "namespace": "emojivoto"}, "spec": routed})  # fmt: skip
+        state = snapshot(api.write_kubeconfig(tmp_path / "kubeconfig"), None, "meshlet")
+    assert not state.errors.get("routes") and not state.errors.get("profiles")
+    assert sorted(r["metadata"]["name"] for r in state.routes) == ["orphan", "web-split"]
+    assert all(r["apiVersion"] == f"{gw}/v1" for r in state.routes)
+    now = dt.datetime.now(dt.UTC)
+    with pytest.raises(Exception) as accepted:
+        routes_accepted(state, now)
+    assert getattr(accepted.value, "status", None) is Status.WARNING
+    assert str(accepted.value).split("; ") == [
+        f"HTTPRoute.{gw} emojivoto/orphan on Service emojivoto/nope: Accepted False"
+        " (NoMatchingParent): Service emojivoto/nope not found",
+        f"HTTPRoute.{gw} emojivoto/web-split: no status from the policy controller yet",
+    ]
+    with pytest.raises(Exception) as shadowed:
+        routes_not_shadowed(state, now)
+    assert str(shadowed.value) == (
+        f"HTTPRoute.{gw} emojivoto/web-split: ServiceProfile"
+        " emojivoto/web-svc.emojivoto.svc.cluster.local (with routes or dstOverrides) is used"
+        " instead"
+    )

@@ -161,3 +161,95 @@ def test_a_policy_crd_that_cannot_be_read_says_why() -> None:
     judged = outcome(snapshot(policy_crds=frozenset(POLICY_CRDS[1:]),
                               errors={name: "403 Forbidden"}))  # fmt: skip
     assert judged["policy CRDs are installed"] == (Status.ERROR, "403 Forbidden")
+
+
+def test_the_gateway_api_route_crds_are_required_too() -> None:
+    """The policy controller watches them: without them it never becomes ready."""
+    gateway = {n for n in POLICY_CRDS if n.endswith(".gateway.networking.k8s.io")}
+    judged = outcome(snapshot(policy_crds=frozenset(POLICY_CRDS) - gateway))
+    assert judged["policy CRDs are installed"] == (
+        Status.ERROR,
+        "CustomResourceDefinitions not found: httproutes.gateway.networking.k8s.io,"
+        " grpcroutes.gateway.networking.k8s.io",
+    )
+
+
+def http_route(name: str, parent: str = "web", status: list[dict[str, Any]] | None = None,
+               ) -> dict[str, Any]:  # fmt: skip
+    return {
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "HTTPRoute",
+        "metadata": {"name": name, "namespace": "shop"},
+        "spec": {"parentRefs": [{"group": "core", "kind": "Service", "name": parent}]},
+        "status": {"parents": status or []},
+    }
+
+
+def ours(*conditions: tuple[str, str, str, str]) -> list[dict[str, Any]]:
+    return [{
+        "parentRef": {"group": "core", "kind": "Service", "namespace": "shop", "name": "web"},
+        "controllerName": wk.POLICY_CONTROLLER_NAME,
+        "conditions": [{"type": t, "status": s, "reason": r, "message": m}
+                       for t, s, r, m in conditions],
+    }]  # fmt: skip
+
+
+GOOD = ours(("Accepted", "True", "Accepted", ""), ("ResolvedRefs", "True", "ResolvedRefs", ""))
+ACCEPTED = "routes are accepted by the policy controller"
+SHADOWED = "no route is shadowed by a ServiceProfile"
+
+
+def test_routes_that_are_not_accepted_warn_and_say_why() -> None:
+    routes = (
+        http_route("good", status=GOOD),
+        http_route("orphan", "nope", ours(("Accepted", "False", "NoMatchingParent",
+                                           "Service shop/nope not found"))),
+        http_route("canary", status=ours(("Accepted", "True", "Accepted", ""),
+                                         ("ResolvedRefs", "False", "BackendNotFound",
+                                          "Service shop/web-v2 not found"))),
+        http_route("fresh"),
+        {**http_route("gateway-only"), "spec": {"parentRefs": [{"kind": "Gateway", "name": "e"}]}},
+    )  # fmt: skip
+    results = {r.description: r for r in evaluate(snapshot(routes=routes), NOW)}
+    found = results[ACCEPTED]
+    assert found.status is Status.WARNING
+    assert found.error.split("; ") == [
+        "HTTPRoute.gateway.networking.k8s.io shop/orphan on Service shop/web: Accepted False"
+        " (NoMatchingParent): Service shop/nope not found",
+        "HTTPRoute.gateway.networking.k8s.io shop/canary on Service shop/web: ResolvedRefs False"
+        " (BackendNotFound): Service shop/web-v2 not found",
+        "HTTPRoute.gateway.networking.k8s.io shop/fresh: no status from the policy controller yet",
+    ]
+    assert "kubectl -n NAMESPACE get httproute NAME -o yaml" in found.hint
+    healthy = outcome(snapshot(routes=(http_route("good", status=GOOD),)))
+    assert healthy[f"{ACCEPTED} (1 routes)"] == (Status.SUCCESS, "")
+
+
+def test_a_route_shadowed_by_a_service_profile_warns() -> None:
+    routed = {"routes": [{"name": "GET /", "condition": {"method": "GET"}}]}
+    profile = {"metadata": {"namespace": "shop", "name": "web.shop.svc.cluster.local"},
+               "spec": routed}  # fmt: skip
+    other = {"metadata": {"namespace": "shop", "name": "api.shop.svc.cluster.local"},
+             "spec": {"dstOverrides": [{"authority": "api-v2.shop.svc.cluster.local:80",
+                                        "weight": 1}]}}  # fmt: skip
+    empty = {**profile, "spec": {"routes": []}}
+    routes = (http_route("good", status=GOOD), http_route("to-api", "api", GOOD))
+    results = {r.description: r for r in evaluate(snapshot(routes=routes, profiles=(profile,)),
+                                                   NOW)}  # fmt: skip
+    found = results[SHADOWED]
+    assert (found.status, found.error) == (
+        Status.WARNING,
+        "HTTPRoute.gateway.networking.k8s.io shop/good: ServiceProfile"
+        " shop/web.shop.svc.cluster.local (with routes or dstOverrides) is used instead",
+    )
+    assert "delete the ServiceProfile" in found.hint
+    clear = outcome(snapshot(routes=routes, profiles=(other,)))
+    assert clear[SHADOWED][0] is Status.WARNING  # to-api is shadowed by api's profile
+    assert outcome(snapshot(routes=routes[:1], profiles=(other, empty)))[SHADOWED] == (
+        Status.SUCCESS, "",
+    )  # fmt: skip
+
+
+def test_routes_that_cannot_be_listed_warn_with_the_reason() -> None:
+    found = outcome(snapshot(errors={"routes": "403 Forbidden"}))
+    assert found[ACCEPTED] == (Status.WARNING, "403 Forbidden")

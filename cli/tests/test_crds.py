@@ -236,3 +236,77 @@ DELETE = object()
 def test_broken_objects_are_refused(kind: str, path: str, value: Any, error: str) -> None:
     errors = schema.crd_errors(CRDS[kind], broken(kind, path, value))
     assert any(error in e for e in errors), errors
+
+
+GATEWAY = {
+    m.doc["spec"]["names"]["kind"]: m.doc
+    for m in charts.render(charts.CRDS, {"installGatewayAPI": True}, "meshlet")
+    if m.doc["spec"]["group"] == "gateway.networking.k8s.io"
+}
+# The Gateway API's own kinds: a canary on a Service (what meshlet reads), a route of a
+# Gateway controller with the filters meshlet does not serve, and a GRPCRoute.
+GATEWAY_EXAMPLES = [
+    """
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: web-canary, namespace: emojivoto}
+spec:
+  parentRefs: [{group: core, kind: Service, name: web-svc, port: 80}]
+  rules:
+  - matches: [{path: {type: PathPrefix, value: /api}, headers: [{name: x-canary, value: "1"}]}]
+    filters:
+    - type: ResponseHeaderModifier
+      responseHeaderModifier: {set: [{name: x-served-by, value: canary}]}
+    backendRefs: [{name: web-svc, port: 80, weight: 90}, {name: web-svc-v2, port: 80, weight: 10}]
+    timeouts: {request: 10s}
+""",
+    """
+apiVersion: gateway.networking.k8s.io/v1beta1
+kind: HTTPRoute
+metadata: {name: edge, namespace: web}
+spec:
+  parentRefs: [{name: public-gateway, sectionName: https}]
+  hostnames: [shop.example.com]
+  rules:
+  - filters:
+    - {type: URLRewrite, urlRewrite: {path: {type: ReplacePrefixMatch, replacePrefixMatch: /}}}
+    - {type: RequestMirror, requestMirror: {backendRef: {name: shadow, port: 8080}}}
+    - {type: ExtensionRef, extensionRef: {group: example.net, kind: Auth, name: sso}}
+    backendRefs: [{name: shop, port: 8080}]
+""",
+    """
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {name: voting, namespace: emojivoto}
+spec:
+  parentRefs: [{group: core, kind: Service, name: voting-svc, port: 8080}]
+  rules:
+  - matches: [{method: {service: emojivoto.v1.VotingService, method: VoteDoughnut}}]
+    backendRefs: [{name: voting-svc, port: 8080}]
+""",
+]
+
+
+@pytest.mark.parametrize("text", GATEWAY_EXAMPLES)
+def test_the_gateway_api_kinds_accept_their_examples(text: str) -> None:
+    doc = yaml.safe_load(text)
+    assert schema.crd_errors(GATEWAY[doc["kind"]], doc) == []
+
+
+def test_the_gateway_api_kinds_refuse_what_the_standard_refuses() -> None:
+    doc = yaml.safe_load(GATEWAY_EXAMPLES[1])
+    doc["spec"]["rules"][0]["filters"][0]["type"] = "Rewrite"
+    doc["spec"]["rules"][0]["backendRefs"][0]["weight"] = -1
+    errors = schema.crd_errors(GATEWAY["HTTPRoute"], doc)
+    assert any("'Rewrite' is not one of" in e for e in errors), errors
+    assert any("-1 is less than the minimum of 0" in e for e in errors), errors
+    # meshlet's own kind still has only the filters meshlet serves
+    mine = {**yaml.safe_load(GATEWAY_EXAMPLES[1]), "apiVersion": f"{G}/v1beta3"}
+    assert any(
+        "'URLRewrite' is not one of" in e for e in schema.crd_errors(CRDS["HTTPRoute"], mine)
+    )
+
+
+def test_a_rule_may_modify_response_headers_in_meshlets_httproute_too() -> None:
+    doc = {**yaml.safe_load(GATEWAY_EXAMPLES[0]), "apiVersion": f"{G}/v1beta3"}
+    assert schema.crd_errors(CRDS["HTTPRoute"], doc) == []  # outbound serves it per rule

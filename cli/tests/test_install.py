@@ -293,9 +293,16 @@ def test_the_policy_controller(installed: list[dict[str, Any]]) -> None:
             ("policy.meshlet.io", "servers"), ("policy.meshlet.io", "authorizationpolicies"),
             ("gateway.networking.k8s.io", "httproutes"),
             ("gateway.networking.k8s.io", "grpcroutes")} <= reads  # fmt: skip
+    from meshlet.controlplane.k8s.events import POLICY_SERVER_KINDS
+    from meshlet.controlplane.policy.status import ROUTE_KINDS
+
+    def group(kind: Any) -> str:
+        return kind.api_version.rpartition("/")[0]
+
+    assert {(group(k), k.plural) for k in POLICY_SERVER_KINDS} <= reads  # all it watches
     patches = {(g, r) for rule in role["rules"] if rule["verbs"] == ["patch"]
                for g in rule["apiGroups"] for r in rule["resources"]}  # fmt: skip
-    assert ("gateway.networking.k8s.io", "httproutes/status") in patches
+    assert {(group(k), f"{k.plural}/status") for k in ROUTE_KINDS} <= patches
     assert all(r.endswith("/status") for _, r in patches)  # nothing else is written
     binding = find(installed, "ClusterRoleBinding", "meshlet-meshlet-policy")
     assert binding["subjects"] == [
@@ -396,3 +403,72 @@ def test_the_dashboard_sits_beside_the_tap_controller_on_the_loopback(
     assert [c["name"] for c in containers] == ["tap"]
     bad = meshlet("install", "--set", "web.prometheusUrl=ftp://x")
     assert bad.code != 0 and "prometheusUrl" in bad.err
+
+
+GATEWAY_CRDS = {"httproutes.gateway.networking.k8s.io", "grpcroutes.gateway.networking.k8s.io"}
+
+
+def crd_names(text: str) -> set[str]:
+    return {d["metadata"]["name"] for d in docs(text)}
+
+
+def test_the_gateway_api_crds_only_when_the_cluster_lacks_them(
+    meshlet: Callable[..., Any], tmp_path: Path, unreachable_kubeconfig: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """As Linkerd's `installGatewayAPI`: absent → installed; installed by meshlet → kept;
+    installed by someone else → left alone, and installing over them is refused."""
+    from meshlet.cli.install import GatewayAPI, _install_gateway_api, gateway_api
+    from meshlet_testing.fakeapi import FakeKubeAPI
+
+    with FakeKubeAPI() as api:
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+        absent = meshlet("install", "--crds", "--kubeconfig", str(kubeconfig))
+        assert absent.code == 0, absent.err
+        assert crd_names(absent.out) >= GATEWAY_CRDS
+        ours = [d for d in docs(absent.out) if d["metadata"]["name"] in GATEWAY_CRDS]
+        for crd in ours:
+            api.apply(crd)
+        assert _install_gateway_api({}, kubeconfig) is True  # meshlet's: kept up to date
+        for crd in ours:  # now as a Gateway API release installs them
+            crd["metadata"]["labels"] = {"gateway.networking.k8s.io/policy": "standard"}
+            api.apply(crd)
+        assert _install_gateway_api({}, kubeconfig) is False
+        refused = meshlet("install", "--crds", "--kubeconfig", str(kubeconfig),
+                          "--set", "installGatewayAPI=true")  # fmt: skip
+        assert refused.code == 64 and refused.out == ""
+        assert "use --set installGatewayAPI=false" in refused.err
+        assert "Traceback" not in refused.err
+
+    capsys.readouterr()
+    assert _install_gateway_api({}, unreachable_kubeconfig) is False
+    assert (
+        "note: cannot tell whether the cluster has the Gateway API CRDs" in capsys.readouterr().err
+    )
+    assert _install_gateway_api({"installGatewayAPI": True}, unreachable_kubeconfig) is True
+    junk = meshlet("install", "--crds", "--set", "installGatewayAPI=maybe")
+    assert junk.code == 64 and "installGatewayAPI: 'maybe' is not true or false" in junk.err
+    mine = {"metadata": {"labels": {"app.kubernetes.io/part-of": "meshlet"}}}
+    assert gateway_api([None, None]) is GatewayAPI.ABSENT
+    assert gateway_api([mine, None]) is GatewayAPI.MESHLET
+    assert gateway_api([mine, {"metadata": {}}]) is GatewayAPI.EXTERNAL
+
+
+def test_the_gateway_api_crds_lint_and_validate() -> None:
+    values = {"installGatewayAPI": True}
+    assert charts.lint(charts.CRDS, values, "meshlet") == []
+    for bad, said in (({"installGatewayAPI": "yes"}, "got string, want boolean"),
+                      ({"installGatewayApi": True}, "not allowed")):  # fmt: skip
+        with pytest.raises(charts.ChartError, match=said):
+            charts.render(charts.CRDS, bad, "meshlet")
+    rendered = {m.doc["metadata"]["name"]: m.doc for m in charts.render(charts.CRDS, values, "m")}
+    for name in GATEWAY_CRDS:
+        crd = rendered[name]
+        schema.validate(crd)
+        assert crd["metadata"]["annotations"]["api-approved.kubernetes.io"].startswith("https://")
+        assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+        versions = [(v["name"], v["storage"]) for v in crd["spec"]["versions"]]
+        assert versions[0] == ("v1", True)
+        for version in crd["spec"]["versions"]:
+            assert version["subresources"] == {"status": {}}
+            assert schema.structural_problems(version["schema"]["openAPIV3Schema"]) == []

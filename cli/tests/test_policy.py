@@ -357,5 +357,22 @@ def test_a_services_outbound_policy_through_a_port_forward(cluster: Cluster) -> 
         run = cluster.policy("-n", "emojivoto", "svc/web-svc", "80")
         assert run.code == 0, run.err
         assert [r.authority for r in outbound.requests] == [authority]
+        assert run.err == ""
+        profile = {
+            "apiVersion": "meshlet.io/v1alpha1", "kind": "ServiceProfile",
+            "metadata": {"name": "web-svc.emojivoto.svc.cluster.local", "namespace": "emojivoto"},
+            "spec": {"routes": []},
+        }  # fmt: skip
+        cluster.api.apply(profile)
+        empty = cluster.policy("-n", "emojivoto", "svc/web-svc", "80")
+        assert (empty.code, empty.err) == (0, "")  # it has no routes: the policy is in force
+        profile["spec"] = {"routes": [{"name": "GET /", "condition": {"method": "GET"}}]}
+        cluster.api.apply(profile)
+        shadowed = cluster.policy("-n", "emojivoto", "svc/web-svc", "80")
+        assert shadowed.code == 0 and json.loads(shadowed.out) == json.loads(run.out)
+        assert shadowed.err.startswith(
+            "note: ServiceProfile emojivoto/web-svc.emojivoto.svc.cluster.local has routes or"
+            " dstOverrides: proxies use it for service emojivoto/web-svc and ignore the routes"
+        )
     finally:
         server.stop(grace=None)

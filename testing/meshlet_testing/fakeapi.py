@@ -5,9 +5,11 @@ JSON objects and `Status` errors, one global resourceVersion, list/get/create/re
 chunked watch streams with replay, bookmarks, 410 Expired after compaction, bearer-token
 authentication and TokenReview; GET /version; the pods/proxy subresource (a GET forwarded to the
 pod's IP) and pods/portforward (the WebSocket channel protocol `v4.channel.k8s.io` that
-`kubernetes.stream.portforward` speaks, carried to the pod's IP). `expose()` stands in for the pod
-network: it sends a pod IP and port to a test's server. Tests drive changes through its
-thread-safe Python API.
+`kubernetes.stream.portforward` speaks, carried to the pod's IP); and for kinds with a status
+subresource (the routes) `metadata.generation` and `/status` (GET, and PATCH with a JSON merge
+patch that may name the resourceVersion it expects, as a controller writes status).
+`expose()` stands in for the pod network: it sends a pod IP and port to a test's server. Tests
+drive changes through its thread-safe Python API.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class Resource:
     namespaced: bool
     create_only: bool = False  # e.g. TokenReview: POST only, nothing is stored
     delete_returns_object: bool = True  # else DELETE answers a Success Status, as the real server
+    status: bool = False  # has a status subresource: writes to the object keep its status
 
     @property
     def api_version(self) -> str:
@@ -119,7 +122,7 @@ RESOURCES: tuple[Resource, ...] = (
 )
 # The policy controller's kinds (served where a test installs them, as their CRDs would).
 POLICY_RESOURCES: tuple[Resource, ...] = tuple(
-    Resource(group, version, plural, kind, namespaced=True)
+    Resource(group, version, plural, kind, namespaced=True, status=plural.endswith("routes"))
     for group, version, plural, kind in (
         ("policy.meshlet.io", "v1beta3", "servers", "Server"),
         ("policy.meshlet.io", "v1alpha1", "authorizationpolicies", "AuthorizationPolicy"),
@@ -225,6 +228,7 @@ class _Route:
     resource: Resource
     namespace: str | None  # None: cluster-scoped, or all namespaces
     name: str | None  # None: the collection
+    subresource: str | None = None  # "status"
 
 
 @dataclass(frozen=True)
@@ -388,6 +392,14 @@ class FakeKubeAPI:
         with self._cond:
             return self._delete(self._kind(api_version, kind), namespace or "default", name)
 
+    def patch_status(
+        self, api_version: str, kind: str, name: str, patch: Obj, namespace: str | None = None
+    ) -> Obj:
+        """Merges `patch` into the status of an object, as PATCH .../status does."""
+        with self._cond:
+            return self._patch_status(self._kind(api_version, kind), namespace or "default",
+                                      name, patch)  # fmt: skip
+
     def get(
         self, api_version: str, kind: str, name: str, namespace: str | None = None
     ) -> Obj | None:
@@ -511,6 +523,9 @@ class FakeKubeAPI:
             raise StatusError(409, "AlreadyExists", msg, details)
         meta.pop("resourceVersion", None)
         meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now())
+        if res.status:
+            meta["generation"] = 1
+            obj.pop("status", None)
         return self._commit("ADDED", res, obj)
 
     def _replace(self, res: Resource, ns: str, name: str, body: Obj) -> Obj:
@@ -533,6 +548,36 @@ class FakeKubeAPI:
             uid=current["metadata"]["uid"],
             creationTimestamp=current["metadata"]["creationTimestamp"],
         )
+        if res.status:  # the status is the subresource's; the spec's changes count
+            obj.pop("status", None)
+            if "status" in current:
+                obj["status"] = copy.deepcopy(current["status"])
+            generation = current["metadata"].get("generation", 1)
+            changed = obj.get("spec") != current.get("spec")
+            meta["generation"] = generation + 1 if changed else generation
+        return self._commit("MODIFIED", res, obj)
+
+    def _patch_status(self, res: Resource, ns: str, name: str, patch: Obj) -> Obj:
+        current = self._state.objects.get(_key(res, ns, name))
+        if current is None:
+            raise _not_found(res, name)
+        meta = patch.get("metadata")
+        rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
+        if rv and rv != current["metadata"]["resourceVersion"]:
+            msg = (
+                f'Operation cannot be fulfilled on {res.plural} "{name}": the object has been '
+                "modified; please apply your changes to the latest version and try again"
+            )
+            raise StatusError(409, "Conflict", msg, {"name": name, "kind": res.plural})
+        obj = copy.deepcopy(current)
+        if "status" in patch:
+            merged = _merge_patch(obj.get("status"), patch["status"])
+            if merged is None:
+                obj.pop("status", None)
+            else:
+                obj["status"] = merged
+        if obj == current:  # as the real server: an empty change writes nothing
+            return copy.deepcopy(current)
         return self._commit("MODIFIED", res, obj)
 
     def _delete(self, res: Resource, ns: str, name: str) -> Obj:
@@ -563,10 +608,26 @@ class FakeKubeAPI:
     # -- HTTP side ---------------------------------------------------------------------------
 
     def _serve(
-        self, method: str, route: _Route, query: Mapping[str, str], body: Obj
+        self, method: str, route: _Route, query: Mapping[str, str], body: Obj, content: str = ""
     ) -> tuple[int, Obj]:
         res, ns, name = route.resource, route.namespace or "", route.name
-        if res.namespaced and route.namespace is None and method != "GET":
+        if route.subresource == "status" and name is not None and method in ("GET", "PATCH"):
+            with self._cond:
+                if method == "GET":
+                    obj = self._state.objects.get(_key(res, ns, name))
+                    if obj is None:
+                        raise _not_found(res, name)
+                    return 200, copy.deepcopy(obj)
+                if content != "application/merge-patch+json":
+                    raise StatusError(
+                        415, "UnsupportedMediaType",
+                        f"the body of the request was in an unknown format ({content or 'none'});"
+                        " this server accepts application/merge-patch+json on /status",
+                    )  # fmt: skip
+                return 200, self._patch_status(res, ns, name, body)
+        if route.subresource is not None:
+            pass
+        elif res.namespaced and route.namespace is None and method != "GET":
             pass  # only listing and watching span all namespaces
         elif res.create_only:
             if method == "POST" and name is None:
@@ -782,14 +843,15 @@ class _Handler(BaseHTTPRequestHandler):
                 self._watch(route, query)
                 return
             body: Obj = {}
-            if method in ("POST", "PUT"):
+            if method in ("POST", "PUT", "PATCH"):
                 try:
                     body = json.loads(raw)
                 except ValueError as exc:
                     raise _bad_request(f"invalid JSON body: {exc}") from None
                 if not isinstance(body, dict):
                     raise _bad_request("the request body must be a JSON object")
-            code, payload = api._serve(method, route, query, body)
+            content = (self.headers.get("Content-Type") or "").split(";")[0].strip()
+            code, payload = api._serve(method, route, query, body, content)
         except StatusError as exc:
             code, payload = exc.code, exc.status()
         except Exception:
@@ -985,16 +1047,32 @@ def _route(api: FakeKubeAPI, path: str) -> _Route:
     namespace = None
     if len(rest) >= 3 and rest[0] == "namespaces":
         namespace, rest = rest[1], rest[2:]
-    res = api._resources.get((group, version, rest[0])) if len(rest) in (1, 2) else None
-    name = rest[1] if len(rest) == 2 else None
+    sub = rest[2] if len(rest) == 3 else None
+    res = api._resources.get((group, version, rest[0])) if len(rest) in (1, 2, 3) else None
+    name = rest[1] if len(rest) >= 2 else None
     if (
         res is None
+        or (sub is not None and (sub != "status" or not res.status))
         or (namespace is not None and not res.namespaced)
         or (namespace is None and res.namespaced and name is not None)
     ):
         msg = "the server could not find the requested resource"
         raise StatusError(404, "NotFound", msg, {})
-    return _Route(res, namespace, name)
+    return _Route(res, namespace, name, sub)
+
+
+def _merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch: objects merge key by key, null deletes, anything else
+    (lists too) replaces."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = _merge_patch(out.get(key), value)
+    return out
 
 
 def _forbidden(route: _Route) -> StatusError:

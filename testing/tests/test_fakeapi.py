@@ -735,3 +735,44 @@ def test_forbidden_resources_answer_403(api: FakeKubeAPI, v1: client.CoreV1Api) 
         ' resource "namespaces" in API group "" at the cluster scope'
     )
     assert v1.list_namespaced_pod(NS).items == []  # other resources still answer
+
+
+def test_the_status_subresource_of_the_route_kinds() -> None:
+    """As the API server serves a CRD with `subresources: {status: {}}`: writes to the object
+    keep its status and count spec changes in metadata.generation; /status takes a JSON merge
+    patch of the status only, checked against a resourceVersion it names."""
+    from meshlet_testing.fakeapi import POLICY_RESOURCES, RESOURCES
+
+    gw = "gateway.networking.k8s.io"
+    route = {"apiVersion": f"{gw}/v1", "kind": "HTTPRoute",
+             "metadata": {"name": "r", "namespace": NS}, "spec": {"hostnames": ["a.example"]},
+             "status": {"parents": ["set on create"]}}  # fmt: skip
+    path = f"/apis/{gw}/v1/namespaces/{NS}/httproutes/r/status"
+    with FakeKubeAPI(resources=RESOURCES + POLICY_RESOURCES) as fake:
+        created = fake.apply(route)
+        assert created["metadata"]["generation"] == 1 and "status" not in created
+        written = fake.patch_status(f"{gw}/v1", "HTTPRoute", "r", {"status": {"parents": []}}, NS)
+        assert written["status"] == {"parents": []} and written["metadata"]["generation"] == 1
+        relabelled = fake.apply({**route, "metadata": {**route["metadata"], "labels": {"a": "b"}}})
+        assert relabelled["metadata"]["generation"] == 1 and relabelled["status"] == {"parents": []}
+        edited = fake.apply({**route, "spec": {"hostnames": ["b.example"]}})
+        assert edited["metadata"]["generation"] == 2 and edited["status"] == {"parents": []}
+
+        status, body = raw_request(fake, "GET", path)
+        assert status == 200 and body["metadata"]["name"] == "r"
+        status, body = raw_request(fake, "PATCH", path, b'{"status": {"parents": []}}')
+        assert (status, body["reason"]) == (415, "UnsupportedMediaType")  # sent as JSON
+        version = created["metadata"]["resourceVersion"]
+        changed = {"parents": [{"controllerName": "x/y"}]}
+        stale = json.dumps({"metadata": {"resourceVersion": version}, "status": changed}).encode()
+        conn = http.client.HTTPConnection(fake.url.removeprefix("http://"), timeout=5)
+        try:
+            headers = {"Authorization": f"Bearer {fake.token}",
+                       "Content-Type": "application/merge-patch+json"}  # fmt: skip
+            conn.request("PATCH", path, body=stale, headers=headers)
+            response = conn.getresponse()
+            assert response.status == 409 and json.loads(response.read())["reason"] == "Conflict"
+        finally:
+            conn.close()
+        status, _ = raw_request(fake, "GET", f"/api/v1/namespaces/{NS}/services/s/status")
+        assert status == 404  # a kind without a status subresource here

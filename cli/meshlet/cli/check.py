@@ -15,6 +15,7 @@ from meshlet.api import wellknown as wk
 from meshlet.cli.checks import (
     COMPONENTS,
     POLICY_CRDS,
+    ROUTE_APIS,
     Obj,
     Result,
     Snapshot,
@@ -130,6 +131,15 @@ def snapshot(kubeconfig: Path | None, context: str | None, namespace: str) -> Sn
         name for name in POLICY_CRDS
         if read(name, extensions.read_custom_resource_definition, name) is not None
     )  # fmt: skip
+    custom = k8s.CustomObjectsApi(api)
+    routes = tuple(
+        {"apiVersion": f"{group}/{version}", **item}
+        for group, version, plural in ROUTE_APIS
+        for item in (read("routes", custom.list_cluster_custom_object, group, version, plural)
+                     or {}).get("items", [])
+    )  # fmt: skip
+    profiles = read("profiles", custom.list_cluster_custom_object, "meshlet.io", "v1alpha1",
+                    "serviceprofiles") or {}  # fmt: skip
     policy_pods = sorted(
         (p for p in pods.get("items", [])
          if ((p.get("metadata") or {}).get("labels") or {}).get(wk.CONTROL_PLANE_COMPONENT_LABEL)
@@ -156,6 +166,8 @@ def snapshot(kubeconfig: Path | None, context: str | None, namespace: str) -> Sn
         policy_deployment=read("policy", apps.read_namespaced_deployment, wk.POLICY_NAME,
                                namespace),
         policy_ready=_admin_ready(api, policy_pods, wk.POLICY_ADMIN_PORT),
+        routes=routes,
+        profiles=tuple(profiles.get("items", [])),
         errors=errors,
     )  # fmt: skip
 

@@ -16,19 +16,32 @@ Obj = dict[str, Any]
 MIN_VERSION: Final = (1, 29)  # native sidecars
 EXPIRY_WARNING: Final = dt.timedelta(days=60)
 COMPONENTS: Final = (wk.DESTINATION_NAME, wk.IDENTITY_NAME, wk.INJECTOR_NAME)
-# The policy controller's kinds, as `meshlet install --crds` renders them.
-POLICY_CRDS: Final = tuple(
-    f"{plural}.{wk.POLICY_API_GROUP}"
-    for plural in (
-        "servers",
-        "authorizationpolicies",
-        "meshtlsauthentications",
-        "networkauthentications",
-        "httplocalratelimitpolicies",
-        "httproutes",
-        "grpcroutes",
-    )
+# The policy controller's kinds, as `meshlet install --crds` renders them, and the Gateway API's
+# routes it also watches (it is not ready until it has listed each).
+POLICY_CRDS: Final = (
+    *(
+        f"{plural}.{wk.POLICY_API_GROUP}"
+        for plural in (
+            "servers",
+            "authorizationpolicies",
+            "meshtlsauthentications",
+            "networkauthentications",
+            "httplocalratelimitpolicies",
+            "httproutes",
+            "grpcroutes",
+        )
+    ),
+    "httproutes.gateway.networking.k8s.io",
+    "grpcroutes.gateway.networking.k8s.io",
 )
+# The route kinds whose status the policy controller writes: (group, version, plural).
+ROUTE_APIS: Final = (
+    ("gateway.networking.k8s.io", "v1", "httproutes"),
+    ("gateway.networking.k8s.io", "v1", "grpcroutes"),
+    (wk.POLICY_API_GROUP, "v1beta3", "httproutes"),
+    (wk.POLICY_API_GROUP, "v1", "grpcroutes"),
+)
+MAX_NAMED: Final = 10  # routes named in one check's error
 
 
 class Status(enum.Enum):
@@ -68,6 +81,8 @@ class Snapshot:
     policy_deployment: Obj | None = None
     # policy controller pod → "" when its admin /ready answered 200, else what happened
     policy_ready: Mapping[str, str] = field(default_factory=dict)
+    routes: tuple[Obj, ...] = ()  # of ROUTE_APIS, in every namespace
+    profiles: tuple[Obj, ...] = ()  # ServiceProfiles, in every namespace
     errors: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -370,6 +385,107 @@ def policy_admin_ready(s: Snapshot, now: dt.datetime) -> None:
         raise _Fail("; ".join(f"{pod}: {reason}" for pod, reason in sorted(s.policy_ready.items())))
 
 
+def _route_name(obj: Obj) -> str:
+    meta = obj.get("metadata") or {}
+    group = str(obj.get("apiVersion", "")).split("/")[0]
+    return f"{obj.get('kind')}.{group} {meta.get('namespace')}/{meta.get('name')}"
+
+
+def _refs(obj: Obj) -> list[Obj]:
+    refs = (obj.get("spec") or {}).get("parentRefs")
+    return [r for r in refs if isinstance(r, dict)] if isinstance(refs, list) else []
+
+
+def _service_parents(obj: Obj) -> list[tuple[str, str]]:
+    ns = str((obj.get("metadata") or {}).get("namespace") or "default")
+    return [
+        (str(r.get("namespace") or ns), str(r.get("name")))
+        for r in _refs(obj)
+        if str(r.get("kind", "")).lower() == "service" and r.get("group", "core") in ("", "core")
+    ]
+
+
+def _served(obj: Obj) -> bool:
+    """Whether the policy controller serves a route: a Service or a Server parent."""
+    return bool(_service_parents(obj)) or any(
+        r.get("kind") == "Server" and r.get("group") == wk.POLICY_API_GROUP for r in _refs(obj)
+    )
+
+
+def _named(items: list[str]) -> str:
+    more = len(items) - MAX_NAMED
+    return "; ".join(items[:MAX_NAMED]) + (f"; and {more} more" if more > 0 else "")
+
+
+def _route_errors(s: Snapshot) -> None:
+    failed = [s.errors[k] for k in ("routes", "profiles") if k in s.errors]
+    if failed:
+        raise _Fail(failed[0], Status.WARNING)
+
+
+def routes_accepted(s: Snapshot, now: dt.datetime) -> str | None:
+    """Each route the controller serves has its status entries, all Accepted and resolved."""
+    _route_errors(s)
+    problems = []
+    served = [obj for obj in s.routes if _served(obj)]
+    for obj in served:
+        listed = (obj.get("status") or {}).get("parents") or []
+        entries = [
+            e
+            for e in listed
+            if isinstance(e, dict) and e.get("controllerName") == wk.POLICY_CONTROLLER_NAME
+        ]
+        if not entries:
+            problems.append(f"{_route_name(obj)}: no status from the policy controller yet")
+            continue
+        for entry in entries:
+            ref = entry.get("parentRef")
+            parent: Obj = ref if isinstance(ref, dict) else {}
+            conditions = entry.get("conditions")
+            for c in conditions if isinstance(conditions, list) else []:
+                if (
+                    isinstance(c, dict)
+                    and c.get("type") in ("Accepted", "ResolvedRefs")
+                    and c.get("status") != "True"
+                ):
+                    said = f": {c['message']}" if c.get("message") else ""
+                    where = f"{parent.get('kind')} {parent.get('namespace')}/{parent.get('name')}"
+                    what = f"{c.get('type')} {c.get('status')} ({c.get('reason')}){said}"
+                    problems.append(f"{_route_name(obj)} on {where}: {what}")
+    if problems:
+        raise _Fail(_named(problems), Status.WARNING)
+    return f"{len(served)} routes" if served else None
+
+
+def overrides_policy(profile: Obj) -> bool:
+    """Whether proxies use a ServiceProfile instead of its Service's policy (Linkerd's rule):
+    it has `routes` or `dstOverrides`."""
+    raw = profile.get("spec")
+    spec: Obj = raw if isinstance(raw, dict) else {}
+    return any(isinstance(spec.get(k), list) and spec[k] for k in ("routes", "dstOverrides"))
+
+
+def routes_not_shadowed(s: Snapshot, now: dt.datetime) -> None:
+    """No route has a parent Service whose ServiceProfile proxies use instead of its policy."""
+    _route_errors(s)
+    profiles = {
+        (str(meta.get("namespace")), str(meta.get("name")))
+        for p in s.profiles
+        if isinstance(meta := p.get("metadata"), dict) and overrides_policy(p)
+    }
+    shadowed = []
+    for obj in s.routes:
+        for ns, name in _service_parents(obj):
+            fqn = f"{name}.{ns}.svc.{wk.CLUSTER_DOMAIN}"
+            if (ns, fqn) in profiles:
+                shadowed.append(
+                    f"{_route_name(obj)}: ServiceProfile {ns}/{fqn} (with routes or dstOverrides)"
+                    " is used instead"
+                )
+    if shadowed:
+        raise _Fail(_named(sorted(set(shadowed))), Status.WARNING)
+
+
 # (category, description, check, hint); a category stops at its first error.
 Entry = tuple[str, str, Callable[[Snapshot, dt.datetime], Any], str]
 
@@ -423,6 +539,13 @@ INSTALLED: Final[tuple[Entry, ...]] = (
      " -f - if it is missing"),
     ("meshlet-policy", "policy controller answers on its admin /ready", policy_admin_ready,
      f"kubectl -n meshlet logs deploy/{wk.POLICY_NAME} -c policy"),
+    ("meshlet-policy", "routes are accepted by the policy controller", routes_accepted,
+     "kubectl -n NAMESPACE get httproute NAME -o yaml shows each condition; fix the parent"
+     " Service or the backendRefs it names"),
+    ("meshlet-policy", "no route is shadowed by a ServiceProfile", routes_not_shadowed,
+     "while a Service's ServiceProfile has routes or dstOverrides, proxies use the profile and"
+     " ignore the Service's routes and retry/timeout annotations: delete the ServiceProfile"
+     " (kubectl -n NAMESPACE delete serviceprofile NAME) to use the routes"),
     ("meshlet-data-plane", "data plane proxies are ready", proxies_ready,
      "kubectl describe the pods named; meshlet diagnostics proxy-metrics POD"),
     ("meshlet-data-plane", "data plane proxies use the current trust root", proxies_trust_root,

@@ -307,6 +307,7 @@ def policy(
     service, pod, port = _policy_target(pod, port, outbound)
     ns = namespace or default_namespace(kubeconfig, context)
     forward: contextlib.AbstractContextManager[HostPort | None]
+    shadowed = False
     if policy_addr is not None:
         forward, where = contextlib.nullcontext(), policy_addr
     else:
@@ -319,6 +320,7 @@ def policy(
         if service is not None:
             read_json(f"service {ns}/{service}", k8s.CoreV1Api(api).read_namespaced_service,
                       service, ns)  # fmt: skip
+            shadowed = pol.profile_exists(api, ns, service)
         else:
             read_json(f"pod {ns}/{pod}", k8s.CoreV1Api(api).read_namespaced_pod, pod, ns)
         controller = _component_pod(api, control_plane_namespace, "policy", policy_pod)
@@ -342,6 +344,8 @@ def policy(
                 more += "; if it serves TLS, give --policy-ca"
             raise ClusterError(f"{exc} [{where}]{more}") from None
     sys.stdout.write(pol.render(answer, output))
+    if shadowed and service is not None:
+        click.echo(pol.shadow_note(ns, service), err=True)
 
 
 def _policy_target(

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import enum
+import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import click
 import yaml
@@ -199,6 +201,90 @@ def mesh_control_plane(manifests: list[Manifest], namespace: str) -> list[Manife
     return out
 
 
+GATEWAY_CRDS: Final = (
+    "httproutes.gateway.networking.k8s.io",
+    "grpcroutes.gateway.networking.k8s.io",
+)
+
+
+class GatewayAPI(enum.Enum):
+    """Who provides the Gateway API's route CRDs in a cluster (Linkerd's GatewayAPICRDs)."""
+
+    ABSENT = "absent"
+    MESHLET = "meshlet"  # installed by meshlet install --crds (labelled part-of: meshlet)
+    EXTERNAL = "external"
+
+
+def gateway_api(crds: Sequence[Mapping[str, Any] | None]) -> GatewayAPI:
+    """The state of the cluster from its route CRDs as read (None: not found)."""
+    found = [c for c in crds if c is not None]
+    if not found:
+        return GatewayAPI.ABSENT
+    ours = all(
+        ((c.get("metadata") or {}).get("labels") or {}).get("app.kubernetes.io/part-of")
+        == "meshlet"
+        for c in found
+    )
+    return GatewayAPI.MESHLET if ours else GatewayAPI.EXTERNAL
+
+
+def _read_gateway_crds(kubeconfig: Path | None) -> list[Mapping[str, Any] | None]:
+    """The route CRDs (None where absent); ClusterError when the cluster cannot be read."""
+    from kubernetes import client
+    from urllib3.exceptions import HTTPError
+
+    from meshlet.cli.cluster import ClusterError, api_client
+
+    api = client.ApiextensionsV1Api(api_client(kubeconfig))
+    out: list[Mapping[str, Any] | None] = []
+    for name in GATEWAY_CRDS:
+        try:
+            response: Any = api.read_custom_resource_definition(
+                name, _preload_content=False, _request_timeout=10
+            )
+            out.append(json.loads(response.data))
+        except client.ApiException as exc:
+            if exc.status != 404:
+                raise ClusterError(f"reading CRD {name}: {exc.status} {exc.reason}") from None
+            out.append(None)
+        except (HTTPError, OSError, ValueError) as exc:
+            raise ClusterError(f"cannot reach the Kubernetes API: {exc}") from None
+    return out
+
+
+def _install_gateway_api(values: Mapping[str, Any], kubeconfig: Path | None) -> bool:
+    """installGatewayAPI as Linkerd's CLI decides it: the user's value when given (refused over
+    CRDs someone else installed), else whether the cluster lacks them or has meshlet's."""
+    from meshlet.cli.cluster import ClusterError
+
+    given = values.get("installGatewayAPI")
+    if given is not None and not isinstance(given, bool):
+        raise ChartError(f"installGatewayAPI: {given!r} is not true or false")
+    try:
+        state = gateway_api(_read_gateway_crds(kubeconfig))
+    except ClusterError as exc:
+        if given is None:
+            click.echo(
+                f"note: cannot tell whether the cluster has the Gateway API CRDs ({exc}); they"
+                " are left out: add --set installGatewayAPI=true if it lacks them",
+                err=True,
+            )
+        return bool(given)
+    if given and state is GatewayAPI.EXTERNAL:
+        raise ChartError(
+            "the cluster has Gateway API CRDs that meshlet did not install; installing meshlet's"
+            " would replace them: use --set installGatewayAPI=false"
+        )
+    if given is False and state is GatewayAPI.ABSENT:
+        click.echo(
+            "note: the cluster lacks the Gateway API CRDs, and the policy controller watches"
+            " their routes: install them (a Gateway API release, or leave installGatewayAPI"
+            " unset) before the control plane",
+            err=True,
+        )
+    return state is not GatewayAPI.EXTERNAL if given is None else given
+
+
 @click.command()
 @click.option("--crds", is_flag=True, help="Render the CustomResourceDefinitions (first step).")
 @click.option(
@@ -237,6 +323,12 @@ def mesh_control_plane(manifests: list[Manifest], namespace: str) -> list[Manife
     show_default=True,
     help="The control plane's namespace.",
 )
+@click.option(
+    "--kubeconfig",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="With --crds: the cluster asked whether it has the Gateway API CRDs (default:"
+    " $KUBECONFIG or ~/.kube/config).",
+)
 def install(
     crds: bool,
     sets: tuple[str, ...],
@@ -245,6 +337,7 @@ def install(
     identity_issuer_certificate_file: Path | None,
     identity_issuer_key_file: Path | None,
     namespace: str,
+    kubeconfig: Path | None,
 ) -> None:
     """Print the manifests of meshlet's control plane, for `kubectl apply -f -`.
 
@@ -253,11 +346,15 @@ def install(
     meshlet install | kubectl apply -f -
     meshlet check
 
-    Without identity files or values, a trust anchor and an issuer are generated.
+    Without identity files or values, a trust anchor and an issuer are generated. With --crds,
+    the Gateway API's HTTPRoute and GRPCRoute CRDs are included when the cluster lacks them
+    (or has the ones meshlet installed), unless installGatewayAPI is set.
     """
     try:
         if crds:
-            manifests = charts.render(charts.CRDS, user_values(values_files, sets), namespace)
+            values = user_values(values_files, sets)
+            values = merge(values, {"installGatewayAPI": _install_gateway_api(values, kubeconfig)})
+            manifests = charts.render(charts.CRDS, values, namespace)
         else:
             values = merge(
                 user_values(values_files, sets),

@@ -1,7 +1,9 @@
 """`meshlet diagnostics policy`: what the policy controller sends a proxy, asked the way a proxy
 asks and printed as the message itself, in protobuf's JSON mapping or as YAML: the inbound policy
 of a pod's port (`InboundServerPolicies.GetPort` with the pod's workload), or the outbound policy
-of a Service's port (`OutboundPolicies.Get` with the Service's name as authority)."""
+of a Service's port (`OutboundPolicies.Get` with the Service's name as authority). While that
+Service's ServiceProfile has routes or dstOverrides, proxies use it instead of what the
+controller sends; a note on stderr says so, so that routes that change nothing are no mystery."""
 
 from __future__ import annotations
 
@@ -111,3 +113,38 @@ def ask_outbound(
             raise _refusal(f"service {authority}", exc.code(), exc.details() or "",
                            timeout) from None  # fmt: skip
     return policy
+
+
+def profile_name(namespace: str, service: str) -> str:
+    """The ServiceProfile that takes precedence over a Service's routes: `NAME.NS.svc.DOMAIN`."""
+    return f"{service}.{namespace}.svc.{wk.CLUSTER_DOMAIN}"
+
+
+def shadow_note(namespace: str, service: str) -> str:
+    name = profile_name(namespace, service)
+    return (
+        f"note: ServiceProfile {namespace}/{name} has routes or dstOverrides: proxies use it for"
+        f" service {namespace}/{service} and ignore the routes and the retry and timeout"
+        " annotations below (kept for backwards compatibility); delete the ServiceProfile to use"
+        " them"
+    )
+
+
+def profile_exists(api: Any, namespace: str, service: str) -> bool:
+    """Whether the Service's ServiceProfile exists and takes precedence (routes or
+    dstOverrides); False too when it cannot be read (the note is a hint, never a reason to fail
+    the command)."""
+    from kubernetes import client
+    from urllib3.exceptions import HTTPError
+
+    from meshlet.cli.checks import overrides_policy
+
+    try:
+        response: Any = client.CustomObjectsApi(api).get_namespaced_custom_object(
+            "meshlet.io", "v1alpha1", namespace, "serviceprofiles",
+            profile_name(namespace, service), _preload_content=False, _request_timeout=10,
+        )  # fmt: skip
+        found = json.loads(response.data)
+    except (client.ApiException, HTTPError, OSError, ValueError):
+        return False
+    return isinstance(found, dict) and overrides_policy(found)

@@ -94,3 +94,50 @@ def test_the_intruder_counts_each_attempt(
     outcome = "admitted" if which == "greets" else "refused"
     assert seen["outcomes"] == {outcome: seen["attempts"]}
     assert seen["attempts"] >= 5
+
+
+def test_the_api_answers_internal_while_its_fault_flag_exists(tmp_path: Path) -> None:
+    """The failing-replica drill's switch, as the real process and a grpcio client see it: the
+    pod's answer, INTERNAL while the flag file exists, the pod's answer again once it is gone."""
+    import grpc
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    flag = tmp_path / "faults" / "api-9.fail"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "meshlet.cli.main", "demo", "app", "api",
+         "--listen", f"127.0.0.1:{port}", "--pod", "api-9", "--fail-flag", str(flag)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    quote = channel.unary_unary("/demo.Api/Quote")
+
+    def answer() -> str:
+        """The pod's name, or the error's code and details."""
+        try:
+            return str(json.loads(quote(b"{}", timeout=5))["pod"])
+        except grpc.RpcError as exc:
+            return f"{exc.code().name}: {exc.details()}"
+
+    def within(seconds: float, want: str) -> str:
+        deadline = time.monotonic() + seconds
+        while (got := answer()) != want and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return got
+
+    failing = f"INTERNAL: api-9 fails every call ({flag})"
+    try:
+        grpc.channel_ready_future(channel).result(timeout=30)
+        assert answer() == "api-9"
+        flag.parent.mkdir()
+        flag.touch()
+        assert within(1.0, failing) == failing  # the app looks every 0.1 s
+        assert answer() == failing
+        flag.unlink()
+        assert within(1.0, "api-9") == "api-9"
+    finally:
+        channel.close()
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=10)
+    assert proc.returncode == 0, out

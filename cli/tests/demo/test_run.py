@@ -297,6 +297,11 @@ def test_the_demo_runs_a_meshed_application_store_refuses_an_intruder_and_all_is
     assert store["denied"] == intruder["refused"] and store["denied_peers"] == [api]
     assert all(summary["workloads"][name]["denied"] == 0 for name in ("web", "api"))
     assert "deny drill:" in summary["caption"]
+    # api's HTTPRoute: about 10 % of its calls to the canary, by web's proxy's count
+    split = summary["outbound"]["requests"]
+    assert 0.04 < split["api-v2"] / (split["api"] + split["api-v2"]) < 0.2, split
+    assert summary["outbound"]["balancers"] == {"api": {"ready": 3, "pending": 0},
+                                                "api-v2": {"ready": 1, "pending": 0}}  # fmt: skip
 
 
 @pytest.mark.netns
@@ -346,6 +351,60 @@ def test_slow_replica_loses_its_traffic_while_slow(run_demo: Any) -> None:
     # no intruder in this run: store's policy admits all of its callers (web)
     store = summary["workloads"]["store"]
     assert store["allowed"] > 0 and store["denied"] == 0, store
+
+
+@pytest.mark.netns
+def test_canary_drill_moves_the_split_with_the_routes_weights(run_demo: Any) -> None:
+    """api's HTTPRoute rewritten 90/10 → 50/50 → 0/100 in the manifests while the load runs:
+    the callers' proxies follow each step within SETTLE seconds, by their own route-backend
+    counters and by who answered the load's calls; no call fails."""
+    screen: list[str] = []
+    summary = run_demo("--drill", "canary", duration=18, output=screen)
+    steps = {step["weights"]: step for step in summary["checks"]["canary_steps"]}
+    assert list(steps) == ["90/10", "50/50", "0/100"], steps
+    for weights, low, high in (("90/10", 0.02, 0.25), ("50/50", 0.3, 0.7)):
+        step = steps[weights]
+        assert sum(step["requests"].values()) > 50, step  # ~5.4 s and ~3.4 s of 20 calls/s
+        assert low < step["canary_share"] < high, step
+        assert low < step["canary_share_by_client"] < high, step
+    promoted = steps["0/100"]
+    assert promoted["requests"].get("api", 0) == 0 and promoted["requests"]["api-v2"] > 60
+    assert promoted["answered_by"]["api-v2-1"] > 60
+    assert all(n == 0 for pod, n in promoted["answered_by"].items() if pod != "api-v2-1")
+    assert summary["client"]["failed"] == 0, summary["client"]
+    assert re.search(r"canary drill: api-v2 got [\d.]+% at 90/10, [\d.]+% at 50/50, 100\.0% at"
+                     r" 0/100", summary["caption"]), summary["caption"]  # fmt: skip
+    # on screen (each event as a line without a terminal): each change, and the share since
+    for weights in ("50/50", "0/100"):
+        assert re.search(rf"^\d\d:\d\d api-split at {weights}: api-v2 took \d+% of api's \d+ calls",
+                         screen[0], re.MULTILINE), screen[0][-3000:]  # fmt: skip
+
+
+@pytest.mark.netns
+def test_failing_replica_is_ejected_and_the_success_rate_recovers(run_demo: Any) -> None:
+    """api-2 answers INTERNAL to every call from 30 % to 60 % of the run: its failures reach
+    the client (not retried: an HTTPRoute reads only HTTP retry conditions) until the
+    breaker's 7 in a row eject it; then only its probes fail, and after the repair a probe
+    succeeds and it returns."""
+    screen: list[str] = []
+    summary = run_demo("--drill", "failing-replica", duration=24, output=screen)
+    checks = summary["checks"]
+    assert checks["success_before"] == 1.0, checks
+    assert checks["ejected_after_s"] is not None and checks["ejected_after_s"] <= 5, checks
+    assert checks["api_pending_max"] == 1.0  # one endpoint ejected, of api's three
+    assert checks["success_until_ejected"] < 0.95, checks  # at least 7 failures in ~2 s
+    # ejected: only the probes fail (a penalty of 1 s, then 2, 4, 5 s)
+    assert checks["calls_while_ejected"] > 60 and checks["failed_while_ejected"] <= 4, checks
+    assert checks["success_while_ejected"] >= 0.95, checks
+    assert checks["restored_after_s"] is not None, checks  # within the 5 s max penalty (+50 %)
+    assert checks["success_after_repair"] == 1.0, checks
+    assert summary["client"]["failures"].keys() <= {"http 502"}, summary["client"]
+    assert "failing-replica drill: client success 100.0% before" in summary["caption"]
+    # on screen (each event as a line without a terminal): the ejection, then the return
+    assert re.search(r"^\d\d:\d\d api's balancer: 2 ready, 1 pending: api-2 ejected [\d.]+ s",
+                     screen[0], re.MULTILINE), screen[0][-3000:]  # fmt: skip
+    assert re.search(r"^\d\d:\d\d api's balancer: api-2 back [\d.]+ s after the repair",
+                     screen[0], re.MULTILINE), screen[0][-3000:]  # fmt: skip
 
 
 @pytest.mark.netns
@@ -413,6 +472,8 @@ def test_loopback_mode_runs_the_same_application_without_root_powers(tmp_path: P
     assert summary["client"]["failed"] == 0 and summary["client"]["ok"] > 100
     for name in ("web", "api"):  # the store is called directly in this mode
         assert summary["workloads"][name]["mtls"] == 1.0
+    split = summary["outbound"]["requests"]  # the route applies to calls by authority too
+    assert 0.02 < split["api-v2"] / (split["api"] + split["api-v2"]) < 0.25, split
     after = MachineState.read()
     assert after.files == before.files and after.netns == before.netns
     assert after.processes <= before.processes

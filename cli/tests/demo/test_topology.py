@@ -43,14 +43,16 @@ def test_netns_pods_listen_on_every_address_and_loopback_pods_on_their_own() -> 
 
 def test_apps_call_services_by_name_or_through_their_proxy() -> None:
     netns, loopback = topology.layout(Mode.NETNS), topology.layout(Mode.LOOPBACK)
-    argv = topology.app_argv(netns, netns.pod("web-1"), rate=20, stats_file="s")
+    argv = topology.app_argv(netns, netns.pod("web-1"), rate=20, stats_file="s", root="/r")
     assert argv[argv.index("--api") + 1] == "api.demo.svc.cluster.local:9090"
     assert argv[argv.index("--store") + 1] == "store.demo.svc.cluster.local:7000"
     assert "--via-proxy" not in argv
-    argv = topology.app_argv(loopback, loopback.pod("web-1"), rate=20, stats_file="s")
+    argv = topology.app_argv(loopback, loopback.pod("web-1"), rate=20, stats_file="s", root="/r")
     assert argv[argv.index("--via-proxy") + 1] == "127.0.77.10:4140"
     assert argv[argv.index("--store") + 1] == "127.0.77.30:7000"  # opaque: direct
-    slow = topology.app_argv(netns, netns.pod(topology.SLOW_REPLICA), rate=20, stats_file="s")
+    slow = topology.app_argv(
+        netns, netns.pod(topology.SLOW_REPLICA), rate=20, stats_file="s", root="/r"
+    )
     assert float(slow[slow.index("--delay") + 1]) == topology.SLOW_DELAY
 
 
@@ -80,7 +82,42 @@ def test_the_destination_reads_the_manifests_as_the_demo_means_them() -> None:
     for pod in layout.pods:
         known = state.pod_at(pod.ip)
         assert known is not None and known.name == pod.name
-    assert state.profile_of((topology.NAMESPACE, "api")) is not None
+    # no ServiceProfile: one with routes would make the proxies ignore api's HTTPRoute
+    assert state.profile_of((topology.NAMESPACE, "api")) is None
+
+
+def test_the_policy_controller_splits_api_by_the_demos_route() -> None:
+    """The manifests through the controller's own outbound index: api's one route sends 90 %
+    to api and 10 % to the canary; the Service's annotations give it a 1 s request timeout,
+    retries of resets and consecutive failure accrual, with no annotation refused."""
+    from meshlet.controlplane.k8s.events import Kind, Upsert
+    from meshlet.controlplane.policy.outbound import OutboundIndex, annotation_problems
+
+    index = OutboundIndex()
+    for objs in topology.manifests_static().values():
+        for obj in objs:
+            kind = Kind.of(obj["apiVersion"], obj["kind"])
+            if kind in (Kind.SERVICE, Kind.GATEWAY_HTTP_ROUTE):
+                index.apply(Upsert(kind, obj))
+    assert annotation_problems(topology.API_ANNOTATIONS) == []
+    policy = index.get(topology.NAMESPACE, "api", topology.API_PORT)
+    assert policy is not None
+    http = policy.protocol.detect.http2
+    assert http.failure_accrual.consecutive_failures.max_failures == 7
+    assert http.failure_accrual.consecutive_failures.backoff.max_backoff.seconds == 5
+    (route,) = http.routes
+    assert route.metadata.resource.name == topology.API_ROUTE
+    (rule,) = route.rules
+    assert rule.timeouts.request.seconds == 1 and rule.retry.max_retries == 2
+    split = {b.backend.backend.metadata.resource.name: b.weight
+             for b in rule.backends.random_available.backends}  # fmt: skip
+    assert split == {"api": 90, topology.CANARY: 10}
+
+
+@pytest.mark.parametrize("weights", [(0, 0), (-1, 10)])
+def test_bad_weights_are_refused(weights: tuple[int, int]) -> None:
+    with pytest.raises(ValueError, match="weights"):
+        topology.api_route(*weights)
 
 
 @pytest.mark.parametrize("mode", list(Mode))

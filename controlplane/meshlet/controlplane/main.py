@@ -333,6 +333,12 @@ def policy(
         raise click.UsageError("; ".join(problems))
     setup_logging(log_level)
     source: Source = cluster_source(manifests, kubeconfig, in_cluster, POLICY_SERVER_KINDS)
+    status_patch = None
+    if manifests is None:
+        from meshlet.controlplane.k8s.client import api_client
+        from meshlet.controlplane.policy.status import kubernetes_patch
+
+        status_patch = kubernetes_patch(api_client(kubeconfig, in_cluster))
     config = PolicyConfig(
         addr=addr,
         admin_addr=admin_addr,
@@ -346,6 +352,7 @@ def policy(
         tls=(tls_cert, tls_key) if tls_cert is not None and tls_key is not None else None,
         max_streams=max_streams,
         max_streams_per_peer=max_streams_per_peer,
+        status_patch=status_patch,
     )
     _run(serve(config))
 

@@ -558,6 +558,11 @@ def test_an_event_recomputes_only_the_watches_it_can_change() -> None:
     other["metadata"]["namespace"] = "client"
     ix.apply(Upsert(Kind.GATEWAY_HTTP_ROUTE, other))
     assert ix.recomputed - before == 1  # only the watch of clients in that namespace
+    before = ix.recomputed
+    written = {**routed, "status": {"parents": [{"controllerName": W.POLICY_CONTROLLER_NAME}]}}
+    written["metadata"] = {**routed["metadata"], "resourceVersion": "9", "generation": 1}
+    assert ix.apply(Upsert(Kind.GATEWAY_HTTP_ROUTE, written)) == 0
+    assert ix.recomputed == before  # its status written back: it reads the same, nothing to do
 
 
 def test_cluster_ips_follow_their_service() -> None:

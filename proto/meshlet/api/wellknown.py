@@ -190,6 +190,9 @@ CONFIG_KEY: Final = "values"
 SERVICEPROFILE_CRD: Final = "serviceprofiles.meshlet.io"
 POLICY_NAME: Final = "meshlet-policy"
 POLICY_API_GROUP: Final = "policy.meshlet.io"
+# The controllerName of the route status entries the policy controller writes (Linkerd:
+# linkerd.io/policy-controller).
+POLICY_CONTROLLER_NAME: Final = "meshlet.io/policy-controller"
 TAP_NAME: Final = "meshlet-tap"  # the tap controller's ServiceAccount (its identity)
 WEB_NAME: Final = "meshlet-web"  # the dashboard's name (its container, the Host names it accepts)
 

@@ -18,11 +18,11 @@ place of `http_status`, a code's name, `UNKNOWN` when none came):
   or failure, retried ones included.
 
 `error` is Linkerd's name of why a request ended without a response (`FAIL_FAST`,
-`REQUEST_TIMEOUT`, `RESET`, `UNKNOWN`...); it is left out when a response came whole, and
-`http_status` is left out when none came. The request duration runs from the request's arrival
-to the response head the client got, a backend response's from its attempt's start (the
-request's arrival, or the failure a retry follows) to its head: Linkerd's both run to the
-response's last byte.
+`REQUEST_TIMEOUT`, `RESPONSE_HEADERS_TIMEOUT`, `RESET`, `UNKNOWN`); it is left out when a
+response came whole, and `http_status` is left out when none came. The request duration runs
+from the request's arrival to the response head the client got, a backend response's from its
+attempt's start (its endpoint picked: after a retry's backoff) to its head: Linkerd's both run
+to the response's last byte.
 
 Series are looked up once per route target (the policy router keeps a `BackendSeries` per
 (route, rule, backend) and policy version); a request pays dict reads for its status only.
@@ -49,6 +49,7 @@ BACKEND: Final = ("backend_group", "backend_kind", "backend_namespace", "backend
 # Linkerd's `error` label values (route/metrics/labels.rs)
 FAIL_FAST: Final = "FAIL_FAST"
 REQUEST_TIMEOUT: Final = "REQUEST_TIMEOUT"
+RESPONSE_HEADERS_TIMEOUT: Final = "RESPONSE_HEADERS_TIMEOUT"
 RESET: Final = "RESET"
 UNKNOWN: Final = "UNKNOWN"
 GRPC_CODES: Final = (
@@ -59,6 +60,7 @@ GRPC_CODES: Final = (
 )  # fmt: skip
 
 Values = tuple[str, ...]
+_ATTEMPT_ERRORS: Final = {Failure.ATTEMPT_TIMEOUT: RESPONSE_HEADERS_TIMEOUT}  # else RESET
 
 
 def ref_values(ref: PolicyRef, service: bool) -> Values:
@@ -230,13 +232,14 @@ def retry_answered(series: BackendSeries, policy: RoutePolicy) -> None:
 
 
 def failover(series: BackendSeries, failure: Failure, decision: Decision, attempt: Attempt) -> None:
-    """A sent attempt failed (reset, or a status its route retries) and the driver decided
-    (`decision`, after the budget): a reset retried is the attempt's outcome; on a route with
-    retries, a retry is a retry request and a dispatch to the backend again, and a failure
-    with its retries used up (while it could still be resent) exceeds the limit."""
+    """A sent attempt failed (reset, outlived its own timeout, or a status its route retries)
+    and the driver decided (`decision`, after the budget): a retried attempt that got no
+    response counts as its error; on a route with retries, a retry is a retry request and a
+    dispatch to the backend again, and a failure with its retries used up (while it could
+    still be resent) exceeds the limit."""
     retry = decision.action is Action.RETRY
-    if failure is Failure.RESET and retry:  # else the answer the client gets says so
-        series.statuses.inc(0, None, RESET)
+    if retry and failure is not Failure.STATUS:  # else the answer the client gets says so
+        series.statuses.inc(0, None, _ATTEMPT_ERRORS.get(failure, RESET))
     if not attempt.retryable_route:
         return
     if retry:

@@ -364,3 +364,113 @@ def test_an_outbound_policy_s_retry_resends_only_what_it_names() -> None:
     assert isinstance(att.response(200, "14", True, 0.1), Endpoint)
     att.sent()
     assert att.response(200, "14", True, 0.2) is PASS
+
+
+PER_TRY = RoutePolicy("", timeout=1.0, retryable=True, retry_statuses=((500, 599),),
+                      retry_limit=2, attempt_timeout=0.2, retry_timeouts=True)  # fmt: skip
+
+
+def test_an_attempt_s_own_timeout_is_retried_elsewhere_until_the_request_s_timeout() -> None:
+    """`retry.meshlet.io/timeout: 200ms` under `timeout.meshlet.io/request: 1s`: each attempt
+    gets 200 ms from its pick, one that passes is a failure of its endpoint and is sent to the
+    next; the request's timeout ends the retries with 504 once it comes first."""
+    case = Case(policy=PER_TRY)
+    att = case.request(now=10.0)
+    first = att.start()
+    assert isinstance(first, Endpoint) and att.due == pytest.approx(10.2)
+    att.sent()
+    second = att.expired(10.2, replayable=True)
+    assert isinstance(second, Endpoint) and second.authority_label == "b:8080"
+    assert case.picker.leases[0].outcomes == [False]  # the timed-out attempt failed its endpoint
+    assert att.due == pytest.approx(10.4)
+    att.sent()
+    third = att.expired(10.4, replayable=True)
+    assert isinstance(third, Endpoint) and att.due == pytest.approx(10.6)
+    att.sent()
+    # the limit (2 retries) is used up: the third attempt's timeout answers 504
+    assert att.expired(10.6, replayable=True) == Answer(504, "the response timeout of 0.2s passed")
+    late = Case(policy=PER_TRY).request(now=0.0)
+    late.start()
+    late.sent()
+    late.try_deadline = 1.5  # an attempt picked late: the request's deadline (1.0) comes first
+    assert late.due == 1.0
+    assert late.expired(1.0, replayable=True) == Answer(504, "the route's timeout of 1s passed")
+
+
+def test_a_response_timeout_alone_answers_504_without_a_retry() -> None:
+    att = Case(policy=RoutePolicy("", attempt_timeout=0.3)).request(now=0.0)
+    att.start()
+    att.sent()
+    assert att.deadline is None and att.due == pytest.approx(0.3)
+    assert att.expired(0.3, replayable=True) == Answer(504, "the response timeout of 0.3s passed")
+    # nor on a retrying route that does not retry timeouts (no timeout of its own, no 504)
+    gateway = RoutePolicy("", retryable=True, retry_statuses=((502, 503),), retry_limit=2,
+                          attempt_timeout=0.3)  # fmt: skip
+    att = Case(policy=gateway).request(now=0.0)
+    att.start()
+    att.sent()
+    assert isinstance(att.expired(0.3, replayable=True), Answer)
+    # nor a request that cannot be replayed
+    att = Case(policy=PER_TRY).request(now=0.0)
+    att.start()
+    att.sent()
+    assert isinstance(att.expired(0.2, replayable=False), Answer)
+
+
+def test_a_response_head_ends_both_timeouts() -> None:
+    att = Case(policy=PER_TRY).request(now=0.0)
+    att.start()
+    att.sent()
+    assert att.response(200, None, True, 0.1) is PASS
+    assert att.due is None
+
+
+def test_a_retry_waits_out_the_route_s_backoff_then_picks() -> None:
+    """`retry_backoff` (25 ms doubling to 250 ms, jitter 1): the retry is a Wait of the
+    backoff's length, whose result is the next pick (elsewhere)."""
+    policy = RoutePolicy("", retryable=True, retry_statuses=((500, 599),), retry_limit=3,
+                         retry_backoff=(0.025, 0.25, 1.0))  # fmt: skip
+    att = Case(policy=policy).request(now=0.0)
+    att.start()
+    waits = []
+    for n in range(3):
+        att.sent()
+        step = att.response(500, None, True, float(n))
+        assert isinstance(step, Wait)
+        delay, pick = step.arg
+        waits.append(delay)
+        picked = pick()
+        assert isinstance(picked, Endpoint)
+        assert isinstance(att.resume(picked, float(n) + delay), Endpoint)
+    # 25 ms, 50 ms, 100 ms, each stretched by up to itself (jitter 1), never past 250 ms
+    for delay, low in zip(waits, (0.025, 0.05, 0.1), strict=True):
+        assert low <= delay <= min(2 * low, 0.25)
+    att.sent()
+    assert att.response(500, None, True, 4.0) is PASS  # the limit: passed on
+
+
+def test_a_grpc_status_in_trailers_is_retried_when_the_route_names_it() -> None:
+    """`retry.meshlet.io/grpc: internal`: a response whose head has no gRPC status is held
+    while a retry is possible; INTERNAL (13) in its trailers sends it again elsewhere (a
+    failure of the endpoint); OK, or a code the route does not name, passes it on."""
+    policy = RoutePolicy("", retryable=True, retry_statuses=(), retry_grpc_codes=frozenset({13}),
+                         retry_limit=1)  # fmt: skip
+    case = Case(policy=policy)
+    att = case.request(now=0.0)
+    att.start()
+    att.sent()
+    assert att.response(200, None, True, 0.1) is PASS
+    assert att.holds_for_trailers(replayable=True)
+    assert not att.holds_for_trailers(replayable=False)
+    assert att.trailers("0", True, 0.1) is PASS
+    assert att.trailers("14", True, 0.1) is PASS
+    again = att.trailers("13", True, 0.1)
+    assert isinstance(again, Endpoint) and again.authority_label == "b:8080"
+    assert case.picker.leases[0].outcomes[-1] is False
+    att.sent()
+    assert not att.holds_for_trailers(replayable=True)  # the limit is reached: nothing held
+    assert att.trailers("13", True, 0.2) is PASS
+    plain = Case(policy=RETRYABLE).request(now=0.0)  # no gRPC codes: nothing held
+    plain.start()
+    plain.sent()
+    assert not plain.holds_for_trailers(replayable=True)

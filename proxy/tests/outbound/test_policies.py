@@ -103,3 +103,16 @@ def test_where_a_redirect_sends_the_request(
     redirect: Redirect, matched: str | None, path: str, expected: str
 ) -> None:
     assert location(redirect, rule(matched), Target("api:8080", "GET", path)) == expected
+
+
+async def test_a_stream_that_fails_settles_the_target_so_no_request_waits_for_a_retry() -> None:
+    """The controller unreachable (a closed port): the first failure settles the target (its
+    requests stop waiting for a policy and are routed without one) while the stream retries."""
+    policies = OutboundPolicies(client(), Clock())
+    try:
+        followed = policies.follow(target(1))
+        assert followed is not None and not followed.settled.is_set()
+        await asyncio.wait_for(followed.settled.wait(), timeout=10)
+        assert followed.policy is None
+    finally:
+        await policies.aclose()

@@ -22,7 +22,7 @@ from meshlet.controlplane.policy.outbound import OutboundIndex
 from meshlet.proxy.core.loops import SelfTargets
 from meshlet.proxy.core.routes import AllOf, Method, PathRegex, Route
 from meshlet.proxy.discovery.outbound_policy import WatchOutbound
-from meshlet.proxy.http.contract import Endpoint, RouteTarget, Target, settle
+from meshlet.proxy.http.contract import Endpoint, RouteTarget, Target, Wait, settle
 from meshlet.proxy.outbound.connection_router import OutboundRouter
 from meshlet.proxy.outbound.policies import OutboundPolicies
 
@@ -128,10 +128,12 @@ async def test_a_redirected_connection_follows_its_service_s_policy(
     )  # fmt: skip
     target = HostPort(fqn("web"), 80)
     assert target in followed  # asked for when the connection's router is made
-    # Not answered yet: the profile's path (the service itself), never held for the policy.
-    assert (await endpoint(router, "/v2/a")).addr == HostPort("10.0.0.1", 8080)
-    await eventually(lambda: (f := followed.follow(target)) is not None and f.policy is not None)
+    # Not answered yet: the first request waits for the policy, then takes its route.
+    first = followed.follow(target)
+    assert first is not None and first.policy is None
+    assert isinstance(router.route(Target("10.96.0.10:80", "GET", "/v2/a")), Wait)
     assert (await endpoint(router, "/v2/a")).addr == HostPort("10.0.0.2", 8080)
+    assert first.policy is not None
     assert (await endpoint(router, "/other")).addr == HostPort("10.0.0.1", 8080)
     policy = (await routed(router, "/other")).policy  # the Service's timeout annotations
     assert (policy.timeout, policy.idle_timeout, policy.retryable) == (2.0, 5.0, False)

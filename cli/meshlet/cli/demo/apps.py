@@ -1,7 +1,9 @@
 """The demo application, one process per pod (`meshlet demo app web|api|store|load`).
 
 - **api** (gRPC, unary `/demo.Api/Quote`): answers with its pod name after `--delay` seconds;
-  SIGUSR1 adds 200 ms (the slow-replica drill), SIGUSR2 takes it back.
+  SIGUSR1 adds 200 ms (the slow-replica drill), SIGUSR2 takes it back. While the file
+  `--fail-flag` exists (looked at every 0.1 s) it answers every call with INTERNAL, gRPC's
+  500 (the failing-replica drill creates and removes it; `touch` does the same by hand).
 - **store** (TCP, the server speaks first): `STORE <pod> ready`, then answers each `GET <key>`
   line with `VALUE <key> <pod>`.
 - **web** (HTTP/1.1): every `GET /` calls api once (gRPC) and store once (a new TCP connection,
@@ -36,6 +38,7 @@ from meshlet.api.hostport import parse_hostport
 from meshlet.cli.demo import topology
 
 SLOW_DRILL_DELAY: Final = 0.2
+FLAG_POLL: Final = 0.1  # seconds between an api's looks at its fault flag
 LATENCY_BUCKETS_MS: Final = (5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000, 2000, 5000)
 MAX_IN_FLIGHT: Final = 64  # load: calls past this are counted as dropped, not queued
 CALL_TIMEOUT: Final = 5.0
@@ -53,20 +56,30 @@ def app() -> None:
 @click.option("--listen", required=True)
 @click.option("--pod", required=True)
 @click.option("--delay", type=float, default=0.0)
-def api(listen: str, pod: str, delay: float) -> None:
+@click.option("--fail-flag", type=click.Path(path_type=Path), default=None,
+              help="while this file exists, answer every call with INTERNAL")  # fmt: skip
+def api(listen: str, pod: str, delay: float, fail_flag: Path | None) -> None:
     """gRPC: answers /demo.Api/Quote with its pod name."""
-    asyncio.run(_api(listen, pod, delay))
+    asyncio.run(_api(listen, pod, delay, fail_flag))
 
 
-async def _api(listen: str, pod: str, delay: float) -> None:
+async def _api(listen: str, pod: str, delay: float, fail_flag: Path | None = None) -> None:
     import grpc
 
     extra = [0.0]
+    failing = [False]
+
+    async def watch_flag(flag: Path) -> None:
+        while True:
+            failing[0] = await asyncio.to_thread(flag.exists)
+            await asyncio.sleep(FLAG_POLL)
 
     async def quote(request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
         pause = delay + extra[0]
         if pause:
             await asyncio.sleep(pause)
+        if failing[0]:
+            await context.abort(grpc.StatusCode.INTERNAL, f"{pod} fails every call ({fail_flag})")
         return json.dumps({"pod": pod, "delay_ms": round(pause * 1000)}).encode()
 
     server = grpc.aio.server()
@@ -79,7 +92,10 @@ async def _api(listen: str, pod: str, delay: float) -> None:
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGUSR1, lambda: extra.__setitem__(0, SLOW_DRILL_DELAY))
     loop.add_signal_handler(signal.SIGUSR2, lambda: extra.__setitem__(0, 0.0))
+    watcher = loop.create_task(watch_flag(fail_flag)) if fail_flag is not None else None
     await _until_terminated()
+    if watcher is not None:
+        watcher.cancel()
     await server.stop(grace=1)
 
 

@@ -92,12 +92,25 @@ def demo(
     """Run a meshed application on this machine and watch the mesh work.
 
     As root, every pod is a network namespace on a bridge whose TCP goes through its own
-    meshlet-proxy by iptables (meshlet-init); the control plane (destination, identity) runs
-    beside them. The application: a load generator calling web (HTTP/1.1), which calls api
-    (gRPC, three replicas, api-3 50 ms slower) and store (a server-speaks-first TCP protocol on
-    an opaque port). Every call crosses the mesh over mutual TLS (in loopback mode the store is
-    called directly); the screen shows what the proxies report, refreshed every second.
-    Everything made is removed at the end.
+    meshlet-proxy by iptables (meshlet-init); the control plane (destination, identity, policy,
+    tap) runs beside them. The application: a load generator calling web (HTTP/1.1), which
+    calls api (gRPC, three replicas, api-3 50 ms slower) and store (a server-speaks-first TCP
+    protocol on an opaque port). An HTTPRoute sends 10 % of api's calls to its canary, api-v2;
+    the api Service's annotations set a timeout, retries and failure accrual. Every call
+    crosses the mesh over mutual TLS (in loopback mode the store is called directly); the
+    screen shows what the proxies report, refreshed every second. Everything made is removed
+    at the end.
+
+    \b
+    Drills (--drill; the fault at 30 % of --duration, the repair at 60 %):
+      kill-destination  the destination killed, later restarted
+      kill-replica      api-2's proxy and app killed
+      restart-identity  the identity service killed, later restarted
+      slow-replica      api-1 200 ms slower, later fast again
+      deny              a client with api's identity tries store (netns mode only)
+      canary            api's route weights 90/10 -> 50/50 -> 0/100 (api/api-v2), live
+      failing-replica   api-2 answers INTERNAL to everything until the repair: the
+                        breaker ejects it and the success rate recovers
     """
     if ctx.invoked_subcommand is not None:
         return

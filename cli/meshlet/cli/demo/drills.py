@@ -19,6 +19,17 @@ repaired at 0.6·D; without one, at 10 s and 20 s.
   proxy, which opens them over mTLS with api's identity; the store's policy admits only web's,
   so the store's proxy refuses each one. Web's calls to the store go on as before. Netns mode
   only: in loopback mode nothing sends a connection to the store through a proxy.
+- canary: api's HTTPRoute is rewritten in the manifests, 90/10 (api/api-v2) → 50/50 at the
+  fault → 0/100 at the repair (the canary promoted); the policy controller streams each change
+  to the callers' proxies. Each step's split is measured from the proxies' route-backend counters
+  (and the load's own count of who answered) from SETTLE seconds after the change to the next.
+- failing-replica: api-2 answers every call with INTERNAL (its fault flag exists) from the fault
+  to the repair. The api Service's failure accrual ejects it from the callers' balancers after 7
+  failures in a row (outbound_http_balancer_endpoints shows it pending), probes it with a single
+  call after a penalty (1 s, doubling up to 5 s), and lets it back when a probe succeeds, after
+  the repair. The load's success rate is measured before (over the load's last 30 s of calls
+  before the fault, which is all it keeps), from the fault until the ejection is seen, while it
+  is ejected, and after the repair.
 """
 
 from __future__ import annotations
@@ -28,15 +39,17 @@ import signal
 import time
 import urllib.request
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final
 
 from meshlet.api import wellknown
-from meshlet.cli.demo import topology
+from meshlet.cli.demo import outbound, topology
 from meshlet.cli.demo.apps import SLOW_DRILL_DELAY
 from meshlet.cli.demo.supervisor import command
 from meshlet.cli.stats import Scrape, traffic
 
-DRILLS: Final = ("kill-destination", "kill-replica", "restart-identity", "slow-replica", "deny")
+DRILLS: Final = ("kill-destination", "kill-replica", "restart-identity", "slow-replica", "deny",
+                  "canary", "failing-replica")  # fmt: skip
 INTRUDER_POD: Final = "api-1"  # the deny drill's client: a pod the store's policy does not admit
 INTRUDER_RATE: Final = 5.0  # its attempts per second
 INTRUDER_STATS: Final = "intruder-stats.json"  # in the demo's state folder
@@ -45,6 +58,9 @@ INTRUDER_STATS: Final = "intruder-stats.json"  # in the demo's state folder
 SHORT_LIFETIME: Final = "20s"
 SETTLE: Final = 2.0  # seconds for an update to reach every proxy before measuring after it
 RESUBSCRIBE_WITHIN: Final = 15.0  # seconds the proxies get to reopen their discovery streams
+CANARY_STEPS: Final = ((50, 50), (0, 100))  # api's route's weights at the fault, at the repair
+FAILING_REPLICA: Final = "api-2"
+WATCH_EVERY: Final = 1.0  # seconds between the failing-replica drill's looks at the balancers
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +100,10 @@ def schedule(drill: str | None, duration: float) -> list[Step]:
                          Step(repair, "mark healed"), Step(repair, "heal api-1")],
         "deny": [Step(fault, "mark intruding"), Step(fault, f"intrude {INTRUDER_POD}"),
                  Step(repair, f"leave {INTRUDER_POD}"), Step(repair, "mark left")],
+        "canary": [Step(at, "weigh {}/{}".format(*w))
+                   for at, w in zip((fault, repair), CANARY_STEPS, strict=True)],
+        "failing-replica": [Step(fault, "watch balancers"), Step(fault, f"fail {FAILING_REPLICA}"),
+                            Step(repair, f"repair {FAILING_REPLICA}")],
     }[drill]  # fmt: skip
     return sorted(steps, key=lambda step: step.at)
 
@@ -153,15 +173,103 @@ def perform(step: Step, demo: Any) -> list[Step]:
         sup.stop("intruder")
         demo.notes[what] = ""
         demo._event(f"drill: the client in {what} stopped")
+    elif verb == "weigh":
+        _weigh(demo, what)
+        return [Step(step.at + SETTLE, f"mark settled {what}")]
+    elif verb == "fail":
+        flag = Path(topology.fault_flag(str(demo.root), demo.layout.pod(what)))
+        flag.touch()
+        demo.checks["failing_at"] = time.time()
+        demo.notes[what] = "answers INTERNAL (drill)"
+        demo._event(f"drill: {what} answers every call with INTERNAL")
+    elif verb == "repair":
+        Path(topology.fault_flag(str(demo.root), demo.layout.pod(what))).unlink(missing_ok=True)
+        demo.checks["repaired_at"] = time.time()
+        demo.notes[what] = "repaired"
+        demo._event(f"drill: {what} answers normally again")
+    elif verb == "watch":
+        _watch_balancers(demo)
+        return [Step(step.at + WATCH_EVERY, step.action)]
     elif verb == "mark":
-        demo.checks.setdefault("marks", {})[what] = {
-            "scrapes": {pod: history[-1] for pod, history in demo.scrapes.items() if history},
-            "ok_by_api": _ok_by_api(demo),
-            "failed": _failed(demo),
-        }
+        settled = what.startswith("settled ")
+        _mark(demo, what, fresh=settled)
+        if settled:
+            _settled(demo, what.removeprefix("settled "))
     else:
         raise ValueError(f"unknown drill step {step.action!r}")
     return []
+
+
+def _mark(demo: Any, name: str, fresh: bool = False) -> None:
+    """Keeps the counters as they are now under `name`: every proxy's last scrape (`fresh`:
+    scraped now rather than at the last refresh, up to a second ago) and the load's counts."""
+    if fresh:
+        demo._scrape_all()
+    demo.checks.setdefault("marks", {})[name] = {
+        "scrapes": {pod: history[-1] for pod, history in demo.scrapes.items() if history},
+        "ok_by_api": _ok_by_api(demo),
+        "failed": _failed(demo),
+    }
+
+
+def _weigh(demo: Any, weights: str) -> None:
+    """Marks the end of the split so far, then writes api's route with the new weights
+    (`50/50`: api's, then the canary's)."""
+    api, canary = (int(w) for w in weights.split("/"))
+    _mark(demo, f"before {weights}", fresh=True)
+    demo._manifests().put(topology.ROUTE_FILE, topology.api_route(api, canary))
+    demo.weights = {"api": api, topology.CANARY: canary}
+    demo._event(f"drill: {topology.API_ROUTE} now weighs api {api}, {topology.CANARY} {canary}")
+
+
+def _settled(demo: Any, weights: str) -> None:
+    """An event with the canary's share of api's calls since the weights were written (which
+    includes the time the change takes to reach the proxies)."""
+    marks = demo.checks["marks"]
+    before, now = marks.get(f"before {weights}"), marks[f"settled {weights}"]
+    if before is None:
+        return
+    counts = outbound.split_between(before["scrapes"], now["scrapes"], "api")
+    share = outbound.shares(counts).get(topology.CANARY, 0.0)
+    demo._event(f"{topology.API_ROUTE} at {weights}: {topology.CANARY} took {share * 100:.0f}%"
+                f" of api's {sum(counts.values()):.0f} calls in the {SETTLE:g} s since the"
+                " change")  # fmt: skip
+
+
+def _watch_balancers(demo: Any) -> None:
+    """During the failing-replica drill, every WATCH_EVERY seconds: the api balancers' pending
+    endpoints (from the callers' proxies' last scrapes), when the ejection was first seen, when
+    the replica was back, and every call the load finished since the last look (to measure the
+    success rate by phase: the load keeps its last 30 s)."""
+    checks = demo.checks
+    now = time.time()
+    latest = [history[-1] for history in demo.scrapes.values() if history]
+    api = outbound.balancers(latest).get("api")
+    pending = api.pending if api is not None else 0.0
+    checks["api_pending_max"] = max(checks.get("api_pending_max", 0.0), pending)
+    failing, repaired = checks.get("failing_at"), checks.get("repaired_at")
+    if failing is not None and api is not None and api.pending and "ejected_at" not in checks:
+        checks["ejected_at"] = now
+        demo.notes[FAILING_REPLICA] = "answers INTERNAL (drill) · ejected by the breaker"
+        demo._event(f"api's balancer: {api.ready:.0f} ready, {api.pending:.0f} pending:"
+                    f" {FAILING_REPLICA} ejected {now - failing:.1f} s after it began"
+                    " failing")  # fmt: skip
+    back = repaired is not None and "ejected_at" in checks and not pending
+    if back and "restored_at" not in checks:
+        checks["restored_at"] = now
+        demo.notes[FAILING_REPLICA] = "back in the balancers"
+        demo._event(f"api's balancer: {FAILING_REPLICA} back {now - repaired:.1f} s after the"
+                    " repair, nothing pending")  # fmt: skip
+    stats = demo._load_stats() or {}
+    calls = _calls(demo)
+    last = calls[-1][0] if calls else 0.0
+    calls.extend(tuple(c) for c in stats.get("recent", []) if c[0] > last)
+
+
+def _calls(demo: Any) -> list[tuple[float, str, str]]:
+    """The load's calls the failing-replica drill has gathered: (end time, outcome, api pod)."""
+    calls: list[tuple[float, str, str]] = demo.checks.setdefault("calls", [])
+    return calls
 
 
 def _destination_streams(demo: Any) -> float:
@@ -204,6 +312,10 @@ def finish(demo: Any) -> dict[str, Any]:
         out["api-1_share_while_slow"] = counts.get("api-1", 0) / total if total else None
     if drill == "deny":
         out.update(_deny(demo, marks))
+    if drill == "canary":
+        out["canary_steps"] = _canary(demo, marks)
+    if drill == "failing-replica":
+        out.update(_failing(demo, out.pop("calls", [])))
     if drill == "restart-identity":
         back = checks.get("identity_back_at")
         certs = demo._certificates()
@@ -264,8 +376,95 @@ def _deny(demo: Any, marks: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _canary(demo: Any, marks: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each weighting's split, from SETTLE seconds after it was written (the load's start for
+    the first) to the next change (the end for the last): requests per backend as the callers'
+    proxies counted them, and calls per api pod as the load counted who answered."""
+    now = {
+        "scrapes": {pod: history[-1] for pod, history in demo.scrapes.items() if history},
+        "ok_by_api": _ok_by_api(demo),
+    }
+    start = {"scrapes": dict(demo.start_scrape), "ok_by_api": {}}
+    names = ["{}/{}".format(*w) for w in (topology.CANARY_WEIGHTS, *CANARY_STEPS)]
+    out = []
+    for i, weights in enumerate(names):
+        begin = start if i == 0 else marks.get(f"settled {weights}")
+        end = marks.get(f"before {names[i + 1]}") if i + 1 < len(names) else now
+        if begin is None or end is None:
+            continue
+        requests = outbound.split_between(begin["scrapes"], end["scrapes"], "api")
+        answered = {pod: n - begin["ok_by_api"].get(pod, 0)
+                    for pod, n in end["ok_by_api"].items()}  # fmt: skip
+        canary_pods = {p.name for p in demo.layout.of(topology.CANARY)}
+        calls = sum(answered.values())
+        out.append({
+            "weights": weights,
+            "requests": requests,
+            "canary_share": outbound.shares(requests).get(topology.CANARY),
+            "answered_by": answered,
+            "canary_share_by_client": (
+                sum(n for pod, n in answered.items() if pod in canary_pods) / calls
+                if calls else None
+            ),
+        })  # fmt: skip
+    return out
+
+
+def _failing(demo: Any, calls: list[tuple[float, str, str]]) -> dict[str, Any]:
+    """The load's success rate before the fault, from the fault until the ejection was seen,
+    while the replica was ejected (until the repair), and after the repair; how long the
+    ejection and the return took; what the replica answered while ejected."""
+    checks = demo.checks
+    end = time.time()
+    load = end - (time.monotonic() - demo.load_started) if demo.load_started else end
+    failing = checks.get("failing_at", end)
+    ejected = checks.get("ejected_at")
+    repaired = checks.get("repaired_at", end)
+    out: dict[str, Any] = {
+        "failing_replica": FAILING_REPLICA,
+        "success_before": outbound.success(calls, load, failing),
+        "success_until_ejected": outbound.success(calls, failing, ejected or repaired),
+        "success_while_ejected": (
+            outbound.success(calls, ejected, repaired) if ejected is not None else None
+        ),
+        "success_after_repair": outbound.success(calls, repaired, end),
+        "ejected_after_s": round(ejected - failing, 1) if ejected is not None else None,
+        "restored_after_s": (
+            round(checks["restored_at"] - repaired, 1) if "restored_at" in checks else None
+        ),
+    }
+    if ejected is not None:
+        during = [outcome for at, outcome, _ in calls if ejected <= at < repaired]
+        out["failed_while_ejected"] = sum(1 for outcome in during if outcome != "ok")
+        out["calls_while_ejected"] = len(during)
+    return out
+
+
 def summary_line(drill: str | None, checks: dict[str, Any]) -> str:
     """The drill's result in the summary's caption ("" when it has none)."""
+    if drill == "canary" and checks.get("canary_steps"):
+        shares = [
+            ("-" if s["canary_share"] is None else f"{s['canary_share'] * 100:.1f}%")
+            + f" at {s['weights']}"
+            for s in checks["canary_steps"]
+        ]
+        return f"; canary drill: {topology.CANARY} got " + ", ".join(shares)
+    if drill == "failing-replica" and "success_before" in checks:
+
+        def pct(key: str) -> str:
+            value = checks.get(key)
+            return "-" if value is None else f"{value * 100:.1f}%"
+
+        ejected = checks.get("ejected_after_s")
+        restored = checks.get("restored_after_s")
+        return (
+            f"; failing-replica drill: client success {pct('success_before')} before, "
+            f"{pct('success_until_ejected')} until {FAILING_REPLICA} was ejected "
+            f"({'never' if ejected is None else f'after {ejected:g} s'}), "
+            f"{pct('success_while_ejected')} while ejected, {pct('success_after_repair')} "
+            f"after the repair ({FAILING_REPLICA} "
+            f"{'not back by the end' if restored is None else f'back {restored:g} s after it'})"
+        )
     if drill != "deny" or "intruder" not in checks:
         return ""
     intruder = checks["intruder"]

@@ -34,7 +34,7 @@ from rich.console import Console
 from rich.live import Live
 
 from meshlet.api import wellknown
-from meshlet.cli.demo import drills, network, topology
+from meshlet.cli.demo import drills, network, outbound, topology
 from meshlet.cli.demo.supervisor import (
     Process,
     Record,
@@ -45,7 +45,7 @@ from meshlet.cli.demo.supervisor import (
     stop_pids,
 )
 from meshlet.cli.demo.topology import Layout, Mode, Pod
-from meshlet.cli.demo.view import Client, Snapshot, certificates_line, render
+from meshlet.cli.demo.view import Client, Outbound, Snapshot, certificates_line, render
 from meshlet.cli.stats import QUANTILES, Scrape, Traffic, combine, parse, row, traffic
 from meshlet.cli.stats import replica_rows as make_replica_rows
 
@@ -55,6 +55,7 @@ READY_WITHIN: Final = 30.0
 # A pod whose proxy has not answered a scrape for this long is shown gone, without traffic.
 GONE_AFTER: Final = 3.0
 SNAPSHOT_EVERY: Final = 10.0  # seconds between the views printed when stdout is no terminal
+WORKLOADS: Final = ("web", "api", topology.CANARY, "store")  # the rows of the workloads table
 # The control plane's processes: (name, admin port), started and checked in this order.
 CONTROL_PLANE: Final = (
     ("identity", wellknown.IDENTITY_ADMIN_PORT),
@@ -106,6 +107,10 @@ class Demo:
         self.removed: set[str] = set()  # pods taken out of the manifests
         self.specs: dict[str, Process] = {}  # control-plane processes, to start again
         self.checks: dict[str, Any] = {}  # what the drill measured
+        # api's route's weights now, by backend (the canary drill changes them)
+        self.weights: dict[str, int] = dict(
+            zip(("api", topology.CANARY), topology.CANARY_WEIGHTS, strict=True)
+        )
         # Processes that ended without the demo or its drill ending them: the run failed.
         self.died: list[Process] = []
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=8)
@@ -147,6 +152,7 @@ class Demo:
         tokens.mkdir(exist_ok=True)
         for pod in layout.pods:
             (tokens / pod.name).write_text(pod.token)
+        (root / topology.FAULTS_DIR).mkdir(exist_ok=True)
         manifests = self._manifests()
         for name, objs in topology.manifests_static().items():
             manifests.put(name, *objs)
@@ -378,7 +384,7 @@ class Demo:
             sup.start(f"proxy-{pod.name}", command("meshlet-proxy"), env=env, netns=netns, gid=gid)
             if pod.app != "load":
                 argv = topology.app_argv(layout, pod, rate=self.options.rate,
-                                         stats_file=str(stats))  # fmt: skip
+                                         stats_file=str(stats), root=str(root))  # fmt: skip
                 app_env = {"GRPC_DNS_RESOLVER": "native"}
                 sup.start(f"app-{pod.name}", [*command("meshlet"), *argv], env=app_env,
                           netns=netns)  # fmt: skip
@@ -391,7 +397,8 @@ class Demo:
         self._wait_policies_followed()
         self._event("every proxy follows its port's policy")
         load = layout.of("load")[0]
-        argv = topology.app_argv(layout, load, rate=self.options.rate, stats_file=str(stats))
+        argv = topology.app_argv(layout, load, rate=self.options.rate, stats_file=str(stats),
+                                 root=str(root))  # fmt: skip
         sup.start(f"app-{load.name}", [*command("meshlet"), *argv],
                   netns=topology.netns_name(load.name) if netns_mode else None)  # fmt: skip
         self.load_started = time.monotonic()
@@ -495,6 +502,34 @@ class Demo:
         now = time.monotonic()
         return {pod: now - at for pod, at in self.last_seen.items() if now - at > GONE_AFTER}
 
+    def _window_scrapes(self, window: bool) -> tuple[dict[str, Scrape | None], dict[str, Scrape]]:
+        """Each live pod's (first, last) scrape: of the last WINDOW seconds, or of the run."""
+        old: dict[str, Scrape | None] = {}
+        new: dict[str, Scrape] = {}
+        gone = self._gone() if window else {}
+        for pod in self.layout.pods:
+            history = self.scrapes[pod.name]
+            if not history or pod.name in gone:
+                continue
+            new[pod.name] = history[-1]
+            if window:
+                old[pod.name] = next((s for s in history if s.at >= history[-1].at - WINDOW),
+                                     history[0])  # fmt: skip
+            else:
+                old[pod.name] = self.start_scrape.get(pod.name)
+        return old, new
+
+    def _outbound(self, window: bool) -> Outbound:
+        old, new = self._window_scrapes(window)
+        seconds = max((n.at - o.at for p, n in new.items() if (o := old.get(p)) is not None),
+                      default=0.0)  # fmt: skip
+        balancers = outbound.balancers(new.values())
+        return Outbound(
+            route=topology.API_ROUTE, parent="api", weights=dict(self.weights),
+            requests=outbound.split_between(old, new, "api"), seconds=seconds,
+            balancers={b: e for b, e in balancers.items() if b in self.weights},
+        )  # fmt: skip
+
     def _traffic(self, window: bool) -> dict[str, Traffic]:
         """Each pod's traffic: over the last WINDOW seconds (pods gone left out: their last
         rate is not theirs any more), or over the whole run."""
@@ -519,7 +554,7 @@ class Demo:
         layout = self.layout
         by_pod = self._traffic(window)
         rows = []
-        for workload in ("web", "api", "store"):
+        for workload in WORKLOADS:
             pods = layout.of(workload)
             ready = sum(1 for p in pods if p.name in by_pod and p.name not in self.removed)
             total = combine(by_pod[p.name] for p in pods if p.name in by_pod)
@@ -544,6 +579,7 @@ class Demo:
             events=self.events, footer=footer if window else "", gone=gone, slow=self.slow,
             certificates=certificates_line(self._certificates(), time.time(),
                                            self.checks.get("identity_back_at")),
+            outbound=self._outbound(window),
         )  # fmt: skip
 
     def _client(self) -> Client | None:
@@ -557,10 +593,12 @@ class Demo:
         for bound, count in zip(bounds, stats["latency"], strict=True):
             running += count
             cumulative[bound] = running
+        now = time.time()
         return Client(
             sent=stats["sent"], ok=stats["ok"], failed=stats["failed"], dropped=stats["dropped"],
             quantiles=tuple(quantile(q, cumulative) for q in QUANTILES),
             store_first_byte_max_ms=stats["store_first_byte_max_ms"],
+            recent_success=outbound.success(stats.get("recent", []), now - WINDOW, now),
         )  # fmt: skip
 
     def _load_stats(self) -> dict[str, Any] | None:
@@ -584,6 +622,7 @@ class Demo:
         stats = self._load_stats() or {}
         failed = sum(stats.get("failed", {}).values())
         done = stats.get("ok", 0) + failed
+        split = self._outbound(window=False)
         summary: dict[str, Any] = {
             "mode": layout.mode.value,
             "seconds": round(time.monotonic() - self.started, 1),
@@ -604,7 +643,7 @@ class Demo:
                 w: asdict(
                     row(w, "", combine(whole[p.name] for p in layout.of(w) if p.name in whole))
                 )
-                for w in ("web", "api", "store")
+                for w in WORKLOADS
             },
             "replicas": {
                 r.name: {"requests": r.requests, "share": r.share}
@@ -622,6 +661,12 @@ class Demo:
             "died": {p.name: exit_status(p) for p in self.died},
             "checks": self.checks,
             "certificates": self._certificates(),
+            "outbound": {
+                "route": split.route,
+                "weights": split.weights,
+                "requests": split.requests,
+                "balancers": {b: asdict(e) for b, e in split.balancers.items()},
+            },
         }
         share = summary["replicas_after_warmup"].get(topology.SLOW_REPLICA, {}).get("share")
         rate = summary["client"]["success_rate"]

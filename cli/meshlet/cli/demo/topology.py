@@ -14,6 +14,16 @@ apps send their calls to their own proxy's outbound listener with the service na
 nothing intercepts traffic, so the store (opaque TCP, which carries no authority) is called
 directly, outside the mesh.
 
+Outbound policy: api's calls follow an HTTPRoute whose parent is the api Service and whose
+backends are api (weight 90) and api-v2 (weight 10), a second version with its own Service and
+pod: the canary. The api Service's annotations give every route of it a request timeout of 1 s,
+up to two retries of a reset call, and failure accrual (a replica failing 7 calls in a row leaves
+the callers' balancers until a probe, after 1 s doubling up to 5 s, succeeds). An HTTPRoute reads
+only the HTTP retry annotations, so an INTERNAL (which comes with HTTP status 200) is not
+retried: the failing-replica drill's errors reach the client until the breaker ejects the
+replica. api has no ServiceProfile: while a profile with routes exists for a Service, the
+proxies use it and ignore the Service's routes and annotations.
+
 Authorization: the store's port is a `Server` whose `AuthorizationPolicy` admits only web's
 identity (a `MeshTLSAuthentication` naming web's ServiceAccount). Every other port has the
 default policy, `all-unauthenticated`, as a cluster installed with defaults would.
@@ -40,6 +50,19 @@ STORE_PORT: Final = 7000  # opaque by the pods' annotation: the store speaks fir
 API_METHOD: Final = "/demo.Api/Quote"
 SLOW_REPLICA: Final = "api-3"
 SLOW_DELAY: Final = 0.05  # seconds the slow replica adds to every call
+CANARY: Final = "api-v2"  # the canary's Service and workload
+API_ROUTE: Final = "api-split"  # the HTTPRoute splitting api's calls between api and the canary
+CANARY_WEIGHTS: Final = (90, 10)  # api's weight, the canary's
+# The api Service's outbound policy (Linkerd 2.16's annotations, meshlet's prefix).
+API_ANNOTATIONS: Final = {
+    wellknown.TIMEOUT_REQUEST_ANNOTATION: "1s",
+    wellknown.RETRY_LIMIT_ANNOTATION: "2",
+    wellknown.FAILURE_ACCRUAL_ANNOTATION: "consecutive",
+    wellknown.FAILURE_ACCRUAL_MAX_PENALTY_ANNOTATION: "5s",
+}
+FAULTS_DIR: Final = (
+    "faults"  # in the state folder: an api pod fails every call while <pod>.fail exists
+)
 BRIDGE: Final = "meshlet0"
 NETNS_PREFIX: Final = "meshlet-"
 VETH_PREFIX: Final = "mlv-"
@@ -75,7 +98,7 @@ class Pod:
     name: str  # api-1
     workload: str  # api: its Deployment, ServiceAccount and app label
     ip: str
-    app: str  # which demo app runs in it: web, api, store, load
+    app: str  # which demo app runs in it: web, api (also the canary's), store, load
 
     @property
     def identity(self) -> str:
@@ -90,14 +113,16 @@ SERVICES: Final = (
     Service("web", "10.96.77.10", WEB_SERVICE_PORT, WEB_PORT),
     Service("api", "10.96.77.11", API_PORT, API_PORT),
     Service("store", "10.96.77.12", STORE_PORT, STORE_PORT, opaque=True),
+    Service(CANARY, "10.96.77.13", API_PORT, API_PORT),
 )
-_PODS: Final = (  # (name, workload, host part of the address)
-    ("web-1", "web", 10),
-    ("api-1", "api", 21),
-    ("api-2", "api", 22),
-    ("api-3", "api", 23),
-    ("store-1", "store", 30),
-    ("load-1", "load", 40),
+_PODS: Final = (  # (name, workload, app, host part of the address)
+    ("web-1", "web", "web", 10),
+    ("api-1", "api", "api", 21),
+    ("api-2", "api", "api", 22),
+    ("api-3", "api", "api", 23),
+    ("api-v2-1", CANARY, "api", 24),
+    ("store-1", "store", "store", 30),
+    ("load-1", "load", "load", 40),
 )
 
 
@@ -139,9 +164,9 @@ class Layout:
 
 def layout(mode: Mode) -> Layout:
     if mode is Mode.NETNS:
-        pods = tuple(Pod(n, w, f"10.77.1.{host}", w) for n, w, host in _PODS)
+        pods = tuple(Pod(n, w, f"10.77.1.{host}", app) for n, w, app, host in _PODS)
         return Layout(mode, pods, control_ip="10.77.0.2", host_ip="10.77.0.1", prefix=16)
-    pods = tuple(Pod(n, w, f"127.0.77.{host}", w) for n, w, host in _PODS)
+    pods = tuple(Pod(n, w, f"127.0.77.{host}", app) for n, w, app, host in _PODS)
     return Layout(mode, pods, control_ip="127.0.77.1", host_ip="127.0.77.1", prefix=8)
 
 
@@ -172,35 +197,43 @@ def hosts_file(layout: Layout) -> str:
 
 
 def manifests_static() -> dict[str, list[dict[str, Any]]]:
-    """The Services, the api ServiceProfile and the store's policy (file name → objects)."""
+    """The Services, api's HTTPRoute and the store's policy (file name → objects)."""
     files: dict[str, list[dict[str, Any]]] = {}
     for svc in SERVICES:
         annotations = {wellknown.OPAQUE_PORTS_ANNOTATION: str(svc.port)} if svc.opaque else {}
+        if svc.name == "api":
+            annotations = dict(API_ANNOTATIONS)
         files[f"service-{svc.name}"] = [
             objects.service(
                 svc.name, NAMESPACE, ports=[(f"{svc.name}", svc.port, svc.target_port)],
                 cluster_ip=svc.cluster_ip, annotations=annotations,
             )
         ]  # fmt: skip
-    files["profile-api"] = [
-        objects.profile(
-            "api",
-            {
-                "routes": [
-                    {
-                        "name": f"POST {API_METHOD}",
-                        "condition": {"method": "POST", "pathRegex": API_METHOD},
-                        "isRetryable": True,
-                        "timeout": "1s",
-                    }
-                ],
-                "retryBudget": {"retryRatio": 0.2, "minRetriesPerSecond": 10, "ttl": "10s"},
-            },
-            NAMESPACE,
-        )
-    ]
+    files[ROUTE_FILE] = [api_route(*CANARY_WEIGHTS)]
     files["policy-store"] = store_policy()
     return files
+
+
+ROUTE_FILE: Final = "route-api"  # the manifests file holding api's HTTPRoute
+
+
+def api_route(api: int, canary: int) -> dict[str, Any]:
+    """api's HTTPRoute (gateway.networking.k8s.io v1): every call to the api Service goes to
+    api or to the canary at random, by the weights given."""
+    if min(api, canary) < 0 or api + canary == 0:
+        raise ValueError(f"weights {api}/{canary}: each must be 0 or more, and not both 0")
+    port = service("api").port
+    backends = [{"name": name, "port": port, "weight": weight}
+                for name, weight in (("api", api), (CANARY, canary))]  # fmt: skip
+    return {
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "HTTPRoute",
+        "metadata": {"name": API_ROUTE, "namespace": NAMESPACE},
+        "spec": {
+            "parentRefs": [{"group": "core", "kind": "Service", "name": "api", "port": port}],
+            "rules": [{"backendRefs": backends}],
+        },
+    }
 
 
 def store_policy() -> list[dict[str, Any]]:
@@ -305,8 +338,14 @@ def proxy_env(
     }
 
 
-def app_argv(layout: Layout, pod: Pod, *, rate: float, stats_file: str) -> list[str]:
-    """`meshlet demo app …` for the pod's app (after the `meshlet` command itself)."""
+def fault_flag(root: str, pod: Pod) -> str:
+    """The file whose existence makes an api pod answer every call with INTERNAL."""
+    return f"{root}/{FAULTS_DIR}/{pod.name}.fail"
+
+
+def app_argv(layout: Layout, pod: Pod, *, rate: float, stats_file: str, root: str) -> list[str]:
+    """`meshlet demo app …` for the pod's app (after the `meshlet` command itself); `root` is
+    the state folder (an api pod's fault flag is in it)."""
     netns = layout.mode is Mode.NETNS
     listen_ip = "0.0.0.0" if netns else pod.ip
     via = [] if netns else ["--via-proxy", f"{pod.ip}:{wellknown.PROXY_OUTBOUND_PORT}"]
@@ -314,7 +353,7 @@ def app_argv(layout: Layout, pod: Pod, *, rate: float, stats_file: str) -> list[
     if pod.app == "api":
         delay = SLOW_DELAY if pod.name == SLOW_REPLICA else 0.0
         return ["demo", "app", "api", "--listen", f"{listen_ip}:{API_PORT}", "--pod", pod.name,
-                "--delay", str(delay)]  # fmt: skip
+                "--delay", str(delay), "--fail-flag", fault_flag(root, pod)]  # fmt: skip
     if pod.app == "store":
         return ["demo", "app", "store", "--listen", f"{listen_ip}:{STORE_PORT}",
                 "--pod", pod.name]  # fmt: skip

@@ -5,7 +5,10 @@ Beside the traffic, each workload's inbound authorization: how many connections 
 proxies' policies allowed and denied, and which identities were denied. Below the api replicas, what
 the drills are meant to show, in words: a replica whose proxy stopped answering is marked gone
 (its last rate is not carried on), a slow replica's share is put beside the share it would get if
-the balancer ignored latency, and the proxies' certificate renewals are counted."""
+the balancer ignored latency, and the proxies' certificate renewals are counted. Then api's
+outbound policy as the callers' proxies apply it: the HTTPRoute's weights beside the share each
+backend really got in the window, and each backend's balancer, with the endpoints failure accrual
+ejected shown pending."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from meshlet.cli.demo.outbound import Endpoints
 from meshlet.cli.stats import QUANTILES, Row
 
 
@@ -31,6 +35,7 @@ class Client:
     dropped: int
     quantiles: tuple[float | None, ...]
     store_first_byte_max_ms: float
+    recent_success: float | None = None  # over the window shown
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +53,19 @@ class Snapshot:
     gone: Mapping[str, float] = field(default_factory=dict)  # pod → seconds without metrics
     slow: Mapping[str, float] = field(default_factory=dict)  # pod → ms it adds to each call
     certificates: Text | None = None
+    outbound: Outbound | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Outbound:
+    """api's route and balancers, as the callers' proxies apply them."""
+
+    route: str
+    parent: str
+    weights: Mapping[str, int]  # backend → its weight in the route now
+    requests: Mapping[str, float]  # backend → requests sent to it in the window
+    seconds: float  # the window's length
+    balancers: Mapping[str, Endpoints]  # backend → its balancer's endpoints
 
 
 def _pct(value: float | None) -> str:
@@ -176,6 +194,30 @@ def certificates_line(
     return text
 
 
+def outbound_lines(o: Outbound) -> Text:
+    """`api's HTTPRoute api-split, weights api 90 · api-v2 10: api 89.1% (16.0/s) · …` and the
+    balancers (pending in red: an ejected or backing-off endpoint)."""
+    text = Text(f"{o.parent}'s HTTPRoute {o.route}, weights ", style="bold")
+    text.append(" · ".join(f"{b} {w}" for b, w in o.weights.items()))
+    total = sum(o.requests.values())
+    if total:
+        text.append(": ")
+        for i, backend in enumerate(sorted({*o.weights, *o.requests})):
+            count = o.requests.get(backend, 0.0)
+            rate = f" ({count / o.seconds:.1f}/s)" if o.seconds else ""
+            text.append((" · " if i else "") + f"{backend} {count / total * 100:.1f}%{rate}")
+    else:
+        text.append(": no calls yet", style="dim")
+    if o.balancers:
+        text.append("\nbalancers (callers' proxies): ", style="bold")
+        for i, (backend, e) in enumerate(sorted(o.balancers.items())):
+            text.append((" · " if i else "") + f"{backend} {e.ready:.0f} ready")
+            if e.pending:
+                text.append(f", {e.pending:.0f} pending (ejected by failure accrual, or backing"
+                            " off)", style="bold red")  # fmt: skip
+    return text
+
+
 def client_line(client: Client | None) -> Text:
     if client is None:
         return Text("load generator: starting", style="dim")
@@ -190,6 +232,10 @@ def client_line(client: Client | None) -> Text:
     text.append(f", success {rate}, p50 {_ms(client.quantiles[0])}, p99 "
                 f"{_ms(client.quantiles[-1])}; store first byte max "
                 f"{_ms(client.store_first_byte_max_ms)}")  # fmt: skip
+    if client.recent_success is not None:
+        style = "" if client.recent_success >= 0.99 else "bold red"
+        text.append("; last 10 s: success ")
+        text.append(_pct(client.recent_success), style=style)
     if client.dropped:
         text.append(f"; {client.dropped} not sent (over capacity)", style="yellow")
     return text
@@ -206,6 +252,7 @@ def render(snapshot: Snapshot, caption: str = "last 10 s") -> Group:
         workloads_table(snapshot.workloads, caption),
         balancer_caption(snapshot.replicas, snapshot.slow),
         replicas_table(snapshot.replicas, snapshot.replica_notes, snapshot.gone),
+        *([outbound_lines(snapshot.outbound)] if snapshot.outbound is not None else []),
         client_line(snapshot.client),
         control,
     ]

@@ -73,8 +73,9 @@ POLICY_KINDS: tuple[Kind, ...] = (
     Kind.GATEWAY_GRPC_ROUTE,
     Kind.RATE_LIMIT_POLICY,
 )
-# What the policy controller watches: inbound policy's kinds, and Services for outbound policy.
-POLICY_SERVER_KINDS: tuple[Kind, ...] = (Kind.SERVICE, *POLICY_KINDS)
+# What the policy controller watches: inbound policy's kinds, Services for outbound policy, and
+# ServiceProfiles to say on a route's status that a profile shadows it.
+POLICY_SERVER_KINDS: tuple[Kind, ...] = (Kind.SERVICE, Kind.SERVICE_PROFILE, *POLICY_KINDS)
 
 Object = dict[str, Any]  # a Kubernetes object as JSON
 

@@ -687,7 +687,7 @@ class Index:
                 return set()
             ns.annotations = annotations
             return {(name, None)}
-        if kind is Kind.SERVICE:  # outbound policy's (OutboundIndex), not inbound's
+        if kind in (Kind.SERVICE, Kind.SERVICE_PROFILE):  # outbound's and the status writer's
             return set()
         ns = self.namespaces.setdefault(namespace, Namespace())
         if kind is Kind.POD:

@@ -1089,7 +1089,8 @@ class OutboundIndex:
             else:  # a route: its namespace's Services, and clients there
                 affects = lambda w, _: key[0] in (w[0], w[3])  # noqa: E731
             if isinstance(event, Upsert):
-                self._upsert(event.kind, event.obj)
+                if not self._upsert(event.kind, event.obj):
+                    return 0  # a route read the same (its status written, say): nothing to do
             else:
                 self._remove(event.kind, *key)
         return self._refresh(affects)
@@ -1111,16 +1112,17 @@ class OutboundIndex:
                 if (namespace, name) not in seen:
                     self._remove(kind, namespace, name)
 
-    def _upsert(self, kind: Kind, obj: Object) -> None:
+    def _upsert(self, kind: Kind, obj: Object) -> bool:
+        """False when `obj` is a route that reads as it did (so no watch can change)."""
         key = _key(obj)
         if key is None:
-            return
+            return False
         namespace, name = key
         space = self.spaces.setdefault(namespace, Space())
         if kind is Kind.SERVICE:
             svc = service_of(obj)
             if svc is None:
-                return
+                return False
             if svc.problems:
                 self._report(kind, namespace, name, list(svc.problems), "ignored annotations of")
             else:
@@ -1128,21 +1130,24 @@ class OutboundIndex:
             self._forget_ips(space.services.get(name))
             space.services[name] = svc
             self._by_ip.update((ip, key) for ip in svc.cluster_ips)
-            return
+            return True
         if not _names_a_service(obj):
             space.drop((kind, name))
-            return
+            return True
         try:
             route = route_of(obj)
         except r.Invalid as exc:
             self._report(kind, namespace, name, exc.problems, "ignored")
             space.drop((kind, name))
-            return
+            return True
         self._reported.pop((kind, namespace, name), None)
+        if route.parents and space.routes.get((kind, name)) == route:
+            return False
         if route.parents:
             space.put((kind, name), route)
         else:
             space.drop((kind, name))
+        return True
 
     def _remove(self, kind: Kind, namespace: str, name: str) -> None:
         space = self.spaces.get(namespace)

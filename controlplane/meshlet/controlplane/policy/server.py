@@ -30,6 +30,7 @@ from meshlet.controlplane.policy.outbound import (
     parse_addr,
     parse_authority,
 )
+from meshlet.controlplane.policy.status import Indexes, Patch, StatusWriter
 from meshlet.controlplane.streaming import (
     StreamingController,
     StreamLimits,
@@ -80,6 +81,7 @@ class PolicyConfig:
     max_streams: int = 20_000
     max_streams_per_peer: int = 4_096
     cluster_domain: str = wellknown.CLUSTER_DOMAIN
+    status_patch: Patch | None = None  # writes route status (None: the local mesh, no API)
 
 
 class PolicyService:
@@ -301,6 +303,19 @@ class PolicyServer(StreamingController):
         self._admin = AdminServer(partial(generate_latest, self.registry), ready=self.ready)
         self.supervisor = Supervisor("policy")
         self.supervisor.add("the cluster-state source", partial(config.source.run, self.apply))
+        self.indexes = Indexes(self.outbound, self.index, config.cluster_domain)
+        self.status: StatusWriter | None = None
+        if config.status_patch is not None:
+            patches = Counter(
+                "policy_route_status_patches_total",
+                "Route status patches sent, by result (written, conflict: the route changed"
+                " meanwhile, failed).",
+                ["result"],
+                registry=self.registry,
+            )
+            self.status = StatusWriter(self.indexes, config.status_patch,
+                                       on_result=lambda r: patches.labels(r).inc())  # fmt: skip
+            self.supervisor.add("the route status writer", self.status.run)
 
     def ready(self) -> bool:
         return self.grpc_port != 0 and self.supervisor.healthy and self.config.source.synced
@@ -309,6 +324,9 @@ class PolicyServer(StreamingController):
         started = time.perf_counter()
         self.index.apply(event)
         self.outbound.apply(event)
+        self.indexes.apply(event)
+        if self.status is not None:
+            self.status.apply(event)
         self._processing.observe(time.perf_counter() - started)
         self._events.labels(event.kind.kind).inc()
 

@@ -72,8 +72,15 @@ class FailureAccrual:
 
     def penalty(self, level: int, draw: float) -> float:
         """The wait after the `level`-th ejection in a row (0: the first); `draw` in [0, 1)."""
-        base = min(self.max_penalty, self.min_penalty * 2.0 ** min(level, _MAX_LEVEL))
-        return base + min(self.max_penalty - base, base * self.jitter * draw)
+        return backoff(self.min_penalty, self.max_penalty, self.jitter, level, draw)
+
+
+def backoff(low: float, high: float, jitter: float, level: int, draw: float) -> float:
+    """Linkerd's exponential backoff: the `level`-th wait in a row (0: the first) is `low`
+    doubled `level` times, stretched by up to `jitter` of itself (`draw` in [0, 1)), never past
+    `high`. The breaker's penalties and the retries' waits."""
+    base = min(high, low * 2.0 ** min(level, _MAX_LEVEL))
+    return base + min(high - base, base * jitter * draw)
 
 
 class State(enum.Enum):

@@ -20,6 +20,10 @@ failover policy of HTTP/1, HTTP/2 and opaque TCP.
   replayed (held whole: its body is small enough), the attempts are not used up, and the retry
   budget agrees. Else: 502 for a reset, the response itself for a status.
 - A route's timeout (TIMEOUT) answers 504: the deadline covers the retries too.
+- An attempt's own timeout (ATTEMPT_TIMEOUT: an outbound policy's response timeout, or its
+  retry timeout) passing before its response head cancels that attempt; it is retried as a
+  reset is on a retryable route (the caller says whether the route retries timeouts), else
+  answered 504.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ class Failure(enum.Enum):
     RESET = "reset"  # sent (maybe in part); the upstream failed before any response byte
     STATUS = "status"  # a failure response head arrived (not yet given to the client)
     TIMEOUT = "timeout"  # the route's timeout passed before the response head
+    ATTEMPT_TIMEOUT = "attempt_timeout"  # the attempt's own timeout passed before its head
 
 
 class Action(enum.Enum):
@@ -105,7 +110,10 @@ def decide(failure: Failure, attempt: Attempt) -> Decision:
         if not attempt.stale_retried and attempt.replayable:
             return Decision(Action.RETRY_SAME, reason="a pooled connection had been closed")
         failure = Failure.RESET
-    if failure is Failure.RESET:
+    if failure is Failure.ATTEMPT_TIMEOUT:
+        gave_up = Decision(Action.ANSWER, 504, "the attempt's timeout passed")
+        limit = _route_sends(attempt) if attempt.retryable_route else 1
+    elif failure is Failure.RESET:
         gave_up = Decision(Action.ANSWER, 502, "the upstream failed before responding")
         limit = _route_sends(attempt) if attempt.retryable_route else (
             MAX_IDEMPOTENT_ATTEMPTS if attempt.method in IDEMPOTENT else 1

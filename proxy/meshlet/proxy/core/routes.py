@@ -124,7 +124,10 @@ class RoutePolicy:
     its requests may stay quiet (None: the workload's setting, by default no limit). An
     outbound policy's retry also names the HTTP statuses (inclusive ranges) and gRPC codes
     retried (both None: every failure, as a ServiceProfile's) and how many retries one request
-    gets (None: the ServiceProfile rule, up to MAX_ATTEMPTS sends)."""
+    gets (None: the ServiceProfile rule, up to MAX_ATTEMPTS sends); and, per attempt, how long
+    it may wait for its response head (`attempt_timeout`: the policy's response timeout or its
+    retry timeout, the shorter; whether one that passes is retried: `retry_timeouts`) and how
+    long a retry waits first (`retry_backoff`: min, max, jitter ratio; None: at once)."""
 
     name: str = ""
     timeout: float | None = None
@@ -134,6 +137,9 @@ class RoutePolicy:
     retry_statuses: tuple[tuple[int, int], ...] | None = None
     retry_grpc_codes: frozenset[int] | None = None
     retry_limit: int | None = None
+    attempt_timeout: float | None = None
+    retry_timeouts: bool = False
+    retry_backoff: tuple[float, float, float] | None = None
 
 
 DEFAULT_ROUTE: Final = RoutePolicy()

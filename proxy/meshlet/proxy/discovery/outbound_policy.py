@@ -8,15 +8,16 @@ request named). Every message is decoded whole (`outbound_decode.decode_outbound
 does not decode is logged and skipped, so the target keeps the policy it had, and while the
 controller is unreachable the last policy stands (`watch.follow`: the loop every control-plane
 stream shares). `Followed` holds one target's current policy for the router to read (None
-until the controller has answered: the caller routes as it did without a policy).
+until the controller has answered: the caller waits for that answer, up to a bound).
 """
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
 import random
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from meshlet.api import addr, outbound_grpc, outbound_pb2
@@ -62,14 +63,16 @@ class WatchOutbound:
         self._rng = rng or random.Random()
         self.stats = StreamStats()
 
-    def watch(self, target: HostPort) -> AsyncGenerator[Received[ClientPolicy], None]:
-        """Every policy the controller sends for `target`, across reconnections; never ends on
-        its own."""
+    def watch(
+        self, target: HostPort, failed: Callable[[], None] = lambda: None
+    ) -> AsyncGenerator[Received[ClientPolicy], None]:
+        """Every policy the controller sends for `target`, across reconnections (`failed`:
+        told of each failed stream); never ends on its own."""
         what = f"outbound policy Watch {target}"
         spec = traffic_spec(self.workload, target)
         backoff = Backoff(*self._backoff, self._rng)
         watch = Watch(self._open, spec, what, self._control.source, log)
-        return follow(watch, decode_outbound, backoff, self.stats)
+        return follow(watch, decode_outbound, backoff, self.stats, failed=failed)
 
     async def aclose(self) -> None:
         self._control.close()
@@ -80,16 +83,20 @@ class WatchOutbound:
 
 class Followed:
     """One target's current policy, kept up to date by `run()` (until cancelled). `version`
-    counts the policies that changed it, so a reader recomputes only on change."""
+    counts the policies that changed it, so a reader recomputes only on change. `settled` is
+    set once the controller has answered, with a policy or by failing the stream (a target it
+    does not know), so a first request waits for the answer, never for a retry."""
 
     def __init__(self, client: WatchOutbound, target: HostPort) -> None:
         self.client = client
         self.target = target
         self.policy: ClientPolicy | None = None
         self.version = 0
+        self.settled = asyncio.Event()
 
     async def run(self) -> None:
-        async for received in self.client.watch(self.target):
+        async for received in self.client.watch(self.target, self.settled.set):
+            self.settled.set()
             if received.value == self.policy:
                 continue
             self.policy = received.value

@@ -111,8 +111,10 @@ async def follow(
     backoff: Backoff,
     stats: StreamStats,
     refuse: Callable[[GRPCError], Exception | None] = lambda _: None,
+    failed: Callable[[], None] = lambda: None,
 ) -> AsyncGenerator[Received[T], None]:
-    """Every decoded message of `watch`, across reconnections, until the consumer stops."""
+    """Every decoded message of `watch`, across reconnections, until the consumer stops;
+    `failed` is told of each failed stream before the backoff."""
     while True:
         first = True
         try:
@@ -141,6 +143,7 @@ async def follow(
             problem = f"{type(exc).__name__}: {exc}"
         stats.failures += 1
         stats.last_error = problem
+        failed()
         delay = backoff.next()
         level = logging.WARNING if backoff.failures == 1 else logging.DEBUG
         watch.log.log(level, "%s from %s failed (%s); keeping what it last said and retrying in "

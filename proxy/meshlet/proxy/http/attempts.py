@@ -37,12 +37,15 @@ that failed is reported by the lease itself (`Lease.failed`).
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
+import random
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, Protocol
 
 from meshlet.proxy import route_metrics
+from meshlet.proxy.core import accrual
 from meshlet.proxy.core.accrual import GRPC_FAILURES
 from meshlet.proxy.core.classify import FAILURE
 from meshlet.proxy.core.failover import Action, Attempt, Decision, Failure, decide
@@ -142,6 +145,7 @@ class Attempts:
         "tap",
         "target",
         "tried",
+        "try_deadline",
     )
 
     def __init__(
@@ -165,6 +169,7 @@ class Attempts:
         self.counted = False  # request_total counted
         self.label = ""  # the `authority` label of its metrics
         self.deadline: float | None = None  # loop time of the route's timeout
+        self.try_deadline: float | None = None  # loop time of the current attempt's timeout
         self.latency_ms: float | None = None  # arrival to the response head
         self.classified = ""  # the response head's class, as the route classified it
         self.ok: bool | None = None  # the recorded response's outcome, for failure accrual
@@ -197,8 +202,11 @@ class Attempts:
             self.deadline = self.arrived + timeout
         picked = route.endpoints.pick(None)
         if not isinstance(picked, Endpoint):
-            return picked if isinstance(picked, Wait) else self._picked(picked)
+            return picked if isinstance(picked, Wait) else self._picked(picked, None)
         self.endpoint = picked
+        attempt = route.policy.attempt_timeout
+        if attempt is not None:
+            self.try_deadline = self.arrived + attempt
         self.counted = True
         recorder = self.recorder
         if recorder is not None:
@@ -212,7 +220,7 @@ class Attempts:
         """What a `Wait` waited for arrived: the route, or then a pick."""
         if self.route is None:
             return self._routed(result, now)  # type: ignore[arg-type]
-        return self._picked(result)  # type: ignore[arg-type]
+        return self._picked(result, now)  # type: ignore[arg-type]
 
     def _routed(self, routed: RouteTarget | RouteError, now: float) -> Step:
         if isinstance(routed, RouteError):
@@ -226,23 +234,36 @@ class Attempts:
         timeout = routed.policy.timeout
         if timeout is not None:
             self.deadline = self.arrived + timeout
-        return self._pick()
+        return self._pick(now)
 
-    def _pick(self) -> Step:
+    def _pick(self, now: float | None) -> Step:
         route = self.route
         assert route is not None
         picked = route.endpoints.pick(self.previous)
         if isinstance(picked, Wait):
             return picked
-        return self._picked(picked)
+        return self._picked(picked, now)
 
-    def _picked(self, picked: Endpoint | RouteError) -> Step:
+    def _pick_after_backoff(self) -> Endpoint | RouteError | Wait:
+        route = self.route
+        assert route is not None
+        return route.endpoints.pick(self.previous)
+
+    def _picked(self, picked: Endpoint | RouteError, now: float | None) -> Step:
+        """An attempt's endpoint (its timeout runs from `now`; None: the attempt goes on, on
+        another endpoint after a connection failed), or the route's error."""
         if isinstance(picked, RouteError):
             self._count(None)
             self.error = route_metrics.FAIL_FAST
             return Answer(picked.status, picked.reason)
         self._count(picked)
         self.endpoint = picked
+        if now is not None:
+            self.tried = now
+            route = self.route
+            attempt = route.policy.attempt_timeout if route is not None else None
+            if attempt is not None:
+                self.try_deadline = now + attempt
         return picked
 
     def _count(self, endpoint: Endpoint | None) -> None:
@@ -286,7 +307,7 @@ class Attempts:
             endpoint.lease.failed()
             if decision.action is Action.RETRY:
                 self.previous, self.endpoint = endpoint, None
-                return self._pick()
+                return self._pick(None)
         decision = decision.otherwise or decision  # a fixed endpoint: nowhere else to try
         return Answer(decision.status, failed.reason)
 
@@ -297,7 +318,7 @@ class Attempts:
         self.connects += 1
         decision = decide(Failure.CONNECT, self._attempt(replayable, False))
         if replayable and decision.action is Action.RETRY:
-            return self._again_elsewhere()
+            return self._again_elsewhere(None)
         return REFUSE
 
     def failed(self, failure: Failure, replayable: bool, responded: bool, now: float) -> Step:
@@ -308,8 +329,7 @@ class Attempts:
         decision = self._decision(failure, self._attempt(replayable, responded), now)
         action = decision.action
         if action is Action.RETRY:
-            self.tried = now
-            return self._again_elsewhere()
+            return self._again_elsewhere(now)
         if action is Action.RETRY_SAME:
             self.stale_retried = True
             return AGAIN
@@ -349,6 +369,60 @@ class Attempts:
         self.responded(now)
         return PASS
 
+    @property
+    def due(self) -> float | None:
+        """When the wait for the response head ends (the request's timeout or its attempt's,
+        the earlier); None: no limit."""
+        deadline, attempt = self.deadline, self.try_deadline
+        if attempt is None:
+            return deadline
+        return attempt if deadline is None or attempt < deadline else deadline
+
+    def expired(self, now: float, replayable: bool) -> Step:
+        """`due` passed before the response head. The request's timeout: 504 (`timed_out`).
+        The attempt's own: the attempt is a failure (the engine cancels it), sent again while
+        the route retries timeouts and the retries and budget allow, else 504."""
+        deadline, attempt = self.deadline, self.try_deadline
+        if attempt is None or (deadline is not None and deadline <= attempt):
+            return self.timed_out()
+        self.try_deadline = None
+        self._outcome(False)
+        route = self.route
+        assert route is not None
+        policy = route.policy
+        retries = policy.retryable and policy.retry_timeouts
+        decision = self._decision(
+            Failure.ATTEMPT_TIMEOUT, self._attempt(replayable, False, retries), now
+        )
+        if decision.action is Action.RETRY:
+            return self._again_elsewhere(now)
+        timeout = policy.attempt_timeout or 0.0
+        self.error = route_metrics.RESPONSE_HEADERS_TIMEOUT
+        return Answer(decision.status, f"the response timeout of {timeout:g}s passed")
+
+    def holds_for_trailers(self, replayable: bool) -> bool:
+        """Whether a gRPC response whose head carries no status is held until its trailers (or
+        its first body bytes): its route retries gRPC codes and a retry is still possible."""
+        route = self.route
+        if route is None or not route.policy.retry_grpc_codes or not replayable:
+            return False
+        decision = decide(Failure.STATUS, self._attempt(replayable, False))
+        return decision.action is Action.RETRY
+
+    def trailers(self, grpc_status: str | None, replayable: bool, now: float) -> Step:
+        """A held gRPC response ended with `grpc_status` in its trailers, nothing of it given
+        to the client: retried when the route retries that code (PASS: give it as it is)."""
+        route = self.route
+        if route is None or grpc_status is None or grpc_status not in GRPC_FAILURES:
+            return PASS
+        if not _retried(route.policy, 200, grpc_status):
+            return PASS
+        self._outcome(False)
+        step = self.failed(Failure.STATUS, replayable, False, now)
+        if step is not PASS and route.series is not None:  # else `record` counts it
+            route.series.statuses.whole[grpc_status].value += 1
+        return step
+
     def timed_out(self) -> Answer:
         """The route's timeout passed before the response head."""
         route = self.route
@@ -358,16 +432,27 @@ class Attempts:
         why = f"the route's timeout of {timeout:g}s passed" if timeout else "the timeout passed"
         return Answer(decision.status, why)
 
-    def _again_elsewhere(self) -> Step:
+    def _again_elsewhere(self, now: float | None) -> Step:
+        """The request goes again, to another endpoint when one is left: after the route's
+        retry backoff when it has one (`now`: a retry of a sent attempt; None: one never
+        processed, sent again at once)."""
         self.release()  # routed again: a new lease, on another endpoint when one is left
         self.previous, self.endpoint = self.endpoint, None
-        return self._pick()
-
-    def _attempt(self, replayable: bool, responded: bool) -> Attempt:
         route = self.route
+        backoff = route.policy.retry_backoff if route is not None else None
+        if backoff is None or now is None:
+            return self._pick(now)
+        low, high, jitter = backoff
+        delay = accrual.backoff(low, high, jitter, max(self.sends - 1, 0), random.random())
+        return Wait(_after, (delay, self._pick_after_backoff))
+
+    def _attempt(self, replayable: bool, responded: bool, retryable: bool | None = None) -> Attempt:
+        route = self.route
+        if retryable is None:
+            retryable = route is not None and route.policy.retryable
         return Attempt(
             sends=self.sends, connects_failed=self.connects, stale_retried=self.stale_retried,
-            replayable=replayable, retryable_route=route is not None and route.policy.retryable,
+            replayable=replayable, retryable_route=retryable,
             method=self.target.method, responded=responded,
             retry_limit=route.policy.retry_limit if route is not None else None,
         )  # fmt: skip
@@ -389,7 +474,7 @@ class Attempts:
 
     def responded(self, now: float) -> None:
         """The response head (the upstream's, or the proxy's answer) goes to the client."""
-        self.deadline = None
+        self.deadline = self.try_deadline = None
         self.latency_ms = (now - self.arrived) * 1000.0
         endpoint = self.endpoint
         if endpoint is not None and endpoint.lease is not None:
@@ -398,7 +483,7 @@ class Attempts:
     def answered(self, now: float) -> None:
         """The proxy answers the request itself (counted, even when it was never routed)."""
         self._count(None)
-        self.deadline = None
+        self.deadline = self.try_deadline = None
         self.latency_ms = (now - self.arrived) * 1000.0
         self.error = self.error or route_metrics.UNKNOWN
 
@@ -512,11 +597,17 @@ async def advance(
             return
 
 
+async def _after(wait: tuple[float, Callable[[], Endpoint | RouteError | Wait]]) -> object:
+    """A retry's backoff, then its pick."""
+    delay, pick = wait
+    await asyncio.sleep(delay)
+    return pick()
+
+
 def _retried(policy: RoutePolicy, status: int, grpc_status: str | None) -> bool:
     """Whether a failure response may be retried by its route: any (a ServiceProfile's route),
     or one whose gRPC code (in its head: a trailers-only response), else HTTP status, the
-    outbound policy's retry names. A gRPC status that comes in trailers after a body is not
-    seen here: the response has been passed on by then."""
+    outbound policy's retry names (`trailers` asks it of a status in trailers)."""
     statuses, codes = policy.retry_statuses, policy.retry_grpc_codes
     if statuses is None and codes is None:
         return True

@@ -519,7 +519,8 @@ class H1Machine:
         if route.request_headers is not None:
             ex.head = ex.head._replace(head=modify_head(ex.head.head, route.request_headers))
         policy = route.policy
-        if (policy.timeout is not None or policy.idle_timeout is not None) and ex is self.current:
+        timed = policy.timeout is not None or policy.attempt_timeout is not None
+        if (timed or policy.idle_timeout is not None) and ex is self.current:
             self._arm_sooner()
         if policy.retryable or ex.head.method in IDEMPOTENT:
             ex.replay = []
@@ -535,6 +536,8 @@ class H1Machine:
     def attach(self, ex: Exchange, upstream: H1Upstream, key: PoolKey) -> None:
         """`upstream` takes the request: its head and the body read so far go out."""
         ex.upstream, ex.key = upstream, key
+        if ex.att.try_deadline is not None and ex is self.current:
+            self._arm_sooner()  # this attempt's own timeout
         upstream.begin(self, ex.head.head_only)
         if self._write_paused:
             upstream.pause_reading()
@@ -680,9 +683,14 @@ class H1Machine:
             ex.upstream = None
 
     def _timed_out(self, ex: Exchange) -> None:
-        self._drop_upstream(ex)  # the upstream sees its connection closed: the cancel
-        answer = ex.att.timed_out()  # no response yet: 504
-        self._answer(ex, answer.status, answer.reason)
+        """The request's timeout, or its attempt's, passed before the response head: the
+        upstream sees its connection closed (the cancel); 504, or the attempt's retry."""
+        self._drop_upstream(ex)
+        step = ex.att.expired(self.io.now(), ex.replayable)
+        if isinstance(step, Answer):
+            self._answer(ex, step.status, step.reason)
+        else:
+            self._retry(ex, step)
 
     # -- ends of exchanges ---------------------------------------------------------------
 
@@ -823,7 +831,7 @@ class H1Machine:
                 self.flush()
                 return
         else:
-            deadline = cur.att.deadline
+            deadline = cur.att.due
             if deadline is not None and cur.resp is Resp.WAITING and now >= deadline:
                 self._timed_out(cur)
                 self.flush()
@@ -845,7 +853,7 @@ class H1Machine:
             deadline = self._head_deadline
             return at if deadline is None else min(at, deadline)
         at = float("inf")
-        deadline = cur.att.deadline
+        deadline = cur.att.due
         if deadline is not None and cur.resp is Resp.WAITING:
             at = deadline
         idle = _stream_idle(cur, limits)

@@ -127,6 +127,7 @@ class ProxyStream:
         "closed",
         "down_id",
         "grpc_status",
+        "held",
         "informational",
         "moved",
         "moved_seen",
@@ -144,6 +145,7 @@ class ProxyStream:
         "status",
         "task",
         "timer",
+        "timer_at",
         "up_closed",
         "up_id",
     )
@@ -164,12 +166,15 @@ class ProxyStream:
         self.resp_left = -1
         self.informational = 0  # 1xx heads relayed
         self.sent_at = 0.0  # loop time the request's head last went upstream
-        self.timer: asyncio.TimerHandle | None = None  # the route's timeout
+        self.timer: asyncio.TimerHandle | None = None  # the route's timeout, or the attempt's
+        self.timer_at: float | None = None  # when it fires
         self.req_sent = 0  # request body bytes given to the current upstream stream
         self.responded = False  # a final response head went downstream
         self.up_closed = False  # the upstream stream takes no more request bytes
         self.status = 0
         self.grpc_status: str | None = None
+        # A gRPC response's head held back until its trailers show whether it is retried.
+        self.held: list[Header] | None = None
         self.closed = False
         self.task: asyncio.Task[None] | None = None  # routing and opening it upstream
         # Body bytes moved either way so far; what the last idle check saw, and since when.
@@ -191,13 +196,20 @@ class ProxyStream:
             self.request = modify_request(self.request, route.request_headers)
         if route.policy.idle_timeout is not None:
             self.server.watch_idle(route.policy.idle_timeout)
-        deadline = self.att.deadline
-        if deadline is not None:
-            self.timer = self.server.loop.call_at(deadline, self._timed_out)
+        self._arm(self.att.due)
         self.req.kept = []
 
     def send(self, endpoint: Endpoint, fresh: bool) -> Wait | None:
+        due = self.att.due
+        if due is not None and due != self.timer_at:
+            self._arm(due)  # this attempt's own timeout
         return self.server.pool.open(endpoint, self, self.server.upstream_counts)
+
+    def _arm(self, due: float | None) -> None:
+        self._stop_timer()
+        if due is not None:
+            self.timer = self.server.loop.call_at(due, self._timed_out)
+            self.timer_at = due
 
     def from_peer_proxy(self) -> bool:
         """Whether the upstream is a meshed peer's proxy (reached over mTLS)."""
@@ -293,15 +305,23 @@ class ProxyStream:
         if step is not PASS:
             self._retry(step)
             return
-        self.responded = True
-        self.moved += 1
-        self._stop_timer()
         self.status = response.status
         self.grpc_status = response.grpc_status
         route = att.route
         headers = response.headers
         if route is not None and route.response_headers is not None:
             headers = route.response_headers.apply(headers)
+        if (
+            response.grpc_status is None
+            and not end
+            and self.request.grpc
+            and att.holds_for_trailers(kept)
+        ):
+            self.held = list(headers)
+            return
+        self.responded = True
+        self.moved += 1
+        self._stop_timer()
         if not self._send_head(headers, end):
             return
         if end:
@@ -323,18 +343,46 @@ class ProxyStream:
             self.resp.push(data)
         if end:
             self.resp.ended = True
+        if self.held is not None:
+            if end:
+                self._release_held()  # a gRPC response without trailers: nothing to wait for
+            else:  # what came with the first bytes (in the same read) is seen first
+                self.server.loop.call_soon(self._release_held, self.att.sends)
+            return
         self.pump_response()
 
     def on_response_trailers(self, trailers: Trailers) -> None:
         if self.resp_left > 0:
             self.malformed_response("a response body shorter than its content-length")
             return
+        if self.held is not None:
+            now = self.server.loop.time()
+            step = self.att.trailers(trailers.grpc_status, self.req.kept is not None, now)
+            if step is not PASS:
+                self._retry(step)
+                return
         if trailers.grpc_status is not None:
             self.grpc_status = trailers.grpc_status
         self.moved += 1
         self.resp.trailers = list(trailers.headers)
         self.resp.ended = True
+        if self.held is not None:
+            self._release_held()
+            return
         self.pump_response()
+
+    def _release_held(self, sends: int | None = None) -> None:
+        """The held head goes to the client, then what came after it (`sends`: only if the
+        attempt it was held for is still the current one)."""
+        headers = self.held
+        if headers is None or self.closed or (sends is not None and sends != self.att.sends):
+            return
+        self.held = None
+        self.responded = True
+        self.moved += 1
+        self._stop_timer()
+        if self._send_head(headers, False):
+            self.pump_response()
 
     def on_up_reset(self, code: int, reason: str = "") -> None:
         """The upstream reset the stream (or sent something the proxy will not relay)."""
@@ -396,7 +444,11 @@ class ProxyStream:
         if client is not None:
             client.reset(self.up_id, ErrorCode.CANCEL)
             client.flush_soon()
+        self._again(step)
+
+    def _again(self, step: Step) -> None:
         self._detach()
+        self.held = None
         self.req.replay()
         self.req_sent = 0
         self.up_closed = False
@@ -404,18 +456,19 @@ class ProxyStream:
         self.server.forward(self, step)
 
     def _timed_out(self) -> None:
-        self.timer = None
+        """The request's timeout, or its attempt's, passed before the response went to the
+        client: the upstream stream is cancelled; 504 (gRPC DEADLINE_EXCEEDED), or the
+        attempt's retry."""
+        self.timer = self.timer_at = None
         if self.closed or self.responded:
             return
-        client = self.client
-        if client is not None:
-            client.reset(self.up_id, ErrorCode.CANCEL)  # the upstream sees the cancel
-            client.flush_soon()
-        elif self.task is not None:
-            self.task.cancel()  # still routing or connecting
-        self._detach()
-        answer = self.att.timed_out()  # no response yet: 504
-        self.answer(answer.status, answer.reason, grpc_status=GRPC_DEADLINE_EXCEEDED)
+        self._cancel_upstream()
+        step = self.att.expired(self.server.loop.time(), self.req.kept is not None)
+        if isinstance(step, Answer):
+            self.answer(step.status, step.reason, grpc_status=GRPC_DEADLINE_EXCEEDED)
+        else:
+            self._arm(self.att.due)  # the request's timeout goes on over the retry
+            self._again(step)
 
     def malformed_request(self, reason: str) -> None:
         """The client's request broke HTTP/2's message rules (a body that does not add up to its
@@ -495,7 +548,7 @@ class ProxyStream:
     def _stop_timer(self) -> None:
         if self.timer is not None:
             self.timer.cancel()
-            self.timer = None
+            self.timer = self.timer_at = None
 
     def _upstream_done(self) -> None:
         """The whole response arrived; the upstream takes no more of the request."""
@@ -532,6 +585,8 @@ class ProxyStream:
                 self._maybe_finish()
 
     def pump_response(self) -> None:
+        if self.held is not None:
+            return  # nothing goes before the held head
         server = self.server
         resp = self.resp
         was_done = resp.done
@@ -563,6 +618,7 @@ class ProxyStream:
             return
         grpc = self.request.grpc
         self.responded = True
+        self.held = None
         self._stop_timer()
         self.att.answered(self.server.loop.time())
         self.status = 200 if grpc else status

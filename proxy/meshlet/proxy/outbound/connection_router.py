@@ -11,12 +11,16 @@ budget, and every attempt is balanced (`Destinations.pick`).
 With a policy controller, the service's outbound policy is followed from the connection's (or
 the request's) first look at it (`outbound.policies`). Linkerd's precedence: while the service
 has a ServiceProfile with routes or dst_overrides, the profile routes and the policy is
-ignored; otherwise, once the policy has arrived, each request is routed by it
-(`outbound.policy_router`). Until then requests take the profile's path, never wait for it.
+ignored; otherwise each request is routed by the policy (`outbound.policy_router`). The first
+requests to a service wait for the controller's first answer, up to POLICY_WAIT (a split, a
+redirect or a forbidding filter holds from the first request); when the controller fails the
+stream (it does not know the target) or is slower than that, they take the profile's path.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, NamedTuple
 
@@ -39,6 +43,7 @@ from meshlet.proxy.http.contract import (
 from meshlet.proxy.metrics import ProxyMetrics
 
 if TYPE_CHECKING:  # discovery is imported only by proxies that use it
+    from meshlet.proxy.discovery.outbound_policy import Followed
     from meshlet.proxy.discovery.profile import Profile
     from meshlet.proxy.discovery.resolver import Destination
     from meshlet.proxy.outbound.destinations import Destinations
@@ -46,6 +51,7 @@ if TYPE_CHECKING:  # discovery is imported only by proxies that use it
     from meshlet.proxy.outbound.policy_router import PolicyRouter
 
 _UNKNOWN: Final = RouteError(502, "discovery knows nothing of the request's destination")
+POLICY_WAIT: Final = 1.0  # seconds a first request waits for the service's outbound policy
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,18 +167,24 @@ class OutboundRouter:
         destination: Destination,
         request: RequestTarget,
         authority: str | None = None,
-    ) -> RouteTarget | RouteError:
+        waited: bool = False,
+    ) -> RouteTarget | RouteError | Wait:
         """The request's route on `destination`; without a redirected target, requests are
-        routed by `authority`, which a name lookup falls back to."""
+        routed by `authority`, which a name lookup falls back to. A Wait: for the service's
+        first outbound policy (`waited`: that wait is over)."""
         profile = destination.profile
         policies = self._policies
         if policies is not None and destination.kind == "service" and not profiled(profile):
             service, router = self._by_policy(mesh, destination)
             followed = policies.follow(service)
-            if followed is not None and followed.policy is not None:
-                routed = router.route(followed, request)
-                if routed is not None:
-                    return routed
+            if followed is not None:
+                if followed.policy is not None:
+                    routed = router.route(followed, request)
+                    if routed is not None:
+                        return routed
+                elif not waited and not followed.settled.is_set():
+                    return Wait(self._after_policy,
+                                (followed, mesh, destination, request, authority))  # fmt: skip
         route = route_for(profile.routes, request.method, request.path) if profile else None
         # Kept for the connection's next requests, until discovery's answer changes.
         known = self._known
@@ -233,7 +245,16 @@ class OutboundRouter:
         label = self._metrics.authority_label(routed.authority_label)
         return RouteTarget(label, DEFAULT_ROUTE, None, FixedPicker(Endpoint(routed.addr, label)))
 
-    async def _by_authority(self, request: RequestTarget) -> RouteTarget | RouteError:
+    async def _after_policy(
+        self, args: tuple[Followed, Destinations, Destination, RequestTarget, str | None]
+    ) -> RouteTarget | RouteError | Wait:
+        followed, mesh, destination, request, authority = args
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(POLICY_WAIT):
+                await followed.settled.wait()
+        return self._discovered(mesh, destination, request, authority, waited=True)
+
+    async def _by_authority(self, request: RequestTarget) -> RouteTarget | RouteError | Wait:
         """A connection that was not redirected: discovery for cluster names and IP literals,
         else the name as DNS resolves it."""
         authority = request.authority

@@ -18,7 +18,10 @@ request may stay quiet. Requests are counted in Linkerd 2.16's outbound route fa
 route target carries its backend's series, looked up when the target is built; a rule's own
 answer (a redirect, an injected failure, a route that cannot send) is counted on its route here.
 
-Not applied yet: the rule's response timeout (of each attempt).
+The rule's retry resends a failed attempt (`core.failover`, with the Service's retry budget):
+a retried HTTP status, a retried gRPC code (in the head, or in trailers that come with the
+response's first body bytes: `ProxyStream` holds the response that long), a reset, or an
+attempt's own timeout (`_route_policy`), after the retry's backoff.
 
 What a rule leads to is built once per policy version and kept for the connection (a
 RouteTarget per backend): routing a request is a match, a draw and a dict read.
@@ -78,6 +81,7 @@ NO_ROUTE: Final = RouteError(404, "no route found for request")  # linkerd2-prox
 NO_BACKEND: Final = RouteError(500, "the route has no backends")
 FORBIDDEN: Final = RouteError(403, "the route forbids the request")
 INVALID: Final = "the route is invalid: "
+GRPC_DEADLINE_EXCEEDED: Final = 4
 
 log = logging.getLogger(__name__)
 
@@ -237,14 +241,7 @@ class PolicyRouter:
         else:
             assert isinstance(dispatch, Forward)
             endpoints = ForwardPicker(self._mesh, dispatch.endpoint, self._session)
-        retry = rule.retry
-        policy = RoutePolicy(
-            timeout=timeout, idle_timeout=rule.timeouts.idle,
-            retryable=retry is not None and retry.limit > 0,
-            retry_statuses=retry.statuses if retry is not None else None,
-            retry_grpc_codes=retry.grpc_codes if retry is not None else None,
-            retry_limit=retry.limit if retry is not None else None,
-        )  # fmt: skip
+        policy = _route_policy(rule, timeout)
         return RouteTarget(
             self._dst, policy, None, endpoints,
             _modifier(filters, RequestHeaders), _modifier(filters, ResponseHeaders),
@@ -260,6 +257,31 @@ def _answer_labels(answer: RouteError) -> tuple[int, str | None, str]:
     if answer is NO_BACKEND or answer is FORBIDDEN or reason.startswith(INVALID):
         return 0, None, UNKNOWN
     return answer.status, None, ""
+
+
+def _route_policy(rule: Rule, timeout: float | None) -> RoutePolicy:
+    """What the engines apply of a rule: its request timeout (`timeout`: the rule's, else the
+    backend's) over every attempt; per attempt the rule's response timeout or its retry's
+    timeout, whichever is shorter; its retries. An attempt that times out is retried when the
+    retry has a timeout of its own, or retries the status the proxy answers for one (504, gRPC
+    DEADLINE_EXCEEDED)."""
+    retry = rule.retry
+    per_try = retry.timeout if retry is not None else None
+    response = rule.timeouts.response
+    attempt = min(response, per_try) if response and per_try else response or per_try
+    if retry is None or retry.limit <= 0:
+        return RoutePolicy(timeout=timeout, idle_timeout=rule.timeouts.idle,
+                           attempt_timeout=attempt)  # fmt: skip
+    retries_timeouts = per_try is not None or any(a <= 504 <= b for a, b in retry.statuses) or (
+        GRPC_DEADLINE_EXCEEDED in retry.grpc_codes
+    )  # fmt: skip
+    b = retry.backoff
+    return RoutePolicy(
+        timeout=timeout, idle_timeout=rule.timeouts.idle, retryable=True,
+        retry_statuses=retry.statuses, retry_grpc_codes=retry.grpc_codes, retry_limit=retry.limit,
+        attempt_timeout=attempt, retry_timeouts=retries_timeouts,
+        retry_backoff=(b.min, b.max, b.jitter) if b is not None else None,
+    )  # fmt: skip
 
 
 def _matches_all(route: Route) -> bool:
