@@ -10,7 +10,7 @@ from meshlet.proxy.core.client_policy import PolicyRef
 from meshlet.proxy.core.failover import Failure
 from meshlet.proxy.core.routes import RoutePolicy
 from meshlet.proxy.http.attempts import AGAIN, PASS, Answer, Attempts
-from meshlet.proxy.http.contract import Endpoint, RouteError, RouteTarget, Target
+from meshlet.proxy.http.contract import Endpoint, RouteError, RouteTarget, Target, Wait
 from meshlet.proxy.http.recorder import Recorder
 from meshlet.proxy.metrics import ProxyMetrics
 from meshlet.proxy.route_metrics import grpc_code_name
@@ -151,6 +151,62 @@ def test_the_route_timeout_is_a_request_timeout_error_with_no_status() -> None:
         {**_refs(), "error": "REQUEST_TIMEOUT"}
     ]  # no http_status: no response came
     assert case.count("request_duration_seconds_bucket", le="1") == 1
+
+
+def test_an_attempt_s_own_timeout_is_a_response_headers_timeout_retried_then_answered() -> None:
+    """`retry.meshlet.io/timeout`: each attempt that outlives it is a backend's
+    RESPONSE_HEADERS_TIMEOUT, and the last one (the limit used up) the request's."""
+    policy = RoutePolicy(timeout=1.0, retryable=True, retry_statuses=((500, 599),),
+                         retry_limit=1, attempt_timeout=0.2, retry_timeouts=True)  # fmt: skip
+    case = Case(policy)
+    att = case.request(now=0.0)
+    att.start()
+    att.sent()
+    assert isinstance(att.expired(0.2, replayable=True), Endpoint)
+    att.sent()
+    assert att.expired(0.4, replayable=True) == Answer(504, "the response timeout of 0.2s passed")
+    att.answered(now=0.4)
+    att.record(504)
+    assert case.count("backend_response_statuses_total", error="RESPONSE_HEADERS_TIMEOUT") == 2
+    assert case.count("request_statuses_total", error="RESPONSE_HEADERS_TIMEOUT") == 1
+    assert case.count("retry_requests_total") == 1
+    assert case.count("retry_limit_exceeded_total") == 1
+
+
+def test_a_retry_s_backend_time_starts_after_its_backoff() -> None:
+    policy = RoutePolicy(retryable=True, retry_statuses=((500, 599),), retry_limit=1,
+                         retry_backoff=(0.025, 0.025, 0.0))  # fmt: skip
+    case = Case(policy)
+    att = case.request(now=0.0)
+    att.start()
+    att.sent()
+    wait = att.response(500, None, True, now=0.02)
+    assert isinstance(wait, Wait)
+    delay, pick = wait.arg
+    assert isinstance(att.resume(pick(), 0.02 + delay), Endpoint)  # picked after 25 ms
+    att.sent()
+    assert att.response(200, None, True, now=0.095) is PASS
+    assert case.count("backend_response_duration_seconds_sum") == pytest.approx(0.02 + 0.05)
+    assert case.count("retry_successes_total") == 1
+
+
+def test_a_grpc_code_in_held_trailers_retried_is_that_attempt_s_status() -> None:
+    policy = RoutePolicy(retryable=True, retry_statuses=(), retry_grpc_codes=frozenset({13}),
+                         retry_limit=1)  # fmt: skip
+    case = Case(policy, grpc=True)
+    att = case.request(now=0.0)
+    att.start()
+    att.sent()
+    assert att.response(200, None, True, 0.1) is PASS  # held by the engine for its trailers
+    assert isinstance(att.trailers("13", True, 0.1), Endpoint)
+    att.sent()
+    assert att.response(200, None, True, 0.2) is PASS
+    att.record(200, "0")
+    assert case.count("backend_response_statuses_total", grpc_status="INTERNAL") == 1
+    assert case.count("backend_response_statuses_total", grpc_status="OK") == 1
+    assert case.count("request_statuses_total", grpc_status="OK") == 1
+    assert case.count("request_statuses_total") == 1
+    assert case.count("retry_requests_total") == 1
 
 
 def test_no_endpoint_to_send_to_fails_fast() -> None:
