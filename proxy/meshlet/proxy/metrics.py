@@ -26,7 +26,6 @@ from typing import Any, Final
 
 from meshlet.api.hostport import HostPort
 from meshlet.proxy.io.counters import DST_LABELS, NO_DST, ConnLabels, TcpConn, TcpKey, Values
-from meshlet.proxy.route_metrics import RouteFamilies
 from meshlet.proxy.series import (
     Counter,
     Family,
@@ -88,6 +87,15 @@ _SRV: Final = ["target_addr", "srv_group", "srv_kind", "srv_name"]
 _ROUTE_AUTHZ: Final = [*_SRV, "route_group", "route_kind", "route_name"]
 _CLIENT_TLS: Final = ["tls", "no_tls_reason", "client_id"]
 _AUTHZ: Final = ["authz_group", "authz_kind", "authz_name"]
+# Linkerd 2.16's outbound route metrics: the Service, the route and the backend, each as its
+# outbound policy names it (the values: http/route_series.py).
+_PARENT: Final = ["parent_group", "parent_kind", "parent_namespace", "parent_name", "parent_port",
+                  "parent_section_name"]  # fmt: skip
+_ROUTE_REF: Final = ["route_group", "route_kind", "route_namespace", "route_name"]
+_BACKEND_REF: Final = ["backend_group", "backend_kind", "backend_namespace", "backend_name",
+                       "backend_port", "backend_section_name"]  # fmt: skip
+ROUTE_REQUEST_BUCKETS: Final = (0.05, 0.5, 1.0, 10.0)  # Linkerd's RouteMetrics::REQUEST_BUCKETS
+ROUTE_RESPONSE_BUCKETS: Final = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 10.0)  # ::RESPONSE_BUCKETS
 _RATELIMIT: Final = ["ratelimit_group", "ratelimit_kind", "ratelimit_name", "ratelimit_scope"]
 _TCP_CLOSE: Final = [*_TCP, "errno"]
 _DURATION_LES: Final = [*(str(bound) for bound in DURATION_BUCKETS_MS), "+Inf"]
@@ -168,6 +176,54 @@ class TcpMetrics:
             durations.add_sample("tcp_connection_duration_ms_count", labels, cumulative)
             durations.add_sample("tcp_connection_duration_ms_sum", labels, counts[-1])
         yield from (opened, now, reads, writes, closes, durations)
+
+
+class RouteFamilies:
+    """Linkerd 2.16's outbound route families of one protocol (`http` or `grpc`): the series
+    of a route target are made of them by `http/route_series.py`, which says what each counts."""
+
+    def __init__(self, protocol: str, registry: Registry) -> None:
+        p = f"outbound_{protocol}_route"
+        self.grpc = protocol == "grpc"
+        self.request_buckets = ROUTE_REQUEST_BUCKETS
+        self.response_buckets = ROUTE_RESPONSE_BUCKETS
+        status = "grpc_status" if self.grpc else "http_status"
+        route, backend = [*_PARENT, *_ROUTE_REF], [*_PARENT, *_ROUTE_REF, *_BACKEND_REF]
+        r = registry
+        self.request_duration = Histogram(
+            f"{p}_request_duration_seconds",
+            "The time between request initialization and response completion.",
+            route, r, ROUTE_REQUEST_BUCKETS,
+        )  # fmt: skip
+        self.request_statuses = Counter(f"{p}_request_statuses",
+                                        "Completed request-response streams.",
+                                        [*route, status, "error"], r)  # fmt: skip
+        self.retry_requests = Counter(f"{p}_retry_requests", "Retry requests emitted.", route, r)
+        self.retry_successes = Counter(
+            f"{p}_retry_successes", "Successful responses to retry requests.", route, r
+        )
+        self.retry_limit_exceeded = Counter(
+            f"{p}_retry_limit_exceeded", "Retryable requests not sent due to retry limits.",
+            route, r,
+        )  # fmt: skip
+        self.retry_overflow = Counter(
+            f"{p}_retry_overflow",
+            "Retryable requests not sent due to circuit breakers (the retry budget).", route, r,
+        )  # fmt: skip
+        self.backend_requests = Counter(
+            f"{p}_backend_requests",
+            f"Outbound requests dispatched to a{'' if self.grpc else 'n'} "
+            f"{'gRPC' if self.grpc else 'HTTP'} route backend.",
+            backend, r,
+        )  # fmt: skip
+        self.backend_response_duration = Histogram(
+            f"{p}_backend_response_duration_seconds",
+            "The time between request completion and response completion.",
+            backend, r, ROUTE_RESPONSE_BUCKETS,
+        )  # fmt: skip
+        self.backend_response_statuses = Counter(f"{p}_backend_response_statuses",
+                                                 "Completed responses.",
+                                                 [*backend, status, "error"], r)  # fmt: skip
 
 
 class ProxyMetrics:
@@ -257,7 +313,7 @@ class ProxyMetrics:
             "inbound_http_local_ratelimit", "Inbound HTTP requests refused by the rate limit.",
             [*_SRV, *_RATELIMIT, *_CLIENT_TLS], registry=r,
         )  # fmt: skip
-        # Linkerd 2.16's outbound_http_route_* and outbound_grpc_route_* (route_metrics.py)
+        # Linkerd 2.16's outbound_http_route_* and outbound_grpc_route_* (http/route_series.py)
         self.outbound_http_route = RouteFamilies("http", r)
         self.outbound_grpc_route = RouteFamilies("grpc", r)
         self.inbound_tcp_authz_allow_total = Counter(

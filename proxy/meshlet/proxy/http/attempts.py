@@ -44,12 +44,12 @@ import random
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, Protocol
 
-from meshlet.proxy import route_metrics
 from meshlet.proxy.core import accrual
 from meshlet.proxy.core.accrual import GRPC_FAILURES
 from meshlet.proxy.core.classify import FAILURE
 from meshlet.proxy.core.failover import Action, Attempt, Decision, Failure, decide
 from meshlet.proxy.core.routes import RoutePolicy
+from meshlet.proxy.http import route_series
 from meshlet.proxy.http.contract import (
     Endpoint,
     Recording,
@@ -173,8 +173,8 @@ class Attempts:
         self.latency_ms: float | None = None  # arrival to the response head
         self.classified = ""  # the response head's class, as the route classified it
         self.ok: bool | None = None  # the recorded response's outcome, for failure accrual
-        self.error = ""  # why the proxy answered, as Linkerd's route metrics say (route_metrics)
-        self.tried = now  # loop time the current attempt began (route_metrics)
+        self.error = ""  # why the proxy answered, as Linkerd's route metrics say (route_series)
+        self.tried = now  # loop time the current attempt began (route_series)
         self.tap: Tapped | None = None  # the taps that took the request (tap/taps.py)
         # The access log entry and span (observe.py): None unless the workload has either.
         observer = recorder.observer if recorder is not None else None
@@ -254,7 +254,7 @@ class Attempts:
         another endpoint after a connection failed), or the route's error."""
         if isinstance(picked, RouteError):
             self._count(None)
-            self.error = route_metrics.FAIL_FAST
+            self.error = route_series.FAIL_FAST
             return Answer(picked.status, picked.reason)
         self._count(picked)
         self.endpoint = picked
@@ -334,7 +334,7 @@ class Attempts:
             self.stale_retried = True
             return AGAIN
         if action is Action.ANSWER:
-            self.error = route_metrics.RESET
+            self.error = route_series.RESET
             return Answer(decision.status, decision.reason)
         return PASS if action is Action.PASS else ABORT
 
@@ -363,7 +363,7 @@ class Attempts:
                 if step is not PASS:
                     return step
             elif route.series is not None and self.sends > 1 + self.stale_retried:
-                route_metrics.retry_answered(route.series, route.policy)
+                route_series.retry_answered(route.series, route.policy)
             if grpc_status is None:  # else a gRPC status in trailers may still change it
                 self.classified = classified
         self.responded(now)
@@ -397,7 +397,7 @@ class Attempts:
         if decision.action is Action.RETRY:
             return self._again_elsewhere(now)
         timeout = policy.attempt_timeout or 0.0
-        self.error = route_metrics.RESPONSE_HEADERS_TIMEOUT
+        self.error = route_series.RESPONSE_HEADERS_TIMEOUT
         return Answer(decision.status, f"the response timeout of {timeout:g}s passed")
 
     def holds_for_trailers(self, replayable: bool) -> bool:
@@ -428,7 +428,7 @@ class Attempts:
         route = self.route
         timeout = route.policy.timeout if route is not None else None
         decision = decide(Failure.TIMEOUT, self._attempt(False, False))
-        self.error = route_metrics.REQUEST_TIMEOUT
+        self.error = route_series.REQUEST_TIMEOUT
         why = f"the route's timeout of {timeout:g}s passed" if timeout else "the timeout passed"
         return Answer(decision.status, why)
 
@@ -467,7 +467,7 @@ class Attempts:
                 self.recorder.retry_skipped(route)
             decision = decision.otherwise
         if route is not None and route.series is not None:
-            route_metrics.failover(route.series, failure, decision, attempt)
+            route_series.failover(route.series, failure, decision, attempt)
         return decision
 
     # -- outcome ---------------------------------------------------------------------------
@@ -485,7 +485,7 @@ class Attempts:
         self._count(None)
         self.deadline = self.try_deadline = None
         self.latency_ms = (now - self.arrived) * 1000.0
-        self.error = self.error or route_metrics.UNKNOWN
+        self.error = self.error or route_series.UNKNOWN
 
     def record(self, status: int, grpc_status: str | None = None, failed: bool = False) -> str:
         """The response the client got (`failed`: cut short); its classification."""

@@ -27,7 +27,7 @@ from meshlet.proxy.io.counters import ConnLabels, CounterFamily, HistogramFamily
 
 if TYPE_CHECKING:
     from meshlet.proxy.http.observe import ConnObserver
-    from meshlet.proxy.route_metrics import BackendSeries
+    from meshlet.proxy.http.route_series import BackendSeries
 
 Addr = HostPort  # printed as host:port, [v6]:port
 T = TypeVar("T")

@@ -6,7 +6,7 @@ the response the client gets (with the endpoint's labels on the outbound side), 
 upstream, `route_actual_request_total` and, for each response that came back (a retried one
 included), `route_actual_response_total`. Responses are classified by the route's response
 classes. Label children are looked up once per label set, not per request. A route of an
-outbound policy also carries Linkerd's route series (route_metrics.py): its request's end and
+outbound policy also carries Linkerd's route series (route_series.py): its request's end and
 each attempt's response go there too.
 """
 
@@ -23,12 +23,12 @@ from meshlet.proxy.http.contract import (
     RouteTarget,
     Tapped,
 )
+from meshlet.proxy.http.route_series import UNKNOWN
 from meshlet.proxy.io.counters import ConnLabels
-from meshlet.proxy.route_metrics import REQUEST_BUCKETS, RESPONSE_BUCKETS, UNKNOWN
 
 if TYPE_CHECKING:
     from meshlet.proxy.http.observe import ConnObserver
-    from meshlet.proxy.route_metrics import BackendSeries
+    from meshlet.proxy.http.route_series import BackendSeries
 
 Children = dict[tuple[Any, ...], Any]
 
@@ -123,7 +123,7 @@ class Recorder:
                 served.statuses.whole[grpc_status if series.grpc else status].value += 1
                 seconds = latency_ms / 1000.0
                 duration = served.duration
-                duration.counts[bisect_left(REQUEST_BUCKETS, seconds)] += 1
+                duration.counts[bisect_left(served.bounds, seconds)] += 1
                 duration.sum += seconds
         return classification
 
@@ -161,7 +161,7 @@ class Recorder:
         series = route.series
         if series is not None:  # Linkerd's route families, inlined as in `response`
             duration = series.duration
-            duration.counts[bisect_left(RESPONSE_BUCKETS, seconds)] += 1
+            duration.counts[bisect_left(series.bounds, seconds)] += 1
             duration.sum += seconds
             if not series.grpc:
                 series.statuses.whole[status].value += 1
@@ -179,7 +179,7 @@ class Recorder:
     def retry_skipped(self, route: RouteTarget) -> None:
         self.metrics.retry_skipped_total.labels(self.direction, route.dst, route.policy.name).inc()
         if route.series is not None:
-            route.series.route.overflow.inc()
+            route.series.route.overflow.value += 1
 
     def error(self, label: str) -> None:
         """A request or connection refused for its input, by what was sent (a status, or an

@@ -14,7 +14,7 @@ weight per request (`route_select.pick`); a balanced backend's endpoints come fr
 its path, balanced as dst_overrides' services are (`Destinations.pick_backend`). The rule's
 request timeout (else the backend's) is the route's timeout, its idle timeout how long a
 request may stay quiet. Requests are counted in Linkerd 2.16's outbound route families
-(route_metrics.py: the parent Service, the route and the backend as the policy names them): a
+(http/route_series.py: the parent Service, the route and the backend as the policy names them): a
 route target carries its backend's series, looked up when the target is built; a rule's own
 answer (a redirect, an injected failure, a route that cannot send) is counted on its route here.
 
@@ -59,6 +59,7 @@ from meshlet.proxy.core.client_policy import (
 from meshlet.proxy.core.header_modifier import HeaderModifier
 from meshlet.proxy.core.route_select import Selected, pick, select_grpc, select_http
 from meshlet.proxy.core.routes import RoutePolicy
+from meshlet.proxy.http import route_series
 from meshlet.proxy.http.contract import (
     Endpoint,
     GrpcFailure,
@@ -68,14 +69,14 @@ from meshlet.proxy.http.contract import (
     RouteTarget,
     Wait,
 )
-from meshlet.proxy.route_metrics import UNKNOWN, parent_labels
+from meshlet.proxy.http.route_series import UNKNOWN, parent_labels
 
 if TYPE_CHECKING:
     from meshlet.proxy.core.endpoints import DiscoveredEndpoint
     from meshlet.proxy.discovery.outbound_policy import Followed
+    from meshlet.proxy.http.route_series import BackendSeries, RouteSeries
     from meshlet.proxy.metrics import ProxyMetrics
     from meshlet.proxy.outbound.destinations import Destinations
-    from meshlet.proxy.route_metrics import BackendSeries, RouteSeries
 
 NO_ROUTE: Final = RouteError(404, "no route found for request")  # linkerd2-proxy's words
 NO_BACKEND: Final = RouteError(500, "the route has no backends")
@@ -172,13 +173,13 @@ class PolicyRouter:
         held = self._targets.get(key)
         if held is None:
             route = self._route_metrics(policy.meta, routes, selected.route, grpc)
-            series = route.families.backend(route, backend.backend.meta)
+            series = route_series.backend(route, backend.backend.meta)
             target = self._target(rule, backend, policy.meta)
             if isinstance(target, RouteTarget):
                 target = target._replace(series=series)
             held = self._targets[key] = (target, series)
         target, series = held
-        series.requests.inc()
+        series.requests.value += 1
         if isinstance(target, RouteError):  # a Fail backend: answered here
             series.route.finished(0, None, UNKNOWN, 0.0)
         return target
@@ -191,7 +192,7 @@ class PolicyRouter:
         if series is None:
             m = self._metrics
             families = m.outbound_grpc_route if grpc else m.outbound_http_route
-            series = self._route_series[at] = families.route(parent, routes[at].meta)
+            series = self._route_series[at] = route_series.route(families, parent, routes[at].meta)
         return series
 
     def _routes(

@@ -9,11 +9,12 @@ import pytest
 from meshlet.proxy.core.client_policy import PolicyRef
 from meshlet.proxy.core.failover import Failure
 from meshlet.proxy.core.routes import RoutePolicy
+from meshlet.proxy.http import route_series
 from meshlet.proxy.http.attempts import AGAIN, PASS, Answer, Attempts
 from meshlet.proxy.http.contract import Endpoint, RouteError, RouteTarget, Target, Wait
 from meshlet.proxy.http.recorder import Recorder
+from meshlet.proxy.http.route_series import grpc_code_name
 from meshlet.proxy.metrics import ProxyMetrics
-from meshlet.proxy.route_metrics import grpc_code_name
 from meshlet_testing.lease import RecordingLease
 
 GET = Target("web.ns:80", "GET", "/items/1")
@@ -47,7 +48,8 @@ class Case:
         self.metrics = ProxyMetrics()
         self.recorder = Recorder(self.metrics, self.metrics.conn("outbound", "web:80"))
         families = self.metrics.outbound_grpc_route if grpc else self.metrics.outbound_http_route
-        series = families.backend(families.route(PARENT, ROUTE), BACKEND) if routed else None
+        routed_by = route_series.route(families, PARENT, ROUTE) if routed else None
+        series = route_series.backend(routed_by, BACKEND) if routed_by is not None else None
         self.route = RouteTarget("web.ns.svc.cluster.local:80", policy, None, Picker(error),
                                  series=series)  # fmt: skip
         self.protocol = "grpc" if grpc else "http"

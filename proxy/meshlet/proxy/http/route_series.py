@@ -25,27 +25,77 @@ attempt's start (its endpoint picked: after a retry's backoff) to its head: Link
 to the response's last byte.
 
 Series are looked up once per route target (the policy router keeps a `BackendSeries` per
-(route, rule, backend) and policy version); a request pays dict reads for its status only.
+(route, rule, backend) and policy version); a request pays dict reads for its status only. The
+families are the app's (`metrics.RouteFamilies`), seen here through the `Families` port.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from bisect import bisect_left
+from typing import TYPE_CHECKING, Final, Protocol
 
-from meshlet.proxy.core.client_policy import PolicyRef
 from meshlet.proxy.core.failover import MAX_ATTEMPTS, Action, Attempt, Decision, Failure
-from meshlet.proxy.series import Counter, CounterChild, Histogram, HistogramChild, Registry
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the ports the app's families fit (`metrics.RouteFamilies`): types only
+    from meshlet.proxy.core.client_policy import PolicyRef
     from meshlet.proxy.core.routes import RoutePolicy
 
-REQUEST_BUCKETS: Final = (0.05, 0.5, 1.0, 10.0)  # Linkerd's RouteMetrics::REQUEST_BUCKETS
-RESPONSE_BUCKETS: Final = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 10.0)  # ...::RESPONSE_BUCKETS
+    class Count(Protocol):
+        """One labelled counter, counted in place (`series.CounterChild`)."""
+
+        value: float
+
+    class Buckets(Protocol):
+        """One labelled histogram, observed in place (`series.HistogramChild`)."""
+
+        @property
+        def counts(self) -> list[int]: ...
+
+        sum: float
+
+    class CountFamily(Protocol):
+        def labels(self, *values: str) -> Count: ...
+
+    class BucketFamily(Protocol):
+        def labels(self, *values: str) -> Buckets: ...
+
+    class Families(Protocol):
+        """Linkerd's route families of one protocol, as the app registers them
+        (`metrics.RouteFamilies`): the route's and the backend's, and the histograms' bounds."""
+
+        @property
+        def grpc(self) -> bool: ...
+        @property
+        def request_buckets(self) -> tuple[float, ...]: ...
+        @property
+        def response_buckets(self) -> tuple[float, ...]: ...
+        @property
+        def request_duration(self) -> BucketFamily: ...
+        @property
+        def request_statuses(self) -> CountFamily: ...
+        @property
+        def retry_requests(self) -> CountFamily: ...
+        @property
+        def retry_successes(self) -> CountFamily: ...
+        @property
+        def retry_limit_exceeded(self) -> CountFamily: ...
+        @property
+        def retry_overflow(self) -> CountFamily: ...
+        @property
+        def backend_requests(self) -> CountFamily: ...
+        @property
+        def backend_response_duration(self) -> BucketFamily: ...
+        @property
+        def backend_response_statuses(self) -> CountFamily: ...
+
+    _ByStatus = dict[tuple[int, str | None, str], Count]
+    _ByWhole = dict[int | str | None, Count]
+else:
+    _ByStatus = _ByWhole = dict
+
+
 PARENT: Final = ("parent_group", "parent_kind", "parent_namespace", "parent_name", "parent_port",
                  "parent_section_name")  # fmt: skip
-ROUTE: Final = ("route_group", "route_kind", "route_namespace", "route_name")
-BACKEND: Final = ("backend_group", "backend_kind", "backend_namespace", "backend_name",
-                  "backend_port", "backend_section_name")  # fmt: skip
 # Linkerd's `error` label values (route/metrics/labels.rs)
 FAIL_FAST: Final = "FAIL_FAST"
 REQUEST_TIMEOUT: Final = "REQUEST_TIMEOUT"
@@ -60,7 +110,23 @@ GRPC_CODES: Final = (
 )  # fmt: skip
 
 Values = tuple[str, ...]
+StatusKey = tuple[int, str | None, str]  # HTTP status (0: none came), gRPC status, error
 _ATTEMPT_ERRORS: Final = {Failure.ATTEMPT_TIMEOUT: RESPONSE_HEADERS_TIMEOUT}  # else RESET
+
+
+def route(families: Families, parent: PolicyRef, route: PolicyRef) -> RouteSeries:
+    """The series of a (parent, route), for its rules and backends to share."""
+    return RouteSeries(families, (*ref_values(parent, True), *ref_values(route, False)))
+
+
+def backend(route: RouteSeries, backend: PolicyRef) -> BackendSeries:
+    """The series of one of the route's backends (with the route's)."""
+    return BackendSeries(route, (*route.values, *ref_values(backend, True)))
+
+
+def observe(buckets: Buckets, bounds: tuple[float, ...], value: float) -> None:
+    buckets.counts[bisect_left(bounds, value)] += 1
+    buckets.sum += value
 
 
 def ref_values(ref: PolicyRef, service: bool) -> Values:
@@ -82,80 +148,20 @@ def grpc_code_name(code: str | None) -> str:
     return "UNKNOWN"
 
 
-class RouteFamilies:
-    """The families of one protocol (`http` or `grpc`) on the proxy's registry."""
-
-    def __init__(self, protocol: str, registry: Registry) -> None:
-        p = f"outbound_{protocol}_route"
-        self.grpc = protocol == "grpc"
-        status = "grpc_status" if self.grpc else "http_status"
-        route, backend = [*PARENT, *ROUTE], [*PARENT, *ROUTE, *BACKEND]
-        r = registry
-        self.request_duration = Histogram(
-            f"{p}_request_duration_seconds",
-            "The time between request initialization and response completion.",
-            route, r, REQUEST_BUCKETS,
-        )  # fmt: skip
-        self.request_statuses = Counter(f"{p}_request_statuses",
-                                        "Completed request-response streams.",
-                                        [*route, status, "error"], r)  # fmt: skip
-        self.retry_requests = Counter(f"{p}_retry_requests", "Retry requests emitted.", route, r)
-        self.retry_successes = Counter(
-            f"{p}_retry_successes", "Successful responses to retry requests.", route, r
-        )
-        self.retry_limit_exceeded = Counter(
-            f"{p}_retry_limit_exceeded", "Retryable requests not sent due to retry limits.",
-            route, r,
-        )  # fmt: skip
-        self.retry_overflow = Counter(
-            f"{p}_retry_overflow",
-            "Retryable requests not sent due to circuit breakers (the retry budget).", route, r,
-        )  # fmt: skip
-        self.backend_requests = Counter(
-            f"{p}_backend_requests",
-            f"Outbound requests dispatched to a{'' if self.grpc else 'n'} "
-            f"{'gRPC' if self.grpc else 'HTTP'} route backend.",
-            backend, r,
-        )  # fmt: skip
-        self.backend_response_duration = Histogram(
-            f"{p}_backend_response_duration_seconds",
-            "The time between request completion and response completion.",
-            backend, r, RESPONSE_BUCKETS,
-        )  # fmt: skip
-        self.backend_response_statuses = Counter(f"{p}_backend_response_statuses",
-                                                 "Completed responses.",
-                                                 [*backend, status, "error"], r)  # fmt: skip
-        self._routes: dict[Values, RouteSeries] = {}
-
-    def route(self, parent: PolicyRef, route: PolicyRef) -> RouteSeries:
-        """The series of a (parent, route), shared by its rules and backends."""
-        values = (*ref_values(parent, True), *ref_values(route, False))
-        series = self._routes.get(values)
-        if series is None:
-            series = self._routes[values] = RouteSeries(self, values)
-        return series
-
-    def backend(self, route: RouteSeries, backend: PolicyRef) -> BackendSeries:
-        return BackendSeries(route, (*route.values, *ref_values(backend, True)))
-
-
-StatusKey = tuple[int, str | None, str]  # HTTP status (0: none came), gRPC status, error
-
-
-class Statuses(dict[StatusKey, CounterChild]):
+class Statuses(_ByStatus):
     """A statuses family's children under fixed labels, by (status, grpc status, error): a
     dict, so that counting one already seen is a lookup with no call (`s[key].value += 1`)."""
 
     __slots__ = ("_family", "_grpc", "_values", "whole")
 
-    def __init__(self, family: Counter, values: Values, grpc: bool) -> None:
+    def __init__(self, family: CountFamily, values: Values, grpc: bool) -> None:
         super().__init__()
         self._family = family
         self._values = values
         self._grpc = grpc
         self.whole = Whole(self, grpc)
 
-    def __missing__(self, key: StatusKey) -> CounterChild:
+    def __missing__(self, key: StatusKey) -> Count:
         status, grpc_status, error = key
         label = grpc_code_name(grpc_status) if self._grpc else str(status or "")
         child = self[key] = self._family.labels(*self._values, label, error)
@@ -166,7 +172,7 @@ class Statuses(dict[StatusKey, CounterChild]):
         self[status, grpc_status, error].value += 1
 
 
-class Whole(dict[int | str | None, CounterChild]):
+class Whole(_ByWhole):
     """The children of responses that came whole, by HTTP status (gRPC: the `grpc-status`
     value): the common case, looked up with a key that needs no tuple."""
 
@@ -177,7 +183,7 @@ class Whole(dict[int | str | None, CounterChild]):
         self._statuses = statuses
         self._grpc = grpc
 
-    def __missing__(self, key: int | str | None) -> CounterChild:
+    def __missing__(self, key: int | str | None) -> Count:
         if self._grpc:
             child = self._statuses[0, key if isinstance(key, str) else None, ""]
         else:
@@ -189,12 +195,13 @@ class Whole(dict[int | str | None, CounterChild]):
 class RouteSeries:
     """The per-route series of one (parent, route)."""
 
-    __slots__ = ("duration", "families", "limit_exceeded", "overflow", "retries", "statuses",
-                 "successes", "values")  # fmt: skip
+    __slots__ = ("bounds", "duration", "families", "limit_exceeded", "overflow", "retries",
+                 "statuses", "successes", "values")  # fmt: skip
 
-    def __init__(self, families: RouteFamilies, values: Values) -> None:
+    def __init__(self, families: Families, values: Values) -> None:
         self.values = values
-        self.duration: HistogramChild = families.request_duration.labels(*values)
+        self.bounds = families.request_buckets
+        self.duration = families.request_duration.labels(*values)
         self.statuses = Statuses(families.request_statuses, values, families.grpc)
         self.retries = families.retry_requests.labels(*values)
         self.successes = families.retry_successes.labels(*values)
@@ -207,20 +214,21 @@ class RouteSeries:
     ) -> None:
         """The request's end as the client saw it (once per request)."""
         self.statuses.inc(status, grpc_status, error)
-        self.duration.observe(seconds if seconds is not None else 0.0)
+        observe(self.duration, self.bounds, seconds if seconds is not None else 0.0)
 
 
 class BackendSeries:
     """The series of one route backend (a route target), with its route's."""
 
-    __slots__ = ("duration", "grpc", "requests", "route", "statuses")
+    __slots__ = ("bounds", "duration", "grpc", "requests", "route", "statuses")
 
     def __init__(self, route: RouteSeries, values: Values) -> None:
         families = route.families
         self.route = route
         self.grpc = families.grpc
         self.requests = families.backend_requests.labels(*values)
-        self.duration: HistogramChild = families.backend_response_duration.labels(*values)
+        self.bounds = families.response_buckets
+        self.duration = families.backend_response_duration.labels(*values)
         self.statuses = Statuses(families.backend_response_statuses, values, families.grpc)
 
 
@@ -228,7 +236,7 @@ def retry_answered(series: BackendSeries, policy: RoutePolicy) -> None:
     """A response that is not retried came back to a request sent again (not only over a
     fresh connection): on a route with retries, a retry's success."""
     if policy.retryable:
-        series.route.successes.inc()
+        series.route.successes.value += 1
 
 
 def failover(series: BackendSeries, failure: Failure, decision: Decision, attempt: Attempt) -> None:
@@ -243,9 +251,9 @@ def failover(series: BackendSeries, failure: Failure, decision: Decision, attemp
     if not attempt.retryable_route:
         return
     if retry:
-        series.route.retries.inc()
-        series.requests.inc()
+        series.route.retries.value += 1
+        series.requests.value += 1
         return
     limit = attempt.retry_limit if attempt.retry_limit is not None else MAX_ATTEMPTS - 1
     if attempt.replayable and not attempt.responded and attempt.sends > limit:
-        series.route.limit_exceeded.inc()
+        series.route.limit_exceeded.value += 1
