@@ -1,12 +1,16 @@
-"""Outbound route selection (the Gateway API's precedence, one table row per rule of it) and
+"""Outbound route selection (the Gateway API's precedence, one table row per rule of it), the
+index that selects as a scan of every rule would (hypothesis, against that scan kept here), and
 the weighted pick of a backend."""
 
 from __future__ import annotations
 
 import random
 from collections import Counter
+from collections.abc import Sequence
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from meshlet.api.pathregex import compile_path_regex
 from meshlet.proxy.core.authz import (
@@ -16,6 +20,7 @@ from meshlet.proxy.core.authz import (
     HttpMatch,
     PathKind,
     PathMatch,
+    Request,
     ValueMatch,
     request,
 )
@@ -32,7 +37,15 @@ from meshlet.proxy.core.client_policy import (
     RouteBackend,
     Rule,
 )
-from meshlet.proxy.core.route_select import pick, select_grpc, select_http
+from meshlet.proxy.core.route_select import (
+    RouteTable,
+    Selected,
+    grpc_key,
+    http_key,
+    pick,
+    select_grpc,
+    select_http,
+)
 
 
 def backend(name: str, weight: int = 1) -> RouteBackend:
@@ -202,3 +215,122 @@ def test_first_available_and_empty() -> None:
 def test_a_weighted_distribution_needs_a_positive_total(weights: tuple[int, ...]) -> None:
     with pytest.raises(ValueError, match="one positive"):
         Distribution.weighted(tuple(backend(f"b{i}", w) for i, w in enumerate(weights)))
+
+
+# -- the index against the scan -------------------------------------------------------------
+
+
+def scan(routes: Sequence[Route], req: Request, grpc: bool) -> Selected | None:
+    """The reference: every rule of every route, in order, as the Gateway API ranks them."""
+    match_all: tuple[object, ...] = (0, 0, 0) if grpc else (False, 1, False, 0, 0)
+
+    def key(m: HttpMatch | GrpcMatch) -> tuple[object, ...] | None:
+        if grpc:
+            return grpc_key(m, req) if isinstance(m, GrpcMatch) else None
+        return http_key(m, req) if isinstance(m, HttpMatch) else None
+
+    best: tuple[object, ...] | None = None
+    found = None
+    for index, r in enumerate(routes):
+        host: tuple[int, int] | tuple[()] = ()
+        if r.hosts:
+            hosts = [hs for h in r.hosts if (hs := h.summary(req.host)) is not None]
+            if not hosts:
+                continue
+            host = max(hosts)
+        for at, rule in enumerate(r.rules):
+            if not rule.matches:
+                rule_key: tuple[object, ...] | None = match_all
+            else:
+                keys = [k for m in rule.matches if (k := key(m)) is not None]
+                rule_key = max(keys) if keys else None  # type: ignore[type-var]
+            if rule_key is None:
+                continue
+            candidate = (host, rule_key)
+            if best is None or candidate > best:  # type: ignore[operator]
+                best, found = candidate, Selected(index, at, rule)
+    return found
+
+
+SEGMENTS = ("a", "b", "ab", "")
+REGEXES = ("/a/.*", "/[ab]+", "/a/b", ".*", "/b/[0-9]+")
+COMPILED = {r: compile_path_regex(r) for r in REGEXES}
+HOSTS = ("web.shop", "a.web.shop", "other", "")
+SERVICES = ("", "shop.Cart", "shop.Cart.V2", "shop")
+
+
+def paths(leading: bool = True) -> st.SearchStrategy[str]:
+    body = st.lists(st.sampled_from(SEGMENTS), max_size=4).map("/".join)
+    return st.tuples(st.booleans() if not leading else st.just(True), body,
+                     st.sampled_from(("", "/", "//"))).map(
+        lambda t: ("/" if t[0] else "") + t[1] + t[2])  # fmt: skip
+
+
+values = st.sampled_from((b"1", b"2"))
+http_matches = st.builds(
+    HttpMatch,
+    path=st.one_of(
+        st.none(),
+        st.builds(PathMatch, st.just(PathKind.EXACT), paths()),
+        st.builds(PathMatch, st.just(PathKind.PREFIX), paths() | st.sampled_from(("", "/", "//"))),
+        st.sampled_from(REGEXES).map(lambda r: PathMatch(PathKind.REGEX, r, COMPILED[r])),
+    ),
+    headers=st.lists(st.builds(ValueMatch, st.sampled_from(("x-a", "x-b")), values), max_size=2)
+    .map(tuple),
+    query=st.lists(st.builds(ValueMatch, st.sampled_from(("q", "r")), st.sampled_from(("1", "2"))),
+                   max_size=2).map(tuple),
+    method=st.sampled_from((None, None, "GET", "POST")),
+)  # fmt: skip
+grpc_matches = st.builds(
+    GrpcMatch, st.sampled_from(SERVICES), st.sampled_from(("", "Add", "Get")),
+    st.lists(st.builds(ValueMatch, st.sampled_from(("x-a",)), values), max_size=1).map(tuple),
+)  # fmt: skip
+host_matches = st.one_of(
+    st.sampled_from(HOSTS).map(lambda h: HostMatch(HostKind.EXACT, h)),
+    st.sampled_from(("", ".shop", ".web.shop", "shop", "b.shop")).map(
+        lambda h: HostMatch(HostKind.SUFFIX, h)),
+)  # fmt: skip
+
+
+def tables(matches: st.SearchStrategy[HttpMatch | GrpcMatch]) -> st.SearchStrategy[list[Route]]:
+    rule = st.lists(matches, max_size=3).map(tuple)
+    hosts = st.just(()) | st.lists(host_matches, max_size=2).map(tuple)
+    one = st.tuples(st.lists(rule, min_size=1, max_size=3), hosts)
+    return st.lists(one, max_size=8).map(
+        lambda rs: [route(f"r{i}", *rules, hosts=hosts) for i, (rules, hosts) in enumerate(rs)]
+    )
+
+
+headers = st.lists(st.tuples(st.sampled_from((b"x-a", b"X-B", b"x-c")), values), max_size=3)
+requests = st.builds(
+    request, st.sampled_from(("web.shop", "a.web.shop:80", "other", "b.shop", "x.b.shop", None)),
+    st.sampled_from(("GET", "POST")),
+    st.tuples(paths(leading=False), st.sampled_from(("", "?q=1", "?q=1&r=2", "?r=1"))).map("".join),
+    headers,
+)  # fmt: skip
+grpc_requests = st.builds(
+    request, st.sampled_from(("web.shop", "other", "x.b.shop")), st.just("POST"),
+    st.tuples(st.sampled_from((*SERVICES, "shop.Other")), st.sampled_from(("Add", "Get", ""))
+              ).map(lambda t: f"/{t[0]}/{t[1]}"),
+    headers,
+)  # fmt: skip
+
+
+def same(routes: list[Route], reqs: list[Request], grpc: bool) -> None:
+    table = RouteTable(tuple(routes), grpc)
+    for req in reqs:
+        assert table.select(req) == scan(routes, req, grpc), req
+
+
+@settings(max_examples=200, deadline=None)
+@given(tables(http_matches | grpc_matches), st.lists(requests, min_size=1, max_size=6))
+def test_the_http_index_selects_what_the_scan_selects(routes: list[Route], reqs: list[Request]
+                                                      ) -> None:  # fmt: skip
+    same(routes, reqs, grpc=False)
+
+
+@settings(max_examples=100, deadline=None)
+@given(tables(grpc_matches | http_matches), st.lists(grpc_requests, min_size=1, max_size=6))
+def test_the_grpc_index_selects_what_the_scan_selects(routes: list[Route], reqs: list[Request]
+                                                      ) -> None:  # fmt: skip
+    same(routes, reqs, grpc=True)

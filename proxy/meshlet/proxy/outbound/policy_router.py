@@ -54,7 +54,7 @@ from meshlet.proxy.core.client_policy import (
     Rule,
 )
 from meshlet.proxy.core.header_modifier import HeaderModifier
-from meshlet.proxy.core.route_select import Selected, pick, select_grpc, select_http
+from meshlet.proxy.core.route_select import Selected, pick
 from meshlet.proxy.core.routes import RoutePolicy
 from meshlet.proxy.http.contract import (
     Endpoint,
@@ -140,7 +140,7 @@ class PolicyRouter:
             req = authz.request(
                 request.authority, request.method, request.path, getattr(request, "headers", ())
             )
-            selected = (select_grpc if grpc else select_http)(routes, req)
+            selected = policy.table(routes, grpc).select(req)
         if selected is None:
             return NO_ROUTE
         rule = selected.target
