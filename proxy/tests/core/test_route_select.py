@@ -5,6 +5,8 @@ the weighted pick of a backend."""
 from __future__ import annotations
 
 import random
+import statistics
+import time
 from collections import Counter
 from collections.abc import Sequence
 
@@ -37,6 +39,7 @@ from meshlet.proxy.core.client_policy import (
     RouteBackend,
     Rule,
 )
+from meshlet.proxy.core.route_index import first_segment
 from meshlet.proxy.core.route_select import (
     RouteTable,
     Selected,
@@ -253,7 +256,7 @@ def scan(routes: Sequence[Route], req: Request, grpc: bool) -> Selected | None:
 
 
 SEGMENTS = ("a", "b", "ab", "")
-REGEXES = ("/a/.*", "/[ab]+", "/a/b", ".*", "/b/[0-9]+")
+REGEXES = ("/a/.*", "/[ab]+", "/a/b", ".*", "/b/[0-9]+", "/a/*b", "/b/a|/a", "/ab?/a")
 COMPILED = {r: compile_path_regex(r) for r in REGEXES}
 HOSTS = ("web.shop", "a.web.shop", "other", "")
 SERVICES = ("", "shop.Cart", "shop.Cart.V2", "shop")
@@ -334,3 +337,73 @@ def test_the_http_index_selects_what_the_scan_selects(routes: list[Route], reqs:
 def test_the_grpc_index_selects_what_the_scan_selects(routes: list[Route], reqs: list[Request]
                                                       ) -> None:  # fmt: skip
     same(routes, reqs, grpc=True)
+
+
+@pytest.mark.parametrize(
+    ("regex", "segment"),
+    [("/users/[0-9]+", "/users"), ("/a/b", "/a"), ("/a/b*", "/a"), ("/a/*b", ""),
+     ("/a/?b", ""), ("/b/a|/a", ""), ("(?i)/a/b", ""), ("/a", ""), ("/[ab]+/c", ""),
+     (".*", ""), ("/a\\/b/c", ""), ("//a/b", "")],
+)  # fmt: skip
+def test_a_regex_is_filed_by_the_first_segment_only_when_every_match_has_it(
+    regex: str, segment: str
+) -> None:
+    assert first_segment(regex) == segment
+    if not segment:  # a path the regex matches whose first segment is not the literal one
+        routes = [route("re", (regex_match := HttpMatch(PathMatch(
+            PathKind.REGEX, regex, compile_path_regex(regex))),))]  # fmt: skip
+        for path in ("/ab", "/a", "/A/b", "/a/b", "/c", "/x/c"):
+            req = request("web", "GET", path, [])
+            assert RouteTable(tuple(routes), grpc=False).select(req) == scan(routes, req, False)
+            assert (select_http(routes, req) is not None) == (
+                http_key(regex_match, req) is not None
+            )
+
+
+# -- ten thousand routes --------------------------------------------------------------------
+
+MANY = 10_000  # the most a policy may have (discovery.outbound_decode.MAX_ROUTES)
+BUILD_LIMIT = 2.0  # seconds to index them (about 0.1 s here); a clear regression fails
+SELECT_LIMIT = 200e-6  # median seconds per selection (a few µs here; a scan took milliseconds)
+
+
+def many_routes(n: int) -> tuple[Route, ...]:
+    """A service's routes of the usual kinds: prefixes, exact paths with a method, header
+    matches (a canary), and one regex in 500."""
+    routes = []
+    for i in range(n):
+        if i % 500 == 7:
+            match = regex(f"/svc{i}/items/[0-9]+")
+        elif i % 10 == 3:
+            match = prefix(f"/svc{i}", headers=header("x-canary", b"1"))
+        elif i % 4 == 1:
+            match = exact(f"/svc{i}/login", method="POST")
+        else:
+            match = prefix(f"/svc{i}/api")
+        routes.append(route(f"r{i}", (match,)))
+    return tuple(routes)
+
+
+def test_ten_thousand_routes_index_in_bounded_time_and_select_in_bounded_time() -> None:
+    routes = many_routes(MANY)
+    started = time.perf_counter()
+    table = RouteTable(routes, grpc=False)
+    built = time.perf_counter() - started
+    assert built <= BUILD_LIMIT, f"indexing {MANY} routes took {built:.2f} s"
+    asks = [
+        (request("web", "GET", "/svc5000/api/orders/17?page=2", [(b"accept", b"*/*")]), 5000),
+        (request("web", "POST", "/svc9997/login", []), 9997),
+        (request("web", "GET", "/svc4003/x", [(b"x-canary", b"1")]), 4003),
+        (request("web", "GET", "/svc4507/items/12", []), 4507),
+        (request("web", "GET", "/svc4507/items/x", []), None),
+    ]
+    for req, expected in asks:
+        found = table.select(req)
+        assert (found and found.route) == expected
+        spent = []
+        for _ in range(300):
+            started = time.perf_counter()
+            table.select(req)
+            spent.append(time.perf_counter() - started)
+        median = statistics.median(spent)
+        assert median <= SELECT_LIMIT, f"{req.path_only}: {median * 1e6:.0f} µs per selection"

@@ -62,15 +62,35 @@ def grpc_key(match: GrpcMatch, req: Request) -> tuple[int, int, int] | None:
     return None if summary is None else summary[:3]
 
 
+_REGEX_SYNTAX = frozenset("\\.[](){}*+?|^$")
+_QUANTIFIERS = frozenset("*+?{")
+
+
+def first_segment(regex: str) -> str:
+    """The first path segment (`/users`) every path `regex` fully matches starts with, read
+    from the regex's leading literal text; "" when the regex does not fix one (an alternation
+    anywhere, or no `/` after the first segment's literal characters)."""
+    if "|" in regex:
+        return ""
+    literal = 0
+    while literal < len(regex) and regex[literal] not in _REGEX_SYNTAX:
+        literal += 1
+    if literal < len(regex) and regex[literal] in _QUANTIFIERS:
+        literal -= 1  # the quantified character may be absent or repeated
+    end = regex.find("/", 1, max(literal, 0))
+    return regex[:end] if regex.startswith("/") and end > 1 else ""
+
+
 class _HttpTier:
     """The HTTP matches of the routes that share one host tier."""
 
-    __slots__ = ("every", "exact", "prefix", "regex")
+    __slots__ = ("every", "exact", "prefix", "regex", "regex_by_segment")
 
     def __init__(self) -> None:
         self.exact: dict[str, list[_Entry]] = {}
         self.prefix: dict[str, list[_Entry]] = {}  # by the prefix less its trailing slashes
         self.regex: list[_Entry] = []
+        self.regex_by_segment: dict[str, list[_Entry]] = {}  # by the first segment they fix
         self.every: list[_Entry] = []  # length 1 whatever the path
 
     def add(self, entry: _Entry) -> None:
@@ -87,6 +107,8 @@ class _HttpTier:
             self.exact.setdefault(path.value, []).append(entry)
         elif path.kind is PathKind.PREFIX:
             self.prefix.setdefault(path.value.rstrip("/"), []).append(entry)
+        elif segment := first_segment(path.value):
+            self.regex_by_segment.setdefault(segment, []).append(entry)
         else:
             self.regex.append(entry)
 
@@ -98,6 +120,11 @@ class _HttpTier:
         levels: list[tuple[int, list[_Entry]]] = []
         if self.regex:
             levels.append((len(path), self.regex))
+        if self.regex_by_segment:
+            end = path.find("/", 1)
+            hit = self.regex_by_segment.get(path[:end]) if end > 0 else None
+            if hit is not None:
+                levels.append((len(path), hit))
         if self.prefix:
             rest = path.rstrip("/")
             cut = len(rest)
