@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from bench import instructions, proxy_mesh
-from bench.proxy_procs import Processes, free_port, local_proxy_env, wait_for_line, wait_for_ready
+from bench.proxy_procs import Processes, free_port, local_proxy_env, wait_for_ready
 from meshlet.api.wellknown import ProxyEnv
 from meshlet.cli.stats import parse
 from meshlet.controlplane.k8s import objects
@@ -130,8 +130,9 @@ class Mesh:
         ports: list[tuple[str, int, int | str]] = [
             ("http", 80, self.upstream[0]), ("h2c", 81, self.upstream[1])
         ]  # fmt: skip
-        self.folder.put("api", objects.service("api", NS, ports=ports, cluster_ip="10.96.25.1"),
-                        objects.pod("api-1", POD_IP, NS, app="api", sa="api", meshed=False))  # fmt: skip
+        service = objects.service("api", NS, ports=ports, cluster_ip="10.96.25.1")
+        pod = objects.pod("api-1", POD_IP, NS, app="api", sa="api", meshed=False)
+        self.folder.put("api", service, pod)
         self.procs = stack.enter_context(Processes(scratch))
         self.ports = {kind: free_port() for kind in ("destination", "policy")}
         for kind, port in self.ports.items():
@@ -145,8 +146,8 @@ class Mesh:
         for old in range(0, self.routes, PER_FILE):
             self.folder.remove(f"routes-{old // PER_FILE:03d}")
         for first in range(0, n, PER_FILE):
-            self.folder.put(f"routes-{first // PER_FILE:03d}",
-                            *(http_route(i) for i in range(first, min(first + PER_FILE, n))))  # fmt: skip
+            batch = (http_route(i) for i in range(first, min(first + PER_FILE, n)))
+            self.folder.put(f"routes-{first // PER_FILE:03d}", *batch)
         self.routes = n
 
     def edit(self, i: int, edit: int) -> float:
@@ -216,8 +217,8 @@ class Proxy:
         series = self.metrics()
         name = "outbound_http_route_backend_requests_total"
         return sum(v for (n, labels), v in series.items()
-                   if n == name and {("route_kind", "HTTPRoute"), ("route_name", route)} <= labels
-                   or not route and ("route_kind", "default") in labels)  # fmt: skip
+                   if (n == name and {("route_kind", "HTTPRoute"), ("route_name", route)} <= labels)
+                   or (not route and ("route_kind", "default") in labels))  # fmt: skip
 
     def rss(self) -> int:
         """The proxy's resident memory, bytes."""
