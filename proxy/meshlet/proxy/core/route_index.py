@@ -9,18 +9,22 @@ suffix, then none): a route tried in a better tier and not matched cannot match 
 since its rules are the same there.
 
 Within a tier an HTTP match is filed by its path: an exact path in a dict by the path; a prefix
-in a dict by the prefix without its trailing slashes; a regex in a short list read in full; and
-what matches every path (the prefix `/`, no path, a rule without matches) in one list. A request
-then looks up its own path, and each of its segment boundaries from the longest down, as
+in a dict by the prefix without its trailing slashes; a regex in a dict by the first path segment
+its leading literal text fixes (`/users/[0-9]+` under `/users`), or else in a short list read in
+full; what matches every path (the prefix `/`, no path, a rule without matches) in one list. A
+request looks up its own path, then each of its segment boundaries from the longest down, as
 `authz.prefix_length` reads a prefix. The Gateway API ranks an exact path first and then the
 longer path match, before a method, headers or query parameters, so the candidates are read by
 that length, longest first, and the first length where some match fits the request holds the
 winner: only those candidates are checked in full (method, headers, query parameters, through
-`route_select`'s keys). A gRPC match is filed by its service (a dict), the longer service first,
-then what names no service. Ties go to the lower route index, then the lower rule index.
+`route_select`'s keys). A match that asks for headers, a method or query parameters is filed by
+its path like any other: it costs a check only when a request reaches its path. A gRPC match is
+filed by its service (a dict), the longer service first, then what names no service. Ties go to
+the lower route index, then the lower rule index.
 
-A match that asks for headers, a method or query parameters is filed by its path like any
-other: it costs a check only when a request reaches its path.
+What the inbound side shares is the reading of one match (`authz.HttpMatch.summary`,
+`prefix_length`); its `path_table` is a flat list read in full, in Linkerd's order (an exact path
+ties with a prefix of its length), for the few routes a Server has.
 """
 
 from __future__ import annotations
@@ -215,7 +219,7 @@ def _by_level(
 class RouteTable:
     """One list of routes (a policy's HTTP or its gRPC routes) indexed for `select`."""
 
-    __slots__ = ("_exact", "_none", "_suffix", "_suffix_lengths", "routes", "size")
+    __slots__ = ("_exact", "_none", "_suffix", "_suffix_lengths", "routes")
 
     def __init__(self, routes: Sequence[Route], grpc: bool) -> None:
         tier = _GrpcTier if grpc else _HttpTier
@@ -223,7 +227,6 @@ class RouteTable:
         self._none: _HttpTier | _GrpcTier = tier()
         self._exact: dict[str, _HttpTier | _GrpcTier] = {}
         self._suffix: dict[str, _HttpTier | _GrpcTier] = {}
-        self.size = 0  # matches filed (a rule without matches counts one)
         for index, route in enumerate(routes):
             tiers = {(h.kind, h.value): None for h in route.hosts} if route.hosts else {None: None}
             for host in tiers:
@@ -239,7 +242,6 @@ class RouteTable:
                 for at, rule in enumerate(route.rules):
                     for match in rule.matches or (None,):
                         into.add((index, at, match))
-                        self.size += 1
         self._suffix_lengths = sorted({len(s) for s in self._suffix}, reverse=True)
 
     def select(self, req: Request) -> Selected | None:
