@@ -1,13 +1,20 @@
-"""The route-cost benchmark's table and its route tables: the middle route the requests hit is
+"""The route-cost benchmark's table and its route tables (the middle route the requests hit is
 a path prefix, the tables hold the kinds of route the docstring says, and the policy controller
-accepts them."""
+reads them), and a short run of its rows with their checks, without valgrind."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections import Counter
+from pathlib import Path
 
 from bench import instructions_routes as routes
 from meshlet.controlplane.policy.outbound import route_of
+
+REPO = Path(__file__).resolve().parents[2]
+SMOKE_TIMEOUT = 40.0  # ~4 s on a quiet machine
 
 
 def test_the_table_gives_the_ratio_to_no_route_and_judges_the_hundred() -> None:
@@ -41,3 +48,15 @@ def test_the_policy_controller_reads_every_kind_of_route_the_table_holds() -> No
         read = route_of(routes.http_route(i, edit=i == 50))
         assert read.parents == (("shop", "api", None),)
         assert len(read.rules) == 1 and len(read.rules[0].matches) == 1
+
+
+def test_each_row_routes_its_requests_by_the_expected_route_and_an_edit_is_used() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.instructions_routes", "--smoke"],
+        cwd=REPO, capture_output=True, text=True, timeout=SMOKE_TIMEOUT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    rows = {f"{client} {n}" for client in routes.CLIENTS for n in (0, routes.ROUTES)}
+    assert {k: v for k, v in found.items() if k in rows} == dict.fromkeys(rows, "ok")
+    assert 0 < found["update seconds"] < SMOKE_TIMEOUT
