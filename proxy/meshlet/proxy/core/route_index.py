@@ -16,11 +16,12 @@ request looks up its own path, then each of its segment boundaries from the long
 `authz.prefix_length` reads a prefix. The Gateway API ranks an exact path first and then the
 longer path match, before a method, headers or query parameters, so the candidates are read by
 that length, longest first, and the first length where some match fits the request holds the
-winner: only those candidates are checked in full (method, headers, query parameters, through
-`route_select`'s keys). A match that asks for headers, a method or query parameters is filed by
-its path like any other: it costs a check only when a request reaches its path. A gRPC match is
-filed by its service (a dict), the longer service first, then what names no service. Ties go to
-the lower route index, then the lower rule index.
+winner. Each list is sorted once by the rest of the order (a method, then more headers, then
+more query parameters; then the route and the rule sent first), so the first entry of it that
+fits the request is its best: a match that asks nothing beyond its path fits without a check,
+one that asks for a method, headers or query parameters is checked (`HttpMatch.summary`) only
+when a request reaches its path. A gRPC match is filed by its service (a dict), the longer
+service first, then what names no service; its lists are sorted by method, then headers.
 
 What the inbound side shares is the reading of one match (`authz.HttpMatch.summary`,
 `prefix_length`); its `path_table` is a flat list read in full, in Linkerd's order (an exact path
@@ -29,7 +30,7 @@ ties with a prefix of its length), for the few routes a Server has.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from meshlet.proxy.core.authz import GrpcMatch, HostKind, HttpMatch, PathKind, Request
@@ -37,33 +38,16 @@ from meshlet.proxy.core.authz import GrpcMatch, HostKind, HttpMatch, PathKind, R
 if TYPE_CHECKING:
     from meshlet.proxy.core.client_policy import Route, Rule
 
-MATCH_ALL_HTTP = (False, 1, False, 0, 0)
-MATCH_ALL_GRPC = (0, 0, 0)
-
-# route index, rule index, the match (None: the rule has none and matches every request)
-_Entry = tuple[int, int, HttpMatch | GrpcMatch | None]
-_Key = tuple[object, ...]
-_KeyOf = Callable[[HttpMatch | GrpcMatch | None, Request], _Key | None]
+# What a match asks beyond its path (HTTP: a method?, headers, query parameters; gRPC: the
+# method's length, headers), where it leads, the match (None: a rule without matches, which
+# matches every request), and whether it fits every request that reaches it (asks nothing more).
+_Entry = tuple[tuple[int, ...], "Selected", HttpMatch | GrpcMatch | None, bool]
 
 
 class Selected(NamedTuple):
     route: int  # the index of the route in the policy's list
     rule: int  # the index of the rule in the route
     target: Rule
-
-
-def http_key(match: HttpMatch, req: Request) -> tuple[bool, int, bool, int, int] | None:
-    """How well `match` fits `req` (higher is better), None when it does not."""
-    summary = match.summary(req)
-    if summary is None:
-        return None
-    exact = match.path is not None and match.path.kind is PathKind.EXACT
-    return (exact, summary[0], match.method is not None, len(match.headers), len(match.query))
-
-
-def grpc_key(match: GrpcMatch, req: Request) -> tuple[int, int, int] | None:
-    summary = match.summary(req)
-    return None if summary is None else summary[:3]
 
 
 _REGEX_SYNTAX = frozenset("\\.[](){}*+?|^$")
@@ -86,7 +70,7 @@ def first_segment(regex: str) -> str:
 
 
 class _HttpTier:
-    """The HTTP matches of the routes that share one host tier."""
+    """The HTTP matches of the routes that share one host tier, each list best first."""
 
     __slots__ = ("every", "exact", "prefix", "regex", "regex_by_segment")
 
@@ -97,14 +81,16 @@ class _HttpTier:
         self.regex_by_segment: dict[str, list[_Entry]] = {}  # by the first segment they fix
         self.every: list[_Entry] = []  # length 1 whatever the path
 
-    def add(self, entry: _Entry) -> None:
-        match = entry[2]
+    def add(self, selected: Selected, match: HttpMatch | GrpcMatch | None) -> None:
         if match is None:
-            self.every.append(entry)
+            self.every.append(((False, 0, 0), selected, None, True))
             return
         if not isinstance(match, HttpMatch):
             return  # a gRPC match never fits an HTTP request
         path = match.path
+        tail = (match.method is not None, len(match.headers), len(match.query))
+        regex = path is not None and path.kind is PathKind.REGEX
+        entry = (tail, selected, match, not regex and tail == (False, 0, 0))
         if path is None or path.matches_all:
             self.every.append(entry)
         elif path.kind is PathKind.EXACT:
@@ -116,34 +102,51 @@ class _HttpTier:
         else:
             self.regex.append(entry)
 
+    def lists(self) -> Iterator[list[_Entry]]:
+        yield from (self.regex, self.every)
+        for by in (self.exact, self.prefix, self.regex_by_segment):
+            yield from by.values()
+
     def select(self, req: Request) -> _Entry | None:
         path = req.path_only
         hits = self.exact.get(path)
-        if hits is not None and (found := _best(hits, req, _http)) is not None:
+        if hits is not None and (found := _first_fit(hits, req)) is not None:
             return found
-        levels: list[tuple[int, list[_Entry]]] = []
+        found = None
         if self.regex:
-            levels.append((len(path), self.regex))
+            found = _first_fit(self.regex, req)
         if self.regex_by_segment:
             end = path.find("/", 1)
-            hit = self.regex_by_segment.get(path[:end]) if end > 0 else None
-            if hit is not None:
-                levels.append((len(path), hit))
-        if self.prefix:
-            rest = path.rstrip("/")
-            cut = len(rest)
-            while cut >= 0:
-                hit = self.prefix.get(rest[:cut])
-                if hit is not None:
-                    levels.append((cut, hit))
-                cut = rest.rfind("/", 0, cut) if cut else -1
-        if self.every:
-            levels.append((1, self.every))
-        return _by_level(levels, req, _http)
+            hits = self.regex_by_segment.get(path[:end]) if end > 0 else None
+            if hits is not None:
+                found = _better(found, _first_fit(hits, req))
+        length = len(path) if found is not None else -1  # a regex matches the whole path
+        rest = path.rstrip("/")
+        cut = len(rest)
+        while cut > 1 and self.prefix:  # the longest prefix that fits wins, or ties with a regex
+            if cut < length:
+                return found
+            hits = self.prefix.get(rest[:cut])
+            if hits is not None and (fit := _first_fit(hits, req)) is not None:
+                return _better(found, fit) if cut == length else fit
+            cut = rest.rfind("/", 0, cut)
+        if length > 1:
+            return found
+        short: list[tuple[int, list[_Entry]]] = [(1, self.every)]  # what is left: lengths 1, 0
+        while cut >= 0 and self.prefix:
+            if (hits := self.prefix.get(rest[:cut])) is not None:
+                short.append((cut, hits))
+            cut = rest.rfind("/", 0, cut) if cut else -1
+        for at, hits in short:
+            fit = _first_fit(hits, req)
+            if fit is None or at < length:
+                continue
+            found, length = (fit, at) if at > length else (_better(found, fit), at)
+        return found
 
 
 class _GrpcTier:
-    """The gRPC matches of the routes that share one host tier."""
+    """The gRPC matches of the routes that share one host tier, each list best first."""
 
     __slots__ = ("every", "service")
 
@@ -151,69 +154,48 @@ class _GrpcTier:
         self.service: dict[str, list[_Entry]] = {}
         self.every: list[_Entry] = []  # no service named
 
-    def add(self, entry: _Entry) -> None:
-        match = entry[2]
+    def add(self, selected: Selected, match: HttpMatch | GrpcMatch | None) -> None:
         if match is None:
-            self.every.append(entry)
+            self.every.append(((0, 0), selected, None, True))
         elif isinstance(match, GrpcMatch):
+            tail = (len(match.method), len(match.headers))
+            entry = (tail, selected, match, tail == (0, 0))
             if match.service:
                 self.service.setdefault(match.service, []).append(entry)
             else:
                 self.every.append(entry)
 
+    def lists(self) -> Iterator[list[_Entry]]:
+        yield self.every
+        yield from self.service.values()
+
     def select(self, req: Request) -> _Entry | None:
         service = req.path_only[1:].partition("/")[0]
         hits = self.service.get(service) if service else None
-        if hits is not None and (found := _best(hits, req, _grpc)) is not None:
+        if hits is not None and (found := _first_fit(hits, req)) is not None:
             return found
-        return _best(self.every, req, _grpc)
+        return _first_fit(self.every, req)
 
 
-def _http(match: HttpMatch | GrpcMatch | None, req: Request) -> _Key | None:
-    if match is None:
-        return MATCH_ALL_HTTP
-    return http_key(match, req) if isinstance(match, HttpMatch) else None
+def _rank(entry: _Entry) -> tuple[object, ...]:
+    """Sorts a list best first: more asked of the request (method, headers, query parameters),
+    then the route and rule sent first."""
+    return (*(-int(x) for x in entry[0]), entry[1].route, entry[1].rule)
 
 
-def _grpc(match: HttpMatch | GrpcMatch | None, req: Request) -> _Key | None:
-    if match is None:
-        return MATCH_ALL_GRPC
-    return grpc_key(match, req) if isinstance(match, GrpcMatch) else None
-
-
-def _best(entries: Sequence[_Entry], req: Request, key_of: _KeyOf) -> _Entry | None:
-    """The entry whose match fits `req` best; of equals, the lowest route then rule."""
-    best: _Key | None = None
-    found: _Entry | None = None
+def _first_fit(entries: list[_Entry], req: Request) -> _Entry | None:
+    """The best entry of a list (sorted by `_rank`, one path match length) that fits `req`."""
     for entry in entries:
-        key = key_of(entry[2], req)
-        if key is None:
-            continue
-        if (
-            found is None
-            or key > best  # type: ignore[operator]
-            or (key == best and entry[:2] < found[:2])
-        ):
-            best, found = key, entry
-    return found
-
-
-def _by_level(
-    levels: list[tuple[int, list[_Entry]]], req: Request, key_of: _KeyOf
-) -> _Entry | None:
-    """The best fit among the candidates of the longest path match that has any fit."""
-    if len(levels) > 1:
-        levels.sort(key=lambda level: -level[0])
-    at = 0
-    while at < len(levels):
-        length = levels[at][0]
-        group: list[_Entry] = []
-        while at < len(levels) and levels[at][0] == length:
-            group += levels[at][1]
-            at += 1
-        if (found := _best(group, req, key_of)) is not None:
-            return found
+        if entry[3] or entry[2].summary(req) is not None:  # type: ignore[union-attr]
+            return entry
     return None
+
+
+def _better(a: _Entry | None, b: _Entry | None) -> _Entry | None:
+    """Of two entries of one path match length, the one ranked first."""
+    if a is None or b is None:
+        return a or b
+    return b if _rank(b) < _rank(a) else a
 
 
 class RouteTable:
@@ -240,25 +222,24 @@ class RouteTable:
                         found = by[value] = tier()
                     into = found
                 for at, rule in enumerate(route.rules):
+                    selected = Selected(index, at, rule)
                     for match in rule.matches or (None,):
-                        into.add((index, at, match))
+                        into.add(selected, match)
+        for each in (self._none, *self._exact.values(), *self._suffix.values()):
+            for entries in each.lists():
+                entries.sort(key=_rank)
         self._suffix_lengths = sorted({len(s) for s in self._suffix}, reverse=True)
 
     def select(self, req: Request) -> Selected | None:
         """The route and rule `req` takes; None when no route matches."""
-        found = self._select(req)
-        if found is None:
-            return None
-        return Selected(found[0], found[1], self.routes[found[0]].rules[found[1]])
-
-    def _select(self, req: Request) -> _Entry | None:
         host = req.host
         tier = self._exact.get(host) if self._exact else None
         if tier is not None and (found := tier.select(req)) is not None:
-            return found
+            return found[1]
         for length in self._suffix_lengths:
             if length <= len(host):
                 tier = self._suffix.get(host[len(host) - length :])
                 if tier is not None and (found := tier.select(req)) is not None:
-                    return found
-        return self._none.select(req)
+                    return found[1]
+        found = self._none.select(req)
+        return None if found is None else found[1]

@@ -28,11 +28,26 @@ import bisect
 import random
 from collections.abc import Callable, Sequence
 
-from meshlet.proxy.core.authz import Request
+from meshlet.proxy.core.authz import GrpcMatch, HttpMatch, PathKind, Request
 from meshlet.proxy.core.client_policy import Backend, Dispatch, Distribution, Route, RouteBackend
-from meshlet.proxy.core.route_index import RouteTable, Selected, grpc_key, http_key
+from meshlet.proxy.core.route_index import RouteTable, Selected
 
 __all__ = ["RouteTable", "Selected", "grpc_key", "http_key", "pick", "select_grpc", "select_http"]
+
+
+def http_key(match: HttpMatch, req: Request) -> tuple[bool, int, bool, int, int] | None:
+    """How well `match` fits `req` in the order above (higher is better), None when it does not:
+    the ranking `RouteTable` reaches without computing it for every match."""
+    summary = match.summary(req)
+    if summary is None:
+        return None
+    exact = match.path is not None and match.path.kind is PathKind.EXACT
+    return (exact, summary[0], match.method is not None, len(match.headers), len(match.query))
+
+
+def grpc_key(match: GrpcMatch, req: Request) -> tuple[int, int, int] | None:
+    summary = match.summary(req)
+    return None if summary is None else summary[:3]
 
 
 def select_http(routes: Sequence[Route], req: Request) -> Selected | None:
