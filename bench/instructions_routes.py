@@ -5,8 +5,9 @@ route edit takes to be in force.
     python -m bench.instructions_routes [--requests N] [--many N] [--smoke]
 
 A real `meshlet-controller destination` and `meshlet-controller policy` serve one manifests
-folder: Service `api` (port 80 to an upstream answering `200 ok` over HTTP/1.1, port 81 to one
-answering over h2c) and its unmeshed pod, and the HTTPRoutes of the row. A `meshlet-proxy`
+folder: Service `api` (port 80, appProtocol `http`, to an upstream answering `200 ok` over
+HTTP/1.1; port 81, `kubernetes.io/h2c`, to one answering over h2c) and its unmeshed pod, and the
+HTTPRoutes of the row. A `meshlet-proxy`
 follows both; a client of this module's own sends requests one after the other on one
 connection to the proxy's outbound listener, for `api.shop.svc.cluster.local` (the connection is
 not redirected, so each request is routed by its authority, discovery and the Service's outbound
@@ -17,7 +18,9 @@ policy). The rows:
   method, header matches for a canary, a regex in fifty), each with one rule and no backendRefs
   (the parent Service), the request hitting the one in the middle (`route_for`).
 
-The proxy starts watching the Service's policy at its first request for it: each count sends
+Once a row's routes are written, a proxy outside valgrind asks until the policy controller
+routes by them (`Mesh.settle`: it polls the folder, and may read it half written). The proxy
+starts watching the Service's policy at its first request for it: each count sends
 that one request on a connection of its own, waits until the proxy logs the policy, then sends
 the rest on another; a count stands
 only if the proxy's `outbound_http_route_backend_requests_total` gives every request but the
@@ -74,6 +77,10 @@ START_TIMEOUT: Final = instructions.START_TIMEOUT
 POLICY_TIMEOUT: Final = 600.0  # seconds for a proxy under valgrind to decode 10,000 routes
 POLL: Final = 0.01  # seconds between requests while waiting for an edit
 EDITS: Final = 3
+# Each port declares its protocol, so its policy holds that protocol's routes only: on a port
+# left to detection the policy carries every route twice (HTTP/1 and HTTP/2), and the proxy
+# refuses a policy of more than MAX_ROUTES in all (discovery.outbound_decode).
+APP_PROTOCOLS: Final = ("http", "kubernetes.io/h2c")
 # name: (requests on a socket, the Service port, which upstream port)
 CLIENTS: Final = {
     "HTTP/1.1": (instructions.h1_exchange, 80, 0),
@@ -131,6 +138,8 @@ class Mesh:
             ("http", 80, self.upstream[0]), ("h2c", 81, self.upstream[1])
         ]  # fmt: skip
         service = objects.service("api", NS, ports=ports, cluster_ip="10.96.25.1")
+        for port, app in zip(service["spec"]["ports"], APP_PROTOCOLS, strict=True):
+            port["appProtocol"] = app
         pod = objects.pod("api-1", POD_IP, NS, app="api", sa="api", meshed=False)
         self.folder.put("api", service, pod)
         self.procs = stack.enter_context(Processes(scratch))
@@ -149,6 +158,23 @@ class Mesh:
             batch = (http_route(i) for i in range(first, min(first + PER_FILE, n)))
             self.folder.put(f"routes-{first // PER_FILE:03d}", *batch)
         self.routes = n
+
+    def settle(self) -> None:
+        """Until the policy controller serves the folder's routes: a proxy outside valgrind
+        asked until it routes a request by the expected route (the controller polls the folder
+        and may have read it half written)."""
+        i, path = target(self.routes)
+        route = route_name(i) if self.routes else ""
+        deadline = time.monotonic() + POLICY_TIMEOUT
+        with self.proxy() as proxy:
+            while proxy.routed(route) == 0:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the policy controller never served {self.routes} routes")
+                conn = http.client.HTTPConnection("127.0.0.1", proxy.outbound, timeout=60)
+                with contextlib.closing(conn):
+                    conn.request("GET", path, headers={"Host": f"{HOST}:80"})
+                    conn.getresponse().read()
+                time.sleep(0.1)
 
     def edit(self, i: int, edit: int) -> float:
         """Rewrites route `i`'s file with the route's `edit`; when the new file took its place."""
@@ -279,6 +305,7 @@ def memory_and_updates(mesh: Mesh, routes: int, requests: int) -> Many:
     rss = {}
     for n in (0, routes):
         mesh.set_routes(n)
+        mesh.settle()
         with mesh.proxy() as proxy:
             send(proxy, "HTTP/1.1", n, requests)
             rss[n] = proxy.rss()
@@ -363,6 +390,7 @@ def _measure(scratch: Path, title: str, requests: int, many: int) -> int:
         mesh = Mesh(stack, scratch)
         for routes in (0, ROUTES, many):
             mesh.set_routes(routes)
+            mesh.settle()
             for client in CLIENTS if routes <= ROUTES else ("HTTP/1.1",):
                 print(f"{client}, {routes} HTTPRoutes ...", file=sys.stderr)
                 rows.setdefault(client, {})[routes] = per_request(mesh, client, routes, requests)
