@@ -122,8 +122,12 @@ def http_route(i: int, edit: int = 0) -> objects.Obj:
 def target(routes: int) -> tuple[int, str]:
     """The route the counted requests hit (the middle one, a path prefix) and their path."""
     i = max(routes, ROUTES) // 2
-    assert i % 50 != 17 and i % 10 != 3 and i % 4 != 1, "the middle route is a prefix"
+    assert is_prefix(i) and is_prefix(max(routes, ROUTES) - 1), "the middle and last: prefixes"
     return i, f"/svc{i:05d}/api/orders/17?page=2"
+
+
+def is_prefix(i: int) -> bool:
+    return i % 50 != 17 and i % 10 != 3 and i % 4 != 1
 
 
 class Mesh:
@@ -160,21 +164,24 @@ class Mesh:
         self.routes = n
 
     def settle(self) -> None:
-        """Until the policy controller serves the folder's routes: a proxy outside valgrind
-        asked until it routes a request by the expected route (the controller polls the folder
-        and may have read it half written)."""
+        """Until the policy controller serves all the folder's routes: a proxy outside valgrind
+        asked until it routes a request by the middle route and one by the last (the folder is
+        written file by file, in order, and the controller may read it half written)."""
         i, path = target(self.routes)
-        route = route_name(i) if self.routes else ""
+        asks = [(route_name(i) if self.routes else "", path)]
+        if self.routes:
+            asks.append((route_name(self.routes - 1), f"/svc{self.routes - 1:05d}/api/x"))
         deadline = time.monotonic() + POLICY_TIMEOUT
         with self.proxy() as proxy:
-            while proxy.routed(route) == 0:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the policy controller never served {self.routes} routes")
-                conn = http.client.HTTPConnection("127.0.0.1", proxy.outbound, timeout=60)
-                with contextlib.closing(conn):
-                    conn.request("GET", path, headers={"Host": f"{HOST}:80"})
-                    conn.getresponse().read()
-                time.sleep(0.1)
+            for route, path in asks:
+                while proxy.routed(route) == 0:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"the policy controller never served {route!r}")
+                    conn = http.client.HTTPConnection("127.0.0.1", proxy.outbound, timeout=60)
+                    with contextlib.closing(conn):
+                        conn.request("GET", path, headers={"Host": f"{HOST}:80"})
+                        conn.getresponse().read()
+                    time.sleep(0.1)
 
     def edit(self, i: int, edit: int) -> float:
         """Rewrites route `i`'s file with the route's `edit`; when the new file took its place."""
