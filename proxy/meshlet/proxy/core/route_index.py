@@ -33,7 +33,15 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
-from meshlet.proxy.core.authz import GrpcMatch, HostKind, HttpMatch, PathKind, Request
+from meshlet.proxy.core.authz import (
+    GrpcMatch,
+    Header,
+    HostKind,
+    HttpMatch,
+    PathKind,
+    Request,
+    request,
+)
 
 if TYPE_CHECKING:
     from meshlet.proxy.core.client_policy import Route, Rule
@@ -42,6 +50,8 @@ if TYPE_CHECKING:
 # method's length, headers), where it leads, the match (None: a rule without matches, which
 # matches every request), and whether it fits every request that reaches it (asks nothing more).
 _Entry = tuple[tuple[int, ...], "Selected", HttpMatch | GrpcMatch | None, bool]
+# A request's parts, from which `authz.request` makes the Request a match reads.
+_Ask = tuple[str | None, str, str, Sequence[Header]]
 
 
 class Selected(NamedTuple):
@@ -107,19 +117,18 @@ class _HttpTier:
         for by in (self.exact, self.prefix, self.regex_by_segment):
             yield from by.values()
 
-    def select(self, req: Request) -> _Entry | None:
-        path = req.path_only
+    def select(self, path: str, ask: _Ask) -> _Entry | None:
         hits = self.exact.get(path)
-        if hits is not None and (found := _first_fit(hits, req)) is not None:
+        if hits is not None and (found := _first_fit(hits, ask)) is not None:
             return found
         found = None
         if self.regex:
-            found = _first_fit(self.regex, req)
+            found = _first_fit(self.regex, ask)
         if self.regex_by_segment:
             end = path.find("/", 1)
             hits = self.regex_by_segment.get(path[:end]) if end > 0 else None
             if hits is not None:
-                found = _better(found, _first_fit(hits, req))
+                found = _better(found, _first_fit(hits, ask))
         length = len(path) if found is not None else -1  # a regex matches the whole path
         rest = path.rstrip("/")
         cut = len(rest)
@@ -127,7 +136,7 @@ class _HttpTier:
             if cut < length:
                 return found
             hits = self.prefix.get(rest[:cut])
-            if hits is not None and (fit := _first_fit(hits, req)) is not None:
+            if hits is not None and (fit := _first_fit(hits, ask)) is not None:
                 return _better(found, fit) if cut == length else fit
             cut = rest.rfind("/", 0, cut)
         if length > 1:
@@ -138,7 +147,7 @@ class _HttpTier:
                 short.append((cut, hits))
             cut = rest.rfind("/", 0, cut) if cut else -1
         for at, hits in short:
-            fit = _first_fit(hits, req)
+            fit = _first_fit(hits, ask)
             if fit is None or at < length:
                 continue
             found, length = (fit, at) if at > length else (_better(found, fit), at)
@@ -169,12 +178,12 @@ class _GrpcTier:
         yield self.every
         yield from self.service.values()
 
-    def select(self, req: Request) -> _Entry | None:
-        service = req.path_only[1:].partition("/")[0]
+    def select(self, path: str, ask: _Ask) -> _Entry | None:
+        service = path[1:].partition("/")[0]
         hits = self.service.get(service) if service else None
-        if hits is not None and (found := _first_fit(hits, req)) is not None:
+        if hits is not None and (found := _first_fit(hits, ask)) is not None:
             return found
-        return _first_fit(self.every, req)
+        return _first_fit(self.every, ask)
 
 
 def _rank(entry: _Entry) -> tuple[object, ...]:
@@ -183,10 +192,17 @@ def _rank(entry: _Entry) -> tuple[object, ...]:
     return (*(-int(x) for x in entry[0]), entry[1].route, entry[1].rule)
 
 
-def _first_fit(entries: list[_Entry], req: Request) -> _Entry | None:
-    """The best entry of a list (sorted by `_rank`, one path match length) that fits `req`."""
+def _first_fit(entries: list[_Entry], ask: _Ask) -> _Entry | None:
+    """The best entry of a list (sorted by `_rank`, one path match length) that fits the
+    request: the first that asks nothing beyond its path, or whose match reads the request (then
+    built from its parts) and fits."""
+    req = None
     for entry in entries:
-        if entry[3] or entry[2].summary(req) is not None:  # type: ignore[union-attr]
+        if entry[3]:
+            return entry
+        if req is None:
+            req = request(*ask)
+        if entry[2].summary(req) is not None:  # type: ignore[union-attr]
             return entry
     return None
 
@@ -232,14 +248,25 @@ class RouteTable:
 
     def select(self, req: Request) -> Selected | None:
         """The route and rule `req` takes; None when no route matches."""
-        host = req.host
-        tier = self._exact.get(host) if self._exact else None
-        if tier is not None and (found := tier.select(req)) is not None:
-            return found[1]
-        for length in self._suffix_lengths:
-            if length <= len(host):
-                tier = self._suffix.get(host[len(host) - length :])
-                if tier is not None and (found := tier.select(req)) is not None:
-                    return found[1]
-        found = self._none.select(req)
+        path = f"{req.path_only}?{req.query}" if req.query else req.path_only
+        return self.select_parts(req.host, req.method, path, req.headers)
+
+    def select_parts(
+        self, authority: str | None, method: str, path: str, headers: Sequence[Header]
+    ) -> Selected | None:
+        """`select` for a request's parts, as `authz.request` reads them: the Request is made
+        only when a match reads more than the path (or the routes name hosts)."""
+        ask = (authority, method, path, headers)
+        path = path.partition("?")[0]
+        if self._exact or self._suffix:
+            host = request(*ask).host
+            tier = self._exact.get(host)
+            if tier is not None and (found := tier.select(path, ask)) is not None:
+                return found[1]
+            for length in self._suffix_lengths:
+                if length <= len(host):
+                    tier = self._suffix.get(host[len(host) - length :])
+                    if tier is not None and (found := tier.select(path, ask)) is not None:
+                        return found[1]
+        found = self._none.select(path, ask)
         return None if found is None else found[1]

@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from meshlet.api.transport_header import SessionProtocol
-from meshlet.proxy.core import authz
 from meshlet.proxy.core.accrual import FailureAccrual, InvalidAccrual
 from meshlet.proxy.core.authz import HttpMatch, PathKind
 from meshlet.proxy.core.client_policy import (
@@ -137,10 +136,9 @@ class PolicyRouter:
         if len(routes) == 1 and _matches_all(routes[0]):
             selected: Selected | None = Selected(0, 0, routes[0].rules[0])  # a default route
         else:
-            req = authz.request(
+            selected = policy.table(routes, grpc).select_parts(
                 request.authority, request.method, request.path, getattr(request, "headers", ())
             )
-            selected = policy.table(routes, grpc).select(req)
         if selected is None:
             return NO_ROUTE
         rule = selected.target
