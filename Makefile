@@ -54,6 +54,8 @@ $(BENCH_STAMP): pyproject.toml $(STAMP)
 # server-side proxy with and without an AuthorizationPolicy (root: in a network namespace);
 # bench.instructions_observe the same proxy with no tap, one tap open, access logs on, tracing on,
 # against the proxy before tap landed, with CPU per request under load beside (as root too).
+# bench.instructions_routes counts the client-side proxy routing by a Service's outbound policy
+# with no HTTPRoute, 100 and 10,000 (with their memory and an edit's time to first use).
 bench: export PYTHONPATH := $(abspath testing)
 bench: $(STAMP) $(BENCH_STAMP)
 	$(BIN)/python -m bench.certify
@@ -62,6 +64,7 @@ bench: $(STAMP) $(BENCH_STAMP)
 	$(BIN)/python -m bench.instructions $(INSTRUCTIONS_ARGS)
 	$(BIN)/python -m bench.instructions_policy
 	$(BIN)/python -m bench.instructions_observe
+	$(BIN)/python -m bench.instructions_routes
 	$(BIN)/python -m bench.proxy $(BENCH_ARGS)
 
 REGISTRY ?= ghcr.io/meshlet

@@ -104,12 +104,16 @@ def h1_requests(port: int, upstream_port: int, count: int) -> None:
 
 
 def h1_exchange(
-    sock: socket.socket, authority: str, count: int, headers: Sequence[tuple[str, str]] = ()
+    sock: socket.socket,
+    authority: str,
+    count: int,
+    headers: Sequence[tuple[str, str]] = (),
+    path: str = "/",
 ) -> None:
-    """`count` GETs for `authority` (with `headers`) one after the other on `sock`, each
-    answered."""
+    """`count` GETs of `path` for `authority` (with `headers`) one after the other on `sock`,
+    each answered."""
     extra = "".join(f"{name}: {value}\r\n" for name, value in headers)
-    request = f"GET / HTTP/1.1\r\nHost: {authority}\r\n{extra}\r\n".encode()
+    request = f"GET {path} HTTP/1.1\r\nHost: {authority}\r\n{extra}\r\n".encode()
     for _ in range(count):
         sock.sendall(request)
         got = b""
@@ -126,15 +130,19 @@ def h2_requests(port: int, upstream_port: int, count: int) -> None:
 
 
 def h2_exchange(
-    sock: socket.socket, authority: str, count: int, headers: Sequence[tuple[str, str]] = ()
+    sock: socket.socket,
+    authority: str,
+    count: int,
+    headers: Sequence[tuple[str, str]] = (),
+    path: str = "/",
 ) -> None:
-    """`count` GETs for `authority` (with `headers`) one after the other on `sock` (h2 prior
-    knowledge)."""
+    """`count` GETs of `path` for `authority` (with `headers`) one after the other on `sock` (h2
+    prior knowledge)."""
     conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
     conn.initiate_connection()
     sock.sendall(conn.data_to_send())
     headers = [(":method", "GET"), (":scheme", "http"),
-               (":authority", authority), (":path", "/"), *headers]  # fmt: skip
+               (":authority", authority), (":path", path), *headers]  # fmt: skip
     for _ in range(count):
         sid = conn.get_next_available_stream_id()
         conn.send_headers(sid, headers, end_stream=True)

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import enum
 import itertools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Final
 
 from meshlet.proxy.core.authz import GrpcMatch, HostMatch, HttpMatch
 from meshlet.proxy.core.endpoints import DiscoveredEndpoint
 from meshlet.proxy.core.header_modifier import HeaderModifier
+from meshlet.proxy.core.route_index import RouteTable
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,6 +283,17 @@ class ClientPolicy:
     http2: tuple[Route, ...] = ()
     grpc: tuple[Route, ...] = ()
     opaque: tuple[OpaqueRoute, ...] = ()
+    tables: dict[tuple[int, bool], RouteTable] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
+
+    def table(self, routes: tuple[Route, ...], grpc: bool) -> RouteTable:
+        """`routes` (one of this policy's lists) indexed for route selection, once per policy."""
+        key = (id(routes), grpc)
+        found = self.tables.get(key)
+        if found is None:
+            found = self.tables[key] = RouteTable(routes, grpc)
+        return found
 
     @property
     def backends(self) -> tuple[Backend, ...]:

@@ -16,6 +16,10 @@ Its `find_rule` is not reused: it orders rules as linkerd2-proxy does in both di
 match length first, so an exact path ties with a prefix of the same length, and the method
 last), where the Gateway API puts an exact path first and the method before headers; and its
 routes carry authorizations rather than backends.
+
+The routes are not scanned per request: `core.route_index.RouteTable` files each match once per
+policy version (the policy keeps it, `ClientPolicy.table`), and a request reads only the entries
+its host, path or gRPC service can meet.
 """
 
 from __future__ import annotations
@@ -23,30 +27,17 @@ from __future__ import annotations
 import bisect
 import random
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
 
 from meshlet.proxy.core.authz import GrpcMatch, HttpMatch, PathKind, Request
-from meshlet.proxy.core.client_policy import (
-    Backend,
-    Dispatch,
-    Distribution,
-    Route,
-    RouteBackend,
-    Rule,
-)
+from meshlet.proxy.core.client_policy import Backend, Dispatch, Distribution, Route, RouteBackend
+from meshlet.proxy.core.route_index import RouteTable, Selected
 
-_MATCH_ALL_HTTP = (False, 1, False, 0, 0)
-_MATCH_ALL_GRPC = (0, 0, 0)
-
-
-class Selected(NamedTuple):
-    route: int  # the index of the route in the policy's list
-    rule: int  # the index of the rule in the route
-    target: Rule
+__all__ = ["RouteTable", "Selected", "grpc_key", "http_key", "pick", "select_grpc", "select_http"]
 
 
 def http_key(match: HttpMatch, req: Request) -> tuple[bool, int, bool, int, int] | None:
-    """How well `match` fits `req` (higher is better), None when it does not."""
+    """How well `match` fits `req` in the order above (higher is better), None when it does not:
+    the ranking `RouteTable` reaches without computing it for every match."""
     summary = match.summary(req)
     if summary is None:
         return None
@@ -60,44 +51,14 @@ def grpc_key(match: GrpcMatch, req: Request) -> tuple[int, int, int] | None:
 
 
 def select_http(routes: Sequence[Route], req: Request) -> Selected | None:
-    """The route and rule an HTTP request takes; None: no route matches (Linkerd answers 404)."""
-    return _select(routes, req, lambda m: http_key(m, req) if isinstance(m, HttpMatch) else None,
-                   _MATCH_ALL_HTTP)  # fmt: skip
+    """The route and rule an HTTP request takes; None: no route matches (Linkerd answers 404).
+    Indexes `routes` for this one request: a router keeps the policy's `RouteTable`."""
+    return RouteTable(routes, grpc=False).select(req)
 
 
 def select_grpc(routes: Sequence[Route], req: Request) -> Selected | None:
     """The route and rule a gRPC request (path `/service/method`) takes; None: no match."""
-    return _select(routes, req, lambda m: grpc_key(m, req) if isinstance(m, GrpcMatch) else None,
-                   _MATCH_ALL_GRPC)  # fmt: skip
-
-
-def _select(
-    routes: Sequence[Route],
-    req: Request,
-    key: Callable[[HttpMatch | GrpcMatch], tuple[object, ...] | None],
-    match_all: tuple[object, ...],
-) -> Selected | None:
-    best: tuple[tuple[int, int] | tuple[()], tuple[object, ...]] | None = None
-    found = None
-    for index, route in enumerate(routes):
-        host: tuple[int, int] | tuple[()] = ()
-        if route.hosts:
-            hosts = [hs for h in route.hosts if (hs := h.summary(req.host)) is not None]
-            if not hosts:
-                continue
-            host = max(hosts)
-        for at, rule in enumerate(route.rules):
-            if not rule.matches:
-                rule_key: tuple[object, ...] | None = match_all
-            else:
-                keys = [k for m in rule.matches if (k := key(m)) is not None]
-                rule_key = max(keys) if keys else None
-            if rule_key is None:
-                continue
-            candidate = (host, rule_key)
-            if best is None or candidate > best:
-                best, found = candidate, Selected(index, at, rule)
-    return found
+    return RouteTable(routes, grpc=True).select(req)
 
 
 def pick(

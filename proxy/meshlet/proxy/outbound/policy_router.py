@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from meshlet.api.transport_header import SessionProtocol
-from meshlet.proxy.core import authz
 from meshlet.proxy.core.accrual import FailureAccrual, InvalidAccrual
 from meshlet.proxy.core.authz import HttpMatch, PathKind
 from meshlet.proxy.core.client_policy import (
@@ -57,7 +56,7 @@ from meshlet.proxy.core.client_policy import (
     Rule,
 )
 from meshlet.proxy.core.header_modifier import HeaderModifier
-from meshlet.proxy.core.route_select import Selected, pick, select_grpc, select_http
+from meshlet.proxy.core.route_select import Selected, pick
 from meshlet.proxy.core.routes import RoutePolicy
 from meshlet.proxy.http import route_series
 from meshlet.proxy.http.contract import (
@@ -148,10 +147,9 @@ class PolicyRouter:
         if len(routes) == 1 and _matches_all(routes[0]):
             selected: Selected | None = Selected(0, 0, routes[0].rules[0])  # a default route
         else:
-            req = authz.request(
+            selected = policy.table(routes, grpc).select_parts(
                 request.authority, request.method, request.path, getattr(request, "headers", ())
             )
-            selected = (select_grpc if grpc else select_http)(routes, req)
         if selected is None:
             return NO_ROUTE
         rule = selected.target
