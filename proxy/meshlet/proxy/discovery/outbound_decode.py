@@ -10,7 +10,8 @@ shared, so both sides accept and refuse the same things. Regexes are RE2 (`meshl
 linear-time matching, a bounded program), so no pattern a controller sends can make matching a
 request backtrack without end; a pattern RE2 refuses refuses the policy.
 
-Bounds, each refusing the policy: at most `MAX_ROUTES` routes in all, `MAX_BACKENDS` backends
+Bounds, each refusing the policy: at most `MAX_ROUTES` routes per protocol (a detect port's
+policy carries a Service's HTTPRoutes twice, for HTTP/1 and HTTP/2), `MAX_BACKENDS` backends
 per distribution, weights at most `MAX_WEIGHT` (the Gateway API's maximum) with a positive total,
 retry limits within Linkerd's u16. Filters the contract defines are all decoded (the router
 applies them); a filter, distribution, accrual or dispatch without a kind is an error, never
@@ -118,7 +119,7 @@ def decode_outbound(msg: outbound_pb2.OutboundPolicy) -> ClientPolicy:
         problems.raise_any()
     total = _route_count(msg.protocol)
     if total > MAX_ROUTES:
-        raise DecodeError(f"{total} routes, more than the {MAX_ROUTES} a policy may have")
+        raise DecodeError(f"{total} routes, more than the {MAX_ROUTES} a protocol may have")
     proto = msg.protocol
     policy: dict[str, Any] = {}
     if kind == "detect":
@@ -147,10 +148,11 @@ def decode_outbound(msg: outbound_pb2.OutboundPolicy) -> ClientPolicy:
 
 
 def _route_count(proto: outbound_pb2.ProxyProtocol) -> int:
+    """The routes of the policy's longest list (one oneof is set: the others are empty)."""
     d = proto.detect
-    return (len(d.http1.routes) + len(d.http2.routes) + len(d.opaque.routes)
-            + len(proto.http1.routes) + len(proto.http2.routes) + len(proto.grpc.routes)
-            + len(proto.opaque.routes) + len(proto.tls.routes))  # fmt: skip
+    return max(len(d.http1.routes), len(d.http2.routes), len(d.opaque.routes),
+               len(proto.http1.routes), len(proto.http2.routes), len(proto.grpc.routes),
+               len(proto.opaque.routes), len(proto.tls.routes))  # fmt: skip
 
 
 def _missing(what: str) -> Any:

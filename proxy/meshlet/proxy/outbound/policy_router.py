@@ -2,9 +2,9 @@
 (Linkerd's client policy, linkerd2-proxy `outbound/src/http/logical/policy`), once the policy
 controller has answered and no ServiceProfile with routes or dst_overrides claims the service.
 
-A request takes the best route and rule (`core.route_select`: `select_grpc` for a gRPC request
-when the policy has gRPC routes, else `select_http` over the routes of the connection's HTTP
-version); none matches: 404, as Linkerd's outbound proxy answers. The rule's filters apply in
+A request takes the best route and rule (`core.route_index`: the table the policy keeps for
+its gRPC routes for a gRPC request when it has some, else for the routes of the connection's
+HTTP version; the precedence is `core.route_select`'s); none matches: 404, as Linkerd's outbound proxy answers. The rule's filters apply in
 order, then the drawn backend's: a RequestHeaderModifier changes the request the engines forward
 (`RouteTarget.request_headers`), a ResponseHeaderModifier the response they relay back
 (`response_headers`), a RequestRedirect is answered here (3xx with `Location`), a
