@@ -4,8 +4,9 @@ controller has answered and no ServiceProfile with routes or dst_overrides claim
 
 A request takes the best route and rule (`core.route_index`: the table the policy keeps for
 its gRPC routes for a gRPC request when it has some, else for the routes of the connection's
-HTTP version; the precedence is `core.route_select`'s); none matches: 404, as Linkerd's outbound proxy answers. The rule's filters apply in
-order, then the drawn backend's: a RequestHeaderModifier changes the request the engines forward
+HTTP version; the precedence is `core.route_select`'s); none matches: 404, as Linkerd's
+outbound proxy answers. The rule's filters apply in order, then the drawn backend's: a
+RequestHeaderModifier changes the request the engines forward
 (`RouteTarget.request_headers`), a ResponseHeaderModifier the response they relay back
 (`response_headers`), a RequestRedirect is answered here (3xx with `Location`), a
 failure injector answers its share of requests, a Forbidden or Invalid filter and a `Fail`
