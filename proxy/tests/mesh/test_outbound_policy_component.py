@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -66,12 +65,6 @@ def until(condition: Callable[[], bool], within: float = DEADLINE) -> None:
             last = exc
         assert time.monotonic() < deadline, f"not within {within}s (last: {last!r})"
         time.sleep(0.02)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # -- the apps -------------------------------------------------------------------------------
@@ -243,14 +236,6 @@ def flaky_service(accrual: bool = False, retries: str = "") -> dict[str, Any]:
     return service
 
 
-def _ready(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=1) as response:
-            return int(response.status) == 200
-    except OSError:
-        return False
-
-
 @dataclass
 class World:
     folder: ManifestsFolder
@@ -330,14 +315,6 @@ def h2_requests(
     return bodies
 
 
-def _started(stack: contextlib.ExitStack, argv: list[str], log: Path, **env: str) -> None:
-    from meshlet_testing.processes import stop  # here: this file also runs as the apps' script
-
-    out = stack.enter_context(log.open("wb"))
-    proc = subprocess.Popen(argv, stdout=out, stderr=out, env={**os.environ, **env})
-    stack.callback(stop, proc)
-
-
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     root = tmp_path_factory.mktemp("outbound-policy")
@@ -360,27 +337,10 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
                      for pod, ip in FLAKY_PODS.items()))  # fmt: skip
         folder.put("route", api_route())
         folder.put("grpc-route", rpc_route())
-        ports = {name: (free_port(), free_port()) for name in ("destination", "policy")}
-        for name, (port, admin) in ports.items():
-            _started(stack, [sys.executable, "-m", "meshlet.controlplane.main", name, "--addr",
-                             f"127.0.0.1:{port}", "--admin-addr", f"127.0.0.1:{admin}",
-                             "--manifests", str(folder.root)], root / f"{name}.log")  # fmt: skip
-        outbound, admin = free_port(), free_port()
-        p = wellknown.PROXY_ENV_PREFIX
-        _started(stack, [sys.executable, "-m", "meshlet.proxy.main"], root / "proxy.log", **{
-            f"{p}OUTBOUND_LISTEN_ADDR": f"127.0.0.1:{outbound}",
-            f"{p}INBOUND_LISTEN_ADDR": f"127.0.0.1:{free_port()}",
-            f"{p}ADMIN_LISTEN_ADDR": f"127.0.0.1:{admin}",
-            f"{p}CONTROL_LISTEN_ADDR": f"127.0.0.1:{free_port()}",
-            f"{p}DESTINATION_SVC_ADDR": f"127.0.0.1:{ports['destination'][0]}",
-            f"{p}DESTINATION_CONTEXT": json.dumps({"ns": NS, "nodeName": "node-1"}),
-            f"{p}POLICY_SVC_ADDR": f"127.0.0.1:{ports['policy'][0]}",
-            f"{p}POLICY_WORKLOAD": json.dumps({"ns": NS, "pod": "client-1"}),
-            f"{p}SHUTDOWN_GRACE_PERIOD": "1s",
-        })  # fmt: skip
-        for port in (ports["destination"][1], ports["policy"][1], admin):
-            until(lambda port=port: _ready(port), within=30)
-        yield World(folder, outbound, admin, root / "proxy.log")
+        from meshlet_testing import outboundproc  # here: this file also runs as a script
+
+        proxy = outboundproc.start(stack, root, folder.root, NS)
+        yield World(folder, proxy.outbound, proxy.admin, proxy.log)
 
 
 @pytest.fixture

@@ -28,7 +28,6 @@ import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Final
 
 import grpc
@@ -208,21 +207,6 @@ def until(condition: Callable[[], bool], within: float = DEADLINE) -> None:
         time.sleep(0.05)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _ready(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=1) as response:
-            return int(response.status) == 200
-    except OSError:
-        return False
-
-
 def grpc_route() -> dict[str, Any]:
     """Service rpc's GRPCRoute: every method to rpc, INTERNAL retried twice."""
     return {
@@ -325,8 +309,6 @@ def hits() -> Counter[str]:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    from meshlet_testing.processes import stop  # here: this file also runs as the apps' script
-
     root = tmp_path_factory.mktemp("outbound-retries")
     folder = ManifestsFolder(root / "manifests")
     folder.root.mkdir()
@@ -356,32 +338,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             objects.pod(pod, ip, NS, app="rpc", sa="rpc", meshed=False)
             for pod, ip in RPC_PODS.items()))  # fmt: skip
 
-        def started(argv: list[str], log: Path, **env: str) -> None:
-            out = stack.enter_context(log.open("wb"))
-            proc = subprocess.Popen(argv, stdout=out, stderr=out, env={**os.environ, **env})
-            stack.callback(stop, proc)
+        from meshlet_testing import outboundproc  # here: this file also runs as a script
 
-        ports = {name: (free_port(), free_port()) for name in ("destination", "policy")}
-        for name, (port, admin) in ports.items():
-            started([sys.executable, "-m", "meshlet.controlplane.main", name, "--addr",
-                     f"127.0.0.1:{port}", "--admin-addr", f"127.0.0.1:{admin}",
-                     "--manifests", str(folder.root)], root / f"{name}.log")  # fmt: skip
-        outbound, admin = free_port(), free_port()
-        p = W.PROXY_ENV_PREFIX
-        started([sys.executable, "-m", "meshlet.proxy.main"], root / "proxy.log", **{
-            f"{p}OUTBOUND_LISTEN_ADDR": f"127.0.0.1:{outbound}",
-            f"{p}INBOUND_LISTEN_ADDR": f"127.0.0.1:{free_port()}",
-            f"{p}ADMIN_LISTEN_ADDR": f"127.0.0.1:{admin}",
-            f"{p}CONTROL_LISTEN_ADDR": f"127.0.0.1:{free_port()}",
-            f"{p}DESTINATION_SVC_ADDR": f"127.0.0.1:{ports['destination'][0]}",
-            f"{p}DESTINATION_CONTEXT": json.dumps({"ns": NS, "nodeName": "node-1"}),
-            f"{p}POLICY_SVC_ADDR": f"127.0.0.1:{ports['policy'][0]}",
-            f"{p}POLICY_WORKLOAD": json.dumps({"ns": NS, "pod": "client-1"}),
-            f"{p}SHUTDOWN_GRACE_PERIOD": "1s",
-        })  # fmt: skip
-        for port in (ports["destination"][1], ports["policy"][1], admin):
-            until(lambda port=port: _ready(port), within=30)
-        yield World(folder, outbound)
+        yield World(folder, outboundproc.start(stack, root, folder.root, NS).outbound)
 
 
 # -- the tests --------------------------------------------------------------------------------
