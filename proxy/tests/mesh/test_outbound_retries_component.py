@@ -65,11 +65,13 @@ SERVICES: Final = {
         W.TIMEOUT_REQUEST_ANNOTATION: "1s",
     },
     "answered": {W.TIMEOUT_RESPONSE_ANNOTATION: "300ms"},  # no retries: 504
+    "stormy": {W.RETRY_HTTP_ANNOTATION: "5xx", W.RETRY_LIMIT_ANNOTATION: "2"},
     "answered-h2": {W.TIMEOUT_RESPONSE_ANNOTATION: "300ms"},
 }
 CLUSTER_IPS: Final = {
     "retried": "10.96.9.1", "bounded": "10.96.9.2", "answered": "10.96.9.3", "rpc": "10.96.9.4",
     "retried-h2": "10.96.9.5", "answered-h2": "10.96.9.6", "moved": "10.96.9.7",
+    "stormy": "10.96.9.8",
 }  # fmt: skip
 
 
@@ -92,7 +94,9 @@ async def _serve_http(pod: str, reader: asyncio.StreamReader, writer: asyncio.St
         while head:
             path = head.split(b" ", 2)[1].decode()
             body = await _body(pod, path)
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+            status = b"500 Internal Server Error" if path.startswith("/fail") else b"200 OK"
+            writer.write(b"HTTP/1.1 %s\r\ncontent-length: %d\r\n\r\n%s"
+                         % (status, len(body), body))  # fmt: skip
             head = await reader.readuntil(b"\r\n\r\n")
     writer.close()
 
@@ -240,6 +244,17 @@ def redirect_route() -> dict[str, Any]:
 class World:
     folder: ManifestsFolder
     outbound: int
+    admin: int
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The sum of the proxy's `name` samples whose labels include `labels`."""
+        from meshlet.cli.stats import parse
+
+        url = f"http://127.0.0.1:{self.admin}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            series = parse(response.read().decode())
+        want = set(labels.items())
+        return sum(v for (n, have), v in series.items() if n == name and want <= have)
 
     def call(self, service: str, path: str, http2: bool = False) -> tuple[str, str, float]:
         """curl's status, body and seconds for one GET of `path` from `service`."""
@@ -340,7 +355,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
 
         from meshlet_testing import outboundproc  # here: this file also runs as a script
 
-        yield World(folder, outboundproc.start(stack, root, folder.root, NS).outbound)
+        proxy = outboundproc.start(stack, root, folder.root, NS)
+        yield World(folder, proxy.outbound, proxy.admin)
 
 
 # -- the tests --------------------------------------------------------------------------------
@@ -352,6 +368,20 @@ def test_the_first_request_to_a_service_waits_for_its_policy(world: World) -> No
     status, _, took = world.call("moved", "/page")
     assert status == "301"
     assert took < 2.0
+
+
+def test_retries_stay_within_the_service_s_retry_budget(world: World) -> None:
+    """Service stormy retries 5xx twice, and every replica fails /fail: 300 calls would be
+    900 attempts; the retry budget (20 % of the calls plus 10 a second, over 10 s) sends at most
+    160 retries, and the rest are counted as overflow."""
+    before = sum(hits().values())
+    answers = world.parallel("stormy", "/fail", 300, False)
+    assert {status for status, _ in answers} == {"500"}
+    attempts = sum(hits().values()) - before
+    assert 300 < attempts <= 300 + 0.2 * 300 + 10 * 10 + 10, attempts
+    route = {"parent_name": "stormy"}
+    assert world.metric("outbound_http_route_retry_overflow_total", **route) > 0
+    assert world.metric("outbound_http_route_retry_requests_total", **route) == attempts - 300
 
 
 def test_a_redirect_loop_is_the_client_s_to_follow_and_costs_the_proxy_one_answer_each(

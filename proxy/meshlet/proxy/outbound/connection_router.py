@@ -223,7 +223,8 @@ class OutboundRouter:
 
         target = policy_target(destination)
         label = self._metrics.authority_label(str(target))
-        router = PolicyRouter(mesh, self._metrics, self._session, label)
+        router = PolicyRouter(mesh, self._metrics, self._session, label,
+                              budget=mesh.budget_for(destination))  # fmt: skip
         self._policy_router = (destination, target, router)
         return target, router
 

@@ -22,7 +22,10 @@ answer (a redirect, an injected failure, a route that cannot send) is counted on
 The rule's retry resends a failed attempt (`core.failover`, with the Service's retry budget):
 a retried HTTP status, a retried gRPC code (in the head, or in trailers that come with the
 response's first body bytes: `ProxyStream` holds the response that long), a reset, or an
-attempt's own timeout (`_route_policy`), after the retry's backoff.
+attempt's own timeout (`_route_policy`), after the retry's backoff, and only while the
+service's retry budget (`budget`: the one its ServiceProfile's retries share, by default 20 %
+of its requests plus 10 a second) allows: a limit of 2 on a Service whose every replica fails
+does not triple its load.
 
 What a rule leads to is built once per policy version and kept for the connection (a
 RouteTarget per backend): routing a request is a match, a draw and a dict read.
@@ -73,6 +76,7 @@ from meshlet.proxy.http.route_series import UNKNOWN, parent_labels
 
 if TYPE_CHECKING:
     from meshlet.proxy.core.endpoints import DiscoveredEndpoint
+    from meshlet.proxy.core.retry_budget import RetryBudget
     from meshlet.proxy.discovery.outbound_policy import Followed
     from meshlet.proxy.http.route_series import BackendSeries, RouteSeries
     from meshlet.proxy.metrics import ProxyMetrics
@@ -121,11 +125,13 @@ class PolicyRouter:
         session: SessionProtocol,
         dst: str,
         rng: random.Random | None = None,
+        budget: RetryBudget | None = None,
     ) -> None:
         self._mesh = mesh
         self._metrics = metrics
         self._session = session
         self._dst = dst
+        self._budget = budget
         self._rng = rng or random.Random()
         self._followed: Followed | None = None
         self._version = -1
@@ -243,7 +249,7 @@ class PolicyRouter:
             endpoints = ForwardPicker(self._mesh, dispatch.endpoint, self._session)
         policy = _route_policy(rule, timeout)
         return RouteTarget(
-            self._dst, policy, None, endpoints,
+            self._dst, policy, self._budget, endpoints,
             _modifier(filters, RequestHeaders), _modifier(filters, ResponseHeaders),
         )  # fmt: skip
 
