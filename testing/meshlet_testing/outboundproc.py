@@ -78,3 +78,15 @@ def start(
             assert time.monotonic() < end, f"the admin server on :{port} was not ready in time"
             time.sleep(0.05)
     return OutboundProxy(outbound, admin, root / "proxy.log")
+
+
+def apps(stack: contextlib.ExitStack, script: str) -> str:
+    """Runs `script` (a test module run as its pods' apps) until `stack` closes (the apps' process
+    ends when its stdin closes); returns the first line it prints: what it serves."""
+    argv = [sys.executable, script]
+    proc = stack.enter_context(
+        subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    )
+    assert proc.stdout is not None and proc.stdin is not None
+    stack.callback(proc.stdin.close)
+    return proc.stdout.readline().strip()

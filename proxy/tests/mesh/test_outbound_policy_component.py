@@ -321,12 +321,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     folder = ManifestsFolder(root / "manifests")
     folder.root.mkdir()
     with contextlib.ExitStack() as stack:
-        apps = stack.enter_context(subprocess.Popen(
-            [sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            text=True))  # fmt: skip
-        assert apps.stdout is not None and apps.stdin is not None
-        stack.callback(apps.stdin.close)  # the apps' process ends when its stdin closes
-        app_ports = json.loads(apps.stdout.readline())
+        from meshlet_testing import outboundproc  # here: this file also runs as a script
+
+        app_ports = json.loads(outboundproc.apps(stack, __file__))
         for name, ip in {**PODS, **GRPC_PODS}.items():
             service = objects.service(name, NS, cluster_ip=CLUSTER_IPS[name],
                                       ports=[("http", 80, app_ports[name])])  # fmt: skip
@@ -337,8 +334,6 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
                      for pod, ip in FLAKY_PODS.items()))  # fmt: skip
         folder.put("route", api_route())
         folder.put("grpc-route", rpc_route())
-        from meshlet_testing import outboundproc  # here: this file also runs as a script
-
         proxy = outboundproc.start(stack, root, folder.root, NS)
         yield World(folder, proxy.outbound, proxy.admin, proxy.log)
 

@@ -328,12 +328,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     folder = ManifestsFolder(root / "manifests")
     folder.root.mkdir()
     with contextlib.ExitStack() as stack:
-        apps = stack.enter_context(subprocess.Popen(
-            [sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            text=True))  # fmt: skip
-        assert apps.stdout is not None and apps.stdin is not None
-        stack.callback(apps.stdin.close)
-        assert apps.stdout.readline().strip() == "ready"
+        from meshlet_testing import outboundproc  # here: this file also runs as a script
+
+        assert outboundproc.apps(stack, __file__) == "ready"
         pods = [objects.pod(pod, ip, NS, app="slow", sa="slow", meshed=False)
                 for pod, ip in SLOW_PODS.items()]  # fmt: skip
         for name, notes in SERVICES.items():
@@ -352,8 +349,6 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         folder.put("rpc", rpc, grpc_route(), *(
             objects.pod(pod, ip, NS, app="rpc", sa="rpc", meshed=False)
             for pod, ip in RPC_PODS.items()))  # fmt: skip
-
-        from meshlet_testing import outboundproc  # here: this file also runs as a script
 
         proxy = outboundproc.start(stack, root, folder.root, NS)
         yield World(folder, proxy.outbound, proxy.admin)
