@@ -23,6 +23,7 @@ from meshlet.proxy.core.loops import SelfTargets
 from meshlet.proxy.core.routes import AllOf, Method, PathRegex, Route
 from meshlet.proxy.discovery.outbound_policy import WatchOutbound
 from meshlet.proxy.http.contract import Endpoint, RouteTarget, Target, Wait, settle
+from meshlet.proxy.outbound import connection_router
 from meshlet.proxy.outbound.connection_router import OutboundRouter
 from meshlet.proxy.outbound.policies import OutboundPolicies
 
@@ -53,12 +54,15 @@ class Controller(outbound_pb2_grpc.OutboundPoliciesServicer):
     def __init__(self, index: OutboundIndex) -> None:
         self.index = index
         self.asked: list[str] = []
+        self.silent = False  # never answer for Service api
 
     async def Watch(  # type: ignore[override]
         self, request: outbound_pb2.TrafficSpec, context: Any
     ) -> AsyncIterator[outbound_pb2.OutboundPolicy]:
         self.asked.append(request.authority)
         name = request.authority.split(".", 1)[0]
+        if name == "api" and self.silent:
+            await asyncio.Event().wait()  # a controller that never answers
         found = self.index.get(NS, name, 80)
         assert found is not None
         yield found
@@ -220,3 +224,33 @@ async def test_http_to_a_port_the_policy_calls_opaque_is_routed_as_without_it(
     assert found is not None and found.policy is not None
     assert not found.policy.http1 and not found.policy.http2  # opaque: no HTTP routes
     assert (await endpoint(router, "/")).addr == HostPort("10.0.0.4", 8080)  # not a 404
+
+
+async def test_a_silent_controller_holds_up_one_wait_not_every_request(
+    discovery: Discovery,
+    policies: tuple[OutboundPolicies, Controller],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The controller never answers for api: the first request waits POLICY_WAIT and is routed
+    without the policy (to api itself, not by its /v2 route); later requests are not held."""
+    followed, controller = policies
+    controller.silent = True
+    monkeypatch.setattr(connection_router, "POLICY_WAIT", 0.2)
+    client = discovery.client
+    client.service("api", 80, Discovery.endpoint("10.0.0.3"), cluster_ip="10.96.0.12")
+    client.service("web-v2", 80, Discovery.endpoint("10.0.0.2"))
+    mesh = discovery.mesh()
+    destination = await mesh.destination(HostPort("10.96.0.12", 80))
+    assert not isinstance(destination, tuple)
+    router = OutboundRouter(
+        mesh, discovery.metrics, SessionProtocol.HTTP1, destination=destination,
+        target=HostPort("10.96.0.12", 80), self_targets=SelfTargets([]), local_ip="10.0.0.7",
+        policies=followed,
+    )  # fmt: skip
+    target = Target("10.96.0.12:80", "GET", "/v2/a")
+    first = router.route(target)
+    assert isinstance(first, Wait)
+    routed = await settle(first)
+    assert isinstance(routed, RouteTarget)
+    assert (await settle(routed.endpoints.pick())).addr == HostPort("10.0.0.3", 8080)
+    assert isinstance(router.route(target), RouteTarget)  # no second wait

@@ -85,7 +85,8 @@ class Followed:
     """One target's current policy, kept up to date by `run()` (until cancelled). `version`
     counts the policies that changed it, so a reader recomputes only on change. `settled` is
     set once the controller has answered, with a policy or by failing the stream (a target it
-    does not know), so a first request waits for the answer, never for a retry."""
+    does not know), or once a request gave up waiting for it, so a first request waits for the
+    answer, never for a retry, and a silent controller holds up one wait, not every request."""
 
     def __init__(self, client: WatchOutbound, target: HostPort) -> None:
         self.client = client

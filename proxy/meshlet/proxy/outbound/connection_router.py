@@ -14,13 +14,13 @@ has a ServiceProfile with routes or dst_overrides, the profile routes and the po
 ignored; otherwise each request is routed by the policy (`outbound.policy_router`). The first
 requests to a service wait for the controller's first answer, up to POLICY_WAIT (a split, a
 redirect or a forbidding filter holds from the first request); when the controller fails the
-stream (it does not know the target) or is slower than that, they take the profile's path.
+stream (it does not know the target) or is slower than that, they take the profile's path,
+and so do the service's later requests until the policy arrives (one wait, not one each).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, NamedTuple
 
@@ -250,9 +250,11 @@ class OutboundRouter:
         self, args: tuple[Followed, Destinations, Destination, RequestTarget, str | None]
     ) -> RouteTarget | RouteError | Wait:
         followed, mesh, destination, request, authority = args
-        with contextlib.suppress(TimeoutError):
+        try:
             async with asyncio.timeout(POLICY_WAIT):
                 await followed.settled.wait()
+        except TimeoutError:
+            followed.settled.set()  # a controller that does not answer holds up no other request
         return self._discovered(mesh, destination, request, authority, waited=True)
 
     async def _by_authority(self, request: RequestTarget) -> RouteTarget | RouteError | Wait:
