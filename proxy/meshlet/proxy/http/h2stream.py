@@ -200,9 +200,10 @@ class ProxyStream:
         self.req.kept = []
 
     def send(self, endpoint: Endpoint, fresh: bool) -> Wait | None:
-        due = self.att.due
-        if due is not None and due != self.timer_at:
-            self._arm(due)  # this attempt's own timeout
+        if self.att.try_deadline is not None:  # this attempt's own timeout, maybe the sooner
+            due = self.att.due
+            if due != self.timer_at:
+                self._arm(due)
         return self.server.pool.open(endpoint, self, self.server.upstream_counts)
 
     def _arm(self, due: float | None) -> None:
