@@ -23,6 +23,7 @@ from meshlet.proxy.connections import Connections
 from meshlet.proxy.core.authz import Network, default_policy
 from meshlet.proxy.core.loops import SelfTargets
 from meshlet.proxy.core.pressure import PressureLimits
+from meshlet.proxy.core.target import EscapedSlashes
 from meshlet.proxy.http.contract import Addr, HttpLimits
 from meshlet.proxy.inbound.authz import InboundPolicy
 from meshlet.proxy.inbound.stack import InboundStack
@@ -56,6 +57,7 @@ class Proxy:
             connect_timeout=config.outbound_connect_timeout,
             pool_idle_timeout=config.http1_pool_idle_timeout,
             max_concurrent_streams=config.http2_max_concurrent_streams,
+            escaped_slashes=EscapedSlashes(config.http_escaped_slashes),
         )
         self.closing = asyncio.Event()
         self.stopped = asyncio.Event()

@@ -387,7 +387,12 @@ class H1Machine:
             return
         parser = self._parser
         head = parse_request(
-            parser.get_method(), self._url, parser.get_http_version(), fields, self._add_headers
+            parser.get_method(),
+            self._url,
+            parser.get_http_version(),
+            fields,
+            self._add_headers,
+            self._limits.escaped_slashes,
         )
         if isinstance(head, Rejection):
             raise Reject(head.status, head.reason)
