@@ -57,7 +57,6 @@ class Proxy:
             connect_timeout=config.outbound_connect_timeout,
             pool_idle_timeout=config.http1_pool_idle_timeout,
             max_concurrent_streams=config.http2_max_concurrent_streams,
-            escaped_slashes=EscapedSlashes(config.http_escaped_slashes),
         )
         self.closing = asyncio.Event()
         self.stopped = asyncio.Event()
@@ -75,6 +74,7 @@ class Proxy:
         self.connections = Connections(
             self.metrics, self.limits, tcp_connector(config.outbound_connect_timeout),
             self.closing, self.shedder, _observe(config, self.metrics),
+            EscapedSlashes(config.inbound_http_escaped_slashes),
         )  # fmt: skip
         # Built by `start` once the listeners are bound, from the ports as bound.
         self.outbound: OutboundStack

@@ -89,7 +89,7 @@ SETTINGS: Final = (
         wellknown.ESCAPED_SLASHES_ANNOTATION,
         "escaped_slashes",
         grammar.keyword,
-        wellknown.ProxyEnv.HTTP_ESCAPED_SLASHES,
+        wellknown.ProxyEnv.INBOUND_HTTP_ESCAPED_SLASHES,
     ),
     Setting(
         wellknown.TRACE_COLLECTOR_ANNOTATION,

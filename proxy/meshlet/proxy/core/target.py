@@ -11,7 +11,7 @@ The path (RFC 3986 §6.2.2, as Envoy's `normalize_path` and `merge_slashes`):
   - a percent-encoded unreserved character (`ALPHA DIGIT - . _ ~`) is decoded: `%61` → `a`;
     any other percent-encoding keeps its meaning and gets upper-case hex: `%3a` → `%3A`;
     a `%` not followed by two hex digits is refused;
-  - an encoded slash or backslash (`%2F`, `%5C`) is kept, refused or decoded as the proxy is
+  - an encoded slash or backslash (`%2F`, `%5C`) is refused, kept or decoded as the proxy is
     configured (`EscapedSlashes`, Envoy's `path_with_escaped_slashes_action`): decoding one
     makes a separator of it before the next two steps;
   - dot segments are resolved (`/a/./b/../c` → `/a/c`; never above the root) and empty
@@ -34,9 +34,15 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
+from meshlet.api import wellknown
+
 
 class EscapedSlashes(enum.Enum):
-    """What a path's `%2F` and `%5C` become (per proxy: MESHLET_PROXY_HTTP_ESCAPED_SLASHES)."""
+    """What a path's `%2F` and `%5C` become. Requests to a pod follow its proxy's
+    MESHLET_PROXY_INBOUND_HTTP_ESCAPED_SLASHES (REJECT by default: nginx and many frameworks
+    decode `%2F` before they route, so `/admin%2Fx` or `/x/..%2Fadmin` would be one path to the
+    proxy and `/admin/x` or `/admin` to the app); outbound requests KEEP theirs for the server's
+    proxy to judge."""
 
     KEEP = "keep"  # left encoded: the app decides (Envoy's KEEP_UNCHANGED)
     REJECT = "reject"  # the request is refused 400 (REJECT_REQUEST)
@@ -58,6 +64,10 @@ _UNRESERVED: Final = frozenset(
 _HEX: Final = frozenset(b"0123456789ABCDEFabcdef")
 _SLASHES: Final = frozenset(b"/\\")
 FRAGMENT: Final = "a request target must not carry a fragment (#)"
+_ENCODED_SLASH: Final = (
+    "an encoded slash (%2F or %5C) in the path, which this workload's proxy refuses"
+    f" (annotate it {wellknown.ESCAPED_SLASHES_ANNOTATION}: keep or decode to allow them)"
+)
 
 # A host already in its normal form: lower-case labels (RFC 1123, with `_` as many internal
 # names have), an optional port below 10000. Anything else takes the slow path.
@@ -116,7 +126,7 @@ def _decode(path: bytes, slashes: EscapedSlashes) -> bytes | Refused:
             out.append(bytes((code,)))
         elif code in _SLASHES and slashes is not EscapedSlashes.KEEP:
             if slashes is EscapedSlashes.REJECT:
-                return Refused("an encoded slash (%2F or %5C) in the path: refused here")
+                return Refused(_ENCODED_SLASH)
             out.append(bytes((code,)))
         else:
             out.append(b"%%%02X" % code)
