@@ -23,7 +23,7 @@ from meshlet.proxy.connections import Connections
 from meshlet.proxy.core.authz import Network, default_policy
 from meshlet.proxy.core.loops import SelfTargets
 from meshlet.proxy.core.pressure import PressureLimits
-from meshlet.proxy.core.target import EscapedSlashes
+from meshlet.api.target import EscapedSlashes
 from meshlet.proxy.http.contract import Addr, HttpLimits
 from meshlet.proxy.inbound.authz import InboundPolicy
 from meshlet.proxy.inbound.stack import InboundStack

@@ -213,7 +213,7 @@ class ProxyConfig:
     http1_max_header_bytes: int = 64 * 1024
     http1_max_headers: int = 100
     http2_max_concurrent_streams: int = 100
-    inbound_http_escaped_slashes: str = "reject"  # reject, keep or decode (core/target.py)
+    inbound_http_escaped_slashes: str = "reject"  # reject, keep or decode (meshlet.api.target)
     # High-water marks of client connections, their streams and the bytes buffered for them:
     # past one, the connections that cost most for the least progress are shed.
     load_shed_connections: int = 4096

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Final
 from meshlet.proxy.core.detect import may_be_http
 from meshlet.proxy.core.failover import Failure
 from meshlet.proxy.core.routes import DEFAULT_ROUTE
-from meshlet.proxy.core.target import EscapedSlashes
+from meshlet.api.target import EscapedSlashes
 from meshlet.proxy.http.attempts import Attempts, Failed, advance
 from meshlet.proxy.http.contract import (
     Connect,
@@ -63,7 +63,7 @@ class Connections:
         self.metrics = metrics
         self.observe = observe  # access logs and spans (None: neither)
         self.limits = limits
-        # Requests to the pod: its app's reading of `%2F` decides (core/target.py); outbound
+        # Requests to the pod: its app's reading of `%2F` decides (meshlet.api.target); outbound
         # requests keep theirs, for the server's proxy to judge.
         self.inbound_limits = dataclasses.replace(limits, escaped_slashes=inbound_slashes)
         self.connect = connect  # plain TCP with the connect timeout

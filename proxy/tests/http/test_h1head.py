@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from meshlet.api.target import EscapedSlashes
 from meshlet.proxy.core.header_modifier import compile_modifier
-from meshlet.proxy.core.target import EscapedSlashes
 from meshlet.proxy.http.contract import Redirection
 from meshlet.proxy.http.h1head import (
     Body,

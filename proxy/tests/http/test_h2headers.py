@@ -7,8 +7,8 @@ from hpack import NeverIndexedHeaderTuple
 from hypothesis import given
 from hypothesis import strategies as st
 
+from meshlet.api.target import EscapedSlashes
 from meshlet.proxy.core.header_modifier import compile_modifier
-from meshlet.proxy.core.target import EscapedSlashes
 from meshlet.proxy.http import h2headers
 from meshlet.proxy.http.contract import Redirection
 from meshlet.proxy.http.h2headers import (

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from meshlet.proxy.core.target import EscapedSlashes
+from meshlet.api.target import EscapedSlashes
 from meshlet.proxy.http.contract import HttpLimits
 from meshlet.proxy.http.h1 import serve_h1
 from meshlet_testing import nginx

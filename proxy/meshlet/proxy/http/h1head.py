@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Final, NamedTuple
 
 from meshlet.proxy.core.header_modifier import HeaderModifier
-from meshlet.proxy.core.target import EscapedSlashes, Refused, normalize_host, normalize_target
+from meshlet.api.target import EscapedSlashes, Refused, normalize_host, normalize_target
 from meshlet.proxy.http.contract import (
     INTERNAL_HEADERS,
     PROXY_ERROR_HEADER,
@@ -152,7 +152,7 @@ def parse_request(
     slashes: EscapedSlashes = EscapedSlashes.KEEP,
 ) -> RequestHead | Rejection:
     """Checks a request head llhttp parsed and builds the head forwarded upstream, its target
-    and Host in the one form the proxy routes on and the app receives (core/target.py)."""
+    and Host in the one form the proxy routes on and the app receives (meshlet.api.target)."""
     if version == "1.1":
         http10 = False
     elif version == "1.0":

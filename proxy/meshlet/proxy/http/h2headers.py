@@ -16,7 +16,7 @@ from typing import Final, NamedTuple
 from hpack import NeverIndexedHeaderTuple
 
 from meshlet.proxy.core.header_modifier import HeaderModifier
-from meshlet.proxy.core.target import EscapedSlashes, Refused, normalize_host, normalize_target
+from meshlet.api.target import EscapedSlashes, Refused, normalize_host, normalize_target
 from meshlet.proxy.http.contract import (
     INTERNAL_HEADERS,
     PROXY_ERROR_HEADER,
@@ -147,7 +147,7 @@ def _remember(header: Header) -> None:
 
 
 def _normal_path(path: bytes, slashes: EscapedSlashes) -> bytes | Malformed:
-    """A `:path` in the one form the proxy routes on and forwards (core/target.py)."""
+    """A `:path` in the one form the proxy routes on and forwards (meshlet.api.target)."""
     if path == b"*" or (b":path", path) in _VALID:
         return path
     if _BAD_PATH.search(path) is not None:
@@ -161,7 +161,7 @@ def _normal_path(path: bytes, slashes: EscapedSlashes) -> bytes | Malformed:
 
 
 def _normal_authority(authority: bytes) -> bytes | Malformed:
-    """An `:authority` (or `host`) in its normal form (core/target.py)."""
+    """An `:authority` (or `host`) in its normal form (meshlet.api.target)."""
     if (b":authority", authority) in _VALID:
         return authority
     host = normalize_host(authority)
@@ -201,7 +201,7 @@ def read_request(
     slashes: EscapedSlashes = EscapedSlashes.KEEP,
 ) -> Request | Malformed:
     """Checks a request head and rewrites it for the upstream: `:path`, `:authority` and `host`
-    normalized (core/target.py), internal headers stripped, `add` appended, credentials marked
+    normalized (meshlet.api.target), internal headers stripped, `add` appended, credentials marked
     never-indexed."""
     if len(block) > max_headers:
         return Malformed(f"more than {max_headers} headers", 431, answer=True)

@@ -5,7 +5,10 @@ on the wire: it decodes, resolves and folds them into `/admin` and `admin.store`
 routes and authorizes on the raw spelling while the app serves the folded one can be walked
 past a private route (Envoy's CVE-2019-9901 and CVE-2021-32779). So both engines pass every
 request target through here once, before anything reads it, and forward what comes out:
-routes, authorization, metrics, tap and the app all see the same path and host.
+routes, authorization, metrics, tap and the app all see the same path and host. A route's
+Exact or PathPrefix value is held to the same form (`normal_path_match`): the policy controller
+and the webhook refuse one that is not, and a proxy normalizes what a controller sends, so a
+route always names the paths requests are routed on.
 
 The path (RFC 3986 §6.2.2, as Envoy's `normalize_path` and `merge_slashes`):
   - a percent-encoded unreserved character (`ALPHA DIGIT - . _ ~`) is decoded: `%61` → `a`;
@@ -163,3 +166,18 @@ def normalize_host(authority: bytes) -> bytes | None:
         if rest[:1] != b":" or _PORT.fullmatch(port) is None or int(port) > _MAX_PORT:
             return None
     return host + rest
+
+
+def normal_path_match(value: str) -> str | Refused:
+    """A route's Exact or PathPrefix value in the form requests are routed on (encoded slashes
+    kept, as a route names them), or why it can never match a request."""
+    try:
+        raw = value.encode("ascii")
+    except UnicodeEncodeError:
+        return Refused("not ASCII: percent-encode it (as UTF-8), as requests carry it")
+    if not raw.startswith(b"/"):
+        return Refused("not an absolute path; start it with '/'")
+    if b"?" in raw:
+        return Refused("a path match carries no query (?); match queryParams instead")
+    normal = normalize_target(raw, EscapedSlashes.KEEP)
+    return normal if isinstance(normal, Refused) else normal.decode("ascii")

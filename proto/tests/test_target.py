@@ -8,10 +8,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from meshlet.proxy.core.target import (
+from meshlet.api.target import (
     FRAGMENT,
     EscapedSlashes,
     Refused,
+    normal_path_match,
     normalize_host,
     normalize_target,
 )
@@ -171,3 +172,24 @@ def test_a_normal_path_has_no_dot_or_empty_segment_and_no_decodable_byte(path: b
     if inner:
         assert all(s not in (b"", b".", b"..") for s in inner.split(b"/"))
     assert b"%2E" not in normal.upper() and b"%61" not in normal
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("/admin", "/admin"),
+        ("/", "/"),
+        ("/x/../admin", "/admin"),
+        ("//admin/", "/admin/"),
+        ("/%7Euser", "/~user"),
+        ("/group%2fproject", "/group%2Fproject"),  # kept: a route names what it matches
+        ("/café", Refused("not ASCII: percent-encode it (as UTF-8), as requests carry it")),
+        ("admin", Refused("not an absolute path; start it with '/'")),
+        ("/a?b", Refused("a path match carries no query (?); match queryParams instead")),
+        ("/a#b", Refused(FRAGMENT)),
+    ],
+)
+def test_a_routes_path_value_in_the_form_requests_are_routed_on(
+    value: str, expected: str | Refused
+) -> None:
+    assert normal_path_match(value) == expected
