@@ -48,6 +48,7 @@ class EngineProxy:
     closing: asyncio.Event
     listener: Listener
     routes: list[str | None] = field(default_factory=list)  # authorities asked for
+    paths: list[str] = field(default_factory=list)  # the paths routed, in order
     awaited: int = 0  # of those, answered only after a Wait
 
 
@@ -89,6 +90,7 @@ async def engine_proxy() -> AsyncIterator[Callable[..., Awaitable[EngineProxy]]]
             def routed(self, request: RequestTarget) -> RouteTarget | RouteError:
                 authority = request.authority
                 proxy.routes.append(authority)
+                proxy.paths.append(request.path)
                 if upstream is not None:
                     addr = HostPort(*upstream)
                     endpoint = Endpoint(addr, str(addr))

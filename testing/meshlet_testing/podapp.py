@@ -4,6 +4,10 @@ address:
 - HTTP/1.1 and HTTP/2 with prior knowledge (`HTTP_PORT`): every request is answered 200 with
   JSON naming the pod, the method, the path and every caller identity header that arrived
   (`meshlet-client-id`, `l5d-client-id`): what the pod's proxy let through, forged or not;
+  `GET /_waiting` answers how many requests wait for the rest of their body now;
+- HTTP/1 by Python's `http.server` (`STDLIB_PORT`), as wsgiref and the development servers of
+  werkzeug and Django parse it (any whitespace between the words of a request line): the same
+  JSON for every method;
 - gRPC (`GRPC_PORT`), `/meshlet.test.Echo/Unary`: the same JSON, from the call's metadata;
 - TCP (`TCP_PORT`), the server speaks first: `hello from NAME`, then echoes each line.
 """
@@ -19,6 +23,7 @@ from collections.abc import Iterable
 from typing import Any, Final
 
 HTTP_PORT: Final = 8080
+STDLIB_PORT: Final = 8081
 GRPC_PORT: Final = 9090
 TCP_PORT: Final = 7000
 ECHO: Final = "/meshlet.test.Echo/Unary"
@@ -29,6 +34,12 @@ MAX_HEAD: Final = 64 * 1024
 def answer(pod: str, method: str, path: str, fields: Iterable[tuple[str, str]]) -> bytes:
     ids = {name: [v for k, v in fields if k.lower() == name] for name in IDENTITY_HEADERS}
     return json.dumps({"pod": pod, "method": method, "path": path, **ids}).encode()
+
+
+class Waiting:
+    """Requests whose body is still arriving."""
+
+    count = 0
 
 
 async def serve_http(pod: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -44,8 +55,15 @@ async def serve_http(pod: str, reader: asyncio.StreamReader, writer: asyncio.Str
             fields = [tuple(x.strip() for x in line.split(":", 1)) for line in lines[1:] if line]
             pairs = [(k, v) for k, v in fields]
             length = int(dict((k.lower(), v) for k, v in pairs).get("content-length", "0"))
-            await reader.readexactly(length)
-            body = answer(pod, method, path, pairs)
+            Waiting.count += 1
+            try:
+                await reader.readexactly(length)
+            finally:
+                Waiting.count -= 1
+            if path == "/_waiting":
+                body = json.dumps({"waiting": Waiting.count}).encode()
+            else:
+                body = answer(pod, method, path, pairs)
             writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
                          b"content-length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
             await writer.drain()
@@ -86,6 +104,30 @@ async def serve_tcp(pod: str, reader: asyncio.StreamReader, writer: asyncio.Stre
     writer.close()
 
 
+def serve_stdlib(pod: str, host: str) -> Any:
+    """http.server on STDLIB_PORT, in a thread of its own; returns the server (to shut down)."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def handle_any(self) -> None:
+            body = answer(pod, self.command, self.path, list(self.headers.items()))
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = do_PUT = do_DELETE = do_FOO = handle_any
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer((host, STDLIB_PORT), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
 async def main(pod: str, host: str) -> None:
     import grpc
 
@@ -105,6 +147,7 @@ async def main(pod: str, host: str) -> None:
         service, {method: grpc.unary_unary_rpc_method_handler(unary)}),))  # fmt: skip
     rpc.add_insecure_port(f"{host}:{GRPC_PORT}")
     await rpc.start()
+    stdlib = serve_stdlib(pod, host)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -113,6 +156,7 @@ async def main(pod: str, host: str) -> None:
     await stop.wait()
     for server in servers:
         server.close()
+    stdlib.shutdown()
     await rpc.stop(grace=0)
 
 

@@ -73,6 +73,10 @@ SHUTDOWN_GRACE_PERIOD_ANNOTATION: Final = CONFIG_ANNOTATION_PREFIX + "proxy-shut
 # Linkerd's config.linkerd.io/access-log (apache or json) and trace-collector
 ACCESS_LOG_ANNOTATION: Final = CONFIG_ANNOTATION_PREFIX + "access-log"
 TRACE_COLLECTOR_ANNOTATION: Final = CONFIG_ANNOTATION_PREFIX + "trace-collector"
+# What the pod's proxy does with `%2F` and `%5C` in the path of a request to the pod, before
+# routing and authorizing it (`reject`, `keep` or `decode`; Envoy's
+# path_with_escaped_slashes_action): docs/policy.md.
+ESCAPED_SLASHES_ANNOTATION: Final = CONFIG_ANNOTATION_PREFIX + "proxy-escaped-slashes"
 # Linkerd's idle timeout, on a pod or its namespace: how long a request through that pod's proxy
 # may move no byte either way (unset: no limit).
 IDLE_TIMEOUT_ANNOTATION: Final = "timeout.meshlet.io/idle"
@@ -162,6 +166,8 @@ class ProxyEnv(enum.StrEnum):
     HTTP1_MAX_HEADER_BYTES = PROXY_ENV_PREFIX + "HTTP1_MAX_HEADER_BYTES"
     HTTP1_MAX_HEADERS = PROXY_ENV_PREFIX + "HTTP1_MAX_HEADERS"
     HTTP2_MAX_CONCURRENT_STREAMS = PROXY_ENV_PREFIX + "HTTP2_MAX_CONCURRENT_STREAMS"
+    # `reject` (default), `keep` or `decode`: `%2F` and `%5C` in an inbound request's path
+    INBOUND_HTTP_ESCAPED_SLASHES = PROXY_ENV_PREFIX + "INBOUND_HTTP_ESCAPED_SLASHES"
     LOAD_SHED_CONNECTIONS = PROXY_ENV_PREFIX + "LOAD_SHED_CONNECTIONS"
     LOAD_SHED_STREAMS = PROXY_ENV_PREFIX + "LOAD_SHED_STREAMS"
     LOAD_SHED_BUFFERED_BYTES = PROXY_ENV_PREFIX + "LOAD_SHED_BUFFERED_BYTES"

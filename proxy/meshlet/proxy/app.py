@@ -23,6 +23,7 @@ from meshlet.proxy.connections import Connections
 from meshlet.proxy.core.authz import Network, default_policy
 from meshlet.proxy.core.loops import SelfTargets
 from meshlet.proxy.core.pressure import PressureLimits
+from meshlet.api.target import EscapedSlashes
 from meshlet.proxy.http.contract import Addr, HttpLimits
 from meshlet.proxy.inbound.authz import InboundPolicy
 from meshlet.proxy.inbound.stack import InboundStack
@@ -73,6 +74,7 @@ class Proxy:
         self.connections = Connections(
             self.metrics, self.limits, tcp_connector(config.outbound_connect_timeout),
             self.closing, self.shedder, _observe(config, self.metrics),
+            EscapedSlashes(config.inbound_http_escaped_slashes),
         )  # fmt: skip
         # Built by `start` once the listeners are bound, from the ports as bound.
         self.outbound: OutboundStack

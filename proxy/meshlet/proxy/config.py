@@ -213,6 +213,7 @@ class ProxyConfig:
     http1_max_header_bytes: int = 64 * 1024
     http1_max_headers: int = 100
     http2_max_concurrent_streams: int = 100
+    inbound_http_escaped_slashes: str = "reject"  # reject, keep or decode (meshlet.api.target)
     # High-water marks of client connections, their streams and the bytes buffered for them:
     # past one, the connections that cost most for the least progress are shed.
     load_shed_connections: int = 4096
@@ -235,6 +236,13 @@ def _log_format(text: str) -> str:
     value = text.strip().lower()
     if value not in ("plain", "json"):
         raise ValueError("expected plain or json")
+    return value
+
+
+def _escaped_slashes(text: str) -> str:
+    value = text.strip().lower()
+    if value not in ("reject", "keep", "decode"):
+        raise ValueError("expected reject, keep or decode")
     return value
 
 
@@ -316,6 +324,7 @@ _TABLE: Final[dict[wellknown.ProxyEnv, tuple[str, Callable[[str], Any]]]] = {
     E.HTTP1_MAX_HEADER_BYTES: ("http1_max_header_bytes", _positive_int),
     E.HTTP1_MAX_HEADERS: ("http1_max_headers", _positive_int),
     E.HTTP2_MAX_CONCURRENT_STREAMS: ("http2_max_concurrent_streams", _positive_int),
+    E.INBOUND_HTTP_ESCAPED_SLASHES: ("inbound_http_escaped_slashes", _escaped_slashes),
     E.LOAD_SHED_CONNECTIONS: ("load_shed_connections", _positive_int),
     E.LOAD_SHED_STREAMS: ("load_shed_streams", _positive_int),
     E.LOAD_SHED_BUFFERED_BYTES: ("load_shed_buffered_bytes", _positive_int),

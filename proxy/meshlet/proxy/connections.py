@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import socket
 import struct
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Final
 from meshlet.proxy.core.detect import may_be_http
 from meshlet.proxy.core.failover import Failure
 from meshlet.proxy.core.routes import DEFAULT_ROUTE
+from meshlet.api.target import EscapedSlashes
 from meshlet.proxy.http.attempts import Attempts, Failed, advance
 from meshlet.proxy.http.contract import (
     Connect,
@@ -56,10 +58,14 @@ class Connections:
         closing: asyncio.Event,
         shedder: Shedder | None = None,
         observe: Observe | None = None,
+        inbound_slashes: EscapedSlashes = EscapedSlashes.REJECT,
     ) -> None:
         self.metrics = metrics
         self.observe = observe  # access logs and spans (None: neither)
         self.limits = limits
+        # Requests to the pod: its app's reading of `%2F` decides (meshlet.api.target); outbound
+        # requests keep theirs, for the server's proxy to judge.
+        self.inbound_limits = dataclasses.replace(limits, escaped_slashes=inbound_slashes)
         self.connect = connect  # plain TCP with the connect timeout
         self.closing = closing
         self.shedder = shedder  # every served client connection registers with it
@@ -142,7 +148,7 @@ class Connections:
             connect=self.connect,
             metrics=self.metrics,
             labels=labels,
-            limits=self.limits,
+            limits=self.inbound_limits if labels.direction == "inbound" else self.limits,
             closing=self.closing,
             add_headers=add_headers,
             handoff=handoff,

@@ -45,7 +45,16 @@ TCHAR = b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRS
         (b"FOO ", NEED_MORE),
         (b"FOO htt", NEED_MORE),
         (b"get foo\r\n", Protocol.OPAQUE),  # memcached
-        (b"FOO hello", Protocol.OPAQUE),
+        (b"FOO hello", NEED_MORE),  # `FOO hello HTTP/1.1` is a request line to http.server
+        (b"FOO hello\r\n", Protocol.OPAQUE),
+        (b"FOO hello HTTP/1.1\r\n", Protocol.HTTP1),
+        (b"FOO\thello\x0bHTTP/1.0\n", Protocol.HTTP1),
+        # any whitespace http.server splits on separates words, and may lead the line
+        (b"GET\t/admin\tHTTP/1.1\r\n", Protocol.HTTP1),
+        (b"GET\x0c", Protocol.HTTP1),
+        (b" GET / HTTP/1.1\r\n", Protocol.HTTP1),
+        (b"\t\x0b\x0c\x1c", NEED_MORE),
+        (b" PING\r\n", Protocol.OPAQUE),
         (b"EHLO mail.example.com\r\n", Protocol.OPAQUE),  # SMTP's client, after the banner
         (b"PING\r\n", Protocol.OPAQUE),
         (b"*1\r\n$4\r\nPING\r\n", Protocol.OPAQUE),  # redis

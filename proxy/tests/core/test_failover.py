@@ -87,7 +87,7 @@ def test_invariants(failure: Failure, attempt: Attempt) -> None:
     if decision.action is Action.RETRY and attempt.sends >= MAX_ATTEMPTS:
         assert failure in NOTHING_SENT
     if decision.budgeted:
-        assert failure in (Failure.RESET, Failure.STATUS, Failure.STALE)
+        assert failure in (Failure.RESET, Failure.STATUS, Failure.STALE, Failure.ATTEMPT_TIMEOUT)
     assert decision.action is not Action.ANSWER or decision.status in (502, 503, 504)
 
 

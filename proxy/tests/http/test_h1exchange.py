@@ -388,6 +388,46 @@ async def test_a_half_close_with_nothing_in_flight_ends_the_connection() -> None
     assert client.machine.eof() is False
 
 
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"POST /items HTTP/1.1\r\nHost: web:80\r\nContent-Length: 1000000\r\n\r\n",
+        b"POST /items HTTP/1.1\r\nHost: web:80\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n",
+    ],
+)
+async def test_a_half_close_in_the_middle_of_a_body_aborts_the_upstream_request(
+    head: bytes,
+) -> None:
+    client = Client()
+    client.send(head + b"x")
+    upstream = client.connect()
+    assert client.machine.eof() is False  # nothing more will come: the request cannot end
+    assert upstream.transport.aborted  # the app sees the cancel, not a request held for ever
+    response = client.received()
+    assert status_of(response) == 400 and b"before the request body ended" in response
+    assert client.closes and client.conn() in (Conn.LINGER, Conn.CLOSED)
+
+
+async def test_a_half_close_mid_body_cuts_a_response_already_under_way() -> None:
+    client = Client()
+    client.send(b"POST /items HTTP/1.1\r\nHost: web:80\r\nContent-Length: 10\r\n\r\nab")
+    upstream = client.connect()
+    upstream.respond(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\npartial")
+    assert status_of(client.received()) == 200
+    assert client.machine.eof() is False
+    assert upstream.transport.aborted and client.reset  # never passed off as complete
+
+
+async def test_a_half_close_mid_body_after_a_whole_early_response_closes_gracefully() -> None:
+    client = Client()
+    client.send(b"POST /items HTTP/1.1\r\nHost: web:80\r\nContent-Length: 10\r\n\r\nab")
+    upstream = client.connect()
+    upstream.respond(b"HTTP/1.1 413 Payload Too Large\r\ncontent-length: 0\r\n\r\n")
+    assert status_of(client.received()) == 413
+    assert client.machine.eof() is False
+    assert not client.reset and client.closes  # the whole response stays delivered
+
+
 async def test_a_chunked_request_body_is_reframed_piece_by_piece() -> None:
     client = Client()
     client.send(b"POST / HTTP/1.1\r\nHost: web:80\r\nTransfer-Encoding: chunked\r\n\r\n")

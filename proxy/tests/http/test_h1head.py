@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from meshlet.api.target import EscapedSlashes
 from meshlet.proxy.core.header_modifier import compile_modifier
 from meshlet.proxy.http.contract import Redirection
 from meshlet.proxy.http.h1head import (
@@ -184,6 +185,48 @@ def test_refused_heads(
 )
 def test_refused_targets(target: bytes) -> None:
     assert refused((b"Host", b"svc"), target=target) == 400
+
+
+@pytest.mark.parametrize(
+    ("target", "host", "path", "authority"),
+    [
+        (b"/%61dmin", b"svc", b"/admin", "svc"),
+        (b"/x/../admin?q=1", b"svc", b"/admin?q=1", "svc"),
+        (b"//admin", b"ADMIN.Store.", b"/admin", "admin.store"),
+        (b"http://Admin.Store.:8080/./a%7e", b"ignored", b"/a~", "admin.store:8080"),
+    ],
+)
+def test_the_target_and_host_forwarded_are_the_normal_ones_routed_on(
+    target: bytes, host: bytes, path: bytes, authority: str
+) -> None:
+    head = request((b"Host", host), target=target)
+    assert head.path == path.decode() and head.authority == authority
+    assert head.head.startswith(b"GET " + path + b" HTTP/1.1\r\nHost: " + authority.encode())
+
+
+@pytest.mark.parametrize(
+    ("target", "host"),
+    [
+        (b"/admin#frag", b"svc"),
+        (b"/a%zz", b"svc"),
+        (b"/", b"[admin.store]"),
+        (b"/", b"admin.store%00"),
+        (b"/", b"admin..store"),
+        (b"http://[admin.store]/", b"svc"),
+    ],
+)
+def test_targets_and_hosts_without_one_meaning_are_refused(target: bytes, host: bytes) -> None:
+    assert refused((b"Host", host), target=target) == 400
+
+
+def test_escaped_slashes_follow_the_setting() -> None:
+    def path(slashes: EscapedSlashes) -> str | int:
+        head = parse_request(b"GET", b"/a%2fb", "1.1", [(b"Host", b"svc")], (), slashes)
+        return head.status if isinstance(head, Rejection) else head.path
+
+    assert path(EscapedSlashes.KEEP) == "/a%2Fb"
+    assert path(EscapedSlashes.DECODE) == "/a/b"
+    assert path(EscapedSlashes.REJECT) == 400
 
 
 def test_asterisk_form_only_for_options() -> None:

@@ -7,6 +7,7 @@ from hpack import NeverIndexedHeaderTuple
 from hypothesis import given
 from hypothesis import strategies as st
 
+from meshlet.api.target import EscapedSlashes
 from meshlet.proxy.core.header_modifier import compile_modifier
 from meshlet.proxy.http import h2headers
 from meshlet.proxy.http.contract import Redirection
@@ -112,6 +113,12 @@ def test_a_connect_request_needs_only_an_authority() -> None:
         ([*GET, (b"host", b"other:80")], "differs"),
         ([*GET, (b"host", b"web:80"), (b"host", b"web:80")], "more than one host"),
         ([*GET, (b"te", b"gzip")], "te other than trailers"),
+        ([(b":method", b"G T"), *GET[1:]], "invalid value for :method"),
+        ([(b":method", b"(GET)"), *GET[1:]], "invalid value for :method"),
+        ([(b":method", b""), *GET[1:]], "invalid value for :method"),
+        ([GET[0], GET[1], (b":path", b"/a b"), GET[3]], "space or control"),
+        ([GET[0], GET[1], (b":path", b"/a\tb"), GET[3]], "space or control"),
+        ([GET[0], GET[1], (b":path", b"/a\x7f"), GET[3]], "space or control"),
         ([(b":authority", b"a\r\n"), *GET[:3]], "invalid value"),
         *[([*GET, (name, b"x")], "connection-specific") for name in sorted(CONNECTION_HEADERS)],
     ],
@@ -120,6 +127,56 @@ def test_malformed_requests_are_refused(block: list[tuple[bytes, bytes]], reason
     result = read_request(block, [], 100)
     assert isinstance(result, Malformed) and result.status == 400
     assert reason in result.reason
+
+
+@pytest.mark.parametrize(
+    ("path", "authority", "normal_path", "normal_authority"),
+    [
+        (b"/%61dmin", b"web:80", b"/admin", b"web:80"),
+        (b"/x/../admin?a=%2e", b"Web:80", b"/admin?a=%2e", b"web:80"),
+        (b"//admin", b"admin.store.", b"/admin", b"admin.store"),
+        (b"/ok", b"web:80", b"/ok", b"web:80"),
+    ],
+)
+def test_the_path_and_authority_forwarded_are_the_normal_ones_routed_on(
+    path: bytes, authority: bytes, normal_path: bytes, normal_authority: bytes
+) -> None:
+    block = [GET[0], GET[1], (b":path", path), (b":authority", authority),
+             (b"host", authority), (b"authorization", b"secret")]  # fmt: skip
+    result = read_request(block, [], 100)
+    assert isinstance(result, Request)
+    assert (result.path, result.authority) == (normal_path.decode(), normal_authority.decode())
+    sent = dict(result.headers)
+    assert sent[b":path"] == normal_path
+    assert sent[b":authority"] == sent[b"host"] == normal_authority
+    assert any(isinstance(h, NeverIndexedHeaderTuple) for h in result.headers)
+
+
+@pytest.mark.parametrize(
+    ("path", "authority"),
+    [
+        (b"/admin#x", b"web:80"),
+        (b"/a%zz", b"web:80"),
+        (b"/", b"[admin.store]"),
+        (b"/", b"admin.store%00"),
+        (b"/", b""),
+    ],
+)
+def test_targets_without_one_meaning_are_answered_400(path: bytes, authority: bytes) -> None:
+    for _ in range(2):  # and never remembered as valid
+        result = read_request([GET[0], GET[1], (b":path", path), (b":authority", authority)], [],
+                              100)  # fmt: skip
+        assert isinstance(result, Malformed) and result.status == 400 and result.answer
+
+
+def test_escaped_slashes_follow_the_setting() -> None:
+    block = [GET[0], GET[1], (b":path", b"/a%2fb"), GET[3]]
+    keep = read_request(block, [], 100, EscapedSlashes.KEEP)
+    decode = read_request(block, [], 100, EscapedSlashes.DECODE)
+    reject = read_request(block, [], 100, EscapedSlashes.REJECT)
+    assert isinstance(keep, Request) and keep.path == "/a%2Fb"
+    assert isinstance(decode, Request) and decode.path == "/a/b"
+    assert isinstance(reject, Malformed) and reject.status == 400 and reject.answer
 
 
 def test_too_many_headers_are_431() -> None:

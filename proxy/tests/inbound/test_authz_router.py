@@ -229,3 +229,27 @@ def test_grpc_routes_carry_their_modifier_too() -> None:
     assert conn.route(Target("echo:8080", "POST", "/other.Svc/Unary")) == RouteError(
         404, "no route of server server.policy.meshlet.io/store matches the request"
     )
+
+
+@pytest.mark.parametrize("spelt", ["/x/../items", "//items", "/%69tems", "/./items"])
+def test_a_routes_path_is_held_to_the_form_requests_are_routed_on(spelt: str) -> None:
+    """A controller's `/x/../items` means `/items`, which is what a request for it is routed
+    as (meshlet.api.target): the route protects it, never silently matching nothing."""
+    metrics, clock = ProxyMetrics(), Clock()
+    held: dict[int, object] = {PORT: decode_server(filtered(TENANT, path=spelt))}
+    routed = router(held, WEB, metrics, clock).route(Target("store:8080", "GET", "/items/1"))
+    assert isinstance(routed, RouteTarget) and routed.request_headers is not None
+    refused = router(held, INTRUDER, metrics, clock).route(Target("store:8080", "GET", "/items"))
+    assert refused == RouteError(403, UNAUTHORIZED)
+
+
+@pytest.mark.parametrize(
+    ("path", "why"),
+    [("/café", "not ASCII"), ("/items?x=1", "no query"), ("/items#x", "fragment"),
+     ("/a%zz", "percent-encoding")],
+)  # fmt: skip
+def test_a_routes_path_that_no_request_can_have_makes_the_policy_invalid(
+    path: str, why: str
+) -> None:
+    with pytest.raises(DecodeError, match=why):
+        decode_server(filtered(TENANT, path=path))

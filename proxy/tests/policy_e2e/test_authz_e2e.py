@@ -4,11 +4,12 @@ manifests folder that each test rewrites, identities from the identity service, 
 nobody here wrote (curl over HTTP/1.1 and HTTP/2, grpcio, a plain socket).
 
 The mesh (`meshlet_testing.podmesh`, one for the module): `server` runs the test app (HTTP on
-8080, gRPC on 9090, TCP that speaks first on 7000, opaque) behind its proxy, which follows the
-three ports' policies; `alpha` and `beta` are meshed clients in namespace demo, `gamma` a meshed
-client in namespace edge whose address is outside the cluster networks (10.78.0.0/25); `plain`
-is an unmeshed client inside them. Every client has its own address, so the server's proxy sees
-who calls: on loopback every client would be 127.0.0.1, which a controller's policy allows.
+8080, Python's http.server on 8081, gRPC on 9090, TCP that speaks first on 7000, opaque) behind
+its proxy, which follows the four ports' policies; `alpha` and `beta` are meshed clients in
+namespace demo, `gamma` a meshed client in namespace edge whose address is outside the cluster
+networks (10.78.0.0/25); `plain` is an unmeshed client inside them. Every client has its own
+address, so the server's proxy sees who calls: on loopback every client would be 127.0.0.1,
+which a controller's policy allows.
 
 Each test writes the policy objects (one file, replaced in one step) and the server pod's
 default-policy annotation, waits until the server's proxy has logged the new policy of each
@@ -32,8 +33,8 @@ pytestmark = pytest.mark.netns
 G = wellknown.POLICY_API_GROUP
 ANN = wellknown.DEFAULT_INBOUND_POLICY_ANNOTATION
 SERVER, ALPHA, BETA, GAMMA, PLAIN = "server", "alpha", "beta", "gamma", "plain"
-HTTP, GRPC, TCP = 8080, 9090, 7000
-PORTS = (HTTP, GRPC, TCP)
+HTTP, STDLIB, GRPC, TCP = 8080, 8081, 9090, 7000
+PORTS = (HTTP, STDLIB, GRPC, TCP)
 CLUSTER = "10.78.0.0/25"
 IPS = {SERVER: "10.78.0.10", ALPHA: "10.78.0.21", BETA: "10.78.0.22", GAMMA: "10.78.0.200",
        PLAIN: "10.78.0.50"}  # fmt: skip
@@ -304,6 +305,121 @@ def test_route_level_authorization(mesh: PodMesh, policy: Policy) -> None:
         assert metric(after, name, **labels) - metric(before, name, **labels) == expected
     nf = "inbound_http_route_not_found_total"
     assert metric(after, nf, srv_name="routes") - metric(before, nf, srv_name="routes") == 1
+
+
+# -- 4b. one request, one meaning ----------------------------------------------------------
+
+SPELLINGS = ["/admin", "/%61dmin", "/adm%69n", "/./admin", "//admin", "/x/../admin",
+             "/%2e/admin", "/admin/.././admin"]  # fmt: skip
+
+
+def private_admin(tag: str, **route_spec: Any) -> list[dict[str, Any]]:
+    """A Server on HTTP, a public route `/` for every meshed identity and a route for `/admin`
+    (its spec changed by `route_spec`) that only beta may call."""
+    admin = route(f"{tag}-admin", tag, "GET", "/admin")
+    admin["spec"].update(route_spec)
+    return [
+        server(tag, HTTP),
+        route(f"{tag}-public", tag, "GET", "/"),
+        admin,
+        res("MeshTLSAuthentication", f"{tag}-anyone", {"identities": ["*"]}),
+        res("MeshTLSAuthentication", f"{tag}-admins",
+            {"identityRefs": [{"kind": "ServiceAccount", "name": BETA}]}),
+        authorization(f"{tag}-public", ref("HTTPRoute", f"{tag}-public"),
+                      ref("MeshTLSAuthentication", f"{tag}-anyone")),
+        authorization(f"{tag}-admin", ref("HTTPRoute", f"{tag}-admin"),
+                      ref("MeshTLSAuthentication", f"{tag}-admins")),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("h2", [False, True], ids=["http1", "h2"])
+def test_a_private_route_is_not_reached_by_another_spelling_of_its_path(
+    mesh: PodMesh, policy: Policy, h2: bool
+) -> None:
+    """curl sends each spelling as written (`--path-as-is`): the proxy routes and authorizes the
+    one form the app is sent, so alpha is refused every spelling and beta's reach the app as
+    `/admin`."""
+    if policy.current[HTTP] != f"server.{G}/spell":
+        policy.set(*private_admin("spell"))
+    options = ["--path-as-is", *(["--http2-prior-knowledge"] if h2 else [])]
+    for path in SPELLINGS:
+        assert mesh.curl(ALPHA, url(path), *options).status == 403, path
+        allowed = mesh.curl(BETA, url(path), *options)
+        assert allowed.status == 200 and allowed.json()["path"] == "/admin", (path, allowed)
+    # Paths are case-sensitive, as Gateway API's matches: /ADMIN is another (public) path.
+    assert mesh.curl(ALPHA, url("/ADMIN"), *options).json()["path"] == "/ADMIN"
+
+
+def test_a_fragment_or_a_broken_encoding_is_refused(mesh: PodMesh, policy: Policy) -> None:
+    """No request target carries a fragment, and servers differ on cutting one: 400, from the
+    client's own proxy (meshed) and from the server's (plain, unmeshed)."""
+    if policy.current[HTTP] != f"server.{G}/spell":
+        policy.set(*private_admin("spell"))
+    for client in (ALPHA, PLAIN):
+        for target in ("/admin#frag", "/adm%zzin"):
+            sent = mesh.tcp(client, IPS[SERVER], HTTP, f"GET {target} HTTP/1.1\r\nHost: s\r\n\r\n")
+            assert sent["received"].startswith("HTTP/1.1 400 "), (client, target, sent)
+            assert '"path"' not in sent["received"]  # the app never saw it
+
+
+def test_a_private_host_is_not_reached_by_another_spelling_of_its_name(
+    mesh: PodMesh, policy: Policy
+) -> None:
+    policy.set(*private_admin("hosts", hostnames=["admin.store"]))
+    for host in ("admin.store", "admin.store.", "ADMIN.Store.", "admin.store.:8080"):
+        for h2 in ([], ["--http2-prior-knowledge"]):
+            denied = mesh.curl(ALPHA, url("/admin"), "-H", f"Host: {host}", *h2)
+            assert denied.status == 403, (host, h2, denied)
+            assert mesh.curl(BETA, url("/admin"), "-H", f"Host: {host}", *h2).status == 200
+    for host in ("[admin.store]", "admin.store%00", "admin..store"):
+        assert mesh.curl(ALPHA, url("/admin"), "-H", f"Host: {host}").status == 400, host
+
+
+# -- 4c. what is HTTP is never opaque -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "line", ["GET\t/admin\tHTTP/1.1", " GET /admin HTTP/1.1", "\x0bGET\x0c/admin HTTP/1.1"]
+)
+def test_a_request_line_with_odd_spaces_is_http_and_never_reaches_the_app(
+    mesh: PodMesh, policy: Policy, line: str
+) -> None:
+    """http.server (wsgiref, werkzeug's and Django's development servers) reads these lines as
+    requests; relayed as opaque TCP they would reach it with a forged identity header and no
+    route check. The client's proxy (alpha) or the server's (plain) answers 400 instead."""
+    policy.set(default="all-unauthenticated")
+    forged = f"{line}\r\nHost: s\r\nmeshlet-client-id: {identity(BETA)}\r\n\r\n"
+    plain = mesh.tcp(ALPHA, IPS[SERVER], STDLIB, "GET / HTTP/1.1\r\nHost: s\r\n\r\n")
+    assert plain["received"].startswith("HTTP/1.1 200 ")  # http.server serves a plain request
+    assert identity(ALPHA) in plain["received"]
+    for client in (ALPHA, PLAIN):
+        sent = mesh.tcp(client, IPS[SERVER], STDLIB, forged)
+        assert sent["received"].startswith("HTTP/1.1 400 "), (client, sent)
+        assert identity(BETA) not in sent["received"]
+
+
+# -- 4d. a request's end is its end --------------------------------------------------------
+
+
+def test_a_fin_in_the_middle_of_a_body_releases_the_apps_request(
+    mesh: PodMesh, policy: Policy
+) -> None:
+    """20 POSTs declaring a million bytes, each sending one and then its FIN, from a meshed
+    client (through both proxies) and an unmeshed one (the server's proxy alone): each gets a
+    400 and the app is not left waiting for the rest of any body."""
+    policy.set(default="all-unauthenticated")
+    head = "POST /upload HTTP/1.1\r\nHost: s\r\nContent-Length: 1000000\r\n\r\nx"
+    for client in (ALPHA, PLAIN):
+        for _ in range(10):
+            sent = mesh.tcp(client, IPS[SERVER], HTTP, head)
+            assert sent["received"].startswith("HTTP/1.1 400 "), (client, sent)
+            assert "before the request body ended" in sent["received"]
+    deadline = time.monotonic() + 5
+    while (waiting := mesh.curl(ALPHA, url("/_waiting")).json()["waiting"]) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.1)
+    assert waiting == 0
 
 
 # -- 5. rate limits -------------------------------------------------------------------------

@@ -93,8 +93,8 @@ def flag(text: str) -> bool:
 DNS_LABEL: Final = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
-def access_log(text: str) -> str:
-    """`apache` or `json` (the proxy's loader checks it)."""
+def keyword(text: str) -> str:
+    """A keyword (`apache`, `reject`), stripped and lower-cased: the proxy's loader checks it."""
     return text.strip().lower()
 
 

@@ -82,8 +82,14 @@ SETTINGS: Final = (
     Setting(
         wellknown.ACCESS_LOG_ANNOTATION,
         "access_log",
-        grammar.access_log,
+        grammar.keyword,
         wellknown.ProxyEnv.ACCESS_LOG,
+    ),
+    Setting(
+        wellknown.ESCAPED_SLASHES_ANNOTATION,
+        "escaped_slashes",
+        grammar.keyword,
+        wellknown.ProxyEnv.INBOUND_HTTP_ESCAPED_SLASHES,
     ),
     Setting(
         wellknown.TRACE_COLLECTOR_ANNOTATION,
@@ -119,6 +125,7 @@ class ProxySettings:
     shutdown_grace_period: str
     stream_idle_timeout: str
     access_log: str
+    escaped_slashes: str
     trace_collector: str
     resources: Resources
     iptables_mode: str
@@ -156,6 +163,7 @@ def resolve(
         "shutdown_grace_period": defaults.shutdown_grace_period,
         "stream_idle_timeout": defaults.stream_idle_timeout,
         "access_log": "",
+        "escaped_slashes": "",
         "trace_collector": "",
         "iptables_mode": defaults.iptables_mode,
         **dataclasses.asdict(defaults.resources),

@@ -149,6 +149,7 @@ def proxy_env(
         (wk.ProxyEnv.SHUTDOWN_GRACE_PERIOD, settings.shutdown_grace_period),
         (wk.ProxyEnv.HTTP_STREAM_IDLE_TIMEOUT, settings.stream_idle_timeout),
         (wk.ProxyEnv.ACCESS_LOG, settings.access_log),
+        (wk.ProxyEnv.INBOUND_HTTP_ESCAPED_SLASHES, settings.escaped_slashes),
         (wk.ProxyEnv.TRACE_COLLECTOR_SVC_ADDR, settings.trace_collector),
     )
     values.extend((name, value) for name, value in optional if value)

@@ -1,12 +1,20 @@
 """Protocol detection from the first bytes of a connection (pure).
 
-HTTP/1 is decided from a short prefix that no other protocol the proxy must relay starts with,
-never from a whole request line: a known method and a space (`GET `), or any other method token,
-a space and the start of a request target (`/`, `*`, `http://`), after any empty lines (which
-HTTP/1 servers skip before a request line). What follows (an over-long target, a bad version,
-smuggling) is the HTTP/1 engine's to refuse (414, 505, 400). Deciding early matters for
-security: bytes an HTTP server would parse as a request must never be relayed as opaque TCP,
-where the proxy's HTTP defences and its `meshlet-client-id` header do not apply.
+HTTP/1 is decided from a short prefix that no other protocol the proxy must relay starts with:
+a known method and a space (`GET `), or any other method token, a space and the start of a
+request target (`/`, `*`, `http://`); only another token followed by another word waits for its
+line, which is HTTP when it ends with a version (`FOO bar HTTP/1.1`). What follows (an
+over-long target, a bad version, smuggling, odd spaces) is the HTTP/1 engine's to refuse (414,
+505, 400). Deciding this way matters for security: bytes an HTTP server would parse as a
+request must never be relayed as opaque TCP, where the proxy's HTTP defences and its
+`meshlet-client-id` header do not apply.
+
+"Space" and "empty line" are read as the most lenient HTTP/1 server in common use reads them:
+Python's `http.server` (under wsgiref and the development servers of werkzeug and Django)
+splits the request line with `str.split()`, so a TAB, VT, FF, the C0 separators FS, GS, RS, US,
+NEL or NBSP (latin-1) separate its words and any of them, or CR and LF, may lead it; llhttp
+skips empty lines before a request line. `GET\t/admin\tHTTP/1.1` and ` GET / HTTP/1.1` are
+therefore HTTP (the engine answers them 400), never opaque.
 
 Bytes that are still a prefix of an HTTP request when no more will be awaited (the detection
 timeout, or PEEK_BYTES seen) are HTTP/1 too (`final=True`): the engine then answers 408 or 400.
@@ -29,6 +37,11 @@ KNOWN_METHODS: Final = frozenset(
 )
 _TOKEN: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _SCHEMES: Final = (b"http://", b"https://")
+# What separates the words of a request line (http.server's `str.split()` over latin-1), and
+# what may come before one (those and empty lines).
+_SPACE: Final = b" \t\x0b\x0c\x1c\x1d\x1e\x1f\x85\xa0"
+_BLANK: Final = _SPACE + b"\r\n"
+_WORD: Final = re.compile(rb"[^ \t\x0b\x0c\r\n\x1c-\x1f\x85\xa0]+")
 
 
 class Protocol(enum.Enum):
@@ -71,9 +84,10 @@ def detect(data: bytes, *, final: bool = False) -> Protocol | NeedMore:
         if len(data) >= len(H2_PREFACE):
             return Protocol.HTTP2
         return Protocol.HTTP1 if final else NEED_MORE  # `PRI * HTTP/2.0…` cut short
-    # Empty lines before a request line are skipped by HTTP/1 servers (RFC 9112 2.2; llhttp
-    # skips any number), so they must not hide the request behind them from detection.
-    verdict = _http1(data.lstrip(b"\r\n"))
+    # Empty lines and spaces before a request line are skipped by HTTP/1 servers (RFC 9112
+    # 2.2; llhttp skips any number of empty lines, http.server any whitespace), so they must
+    # not hide the request behind them from detection.
+    verdict = _http1(data.lstrip(_BLANK))
     if verdict is NEED_MORE and (final or len(data) >= PEEK_BYTES):
         return Protocol.HTTP1
     return verdict
@@ -89,21 +103,25 @@ def _http1(data: bytes) -> Protocol | NeedMore:
     end = token.end()
     if end == len(data):
         return NEED_MORE  # a method, still arriving
-    if data[end] != 0x20:  # a token ended by anything but a space: `PING\r\n`, `*1\r\n`
+    if data[end] not in _SPACE:  # a token ended by anything but a space: `PING\r\n`, `*1\r\n`
         return Protocol.OPAQUE
     if token[0] in KNOWN_METHODS:
         return Protocol.HTTP1
-    target = data[end + 1 : end + 1 + len(_SCHEMES[1])]
-    if not target:
+    rest = data[end:].lstrip(_SPACE)
+    if not rest:
         return NEED_MORE
-    if target[0] in b"/*":  # origin-form or asterisk-form target: an unknown method
+    if rest[0] in b"/*":  # origin-form or asterisk-form target: an unknown method
         return Protocol.HTTP1
-    lowered = target.lower()
+    lowered = rest[: len(_SCHEMES[1])].lower()
     if any(lowered.startswith(scheme) for scheme in _SCHEMES):  # absolute-form
         return Protocol.HTTP1
-    if any(scheme.startswith(lowered) for scheme in _SCHEMES):
+    # Another word (`EHLO mail.example.com`, memcached's `get key`): a request line only if
+    # its last word is a version, as http.server reads `FOO bar HTTP/1.1`.
+    line_end = rest.find(b"\n")
+    if line_end < 0:
         return NEED_MORE
-    return Protocol.OPAQUE
+    words = _WORD.findall(rest, 0, line_end)
+    return Protocol.HTTP1 if words[-1].startswith(b"HTTP/") else Protocol.OPAQUE
 
 
 def may_be_http(data: bytes, *, final: bool = False) -> bool | None:

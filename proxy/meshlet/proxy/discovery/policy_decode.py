@@ -32,6 +32,7 @@ from meshlet.api import (
     wellknown,
 )
 from meshlet.api.pathregex import compile_path_regex
+from meshlet.api.target import Refused, normal_path_match
 from meshlet.proxy.core.authz import (
     LOCALHOST,
     Authn,
@@ -208,14 +209,23 @@ def _header_matches(items: Iterable[http_route_pb2.HeaderMatch]) -> tuple[ValueM
     return tuple(out)
 
 
+def _normal(value: str) -> str:
+    """An Exact or PathPrefix value as requests are routed (meshlet.api.target): a controller
+    sending `/x/../admin` means `/admin`, which is what a request for it is routed as."""
+    normal = normal_path_match(value)
+    if isinstance(normal, Refused):
+        raise DecodeError(f"path match {value[:80]!r}: {normal.reason}")
+    return normal
+
+
 def http_match(msg: http_route_pb2.HttpRouteMatch) -> HttpMatch:
     path = None
     if msg.HasField("path"):
         kind = msg.path.WhichOneof("kind")
         if kind == "exact":
-            path = PathMatch(PathKind.EXACT, msg.path.exact)
+            path = PathMatch(PathKind.EXACT, _normal(msg.path.exact))
         elif kind == "prefix":
-            path = PathMatch(PathKind.PREFIX, msg.path.prefix or "/")
+            path = PathMatch(PathKind.PREFIX, _normal(msg.path.prefix or "/"))
         elif kind == "regex":
             path = PathMatch(PathKind.REGEX, msg.path.regex, _regex(msg.path.regex, "path"))
         else:

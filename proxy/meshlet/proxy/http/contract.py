@@ -23,6 +23,7 @@ from meshlet.proxy.core.header_modifier import HeaderModifier
 from meshlet.proxy.core.pressure import Peer
 from meshlet.proxy.core.retry_budget import RetryBudget
 from meshlet.proxy.core.routes import RoutePolicy
+from meshlet.api.target import EscapedSlashes
 from meshlet.proxy.io.counters import ConnLabels, CounterFamily, HistogramFamily, TcpConn, Values
 
 if TYPE_CHECKING:
@@ -360,6 +361,8 @@ class HttpLimits:
     pool_idle_timeout: float = 3.0  # idle upstream HTTP/1 connections kept this long
     max_concurrent_streams: int = 100  # HTTP/2
     max_body_buffer: int = 256 * 1024  # bytes buffered per stream before reading pauses
+    # What a request path's `%2F` and `%5C` become (meshlet.api.target): kept, refused or decoded.
+    escaped_slashes: EscapedSlashes = EscapedSlashes.KEEP
 
 
 @dataclass(frozen=True, slots=True)

@@ -258,9 +258,29 @@ class H1Machine:
         self.flush()
 
     def eof(self) -> bool:
-        """The client half-closed; whether to keep the connection (to answer it)."""
+        """The client half-closed; whether to keep the connection (to answer it). A request
+        whose body was still arriving can never be complete: it ends as a reset ends it."""
         self._eof = True
+        ex = self._parsing
+        if self.parse is Parse.BODY and ex is not None and ex.req is Req.BODY:
+            self._body_cut(ex)
+            self.flush()
         return self.current is not None and self.parse is not Parse.HEAD and not self._closed()
+
+    def _body_cut(self, ex: Exchange) -> None:
+        """The client's EOF came before `ex`'s body ended: the upstream request is aborted (its
+        connection closed: the app sees the cancel, never a request waiting for ever for the
+        rest); the client gets a 400 if no response began, its response cut if one is under
+        way (never passed off as complete), the connection closed if the response was whole."""
+        self._drop_upstream(ex)
+        if ex.resp is Resp.WAITING:
+            self._answer(ex, 400, "the client closed its side before the request body ended")
+            return
+        _release(ex)
+        if ex.resp is Resp.STREAMING:
+            self._abort()
+        else:
+            self._close()
 
     def lost(self) -> None:
         self._lost = True
@@ -387,7 +407,12 @@ class H1Machine:
             return
         parser = self._parser
         head = parse_request(
-            parser.get_method(), self._url, parser.get_http_version(), fields, self._add_headers
+            parser.get_method(),
+            self._url,
+            parser.get_http_version(),
+            fields,
+            self._add_headers,
+            self._limits.escaped_slashes,
         )
         if isinstance(head, Rejection):
             raise Reject(head.status, head.reason)

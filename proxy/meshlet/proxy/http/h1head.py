@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Final, NamedTuple
 
 from meshlet.proxy.core.header_modifier import HeaderModifier
+from meshlet.api.target import EscapedSlashes, Refused, normalize_host, normalize_target
 from meshlet.proxy.http.contract import (
     INTERNAL_HEADERS,
     PROXY_ERROR_HEADER,
@@ -39,7 +40,6 @@ _STATUS_LINES: Final = {
     code: b"HTTP/1.1 %d %s" % (code, phrase) for code, phrase in _REASONS.items()
 }
 _FIELD_LINE: Final = b": ".join  # of a (name, value) pair: `name: value`
-_AUTHORITY: Final = re.compile(rb"[A-Za-z0-9\-._~%!$&'()*+,;=:\[\]]+")
 _ABSOLUTE: Final = re.compile(rb"[hH][tT][tT][pP]://([^/?#]*)(.*)", re.DOTALL)
 
 
@@ -149,8 +149,10 @@ def parse_request(
     version: str,
     fields: Sequence[Header],
     add_headers: Sequence[Header] = (),
+    slashes: EscapedSlashes = EscapedSlashes.KEEP,
 ) -> RequestHead | Rejection:
-    """Checks a request head llhttp parsed and builds the head forwarded upstream."""
+    """Checks a request head llhttp parsed and builds the head forwarded upstream, its target
+    and Host in the one form the proxy routes on and the app receives (meshlet.api.target)."""
     if version == "1.1":
         http10 = False
     elif version == "1.0":
@@ -219,8 +221,16 @@ def parse_request(
         path = target
     else:
         return Rejection(400, "request target must be origin-form (/path) or http:// absolute-form")
-    if host and _AUTHORITY.fullmatch(host) is None:
-        return Rejection(400, "invalid Host")
+    if path != b"*":
+        normal = normalize_target(path, slashes)
+        if isinstance(normal, Refused):
+            return Rejection(400, normal.reason)
+        path = normal
+    if host:
+        normal_host = normalize_host(host)
+        if normal_host is None:
+            return Rejection(400, "invalid Host: not a host name or address with a port")
+        host = normal_host
 
     upgrading = False
     if upgrade is not None and b"upgrade" in connection and not http10:

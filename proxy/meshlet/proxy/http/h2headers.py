@@ -16,6 +16,7 @@ from typing import Final, NamedTuple
 from hpack import NeverIndexedHeaderTuple
 
 from meshlet.proxy.core.header_modifier import HeaderModifier
+from meshlet.api.target import EscapedSlashes, Refused, normalize_host, normalize_target
 from meshlet.proxy.http.contract import (
     INTERNAL_HEADERS,
     PROXY_ERROR_HEADER,
@@ -47,6 +48,11 @@ _NAME_BYTES: Final = bytes(c for c in range(0x21, 0x7F) if not 0x41 <= c <= 0x5A
 # A value has no NUL, CR or LF and no leading or trailing space or tab.
 _BAD_VALUE: Final = re.compile(rb"[\x00\r\n]|\A[ \t]|[ \t]\Z")
 _REQUEST_PSEUDO: Final = frozenset({b":method", b":scheme", b":path", b":authority"})
+# RFC 9110 §9.1: a method is a token.
+_METHOD: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+# RFC 9113 §8.3.1: a :path is a request target: no space or control byte (which an HTTP/1 app
+# behind a translating hop would split on) and no DEL.
+_BAD_PATH: Final = re.compile(rb"[\x00-\x20\x7f]")
 _STATUS: Final = re.compile(rb"[1-9][0-9][0-9]\Z")
 
 
@@ -77,10 +83,12 @@ class Trailers(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class Malformed:
-    """A header block that must not be relayed; the stream is reset (or answered `status`)."""
+    """A header block that must not be relayed: the stream is reset, or, with `answer` (a
+    well-formed request the proxy declines: too big, a target it refuses), answered `status`."""
 
     reason: str
     status: int = 400
+    answer: bool = False
 
 
 # Fields that passed `_field_error` lately: a connection's peers repeat the same few (HPACK
@@ -115,17 +123,53 @@ def _check_field(name: bytes, value: bytes) -> str | None:
 
 
 def _value_error(header: Header) -> bool:
-    """Whether a pseudo-header's value is bad (remembered as `_field_error` does)."""
+    """Whether a pseudo-header's value is bad (remembered as `_field_error` does). A `:path` or
+    `:authority` is remembered only once `read_request` found it in its normal form."""
     if header in _VALID:
         return False
     name, value = header
     if _BAD_VALUE.search(value) is not None:
         return True
-    if len(name) + len(value) <= _VALID_LENGTH:
+    if name == b":method":
+        if _METHOD.fullmatch(value) is None:
+            return True
+        _remember(header)
+    elif name == b":scheme":
+        _remember(header)
+    return False
+
+
+def _remember(header: Header) -> None:
+    if len(header[0]) + len(header[1]) <= _VALID_LENGTH:
         if len(_VALID) >= _VALID_ENTRIES:
             _VALID.clear()
-        _VALID[(name, value)] = None
-    return False
+        _VALID[header] = None
+
+
+def _normal_path(path: bytes, slashes: EscapedSlashes) -> bytes | Malformed:
+    """A `:path` in the one form the proxy routes on and forwards (meshlet.api.target)."""
+    if path == b"*" or (b":path", path) in _VALID:
+        return path
+    if _BAD_PATH.search(path) is not None:
+        return Malformed("a :path with a space or control byte")
+    normal = normalize_target(path, slashes)
+    if isinstance(normal, Refused):
+        return Malformed(normal.reason, 400, answer=True)
+    if normal is path:
+        _remember((b":path", path))
+    return normal
+
+
+def _normal_authority(authority: bytes) -> bytes | Malformed:
+    """An `:authority` (or `host`) in its normal form (meshlet.api.target)."""
+    if (b":authority", authority) in _VALID:
+        return authority
+    host = normalize_host(authority)
+    if host is None:
+        return Malformed("an :authority that is not a host name or address", 400, answer=True)
+    if host is authority:
+        _remember((b":authority", authority))
+    return host
 
 
 # What `read_request` does with a field, by name; absent: checked and kept.
@@ -151,12 +195,16 @@ def _content_length(value: bytes, seen: int) -> int | None:
 
 
 def read_request(
-    block: Sequence[Header], add: Sequence[Header], max_headers: int
+    block: Sequence[Header],
+    add: Sequence[Header],
+    max_headers: int,
+    slashes: EscapedSlashes = EscapedSlashes.KEEP,
 ) -> Request | Malformed:
-    """Checks a request head and rewrites it for the upstream: internal headers stripped, `add`
-    appended, credentials marked never-indexed."""
+    """Checks a request head and rewrites it for the upstream: `:path`, `:authority` and `host`
+    normalized (meshlet.api.target), internal headers stripped, `add` appended, credentials marked
+    never-indexed."""
     if len(block) > max_headers:
-        return Malformed(f"more than {max_headers} headers", 431)
+        return Malformed(f"more than {max_headers} headers", 431, answer=True)
     out: list[Header] = []
     pseudo: dict[bytes, bytes] = {}
     host: bytes | None = None
@@ -217,9 +265,23 @@ def read_request(
         return Malformed("a :path not starting with / (only OPTIONS may ask for *)")
     if authority is not None and host is not None and authority != host:
         return Malformed("host differs from :authority")
-    out.extend(add)
     named = authority if authority is not None else host
+    if named is not None:
+        normal = _normal_authority(named)
+        if isinstance(normal, Malformed):
+            return normal
+        if normal is not named:
+            out = [(h[0], normal) if h[0] in (b":authority", b"host") else h for h in out]
+            named = normal
     path = pseudo.get(b":path") or b""
+    if path:
+        normal_path = _normal_path(path, slashes)
+        if isinstance(normal_path, Malformed):
+            return normal_path
+        if normal_path is not path:
+            out = [(b":path", normal_path) if h[0] == b":path" else h for h in out]
+            path = normal_path
+    out.extend(add)
     return Request(out, named.decode("latin-1") if named is not None else None, grpc,
                    method.decode("latin-1"), path.decode("latin-1"), length)  # fmt: skip
 

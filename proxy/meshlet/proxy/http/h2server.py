@@ -183,12 +183,16 @@ class H2Server(Peer):
             return
         self.guard.stream_opened()
         self._last_taken = sid
-        request = read_request(headers, self.conn.add_headers, self.conn.limits.max_headers)
+        limits = self.conn.limits
+        request = read_request(
+            headers, self.conn.add_headers, limits.max_headers, limits.escaped_slashes
+        )
         if isinstance(request, Malformed):
             log.debug("malformed request on stream %d: %s", sid, request.reason)
             self.count_error(request.status)
-            if request.status == 431:  # well-formed, only too big: say so
-                self.h2.send_headers(sid, local_response(431, request.reason, False), True)
+            if request.answer:  # well-formed, only refused (too big, a target): say so
+                answer = local_response(request.status, request.reason, False)
+                self.h2.send_headers(sid, answer, True)
                 if not end:
                     self.reset(sid, ErrorCode.NO_ERROR)
                 self.flush_soon()
