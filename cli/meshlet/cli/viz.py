@@ -38,14 +38,15 @@ def stat_table(rows: Sequence[StatRow]) -> str:
 
 
 def edges_table(rows: Sequence[vizmetrics.Edge]) -> str:
-    header = ["SRC", "DST", "SRC_NS", "DST_NS", "CLIENT_ID", "SERVER_ID", "SECURED", "REQUESTS"]
+    header = ["SRC", "DST", "SRC_NS", "DST_NS", "CLIENT_ID", "SERVER_ID", "SECURED", "REQUESTS",
+              "CONNECTIONS"]  # fmt: skip
     lines = [
         [e.src, e.dst, e.src_namespace or "-", e.dst_namespace or "-", e.client_id or "-",
          e.server_id or "-", "√" if e.mtls else f"no ({e.no_tls_reason or 'plaintext'})",
-         f"{e.requests:.0f}"]
+         f"{e.requests:.0f}", f"{e.connections:.0f}"]
         for e in rows
     ]  # fmt: skip
-    return tables.render(header, lines, left=set(header) - {"REQUESTS"})
+    return tables.render(header, lines, left=set(header) - {"REQUESTS", "CONNECTIONS"})
 
 
 def routes_table(rows: Sequence[vizmetrics.RouteRow]) -> str:
