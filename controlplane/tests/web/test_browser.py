@@ -157,3 +157,18 @@ def test_the_topology_draws_the_opaque_edge_and_no_label_on_a_line(
     geometry = browser.execute_script(chromium.TOPOLOGY_GEOMETRY)
     assert len(geometry["labels"]) == 6 and len(geometry["nodes"]) == 5
     assert chromium.topology_overlaps(geometry) == []
+
+
+def test_the_tap_page_shows_the_tap_controller_s_error_after_the_tap_ends(
+    dashboard: str, browser: Any
+) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(f"{dashboard}/tap?resource=deploy/web&namespace={NS}")
+    browser.find_element(By.ID, "tap-start").click()
+    wait = WebDriverWait(browser, 10)
+    wait.until(lambda d: "Tap ended" in d.find_element(By.ID, "tap-status").text)
+    status = browser.find_element(By.ID, "tap-status")
+    assert "PERMISSION_DENIED: meshlet-tap.meshlet is not authorized" in status.text
+    assert "error" in (status.get_attribute("class") or "").split()

@@ -149,6 +149,7 @@ class StandInTap:
     def __init__(self) -> None:
         self.lines: list[bytes] = []
         self.status = 200
+        self.hold = True  # False: the stream ends after `lines`, as when every proxy failed
         self.queries: list[dict[str, str]] = []
         self.runner: web.AppRunner | None = None
         self.port = 0
@@ -170,7 +171,8 @@ class StandInTap:
         await response.prepare(request)
         for line in self.lines:
             await response.write(line)
-        await asyncio.sleep(30)
+        if self.hold:
+            await asyncio.sleep(30)
         return response
 
 
@@ -237,3 +239,27 @@ async def test_one_relay_too_many_is_refused_and_refusals_pass_through(
     tap.status = 404
     status, lines = await relayed(server, "resource=po/web-3")
     assert status == 404 and lines == [{"type": "error", "message": "no pods"}]
+
+
+DENIED = (b'{"type": "error", "proxy": "demo/web-1", "message": "PERMISSION_DENIED: '
+          b'client meshlet-tap.meshlet is not authorized to tap"}\n')  # fmt: skip
+
+
+async def test_a_tap_that_ends_after_errors_says_them_in_its_last_line(
+    relay: tuple[WebServer, StandInTap],
+) -> None:
+    """The tap controller's words reach the page: the error lines, and the last line, which the
+    page shows when the tap ends (it would otherwise replace the error)."""
+    server, tap = relay
+    tap.lines, tap.hold = [DENIED], False
+    status, lines = await relayed(server, "resource=po/web-1")
+    assert status == 200
+    assert lines[0]["type"] == "error" and len(lines) == 2
+    assert lines[1] == {
+        "type": "end_of_tap",
+        "message": "the tap controller ended the tap after errors: demo/web-1: PERMISSION_DENIED:"
+        " client meshlet-tap.meshlet is not authorized to tap",
+    }
+    tap.lines = [b'{"type": "req"}\n']  # no error: the plain words
+    status, lines = await relayed(server, "resource=po/web-1")
+    assert lines[-1] == {"type": "end_of_tap", "message": "the tap controller ended the tap"}

@@ -52,6 +52,8 @@ MAX_LINE: Final = 64 * 1024  # bytes of one line of the tap controller's answer
 MAX_RELAY_EVENTS: Final = 10_000  # lines one relay passes on before it ends
 MAX_RELAY_SECONDS: Final = 600.0  # how long one relay runs at most
 MAX_ERROR_BODY: Final = 8 * 1024  # bytes read of the tap controller's refusal
+MAX_TAP_ERRORS: Final = 3  # proxies' errors a tap's last line repeats
+MAX_TAP_ERROR: Final = 300  # characters of each
 RELAY_RPS: Final = "20"  # requests per second a browser's tap asks for (the table shows 100)
 TAP_CONNECT_TIMEOUT: Final = 5.0
 _DNS_LABEL: Final = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -160,6 +162,38 @@ class Relay:
         if len(self._buffer) > MAX_LINE or any(len(line) > MAX_LINE for line in lines):
             raise ValueError(f"a tap event of over {MAX_LINE} bytes")
         return [line for line in lines if line.strip()]
+
+
+class TapErrors:
+    """The proxies' stream errors a tap carried (`{"type": "error", ...}` lines: the tap
+    controller's own words, `PERMISSION_DENIED: ...`), so that the tap's last line says why it
+    ended; the first `MAX_TAP_ERRORS`, each cut to `MAX_TAP_ERROR` characters."""
+
+    def __init__(self) -> None:
+        self.messages: list[str] = []
+        self.count = 0
+
+    def see(self, line: bytes) -> None:
+        if b'"error"' not in line:  # most lines are requests: no parse
+            return
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            return
+        if not isinstance(doc, dict) or doc.get("type") != "error":
+            return
+        self.count += 1
+        if len(self.messages) < MAX_TAP_ERRORS:
+            proxy, message = doc.get("proxy"), str(doc.get("message") or "no reason given")
+            text = f"{proxy}: {message}" if proxy else message
+            self.messages.append(text[:MAX_TAP_ERROR])
+
+    def ended(self, why: str) -> str:
+        if not self.messages:
+            return why
+        more = self.count - len(self.messages)
+        tail = f" (and {more} more)" if more else ""
+        return f"{why} after errors: {'; '.join(self.messages)}{tail}"
 
 
 class WebServer:
@@ -374,12 +408,13 @@ class WebServer:
             self.relays -= 1
 
     async def _relay(self, answer: aiohttp.ClientResponse, response: web.StreamResponse) -> None:
-        lines, sent = Relay(), 0
+        lines, sent, errors = Relay(), 0, TapErrors()
         most, seconds = self.config.max_relay_events, self.config.max_relay_seconds
         try:
             async with asyncio.timeout(seconds):
                 async for data in answer.content.iter_any():
                     for line in lines.feed(data):
+                        errors.see(line)
                         await response.write(line + b"\n")
                         sent += 1
                         if sent >= most:
@@ -394,7 +429,7 @@ class WebServer:
         except aiohttp.ClientError as exc:
             await _end(response, f"the tap controller's stream broke: {exc}")
             return
-        await _end(response, "the tap controller ended the tap")
+        await _end(response, errors.ended("the tap controller ended the tap"))
 
 
 TAP_PARAMETERS: Final[dict[str, Callable[[str], str]]] = {
