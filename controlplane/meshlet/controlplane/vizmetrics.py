@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -49,18 +50,28 @@ class Sample:
 class Prometheus:
     """A Prometheus' instant-query API."""
 
-    def __init__(self, url: str, timeout: float = TIMEOUT) -> None:
+    def __init__(self, url: str, timeout: float = TIMEOUT, deadline: float | None = None) -> None:
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise MetricsError(f"{url!r} is not an http(s) URL of a Prometheus")
         self.url = url.rstrip("/")
         self.timeout = timeout
+        self.deadline = deadline  # time.monotonic() past which no query is asked (None: none)
+
+    def within(self, seconds: float) -> Prometheus:
+        """The same Prometheus, its queries from now on all done within `seconds`."""
+        return Prometheus(self.url, self.timeout, time.monotonic() + seconds)
 
     def query(self, promql: str) -> list[Sample]:
         """The instant vector `promql` evaluates to now."""
         target = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+        timeout = self.timeout
+        if self.deadline is not None:
+            timeout = min(timeout, self.deadline - time.monotonic())
+            if timeout <= 0:
+                raise MetricsError(f"Prometheus at {self.url} did not answer in time")
         try:
-            with urllib.request.urlopen(target, timeout=self.timeout) as response:
+            with urllib.request.urlopen(target, timeout=timeout) as response:
                 body = response.read(MAX_BODY + 1)
         except urllib.error.HTTPError as exc:
             body = exc.read(MAX_BODY + 1)
