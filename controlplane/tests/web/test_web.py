@@ -56,6 +56,26 @@ async def test_a_forged_host_is_refused_and_the_own_names_are_not(server: WebSer
         assert "frame-ancestors 'none'" in headers["Content-Security-Policy"]
 
 
+async def test_the_host_rule_on_raw_requests(server: WebServer) -> None:
+    """What a browser never sends, as a raw client may: no Host at all (HTTP/1.0), two Hosts
+    (the second one allowed), a name with a trailing dot."""
+
+    async def first_line(request: bytes) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(request)
+        answer = await asyncio.wait_for(reader.read(), 5)
+        writer.close()
+        return answer.split(b"\r\n", 1)[0]
+
+    assert b" 403 " in await first_line(b"GET /tap HTTP/1.0\r\n\r\n")
+    two = b"GET /tap HTTP/1.1\r\nHost: evil.example\r\nHost: 127.0.0.1\r\n\r\n"
+    assert b" 400 " in await first_line(two)
+    dot = b"GET /tap HTTP/1.1\r\nHost: localhost.\r\nConnection: close\r\n\r\n"
+    assert b" 403 " in await first_line(dot)
+    ok = b"GET /tap HTTP/1.1\r\nHost: 127.0.0.1:8084\r\nConnection: close\r\n\r\n"
+    assert b" 200 " in await first_line(ok)
+
+
 async def test_prometheus_down_is_a_page_that_says_so(server: WebServer) -> None:
     for path in ("/", "/namespaces/demo", "/topology", "/routes?resource=deploy/web"):
         status, body, _ = await get(server, path)
