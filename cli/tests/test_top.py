@@ -89,3 +89,34 @@ def test_errors_and_drops_are_said_under_the_table() -> None:
     text = table(top, 20)
     assert "(error emojivoto/web-2: UNAVAILABLE: refused)" in text
     assert "(4 requests not shown (past --max-rps))" in text
+
+
+def test_the_live_table_fits_its_terminal() -> None:
+    """On 80x24 (and shorter), with long paths and requests dropped: the header, the busiest
+    rows that fit with their numbers whole, how many more, the notes; no line wraps."""
+    from rich.console import Console
+
+    from meshlet.cli.viztop import screenful
+
+    top = Top()
+    for n in range(40):
+        fed(top, *(request(n * 100 + i, f"/api/v1/items/{n}/" + "x" * (n * 3))
+                   for i in range(40 - n)))  # fmt: skip
+    top.dropped = 7
+    console = Console(width=80, height=24, record=True, color_system=None)
+    console.print(screenful(top, 20, 80, 24))
+    lines = console.export_text().splitlines()
+    assert len(lines) <= 23 and max(len(line) for line in lines) <= 80, lines
+    assert lines[0].split()[:4] == ["SOURCE", "DESTINATION", "METHOD", "PATH"]
+    # the busiest first, its numbers whole: the path gives way
+    assert lines[1].split()[3].startswith("/api/v1/") and lines[1].split()[3].endswith("…")
+    assert lines[1].split()[4:] == ["40", "2.0ms", "2.0ms", "2.0ms", "100.00%"]
+    assert len(lines) == 1 + 20 + 1  # header, --limit rows, the note
+    assert "(7 requests not shown (past --max-rps))" in lines
+    short = Console(width=80, height=16, record=True, color_system=None)
+    short.print(screenful(top, 20, 80, 16))
+    lines = short.export_text().splitlines()
+    assert len(lines) <= 15 and "(8 more rows: a taller terminal shows them)" in lines
+    tall = Console(width=200, height=60, record=True, color_system=None)
+    tall.print(screenful(top, 20, 200, 60))
+    assert len(tall.export_text().splitlines()) == 1 + 20 + 1  # header, --limit rows, the note

@@ -9,7 +9,9 @@ does not run, is started beside it and answers three reviews), so that every que
 dashboards (charts/meshlet-control-plane/dashboards) is run here and must return data.
 
 `alpha-1` (Deployment alpha) calls `server-1`'s app on 8080 (200s); `beta-1` calls port 8081 of
-`server-1`, where nothing listens (the server's proxy answers 502s). One call of each is made
+`server-1`, where nothing listens (the server's proxy answers 502s); `gamma-1` opens TCP
+connections to `server-1`'s opaque port 7000 (a server-speaks-first protocol, over mTLS: no
+requests, only connections). One call of each is made
 before Prometheus starts, so that every series exists at its first scrape and `increase()`
 counts the traffic that follows. Every query of the metrics API is run and must return data;
 the commands' output is checked against the requests sent.
@@ -34,17 +36,19 @@ from meshlet.api import wellknown
 from meshlet.cli import charts, vizmetrics
 from meshlet.cli.demo import prometheus as promconf
 from meshlet.cli.demo.topology import Layout, Mode, Pod
+from meshlet_testing import browser as chromium
 from meshlet_testing import grafana, injectorproc, workloads
+from meshlet_testing.podapp import TCP_PORT
 from meshlet_testing.podmesh import CONTROL_PLANE, NS, PodMesh, PodSpec, running
 from meshlet_testing.processes import stop
 
 pytestmark = pytest.mark.netns
 
 INJECTOR = "proxy-injector"  # the component, as the chart labels its pod
-SERVER, ALPHA, BETA = "server-1", "alpha-1", "beta-1"
-IPS = {SERVER: "10.78.0.10", ALPHA: "10.78.0.21", BETA: "10.78.0.22"}
-WORKLOAD = {SERVER: "server", ALPHA: "alpha", BETA: "beta"}
-OK_CALLS, FAILED_CALLS = 12, 6
+SERVER, ALPHA, BETA, GAMMA = "server-1", "alpha-1", "beta-1", "gamma-1"
+IPS = {SERVER: "10.78.0.10", ALPHA: "10.78.0.21", BETA: "10.78.0.22", GAMMA: "10.78.0.23"}
+WORKLOAD = {SERVER: "server", ALPHA: "alpha", BETA: "beta", GAMMA: "gamma"}
+OK_CALLS, FAILED_CALLS, TCP_CONNECTIONS = 12, 6, 5
 GOOD = f"http://{IPS[SERVER]}:8080/"
 BAD = f"http://{IPS[SERVER]}:8081/"
 WINDOW = "1m"
@@ -94,10 +98,12 @@ def world(
     netns_available: None, prometheus_binary: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[PodMesh, str]]:
     pods = [
-        PodSpec(Pod(SERVER, WORKLOAD[SERVER], IPS[SERVER], "server"), app=True),
+        PodSpec(Pod(SERVER, WORKLOAD[SERVER], IPS[SERVER], "server"), app=True,
+                opaque_ports=(TCP_PORT,)),
         PodSpec(Pod(ALPHA, WORKLOAD[ALPHA], IPS[ALPHA], "client")),
         PodSpec(Pod(BETA, WORKLOAD[BETA], IPS[BETA], "client")),
-    ]
+        PodSpec(Pod(GAMMA, WORKLOAD[GAMMA], IPS[GAMMA], "client")),
+    ]  # fmt: skip
     layout = Layout(Mode.NETNS, tuple(s.pod for s in pods), control_ip="10.78.0.2",
                     host_ip="10.78.0.1", prefix=24)  # fmt: skip
     root = tmp_path_factory.mktemp("viz")
@@ -110,6 +116,7 @@ def world(
         controllers.append((INJECTOR, injector.admin_address))
         assert mesh.curl_codes(ALPHA, GOOD, 1) == [200]
         assert mesh.curl_codes(BETA, BAD, 1) == [502]
+        _opaque(mesh)
         _admission_reviews(injector)
         targets = [
             promconf.Target(f"{ip}:{wellknown.PROXY_ADMIN_PORT}", NS, pod, WORKLOAD[pod],
@@ -136,6 +143,8 @@ def world(
             mesh.annotate(SERVER, {"example.com/scraped": "yes"})  # an event for the controllers
             assert mesh.curl_codes(ALPHA, GOOD, OK_CALLS) == [200] * OK_CALLS
             assert mesh.curl_codes(BETA, BAD, FAILED_CALLS) == [502] * FAILED_CALLS
+            for _ in range(TCP_CONNECTIONS):
+                _opaque(mesh)
             total = 2 + OK_CALLS + FAILED_CALLS
             _until(prom, 'sum(response_total{direction="inbound"})', total)
             events = '{__name__=~"(destination|policy)_event_processing_seconds_count"}'
@@ -144,6 +153,12 @@ def world(
             yield mesh, url
         finally:
             stop(proc)
+
+
+def _opaque(mesh: PodMesh) -> None:
+    """One connection from gamma-1 to the server's opaque port, answered by its app."""
+    done = mesh.tcp(GAMMA, IPS[SERVER], TCP_PORT, "hi\n")
+    assert done["error"] is None and done["received"].startswith(f"hello from {SERVER}"), done
 
 
 def _admission_reviews(injector: injectorproc.Injector) -> None:
@@ -257,12 +272,20 @@ def test_edges_name_both_identities(world: tuple[PodMesh, str]) -> None:
     _, url = world
     got = _json(viz(url, "edges", "po", "-n", NS, "-o", "json"))
     by_src = {e["src"]: e for e in got}
-    assert set(by_src) == {ALPHA, BETA}
+    assert set(by_src) == {ALPHA, BETA, GAMMA}
     alpha = by_src[ALPHA]
     assert alpha["dst"] == SERVER and alpha["dst_namespace"] == NS and alpha["mtls"] is True
     assert alpha["client_id"] == identity(ALPHA) and alpha["server_id"] == identity(SERVER)
     assert _close(float(alpha["requests"]), OK_CALLS)  # type: ignore[arg-type]
     assert by_src[BETA]["client_id"] == identity(BETA)
+    # opaque TCP: connections, no requests, over mTLS with both identities
+    gamma = by_src[GAMMA]
+    assert gamma["dst"] == SERVER and gamma["mtls"] is True and gamma["requests"] == 0
+    assert gamma["client_id"] == identity(GAMMA) and gamma["server_id"] == identity(SERVER)
+    assert _close(float(gamma["connections"]), TCP_CONNECTIONS)  # type: ignore[arg-type]
+    table = viz(url, "edges", "po", "-n", NS)
+    assert table.returncode == 0, table.stderr
+    assert any(line.split()[:2] == [GAMMA, SERVER] for line in table.stdout.splitlines())
 
 
 def test_routes(world: tuple[PodMesh, str]) -> None:
@@ -297,14 +320,6 @@ def test_errors_are_clear(world: tuple[PodMesh, str], tmp_path: Path) -> None:
 # Prometheus, the dashboard read by Debian's chromium (headless, driven through its
 # chromedriver by selenium). What a page shows is checked through its elements; screenshots
 # go to the test's output (and $MESHLET_TEST_ARTIFACTS) for a person to look at.
-
-CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
-
-
-def _need(what: str) -> None:
-    if os.environ.get("MESHLET_REQUIRE_NETNS") == "1" or os.environ.get("CI"):
-        pytest.fail(f"{what} (scripts/system-packages and make setup install it)")
-    pytest.skip(f"{what} (scripts/system-packages and make setup install it)")
 
 
 def _controller(name: str, root: Path, *args: str) -> subprocess.Popen[bytes]:
@@ -372,34 +387,8 @@ def dashboard(
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
-        _need("chromium and chromium-driver are not installed")
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-    except ImportError:
-        _need("selenium is not installed")
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--window-size=1400,1000", "--no-first-run", "--disable-extensions"):  # fmt: skip
-        options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
-    driver.set_page_load_timeout(20)
-    try:
+    with chromium.chromium() as driver:
         yield driver
-    finally:
-        driver.quit()
-
-
-def _shot(driver: Any, name: str, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    png = driver.get_screenshot_as_png()
-    (out / f"{name}.png").write_bytes(png)
-    artifacts = os.environ.get("MESHLET_TEST_ARTIFACTS")
-    if artifacts:
-        Path(artifacts, "dashboard").mkdir(parents=True, exist_ok=True)
-        Path(artifacts, "dashboard", f"{name}.png").write_bytes(png)
 
 
 def _cells(driver: Any, table: str) -> dict[str, list[str]]:
@@ -434,15 +423,15 @@ def test_the_dashboard_in_a_browser(
     namespaces = _cells(browser, "namespaces")
     assert namespaces[NS][1] == str(len(IPS))  # meshed pods, as Prometheus scrapes them
     assert 0.5 < _percent(namespaces[NS][2]) < 0.8
-    _shot(browser, "namespaces", out)
+    chromium.screenshot(browser, "namespaces", out)
 
     browser.find_element(By.LINK_TEXT, NS).click()
     deployments = _cells(browser, "deployments")
-    assert set(deployments) == {"alpha", "beta", "server"}
-    assert [deployments[d][1] for d in ("alpha", "beta", "server")] == ["1", "1", "1"]
+    assert set(deployments) == {"alpha", "beta", "gamma", "server"}
+    assert [deployments[d][1] for d in sorted(deployments)] == ["1", "1", "1", "1"]
     assert 0.5 < _percent(deployments["server"][2]) < 0.8 and deployments["server"][4] != "-"
-    assert set(_cells(browser, "pods")) == {ALPHA, BETA, SERVER}
-    _shot(browser, "namespace", out)
+    assert set(_cells(browser, "pods")) == {ALPHA, BETA, GAMMA, SERVER}
+    chromium.screenshot(browser, "namespace", out)
 
     # the world's pods carry no pod-template-hash: their destinations are labelled by pod and
     # ReplicaSet, not Deployment (as `meshlet viz edges po` reads them)
@@ -451,20 +440,24 @@ def test_the_dashboard_in_a_browser(
         (g.get_attribute("data-src"), g.get_attribute("data-dst")): g
         for g in browser.find_elements(By.CSS_SELECTOR, "#topology g.edge")
     }
-    assert set(edges) == {(ALPHA, SERVER), (BETA, SERVER)}
+    assert set(edges) == {(ALPHA, SERVER), (BETA, SERVER), (GAMMA, SERVER)}
     alpha = edges[(ALPHA, SERVER)]
     assert alpha.get_attribute("data-mtls") == "true"
     assert identity(ALPHA) in alpha.text and identity(SERVER) in alpha.text
+    gamma = edges[(GAMMA, SERVER)]  # the opaque edge
+    assert gamma.get_attribute("data-mtls") == "true" and "TCP conn" in gamma.text
+    assert identity(GAMMA) in gamma.text
     nodes = browser.find_elements(By.CSS_SELECTOR, "#topology g.node")
-    assert sorted(n.get_attribute("data-name") for n in nodes) == [ALPHA, BETA, SERVER]
-    _shot(browser, "topology", out)
+    assert sorted(n.get_attribute("data-name") for n in nodes) == [ALPHA, BETA, GAMMA, SERVER]
+    assert chromium.topology_overlaps(browser.execute_script(chromium.TOPOLOGY_GEOMETRY)) == []
+    chromium.screenshot(browser, "topology", out)
 
     browser.get(f"{dashboard}/routes?resource=po/{SERVER}&namespace={NS}")
     rows = browser.find_elements(By.CSS_SELECTOR, "#routes tbody tr")
     routes = {r.find_elements(By.TAG_NAME, "td")[1].text: r.text for r in rows}
     assert set(routes) == {f"{IPS[SERVER]}:8080", f"{IPS[SERVER]}:8081"}
     assert "100.00%" in routes[f"{IPS[SERVER]}:8080"] and "0.00%" in routes[f"{IPS[SERVER]}:8081"]
-    _shot(browser, "routes", out)
+    chromium.screenshot(browser, "routes", out)
 
     browser.get(f"{dashboard}/tap?resource=po/{ALPHA}&namespace={NS}&path=/dashboard")
     browser.find_element(By.ID, "tap-start").click()
@@ -479,7 +472,7 @@ def test_the_dashboard_in_a_browser(
     ))  # fmt: skip
     paths = [td.text for td in browser.find_elements(By.CSS_SELECTOR, "#tap-events .tap-path")]
     assert paths == ["/dashboard-tapped", "/dashboard-tapped"]
-    _shot(browser, "tap", out)
+    chromium.screenshot(browser, "tap", out)
     browser.find_element(By.ID, "tap-stop").click()
     wait.until(lambda d: d.find_element(By.ID, "tap-status").text == "Stopped.")
 

@@ -19,6 +19,8 @@ from typing import Any
 import click
 
 from meshlet.api import inbound_pb2, meta_pb2, net_pb2
+from meshlet.cli import localmesh
+from meshlet.cli.localmesh import NAMESPACE_HELP
 
 ALL = ("0.0.0.0/0", "::/0")
 
@@ -164,20 +166,16 @@ def _cluster(api: Any, control_ns: str) -> Any:
 
 
 def policies(api: Any, namespace: str, target: str, control_ns: str) -> list[Row]:
-    """The rows for `target` (`deploy/NAME`, `pod/NAME`, `NAME`) in `namespace`."""
+    """The rows for `target` (`deploy/NAME`, `pod/NAME`, `NAME`) in `namespace`, from the
+    cluster's objects."""
     from kubernetes import client as k8s
 
     from meshlet.cli.cluster import ClusterError, NotFound, read_json
-    from meshlet.cli.workloads import Kind, deployments, parse_target, pod_of
-    from meshlet.controlplane.k8s.events import POLICY_KINDS, Snapshot
+    from meshlet.cli.workloads import Kind, deployments, pod_of
+    from meshlet.controlplane.k8s.events import POLICY_KINDS
     from meshlet.controlplane.k8s.events import Kind as Watched
-    from meshlet.controlplane.policy.index import Index
-    from meshlet.controlplane.policy.index import pod_of as policy_pod
 
-    try:
-        wanted = parse_target(target)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="RESOURCE") from None
+    wanted = _parse(target)
     core, apps = k8s.CoreV1Api(api), k8s.AppsV1Api(api)
     pod_list = read_json("pods", core.list_namespaced_pod, namespace)
     raw_pods = [p for p in pod_list.get("items") or [] if isinstance(p, dict)]
@@ -195,8 +193,8 @@ def policies(api: Any, namespace: str, target: str, control_ns: str) -> list[Row
             raise NotFound(f"pod {namespace}/{name} not found")
     chosen = next((p for p in members if p.running), members[0])
 
-    index = Index(_cluster(api, control_ns))
     custom = k8s.CustomObjectsApi(api)
+    objects: dict[Watched, tuple[dict[str, Any], ...]] = {}
     for kind in POLICY_KINDS:
         if kind is Watched.POD:
             listed: Mapping[str, Any] = {"items": raw_pods}
@@ -210,22 +208,91 @@ def policies(api: Any, namespace: str, target: str, control_ns: str) -> list[Row
                                    version, namespace, kind.plural)  # fmt: skip
             except NotFound:  # the CRD is not installed (Gateway API's, say)
                 listed = {}
-        index.apply(Snapshot(kind, _items(listed, kind.api_version, kind.kind)))
-
+        objects[kind] = _items(listed, kind.api_version, kind.kind)
     raw = next(p for p in raw_pods if _name(p) == chosen.name)
-    parsed = policy_pod(raw)
+    return computed(objects, _cluster(api, control_ns), namespace, raw)
+
+
+def local_policies(mesh: Any, namespace: str, target: str) -> list[Row]:
+    """The rows for `target` in a kept local mesh (`localmesh.Kept`): from the manifests its
+    policy controller reads, with the cluster networks and default policy it runs with."""
+    from meshlet.cli.cluster import ClusterError, NotFound
+    from meshlet.cli.demo import topology
+    from meshlet.cli.workloads import Kind
+    from meshlet.controlplane.k8s.events import POLICY_KINDS
+    from meshlet.controlplane.k8s.events import Kind as Watched
+    from meshlet.controlplane.k8s.manifests import (
+        ManifestError,
+        group_by_kind,
+        read_manifest,
+        scan,
+    )
+    from meshlet.controlplane.policy.index import ClusterConfig, parse_networks
+    from meshlet.controlplane.tap.targets import deployment_of
+
+    wanted = _parse(target)
+    try:
+        read = [obj for path in sorted(scan(mesh.manifests)) for obj in read_manifest(path)]
+    except ManifestError as exc:
+        raise ClusterError(f"the local mesh's manifests: {exc}") from None
+    objects = group_by_kind(read, POLICY_KINDS)
+    pods = [
+        p for p in objects[Watched.POD] if (p.get("metadata") or {}).get("namespace") == namespace
+    ]
+    name = wanted.names[0]
+    if wanted.kind is Kind.DEPLOYMENT:
+        members = [p for p in pods if deployment_of(p) == name]
+        what = f"deployment {namespace}/{name}"
+    else:
+        members = [p for p in pods if _name(p) == name]
+        what = f"pod {namespace}/{name}"
+    if not members:
+        raise NotFound(f"{what} not found in the local mesh ({mesh.manifests})")
+    chosen = next((p for p in members if (p.get("status") or {}).get("phase") == "Running"),
+                  members[0])  # fmt: skip
+    layout = topology.layout(topology.Mode(mesh.mode))
+    cluster = ClusterConfig(parse_networks(layout.cluster_network),
+                            default_policy=topology.DEFAULT_POLICY)  # fmt: skip
+    return computed(objects, cluster, namespace, chosen)
+
+
+def computed(
+    objects: Mapping[Any, tuple[dict[str, Any], ...]],
+    cluster: Any,
+    namespace: str,
+    pod: Mapping[str, Any],
+) -> list[Row]:
+    """The rows of each declared port of `pod`, as the policy controller's index computes its
+    answer from `objects` (by watched kind) and the installation's `cluster` settings."""
+    from meshlet.controlplane.k8s.events import Snapshot
+    from meshlet.controlplane.policy.index import Index
+    from meshlet.controlplane.policy.index import pod_of as policy_pod
+
+    index = Index(cluster)
+    for kind, items in objects.items():
+        index.apply(Snapshot(kind, items))
+    parsed = policy_pod(dict(pod))
     ports = sorted({n for numbers in (parsed.ports.values() if parsed else ()) for n in numbers})
     out: list[Row] = []
     for port in ports:
-        server = index.get(namespace, chosen.name, port)
+        server = index.get(namespace, str(_name(pod)), port)
         if server is not None:
             out.extend(rows(port, server))
     return out
 
 
+def _parse(target: str) -> Any:
+    from meshlet.cli.workloads import parse_target
+
+    try:
+        return parse_target(target)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="RESOURCE") from None
+
+
 @click.command()
 @click.argument("resource", metavar="deploy/NAME | pod/NAME")
-@click.option("-n", "--namespace", help="Default: the kubeconfig context's, else default.")
+@click.option("-n", "--namespace", help=NAMESPACE_HELP)
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table",
               show_default=True)  # fmt: skip
 @click.option("--control-plane-namespace", default="meshlet", show_default=True)
@@ -245,12 +312,22 @@ def authz(
 
     Computed as the policy controller computes it, from the Servers, AuthorizationPolicies,
     authentications, routes and annotations in the cluster; `meshlet diagnostics policy` shows
-    what the controller itself sends a proxy."""
-    from meshlet.cli.cluster import api_client, default_namespace
+    what the controller itself sends a proxy. When no cluster is named (no --kubeconfig or
+    --context, no $KUBECONFIG, no ~/.kube/config) and a local mesh is kept running (`meshlet
+    demo --keep`), from the manifests its policy controller reads.
 
-    api = api_client(kubeconfig, context)
-    ns = namespace or default_namespace(kubeconfig, context)
-    table = policies(api, ns, resource, control_plane_namespace)
+    \b
+    meshlet authz deploy/store -n demo
+    meshlet authz pod/web-5d8f7-abcde -n shop -o json
+    """
+    from meshlet.cli.cluster import api_client
+
+    kept = None if localmesh.cluster_named(kubeconfig, context) else localmesh.kept()
+    ns = localmesh.namespace(namespace, kept, kubeconfig, context)
+    if kept is not None:
+        table = local_policies(kept, ns, resource)
+    else:
+        table = policies(api_client(kubeconfig, context), ns, resource, control_plane_namespace)
     if output == "json":
         click.echo(json.dumps([asdict(r) for r in table], indent=2))
     elif not table:

@@ -8,9 +8,11 @@ from collections.abc import Collection, Sequence
 GAP = "   "
 
 
-def render(header: Sequence[str], rows: Sequence[Sequence[str]], left: Collection[str]) -> str:
-    """The table; columns whose header is in `left` are left-aligned, the others right-aligned.
-    Lines carry no trailing spaces."""
+def render(
+    header: Sequence[str], rows: Sequence[Sequence[str]], left: Collection[str], gap: str = GAP
+) -> str:
+    """The table; columns whose header is in `left` are left-aligned, the others right-aligned,
+    `gap` between them. Lines carry no trailing spaces."""
     widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
     lines = []
     for cells in (header, *rows):
@@ -18,7 +20,7 @@ def render(header: Sequence[str], rows: Sequence[Sequence[str]], left: Collectio
             cell.ljust(width) if name in left else cell.rjust(width)
             for name, cell, width in zip(header, cells, widths, strict=True)
         ]
-        lines.append(GAP.join(parts).rstrip())
+        lines.append(gap.join(parts).rstrip())
     return "\n".join(lines) + "\n"
 
 

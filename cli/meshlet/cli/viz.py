@@ -15,7 +15,7 @@ from typing import Final
 import click
 
 from meshlet.api import wellknown as wk
-from meshlet.cli import tables, vizmetrics
+from meshlet.cli import localmesh, tables, vizmetrics
 from meshlet.cli.vizmetrics import MetricsError, Prometheus, StatRow, Target
 
 EX_UNAVAILABLE: Final = 1
@@ -38,14 +38,15 @@ def stat_table(rows: Sequence[StatRow]) -> str:
 
 
 def edges_table(rows: Sequence[vizmetrics.Edge]) -> str:
-    header = ["SRC", "DST", "SRC_NS", "DST_NS", "CLIENT_ID", "SERVER_ID", "SECURED", "REQUESTS"]
+    header = ["SRC", "DST", "SRC_NS", "DST_NS", "CLIENT_ID", "SERVER_ID", "SECURED", "REQUESTS",
+              "CONNECTIONS"]  # fmt: skip
     lines = [
         [e.src, e.dst, e.src_namespace or "-", e.dst_namespace or "-", e.client_id or "-",
          e.server_id or "-", "√" if e.mtls else f"no ({e.no_tls_reason or 'plaintext'})",
-         f"{e.requests:.0f}"]
+         f"{e.requests:.0f}", f"{e.connections:.0f}"]
         for e in rows
     ]  # fmt: skip
-    return tables.render(header, lines, left=set(header) - {"REQUESTS"})
+    return tables.render(header, lines, left=set(header) - {"REQUESTS", "CONNECTIONS"})
 
 
 def routes_table(rows: Sequence[vizmetrics.RouteRow]) -> str:
@@ -65,23 +66,29 @@ def _emit(output: str, rows: Sequence[object], render: str, empty: str) -> None:
         click.echo(empty, err=True)
 
 
-def _kept_demo() -> tuple[str | None, list[vizmetrics.Proxy]]:
-    """A kept local mesh's Prometheus URL (None: it runs none) and its proxies ([]: no mesh)."""
+def _kept_proxies(kept: localmesh.Kept | None) -> list[vizmetrics.Proxy]:
+    """A kept local mesh's proxies ([]: no mesh)."""
     from meshlet.cli.demo import topology
-    from meshlet.cli.demo.supervisor import Record, state_root
 
-    record = Record.load(state_root())
-    if record is None or not record.processes:
-        return None, []
-    layout = topology.layout(topology.Mode(record.mode))
-    proxies = [vizmetrics.Proxy(p.name, p.workload, topology.NAMESPACE, layout.admin(p))
-               for p in layout.pods]  # fmt: skip
-    return record.urls.get("prometheus"), proxies
+    if kept is None:
+        return []
+    layout = topology.layout(topology.Mode(kept.mode))
+    return [vizmetrics.Proxy(p.name, p.workload, kept.namespace, layout.admin(p))
+            for p in layout.pods]  # fmt: skip
+
+
+def _source(url: str | None) -> tuple[str | None, localmesh.Kept | None]:
+    """The Prometheus a query verb reads: --prometheus-url, else a kept local mesh's (then
+    the mesh is returned too: its namespace is the default)."""
+    if url is not None:
+        return url, None
+    kept = localmesh.kept()
+    if kept is None or "prometheus" not in kept.urls:
+        return None, None
+    return kept.urls["prometheus"], kept
 
 
 def _prometheus(url: str | None) -> Prometheus:
-    if url is None:
-        url, _ = _kept_demo()
     if url is None:
         raise click.UsageError(
             "no Prometheus: give --prometheus-url (a kept `meshlet demo --keep` with the "
@@ -114,7 +121,7 @@ def _fail(exc: MetricsError) -> None:
     raise SystemExit(EX_UNAVAILABLE)
 
 
-_ns = click.option("-n", "--namespace", default="default", show_default=True)
+_ns = click.option("-n", "--namespace", help=localmesh.NAMESPACE_HELP)
 _all = click.option("-A", "--all-namespaces", is_flag=True, help="Every namespace.")
 _url = click.option(
     "--prometheus-url",
@@ -147,7 +154,7 @@ def viz() -> None:
 @_url
 @_out
 def stat(resource: str, to: str | None, src: str | None, to_namespace: str | None,
-         from_namespace: str | None, direct: bool, namespace: str, all_namespaces: bool,
+         from_namespace: str | None, direct: bool, namespace: str | None, all_namespaces: bool,
          window: str, prometheus_url: str | None, output: str) -> None:  # fmt: skip
     """Success rate, RPS, latency, TCP connections and mTLS of deploy, po, ns, svc or authority.
 
@@ -158,7 +165,9 @@ def stat(resource: str, to: str | None, src: str | None, to_namespace: str | Non
     meshlet viz stat deploy -n demo --prometheus-url http://localhost:9090
     meshlet viz stat deploy/web --to deploy/api -n demo -o json
     """
-    ns = None if all_namespaces else namespace
+    kept = localmesh.kept() if direct else None
+    url, local = (None, kept) if direct else _source(prometheus_url)
+    ns = None if all_namespaces else localmesh.namespace(namespace, local)
     t = _target(resource, ns, "TYPE[/NAME]")
     assert t is not None
     to_t = _target(to, to_namespace or ns, "--to")
@@ -167,9 +176,9 @@ def stat(resource: str, to: str | None, src: str | None, to_namespace: str | Non
         raise click.UsageError("--to and --from together: give one")
     seconds = _window(window)
     if direct:
-        rows = _direct(t, seconds)
+        rows = _direct(t, seconds, kept)
     else:
-        prom = _prometheus(prometheus_url)
+        prom = _prometheus(url)
         try:
             rows = vizmetrics.stat(prom, vizmetrics.stat_query(t, to=to_t, src=src_t), seconds)
         except MetricsError as exc:
@@ -177,10 +186,10 @@ def stat(resource: str, to: str | None, src: str | None, to_namespace: str | Non
     _emit(output, rows, stat_table(rows) if rows else "", "No traffic in the window.")
 
 
-def _direct(t: Target, window_text: str) -> list[StatRow]:
+def _direct(t: Target, window_text: str, kept: localmesh.Kept | None) -> list[StatRow]:
     if t.kind not in ("deployment", "pod"):
         raise click.UsageError("--direct reads deploy and po only")
-    _, proxies = _kept_demo()
+    proxies = _kept_proxies(kept)
     if not proxies:
         raise click.UsageError("--direct reads a kept local mesh (meshlet demo --keep): none runs")
     wanted = [p for p in proxies if t.name is None or t.name in (p.workload, p.pod)]
@@ -200,33 +209,37 @@ def _direct(t: Target, window_text: str) -> list[StatRow]:
 @_win
 @_url
 @_out
-def edges(kind: str, namespace: str, all_namespaces: bool, window: str,
+def edges(kind: str, namespace: str | None, all_namespaces: bool, window: str,
           prometheus_url: str | None, output: str) -> None:  # fmt: skip
     """Who calls whom (deploy or po), with the identities each side proved and whether the
-    requests went over mutual TLS."""
+    traffic went over mutual TLS: HTTP requests and TCP connections (opaque ones included)."""
     t = _target(kind, None, "TYPE")
     assert t is not None
     if t.kind not in ("deployment", "pod"):
         raise click.BadParameter("edges are between deploy or po", param_hint="TYPE")
     seconds = _window(window)
-    prom = _prometheus(prometheus_url)
+    url, local = _source(prometheus_url)
+    ns = None if all_namespaces else localmesh.namespace(namespace, local)
+    prom = _prometheus(url)
     try:
-        rows = vizmetrics.edges(prom, t.kind, seconds, None if all_namespaces else namespace)
+        rows = vizmetrics.edges(prom, t.kind, seconds, ns)
     except MetricsError as exc:
         _fail(exc)
     _emit(output, rows, edges_table(rows) if rows else "", "No edges in the window.")
 
 
-def _routes(resource: str, to: str | None, namespace: str, window: str,
+def _routes(resource: str, to: str | None, namespace: str | None, window: str,
             prometheus_url: str | None, output: str) -> None:  # fmt: skip
-    t = _target(resource, namespace, "TYPE[/NAME]")
+    url, local = _source(prometheus_url)
+    ns = localmesh.namespace(namespace, local)
+    t = _target(resource, ns, "TYPE[/NAME]")
     assert t is not None
-    to_t = _target(to, namespace, "--to")
+    to_t = _target(to, ns, "--to")
     if to_t is not None and to_t.kind not in ("service", "authority"):
         raise click.BadParameter("routes --to takes svc/NAME or authority/HOST:PORT",
                                  param_hint="--to")  # fmt: skip
     seconds = _window(window)
-    prom = _prometheus(prometheus_url)
+    prom = _prometheus(url)
     try:
         rows = vizmetrics.routes(prom, t, seconds, to=to_t)
     except MetricsError as exc:
@@ -242,7 +255,7 @@ def _routes(resource: str, to: str | None, namespace: str, window: str,
 @_win
 @_url
 @_out
-def routes(resource: str, to: str | None, namespace: str, window: str,
+def routes(resource: str, to: str | None, namespace: str | None, window: str,
            prometheus_url: str | None, output: str) -> None:  # fmt: skip
     """Per-route success, RPS and latency (the route_* metrics): of the resource's inbound
     routes, or with --to of its outbound ones."""
@@ -283,9 +296,8 @@ def dashboard(port: int, show: str, web_pod: str | None, control_plane_namespace
     meshlet viz dashboard
     meshlet viz dashboard --port 0 --show browser
     """
-    from meshlet.cli.viztap import _kubeconfig
-
-    local = None if _kubeconfig(kubeconfig, context) else _kept_dashboard()
+    kept = None if localmesh.cluster_named(kubeconfig, context) else localmesh.kept()
+    local = kept.urls.get("dashboard") if kept is not None else None
     if local is not None:
         _announce(local, show, "the local mesh's dashboard")
         return
@@ -303,15 +315,6 @@ def dashboard(port: int, show: str, web_pod: str | None, control_plane_namespace
                 time.sleep(3600)
         except KeyboardInterrupt:
             return
-
-
-def _kept_dashboard() -> str | None:
-    from meshlet.cli.demo.supervisor import Record, state_root
-
-    record = Record.load(state_root())
-    if record is None or not record.processes:
-        return None
-    return record.urls.get("dashboard")
 
 
 def _announce(url: str, show: str, what: str) -> None:

@@ -13,6 +13,8 @@ import click
 
 from meshlet.api import wellknown as wk
 from meshlet.api.hostport import HostPort
+from meshlet.cli import localmesh
+from meshlet.cli.localmesh import NAMESPACE_HELP
 
 KUBECONFIG_HELP = "Default: $KUBECONFIG or ~/.kube/config."
 
@@ -20,7 +22,7 @@ KUBECONFIG_HELP = "Default: $KUBECONFIG or ~/.kube/config."
 def source_options(command: Any) -> Any:
     """The options that say which requests to tap and where the tap controller is."""
     for option in reversed([
-        click.option("-n", "--namespace", help="RESOURCE's namespace. Default: the context's."),
+        click.option("-n", "--namespace", help="RESOURCE's namespace. " + NAMESPACE_HELP),
         click.option("--to", "to", metavar="RES", help="Only outbound requests to RES."),
         click.option("--to-namespace", help="RES's namespace. Default: RESOURCE's."),
         click.option("--method", help="Only requests with this HTTP method."),
@@ -62,13 +64,16 @@ def tap_events(
     or a broken stream is a ClusterError naming the controller."""
     from meshlet.api.hostport import parse_hostport
     from meshlet.cli import tap as taps
-    from meshlet.cli.cluster import ClusterError, api_client, default_namespace
+    from meshlet.cli.cluster import ClusterError, api_client
 
-    kept = _kept_demo_tap() if tap_addr is None and not _kubeconfig(kubeconfig, context) else None
-    if kept is not None:  # a local mesh kept running (`meshlet demo --keep`)
-        tap_addr, namespace = kept[0], namespace or kept[1]
-    if namespace is None:
-        namespace = "default" if tap_addr is not None else default_namespace(kubeconfig, context)
+    local = None
+    if tap_addr is None and not localmesh.cluster_named(kubeconfig, context):
+        local = localmesh.kept()
+        if local is not None and "tap" not in local.urls:
+            local = None
+    if local is not None:  # a local mesh kept running (`meshlet demo --keep`)
+        tap_addr = local.urls["tap"].removeprefix("http://")
+    namespace = localmesh.namespace(namespace, local, kubeconfig, context)
     path_query = taps.query({
         "resource": resource, "namespace": namespace, "to": to, "to_namespace": to_namespace,
         "method": method, "path": path, "authority": authority, "max_rps": f"{max_rps:g}",
@@ -95,8 +100,8 @@ def tap_events(
         except taps.TapError as exc:
             raise ClusterError(f"{exc} [{where}]") from None
 
-    with forward as local:
-        host, port = local if local is not None else direct
+    with forward as forwarded:
+        host, port = forwarded if forwarded is not None else direct
         yield events(host, port)
 
 
@@ -133,24 +138,3 @@ def tap(resource: str, output: str | None, **source: Any) -> None:
                 sys.stdout.flush()
         except KeyboardInterrupt:
             return
-
-
-def _kubeconfig(given: Path | None, context: str | None) -> bool:
-    """Whether a cluster is named: a kubeconfig or context given, $KUBECONFIG, ~/.kube/config."""
-    import os
-
-    return (
-        bool(given or context or os.environ.get("KUBECONFIG"))
-        or Path("~/.kube/config").expanduser().exists()
-    )
-
-
-def _kept_demo_tap() -> tuple[str, str] | None:
-    """The tap controller (HOST:PORT) and namespace of a local mesh kept running, if any."""
-    from meshlet.cli.demo.supervisor import Record, state_root
-    from meshlet.cli.demo.topology import NAMESPACE
-
-    record = Record.load(state_root())
-    if record is None or not record.processes or "tap" not in record.urls:
-        return None
-    return record.urls["tap"].removeprefix("http://"), NAMESPACE

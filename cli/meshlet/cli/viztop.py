@@ -19,8 +19,15 @@ REFRESH: Final = 1.0  # seconds between redraws on a terminal
 _END: Final = object()
 
 
-def table(top: Any, limit: int) -> str:
+def table(top: Any, limit: int, path_width: int | None = None, gap: str = "   ") -> str:
+    """The busiest `limit` rows, and the notes; paths cut to `path_width` characters (with
+    an ellipsis) when given, `gap` between columns."""
     from meshlet.cli import tables
+
+    def cut(path: str) -> str:
+        if path_width is None or len(path) <= path_width:
+            return path
+        return path[: max(1, path_width - 1)] + "…"
 
     header = ["SOURCE", "DESTINATION", "METHOD", "PATH", "COUNT", "BEST", "WORST", "LAST",
               "SUCCESS"]  # fmt: skip
@@ -32,16 +39,40 @@ def table(top: Any, limit: int) -> str:
 
     rows = []
     for e in top.rows(limit):
-        cells = [e.source, e.destination, e.method, e.path, str(e.count), ms(e.best),
+        cells = [e.source, e.destination, e.method, cut(e.path), str(e.count), ms(e.best),
                  ms(e.worst), ms(e.last), tables.pct(e.success)]  # fmt: skip
         rows.append(cells[1:] if top.hide_sources else cells)
-    out = tables.render(header, rows, {"SOURCE", "DESTINATION", "METHOD", "PATH"})
+    out = tables.render(header, rows, {"SOURCE", "DESTINATION", "METHOD", "PATH"}, gap)
     notes = [f"error {e}" for e in top.errors]
     if top.dropped:
         notes.append(f"{top.dropped} requests not shown (past --max-rps)")
     if top.overflow:
         notes.append(f"{top.overflow} requests of paths past the first {len(top.entries)}")
     return out + "".join(f"({n})\n" for n in notes)
+
+
+def screenful(top: Any, limit: int, width: int, height: int) -> Any:
+    """The live table for a terminal of `width` x `height`: as many of the busiest rows as fit
+    below the header and above the notes (the last line left for the cursor), and then a note
+    of how many more there are; each line cut at `width`, never wrapped."""
+    from rich.text import Text
+
+    notes = len(top.errors) + bool(top.dropped) + bool(top.overflow)
+    room = max(1, height - 1 - 1 - notes - 1)  # header, notes, the "more" note, the cursor
+    rows = min(limit, len(top.rows(limit)))
+    # the paths take what the other columns leave (the numbers stay whole): measured with every
+    # path cut to nothing, its column as wide as its header
+    shown = min(rows, room)
+    others = max(len(line) for line in table(top, shown, 0, "  ").splitlines()[: 1 + shown])
+    text = table(top, shown, max(8, width - others + len("PATH")), "  ")
+    if rows > room:
+        text += f"({rows - room} more rows: a taller terminal shows them)\n"
+    out = Text()
+    for i, line in enumerate(text.splitlines()[: max(1, height - 1)]):
+        cut = Text(line)
+        cut.truncate(width, overflow="ellipsis")
+        out.append(("\n" if i else "") + cut.plain)
+    return out
 
 
 @click.command("top")
@@ -113,9 +144,8 @@ def _follow(counts: Any, events: queue.Queue[Any], deadline: float | None, live:
         if event is not None:
             counts.add(event)
         if live is not None and time.monotonic() >= next_draw:
-            from rich.text import Text
-
-            live.update(Text(table(counts, limit)), refresh=True)
+            width, height = live.console.size
+            live.update(screenful(counts, limit, width, height), refresh=True)
             next_draw = time.monotonic() + REFRESH
 
 

@@ -12,12 +12,16 @@ from rich.console import Console
 
 from meshlet.api import wellknown
 from meshlet.cli.demo import run, topology
+from meshlet.cli.demo.outbound import Endpoints
 from meshlet.cli.demo.supervisor import Record
 from meshlet.cli.demo.topology import Mode
 from meshlet.cli.demo.view import (
+    Client,
+    Outbound,
     Snapshot,
     balancer_caption,
     certificates_line,
+    fit,
     render,
     replicas_table,
 )
@@ -148,3 +152,73 @@ def test_undoing_a_loopback_run_leaves_any_network_alone() -> None:
     netns = Record(mode="netns", root="/nonexistent", shm="/nonexistent",
                    netns=["meshlet-web-1"])  # fmt: skip
     assert run.removes_network(netns)
+
+
+def busiest_snapshot() -> Snapshot:
+    """Everything the screen can show at once: a drill's title, a denied identity, two slow
+    replicas and a gone one, a backend with endpoints pending, failed calls by reason, a
+    control-plane process down, certificate renewals after a restart, long events, loopback's
+    footer."""
+    load = "load.demo.serviceaccount.identity.meshlet.cluster.local"
+
+    def busy(name: str, meshed: str, peers: tuple[str, ...], denied: float = 0.0) -> Row:
+        return Row(name=name, meshed=meshed, requests=2000, rps=123.4, success=0.9876,
+                   quantiles=(4.2, 123.0, 1234.0), mtls=0.9876, connections_per_s=12.3,
+                   peers=peers, allowed=12345, denied=denied,
+                   denied_peers=(API,) if denied else ())  # fmt: skip
+
+    workloads = [busy("web", "1/1", (load,)), busy("api", "2/3", (WEB,)),
+                 busy("api-v2", "1/1", (WEB,)),
+                 busy("store", "1/1", (WEB,), denied=1234)]  # fmt: skip
+    replicas = [replica("api-1", 0.12), replica("api-3", 0.88)]
+    certificates = {f"p{i}": {"refreshed_at": 990.0, "expires_at": 1_012.0, "refreshes_ok": 30,
+                               "refreshes_failed": 2} for i in range(8)}  # fmt: skip
+    return Snapshot(
+        title="meshlet demo · network namespaces + iptables · drill: failing-replica · 20 calls/s",
+        elapsed=3599.0, workloads=workloads, replicas=replicas,
+        replica_notes={"api-1": "+200 ms", "api-2": "killed", "api-3": "+50 ms"},
+        client=Client(sent=123456, ok=123000, failed={"UNAVAILABLE": 300, "INTERNAL": 156},
+                      dropped=12, quantiles=(5.0, 20.0, 1234.0), store_first_byte_max_ms=31.0,
+                      recent_success=0.8123),
+        control=(("identity", "up"), ("destination", "down"), ("policy", "up"), ("tap", "up")),
+        events=[(float(t), f"drill: event number {t} with a long description of what it did "
+                           "to which replica and why, long enough to wrap twice at 80 columns")
+                for t in range(10)],
+        footer=("loopback mode: apps call their proxy explicitly and the store directly; "
+                "transparent interception needs root and network namespaces. Ctrl-C stops the "
+                "demo and removes everything it made"),
+        gone={"api-2": 4.0}, slow={"api-1": 200.0, "api-3": 50.0},
+        certificates=certificates_line(certificates, 1_000.0, since=980.0),
+        certificates_short=certificates_line(certificates, 1_000.0, since=980.0, short=True),
+        outbound=Outbound(route="api-split", parent="api", weights={"api": 50, "api-v2": 50},
+                          requests={"api": 512.0, "api-v2": 488.0}, seconds=10.0,
+                          balancers={"api": Endpoints(2, 1), "api-v2": Endpoints(1, 0)}),
+    )  # fmt: skip
+
+
+def test_the_live_view_fits_80x24_whole() -> None:
+    """On an 80x24 terminal every part of the view shows, each line within 80 columns and no
+    table column cut to an ellipsis, in at most 23 lines (the cursor keeps the 24th)."""
+    console = Console(width=80, height=24, record=True, color_system=None)
+    console.print(fit(busiest_snapshot(), 80, 24))
+    lines = console.export_text().splitlines()
+    assert len(lines) <= 23, "\n".join(lines)
+    assert max(len(line) for line in lines) <= 80
+    header = next(line for line in lines if line.startswith("NAME"))
+    assert header.split() == ["NAME", "MESHED", "SUCCESS", "RPS", "P50", "P99", "CONN/S", "mTLS",
+                              "FROM", "ALLOWED", "DENIED"]  # fmt: skip
+    store = next(line for line in lines if line.startswith("store"))
+    assert store.split() == ["store", "1/1", "98.76%", "123.4", "4.2ms", "1234ms", "12.3",
+                             "98.76%", "web", "12345", "1234", "(api)"]  # fmt: skip
+    text = "\n".join(lines)
+    for shown in ("gone: no metrics for 4 s (killed)", "api-1 (+200 ms) gets 12.0% of calls",
+                  "route api-split: api 50 · api-v2 50 → api 51.2% · api-v2 48.8%",
+                  "api 2 ready, 1 pending", "client: 123456 sent, 123000 ok, 456 failed",
+                  "destination down", "00:09 drill: event number 9", "loopback mode",
+                  "renewed since identity's return: 8/8"):  # fmt: skip
+        assert shown in text, shown
+    # where it fits, the full view, as before
+    wide = Console(width=160, height=60, record=True, color_system=None)
+    wide.print(fit(busiest_snapshot(), 160, 60))
+    assert any(line.split()[:1] == ["NAME"] and "P95" in line
+               for line in wide.export_text().splitlines())  # fmt: skip

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -49,18 +50,28 @@ class Sample:
 class Prometheus:
     """A Prometheus' instant-query API."""
 
-    def __init__(self, url: str, timeout: float = TIMEOUT) -> None:
+    def __init__(self, url: str, timeout: float = TIMEOUT, deadline: float | None = None) -> None:
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise MetricsError(f"{url!r} is not an http(s) URL of a Prometheus")
         self.url = url.rstrip("/")
         self.timeout = timeout
+        self.deadline = deadline  # time.monotonic() past which no query is asked (None: none)
+
+    def within(self, seconds: float) -> Prometheus:
+        """The same Prometheus, its queries from now on all done within `seconds`."""
+        return Prometheus(self.url, self.timeout, time.monotonic() + seconds)
 
     def query(self, promql: str) -> list[Sample]:
         """The instant vector `promql` evaluates to now."""
         target = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+        timeout = self.timeout
+        if self.deadline is not None:
+            timeout = min(timeout, self.deadline - time.monotonic())
+            if timeout <= 0:
+                raise MetricsError(f"Prometheus at {self.url} did not answer in time")
         try:
-            with urllib.request.urlopen(target, timeout=self.timeout) as response:
+            with urllib.request.urlopen(target, timeout=timeout) as response:
                 body = response.read(MAX_BODY + 1)
         except urllib.error.HTTPError as exc:
             body = exc.read(MAX_BODY + 1)
@@ -201,19 +212,30 @@ def stat_queries(q: StatQuery, window_text: str) -> dict[str, str]:
 
 
 def edge_queries(kind: str, window_text: str) -> dict[str, str]:
-    """Who calls whom (Linkerd's edges, from requests rather than open connections, so that
-    short-lived clients show): each proxy's outbound requests by the destination's `dst_KIND`
-    and the identity it proved (`server_id`), and each proxy's inbound requests by the identity
-    its client proved (`client_id`)."""
+    """Who calls whom. Linkerd's edges come from open TCP connections; here from what each
+    proxy sent and opened: its outbound requests (so that short-lived clients show) and its
+    outbound TCP connections, opened in the window or open now (so that opaque TCP, which
+    has no requests, shows too), by the destination's `dst_KIND` and the identity it proved
+    (`server_id`); and each proxy's inbound requests and connections by the identity its client
+    proved (`client_id`)."""
     w = window_text
+    side = (
+        f"namespace, {kind}, serviceaccount, dst_namespace, dst_{kind}, server_id, tls, "
+        "no_tls_reason"
+    )
+    dst = 'direction="outbound", peer="dst"'
+    src = 'direction="inbound", peer="src"'
     return {
-        "outbound": (
-            f'sum(increase(request_total{{direction="outbound"}}[{w}])) by (namespace, {kind}, '
-            f"serviceaccount, dst_namespace, dst_{kind}, server_id, tls, no_tls_reason)"
-        ),
+        "outbound": f'sum(increase(request_total{{direction="outbound"}}[{w}])) by ({side})',
+        "outbound_tcp": f"sum(increase(tcp_open_total{{{dst}}}[{w}])) by ({side})",
+        "outbound_open": f"sum(tcp_open_connections{{{dst}}}) by ({side})",
         "inbound": (
             f'sum(increase(response_total{{direction="inbound"}}[{w}])) by (namespace, {kind}, '
             "client_id, tls)"
+        ),
+        "inbound_tcp": (
+            f"sum(increase(tcp_open_total{{{src}}}[{w}]) + tcp_open_connections{{{src}}}) "
+            f"by (namespace, {kind}, client_id, tls)"
         ),
     }
 
@@ -344,14 +366,15 @@ class Edge:
     server_id: str  # the identity the destination proved to the source's proxy
     mtls: bool
     no_tls_reason: str
-    requests: float
+    requests: float  # HTTP requests sent in the window
+    connections: float = 0.0  # TCP connections opened in the window (HTTP's and opaque ones)
 
     def as_dict(self) -> dict[str, object]:
         return {
             "src_namespace": self.src_namespace, "src": self.src,
             "dst_namespace": self.dst_namespace, "dst": self.dst, "client_id": self.client_id,
             "server_id": self.server_id, "mtls": self.mtls, "no_tls_reason": self.no_tls_reason,
-            "requests": round(self.requests, 4),
+            "requests": round(self.requests, 4), "connections": round(self.connections, 4),
         }  # fmt: skip
 
 
@@ -376,33 +399,43 @@ def edges(
     prom: Prometheus, kind: str, window_text: str, namespace: str | None, *,
     run: Callable[[str], list[Sample]] | None = None,
 ) -> list[Edge]:  # fmt: skip
-    """Edges between resources of `kind` with requests in the window, touching `namespace`.
-    A destination's namespace is its `dst_namespace`, else the one its identity names."""
+    """Edges between resources of `kind` with requests or TCP connections in the window (or
+    connections open now), touching `namespace`. A destination's namespace is its
+    `dst_namespace`, else the one its identity names."""
     query = run or prom.query
     queries = edge_queries(kind, window_text)
     seen: dict[tuple[str, str], set[str]] = {}
-    for s in query(queries["inbound"]):
-        if s.value > 0 and s.labels.get("tls") == "true" and s.labels.get("client_id"):
-            key = (s.labels.get("namespace", ""), s.labels.get(kind, ""))
-            seen.setdefault(key, set()).add(s.labels["client_id"])
-    out: dict[tuple[str, ...], Edge] = {}
-    for s in query(queries["outbound"]):
-        lb = s.labels
-        if s.value <= 0 or not lb.get(f"dst_{kind}"):
-            continue
-        src_ns = lb.get("namespace", "")
-        dst_ns = lb.get("dst_namespace") or _namespace_of(lb.get("server_id", ""))
-        if namespace is not None and namespace not in (src_ns, dst_ns):
-            continue
-        src, dst = lb.get(kind, ""), lb[f"dst_{kind}"]
-        mtls = lb.get("tls") == "true"
-        client = _client_id(seen, dst_ns, dst, lb.get("serviceaccount", ""), src_ns) if mtls else ""
-        edge = (src_ns, src, dst_ns, dst, lb.get("server_id", ""), str(mtls))
-        before = out.get(edge)
-        total = s.value + (before.requests if before else 0.0)
-        out[edge] = Edge(src_ns, src, dst_ns, dst, client, lb.get("server_id", ""), mtls,
-                        lb.get("no_tls_reason", ""), total)  # fmt: skip
-    return sorted(out.values(), key=lambda e: (e.src_namespace, e.src, e.dst_namespace, e.dst))
+    for name in ("inbound", "inbound_tcp"):
+        for s in query(queries[name]):
+            if s.value > 0 and s.labels.get("tls") == "true" and s.labels.get("client_id"):
+                key = (s.labels.get("namespace", ""), s.labels.get(kind, ""))
+                seen.setdefault(key, set()).add(s.labels["client_id"])
+    # (src_ns, src, dst_ns, dst, server_id, mtls) → requests, connections, open; labels
+    counts: dict[tuple[str, str, str, str, str, bool], list[float]] = {}
+    labels: dict[tuple[str, str, str, str, str, bool], Mapping[str, str]] = {}
+    for column, name in enumerate(("outbound", "outbound_tcp", "outbound_open")):
+        for s in query(queries[name]):
+            lb = s.labels
+            if s.value <= 0 or math.isnan(s.value) or not lb.get(f"dst_{kind}"):
+                continue
+            src_ns = lb.get("namespace", "")
+            dst_ns = lb.get("dst_namespace") or _namespace_of(lb.get("server_id", ""))
+            if namespace is not None and namespace not in (src_ns, dst_ns):
+                continue
+            mtls = lb.get("tls") == "true"
+            edge = (src_ns, lb.get(kind, ""), dst_ns, lb[f"dst_{kind}"], lb.get("server_id", ""),
+                    mtls)  # fmt: skip
+            counts.setdefault(edge, [0.0, 0.0, 0.0])[column] += s.value
+            labels.setdefault(edge, lb)
+    out = []
+    for edge, (requests, connections, _) in counts.items():
+        src_ns, src, dst_ns, dst, server_id, mtls = edge
+        lb = labels[edge]
+        sa = lb.get("serviceaccount", "")
+        client = _client_id(seen, dst_ns, dst, sa, src_ns) if mtls else ""
+        out.append(Edge(src_ns, src, dst_ns, dst, client, server_id, mtls,
+                        lb.get("no_tls_reason", ""), requests, connections))  # fmt: skip
+    return sorted(out, key=lambda e: (e.src_namespace, e.src, e.dst_namespace, e.dst))
 
 
 @dataclass(slots=True)

@@ -56,6 +56,26 @@ async def test_a_forged_host_is_refused_and_the_own_names_are_not(server: WebSer
         assert "frame-ancestors 'none'" in headers["Content-Security-Policy"]
 
 
+async def test_the_host_rule_on_raw_requests(server: WebServer) -> None:
+    """What a browser never sends, as a raw client may: no Host at all (HTTP/1.0), two Hosts
+    (the second one allowed), a name with a trailing dot."""
+
+    async def first_line(request: bytes) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(request)
+        answer = await asyncio.wait_for(reader.read(), 5)
+        writer.close()
+        return answer.split(b"\r\n", 1)[0]
+
+    assert b" 403 " in await first_line(b"GET /tap HTTP/1.0\r\n\r\n")
+    two = b"GET /tap HTTP/1.1\r\nHost: evil.example\r\nHost: 127.0.0.1\r\n\r\n"
+    assert b" 400 " in await first_line(two)
+    dot = b"GET /tap HTTP/1.1\r\nHost: localhost.\r\nConnection: close\r\n\r\n"
+    assert b" 403 " in await first_line(dot)
+    ok = b"GET /tap HTTP/1.1\r\nHost: 127.0.0.1:8084\r\nConnection: close\r\n\r\n"
+    assert b" 200 " in await first_line(ok)
+
+
 async def test_prometheus_down_is_a_page_that_says_so(server: WebServer) -> None:
     for path in ("/", "/namespaces/demo", "/topology", "/routes?resource=deploy/web"):
         status, body, _ = await get(server, path)
@@ -149,6 +169,7 @@ class StandInTap:
     def __init__(self) -> None:
         self.lines: list[bytes] = []
         self.status = 200
+        self.hold = True  # False: the stream ends after `lines`, as when every proxy failed
         self.queries: list[dict[str, str]] = []
         self.runner: web.AppRunner | None = None
         self.port = 0
@@ -170,7 +191,8 @@ class StandInTap:
         await response.prepare(request)
         for line in self.lines:
             await response.write(line)
-        await asyncio.sleep(30)
+        if self.hold:
+            await asyncio.sleep(30)
         return response
 
 
@@ -237,3 +259,27 @@ async def test_one_relay_too_many_is_refused_and_refusals_pass_through(
     tap.status = 404
     status, lines = await relayed(server, "resource=po/web-3")
     assert status == 404 and lines == [{"type": "error", "message": "no pods"}]
+
+
+DENIED = (b'{"type": "error", "proxy": "demo/web-1", "message": "PERMISSION_DENIED: '
+          b'client meshlet-tap.meshlet is not authorized to tap"}\n')  # fmt: skip
+
+
+async def test_a_tap_that_ends_after_errors_says_them_in_its_last_line(
+    relay: tuple[WebServer, StandInTap],
+) -> None:
+    """The tap controller's words reach the page: the error lines, and the last line, which the
+    page shows when the tap ends (it would otherwise replace the error)."""
+    server, tap = relay
+    tap.lines, tap.hold = [DENIED], False
+    status, lines = await relayed(server, "resource=po/web-1")
+    assert status == 200
+    assert lines[0]["type"] == "error" and len(lines) == 2
+    assert lines[1] == {
+        "type": "end_of_tap",
+        "message": "the tap controller ended the tap after errors: demo/web-1: PERMISSION_DENIED:"
+        " client meshlet-tap.meshlet is not authorized to tap",
+    }
+    tap.lines = [b'{"type": "req"}\n']  # no error: the plain words
+    status, lines = await relayed(server, "resource=po/web-1")
+    assert lines[-1] == {"type": "end_of_tap", "message": "the tap controller ended the tap"}

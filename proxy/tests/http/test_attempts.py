@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from meshlet.proxy.core import client_policy as cp
 from meshlet.proxy.core.failover import MAX_CONNECTS, Failure
 from meshlet.proxy.core.retry_budget import RetryBudget
 from meshlet.proxy.core.routes import DEFAULT_ROUTE, RoutePolicy
@@ -19,6 +20,7 @@ from meshlet.proxy.http.contract import (
 )
 from meshlet.proxy.http.recorder import Recorder
 from meshlet.proxy.metrics import ProxyMetrics
+from meshlet.proxy.outbound.policy_router import route_policy
 from meshlet_testing.lease import RecordingLease
 
 GET = Target("items.ns:80", "GET", "/items/1")
@@ -367,7 +369,8 @@ def test_an_outbound_policy_s_retry_resends_only_what_it_names() -> None:
 
 
 PER_TRY = RoutePolicy("", timeout=1.0, retryable=True, retry_statuses=((500, 599),),
-                      retry_limit=2, attempt_timeout=0.2, retry_timeouts=True)  # fmt: skip
+                      retry_limit=2, attempt_timeout=0.2, retry_timeouts=True,
+                      attempt_timeout_name="per-try")  # fmt: skip
 
 
 def test_an_attempt_s_own_timeout_is_retried_elsewhere_until_the_request_s_timeout() -> None:
@@ -388,13 +391,45 @@ def test_an_attempt_s_own_timeout_is_retried_elsewhere_until_the_request_s_timeo
     assert isinstance(third, Endpoint) and att.due == pytest.approx(10.6)
     att.sent()
     # the limit (2 retries) is used up: the third attempt's timeout answers 504
-    assert att.expired(10.6, replayable=True) == Answer(504, "the response timeout of 0.2s passed")
+    assert att.expired(10.6, replayable=True) == Answer(504, "the per-try timeout of 0.2s passed")
     late = Case(policy=PER_TRY).request(now=0.0)
     late.start()
     late.sent()
     late.try_deadline = 1.5  # an attempt picked late: the request's deadline (1.0) comes first
     assert late.due == 1.0
     assert late.expired(1.0, replayable=True) == Answer(504, "the route's timeout of 1s passed")
+
+
+def _rule(response: float | None, per_try: float | None, limit: int = 0) -> cp.Rule:
+    retry = cp.Retry(limit, 65536, timeout=per_try) if per_try or limit else None
+    return cp.Rule((), (), cp.EMPTY, cp.Timeouts(request=5.0, response=response), retry)
+
+
+@pytest.mark.parametrize(
+    ("response", "per_try", "limit", "said"),
+    [
+        (None, 0.1, 0, "the per-try timeout of 0.1s passed"),
+        (None, 0.1, 2, "the per-try timeout of 0.1s passed"),  # the last retry's
+        (0.3, None, 0, "the response timeout of 0.3s passed"),
+        (0.3, 0.1, 0, "the per-try timeout of 0.1s passed"),  # the shorter fires
+        (0.1, 0.3, 0, "the response timeout of 0.1s passed"),
+    ],
+)
+def test_an_attempt_s_504_names_the_timeout_that_fired(
+    response: float | None, per_try: float | None, limit: int, said: str
+) -> None:
+    """An outbound policy rule's `timeouts.response` and its retry's per-try timeout
+    (`retry.meshlet.io/timeout`) both bound an attempt: the 504 names the one that passed."""
+    policy = route_policy(_rule(response, per_try, limit), 5.0)
+    att = Case(policy=policy).request(now=0.0)
+    att.start()
+    step: object = None
+    for _ in range(limit + 1):
+        att.sent()
+        due = att.due
+        assert due is not None and due < 5.0
+        step = att.expired(due, replayable=True)
+    assert step == Answer(504, said)
 
 
 def test_a_response_timeout_alone_answers_504_without_a_retry() -> None:

@@ -426,6 +426,26 @@ def test_the_request_timeout_covers_every_retry(world: World, http2: bool) -> No
     assert "meshlet-proxy-error: the route's timeout of 1s passed" in head, head
 
 
+@pytest.mark.parametrize(
+    ("service", "said"),
+    [
+        ("retried", "the per-try timeout of 0.3s passed"),  # retry.meshlet.io/timeout, 3 tries
+        ("answered", "the response timeout of 0.3s passed"),  # timeout.meshlet.io/response
+    ],
+)
+def test_a_timeout_s_504_names_the_timeout_that_passed(
+    world: World, service: str, said: str
+) -> None:
+    """Both replicas hang: the 504 says which of the Service's timeouts ended the request."""
+    url = f"http://{service}.{NS}.svc.cluster.local/allhang"
+    argv = ["curl", "-sS", "-o", "/dev/null", "-D", "-", "--connect-to",
+            f"::127.0.0.1:{world.outbound}", url]  # fmt: skip
+    head = subprocess.run(argv, capture_output=True, text=True, timeout=30,
+                          check=True).stdout.lower()  # fmt: skip
+    assert head.startswith("http/1.1 504"), head
+    assert f"meshlet-proxy-error: {said}" in head, head
+
+
 @pytest.mark.parametrize("http2", [False, True], ids=["http1", "http2"])
 def test_a_response_timeout_answers_each_hung_attempt_504(world: World, http2: bool) -> None:
     """`timeout.meshlet.io/response: 300ms` without retries: the hung replica's requests get

@@ -45,7 +45,7 @@ from meshlet.cli.demo.supervisor import (
     stop_pids,
 )
 from meshlet.cli.demo.topology import Layout, Mode, Pod
-from meshlet.cli.demo.view import Client, Outbound, Snapshot, certificates_line, render
+from meshlet.cli.demo.view import Client, Outbound, Snapshot, certificates_line, fit
 from meshlet.cli.stats import QUANTILES, Scrape, Traffic, combine, parse, row, traffic
 from meshlet.cli.stats import replica_rows as make_replica_rows
 
@@ -422,7 +422,7 @@ class Demo:
                         schedule.sort(key=lambda step: step.at)
                     self._scrape_all()
                     self._watch_processes()
-                    screen.show(lambda: render(self._snapshot(window=True)))
+                    screen.show(lambda: fit(self._snapshot(window=True), *screen.size))
                     next_tick += options.refresh
                     time.sleep(max(0.0, next_tick - time.monotonic()))
             except KeyboardInterrupt:
@@ -431,7 +431,8 @@ class Demo:
         self._scrape_all()
         self.checks = drills.finish(self)
         summary = self._summary()
-        self.console.print(render(self._snapshot(window=False), caption=summary["caption"]))
+        final = self._snapshot(window=False)
+        self.console.print(fit(final, self.console.width, caption=summary["caption"]))
         if options.summary_json is not None:
             options.summary_json.write_text(json.dumps(summary, indent=1))
         return summary
@@ -572,13 +573,18 @@ class Demo:
                 "loopback mode: apps call their proxy explicitly and the store directly;"
                 " transparent interception needs root and network namespaces. " + footer
             )
+        certificates, now, back = (
+            self._certificates(),
+            time.time(),
+            self.checks.get("identity_back_at"),
+        )
         return Snapshot(
             title=f"meshlet demo · {mode}{drill} · {self.options.rate:g} calls/s",
             elapsed=time.monotonic() - self.started, workloads=rows, replicas=replicas,
             replica_notes=self.notes, client=self._client(), control=control,
             events=self.events, footer=footer if window else "", gone=gone, slow=self.slow,
-            certificates=certificates_line(self._certificates(), time.time(),
-                                           self.checks.get("identity_back_at")),
+            certificates=certificates_line(certificates, now, back),
+            certificates_short=certificates_line(certificates, now, back, short=True),
             outbound=self._outbound(window),
         )  # fmt: skip
 
@@ -750,6 +756,12 @@ class Screen:
                              redirect_stdout=False, auto_refresh=False)  # fmt: skip
         self.printed_events = 0
         self.last_view: float | None = None
+
+    @property
+    def size(self) -> tuple[int, int | None]:
+        """Columns, and lines when the view is redrawn in place (else it scrolls: any)."""
+        width, height = self.console.size
+        return width, height if self.live is not None else None
 
     def __enter__(self) -> Screen:
         if self.live is not None:

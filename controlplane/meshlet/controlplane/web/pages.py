@@ -187,9 +187,14 @@ class Node:
 
 NODE_W: Final = 180
 NODE_H: Final = 36
-COL_GAP: Final = 400  # room for an edge's label: two identities side by side
-ROW_GAP: Final = 70
-MARGIN: Final = 20
+COL_GAP: Final = 440  # between columns: the lanes of the edges that cross, and their labels
+GAP_PAD: Final = 40  # each side of a gap: where an edge turns from its node to its lane
+ROW_GAP: Final = 24  # between the nodes of a column
+LANE_H: Final = 56  # one edge's lane: its label (three lines) above its line
+LINE_H: Final = 13  # one line of a label
+LABEL_CHARS: Final = 72  # characters of one label line (the rest in the tooltip)
+LABEL_W: Final = 440  # room right of the graph for the labels of edges drawn below it
+MARGIN: Final = 40
 
 
 def _layers(edges: Sequence[Edge]) -> dict[tuple[str, str], int]:
@@ -209,22 +214,71 @@ def _layers(edges: Sequence[Edge]) -> dict[tuple[str, str], int]:
     return depth
 
 
+def _label(e: Edge) -> list[str]:
+    if e.requests > 0:
+        count = f"{e.requests:.0f} req"
+    elif e.connections > 0:
+        count = f"{e.connections:.0f} TCP conn"
+    else:
+        count = "TCP open"
+    if not e.mtls:
+        return [f"no mTLS ({e.no_tls_reason or 'plaintext'}) · {count}"]
+    return [f"mTLS · {count}", f"client {e.client_id or '?'}", f"server {e.server_id or '?'}"]
+
+
+def _text(lines: list[str], x: float, baseline: float, anchor: str) -> str:
+    """A label whose last line sits on `baseline`; lines over LABEL_CHARS are cut (whole in the
+    tooltip)."""
+    top = baseline - LINE_H * (len(lines) - 1)
+    spans = "".join(
+        f'<tspan x="{x:.0f}" y="{top + i * LINE_H:.0f}">'
+        f"{esc(line if len(line) <= LABEL_CHARS else line[: LABEL_CHARS - 1] + '…')}</tspan>"
+        for i, line in enumerate(lines)
+    )
+    return f'<text text-anchor="{anchor}"><title>{esc(" / ".join(lines))}</title>{spans}</text>'
+
+
+def _points(points: list[tuple[float, float]]) -> str:
+    return " ".join(f"{x:.0f},{y:.0f}" for x, y in points)
+
+
 def topology_svg(edges: Sequence[Edge]) -> str:
-    """The meshed edges as an SVG graph: a box per resource, an arrow per edge labelled with the
-    identities both sides proved (or why the requests were not mTLS)."""
+    """The meshed edges as an SVG graph: a box per resource in columns (callers left of whom
+    they call), an arrow per edge labelled with the identities both sides proved (or why the
+    traffic was not mTLS). No label lies on a line: an edge between neighbouring columns runs
+    along a lane of its own across the gap, its label above that lane, where only lanes run;
+    any other (a call back, to itself, or across a column) runs along a lane below the graph,
+    its label right of everything drawn."""
     depth = _layers(edges)
     columns: dict[int, list[tuple[str, str]]] = {}
     for key in sorted(depth)[:MAX_NODES]:
         columns.setdefault(depth[key], []).append(key)
     nodes: dict[tuple[str, str], Node] = {}
+    rows: dict[tuple[str, str], int] = {}
     for col, keys in columns.items():
         for row, (ns, name) in enumerate(keys):
+            rows[(ns, name)] = row
             nodes[(ns, name)] = Node(ns, name, MARGIN + col * (NODE_W + COL_GAP),
-                                     MARGIN + row * (NODE_H + ROW_GAP * 2))  # fmt: skip
-    width = MARGIN * 2 + (max(columns, default=0) + 1) * (NODE_W + COL_GAP) - COL_GAP
-    height = MARGIN * 2 + max((len(k) for k in columns.values()), default=1) * (
-        NODE_H + ROW_GAP * 2
-    )
+                                     MARGIN + row * (NODE_H + ROW_GAP))  # fmt: skip
+    drawn = [
+        e for e in edges
+        if (e.src_namespace, e.src) in nodes and (e.dst_namespace, e.dst) in nodes
+    ]  # fmt: skip
+    gaps: dict[int, list[Edge]] = {}  # column → the edges to the next one
+    below: list[Edge] = []
+    for e in drawn:
+        caller, callee = (e.src_namespace, e.src), (e.dst_namespace, e.dst)
+        if depth[callee] == depth[caller] + 1:
+            gaps.setdefault(depth[caller], []).append(e)
+        else:
+            below.append(e)
+    for lanes in gaps.values():
+        lanes.sort(key=lambda e: (rows[(e.src_namespace, e.src)], rows[(e.dst_namespace, e.dst)]))
+    stack = max((len(k) for k in columns.values()), default=1) * (NODE_H + ROW_GAP)
+    top_h = max([stack, *(len(lanes) * LANE_H + LINE_H for lanes in gaps.values())])
+    right = MARGIN + (max(columns, default=0) + 1) * (NODE_W + COL_GAP) - COL_GAP
+    width = right + MARGIN + (LABEL_W if below else 0)
+    height = MARGIN * 2 + top_h + len(below) * LANE_H
     parts = [
         f'<svg id="topology" xmlns="http://www.w3.org/2000/svg" width="{width}" '
         f'height="{height}" viewBox="0 0 {width} {height}" role="img">'
@@ -232,32 +286,35 @@ def topology_svg(edges: Sequence[Edge]) -> str:
         'markerHeight="8" orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z"/>'
         "</marker></defs>"
     ]
-    for e in edges:
-        a, b = nodes.get((e.src_namespace, e.src)), nodes.get((e.dst_namespace, e.dst))
-        if a is None or b is None:
-            continue
-        x1, y1 = a.x + NODE_W, a.y + NODE_H / 2
-        x2, y2 = b.x, b.y + NODE_H / 2
-        if b.x <= a.x:  # a call back to an earlier column (or to itself): go round below
-            x1, y1, x2, y2 = a.x + NODE_W / 2, a.y + NODE_H, b.x + NODE_W / 2, b.y + NODE_H
-        mid_x, mid_y = (x1 + x2) / 2, (y1 + y2) / 2
-        if e.mtls:
-            label = [f"mTLS · {e.requests:.0f} req", f"client {e.client_id or '?'}",
-                     f"server {e.server_id or '?'}"]  # fmt: skip
-        else:
-            label = [f"no mTLS ({e.no_tls_reason or 'plaintext'}) · {e.requests:.0f} req"]
-        text = "".join(
-            f'<tspan x="{mid_x:.0f}" dy="{0 if i == 0 else 14}">{esc(line)}</tspan>'
-            for i, line in enumerate(label)
-        )
+
+    def edge(e: Edge, points: list[tuple[float, float]], label: str) -> None:
         parts.append(
             f'<g class="edge {"mtls" if e.mtls else "plain"}" data-src="{esc(e.src)}" '
             f'data-dst="{esc(e.dst)}" data-mtls="{str(e.mtls).lower()}" '
             f'data-client-id="{esc(e.client_id)}" data-server-id="{esc(e.server_id)}">'
-            f'<line x1="{x1:.0f}" y1="{y1:.0f}" x2="{x2:.0f}" y2="{y2:.0f}" '
-            'marker-end="url(#arrow)"/>'
-            f'<text x="{mid_x:.0f}" y="{mid_y - 22:.0f}" text-anchor="middle">{text}</text></g>'
+            f'<polyline points="{_points(points)}" marker-end="url(#arrow)"/>{label}</g>'
         )
+
+    for lanes in gaps.values():
+        for i, e in enumerate(lanes):
+            a, b = nodes[(e.src_namespace, e.src)], nodes[(e.dst_namespace, e.dst)]
+            lane = MARGIN + (i + 1) * LANE_H
+            xa, xb = a.x + NODE_W + GAP_PAD, b.x - GAP_PAD
+            points = [(a.x + NODE_W, a.y + NODE_H / 2), (xa, lane), (xb, lane),
+                      (b.x, b.y + NODE_H / 2)]  # fmt: skip
+            edge(e, points, _text(_label(e), (xa + xb) / 2, lane - 7, "middle"))
+    turns: dict[tuple[str, str], int] = {}  # below-graph edges leaving or reaching each node
+    for i, e in enumerate(below):
+        a, b = nodes[(e.src_namespace, e.src)], nodes[(e.dst_namespace, e.dst)]
+        lane = MARGIN + top_h + (i + 1) * LANE_H - LINE_H
+        out_n = turns[(a.namespace, a.name)] = turns.get((a.namespace, a.name), 0) + 1
+        in_n = turns[(b.namespace, b.name)] = turns.get((b.namespace, b.name), 0) + 1
+        x_out, x_in = a.x - 6 * out_n, b.x - 6 * in_n  # in the pad left of each node
+        y_in = b.y + NODE_H - 4
+        points = [(a.x, a.y + NODE_H / 2), (x_out, a.y + NODE_H / 2), (x_out, lane),
+                  (right + 10, lane), (x_in, lane), (x_in, y_in), (b.x, y_in)]  # fmt: skip
+        # the lane runs to the right edge, under its label, and back to the callee
+        edge(e, points, _text(_label(e), right + 20, lane - 7, "start"))
     for n in nodes.values():
         parts.append(
             f'<g class="node" data-name="{esc(n.name)}" data-namespace="{esc(n.namespace)}">'

@@ -5,9 +5,12 @@ the admin server.
 It writes nothing anywhere: every route is a GET. Like Linkerd's web server, it answers only a
 Host header that `enforced_host` matches in full (localhost and the dashboard's own names by
 default), so a page of another site cannot reach it through a DNS name rebound to 127.0.0.1 (a
-port-forward). Each page asks Prometheus in a worker thread; Prometheus down is a page that says
-so (503). A tap is relayed line by line, each line and each relay bounded (`MAX_LINE`,
-`MAX_RELAY_EVENTS`, `MAX_RELAY_SECONDS`, `MAX_RELAYS` at once), and ends when its reader leaves.
+port-forward). A request head must arrive within `HEAD_TIMEOUT` (limits.HeadGuard). Each page
+asks Prometheus in one of `PAGE_WORKERS` threads, all its queries within `PAGE_TIMEOUT`; past
+those and `PAGE_WAITING` pages waiting, a page is a 503 at once (limits.Pages); Prometheus down
+is a page that says so (503). A tap is relayed line by line, each line and each relay bounded
+(`MAX_LINE`, `MAX_RELAY_EVENTS`, `MAX_RELAY_SECONDS`, `MAX_RELAYS` at once), and ends when its
+reader leaves.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from meshlet.controlplane.cli import serve_until_signalled
 from meshlet.controlplane.listen import bind, start_admin
 from meshlet.controlplane.supervise import Supervisor
 from meshlet.controlplane.web import pages
+from meshlet.controlplane.web.limits import Busy, HeadGuard, Pages
 
 log = logging.getLogger(__name__)
 
@@ -46,12 +50,19 @@ _NAMES = "|".join(
 )  # fmt: skip
 DEFAULT_ENFORCED_HOST: Final = rf"^(localhost|127\.0\.0\.1|\[::1\]|{_NAMES})(:\d+)?$"
 PROMETHEUS_TIMEOUT: Final = 5.0  # seconds for one query of a page
+PAGE_TIMEOUT: Final = 10.0  # seconds for all the queries of a page
+PAGE_WORKERS: Final = 4  # pages computed at once
+PAGE_WAITING: Final = 8  # pages waiting for a worker; one more is a 503 at once
+HEAD_TIMEOUT: Final = 10.0  # seconds a request head may take, from the accept or its first byte
+KEEPALIVE_TIMEOUT: Final = 60.0  # seconds a connection may stay idle between requests
 MAX_QUERY_VALUE: Final = 1024  # characters of one query parameter
 MAX_RELAYS: Final = 8  # taps relayed at once; one more is refused (429)
 MAX_LINE: Final = 64 * 1024  # bytes of one line of the tap controller's answer
 MAX_RELAY_EVENTS: Final = 10_000  # lines one relay passes on before it ends
 MAX_RELAY_SECONDS: Final = 600.0  # how long one relay runs at most
 MAX_ERROR_BODY: Final = 8 * 1024  # bytes read of the tap controller's refusal
+MAX_TAP_ERRORS: Final = 3  # proxies' errors a tap's last line repeats
+MAX_TAP_ERROR: Final = 300  # characters of each
 RELAY_RPS: Final = "20"  # requests per second a browser's tap asks for (the table shows 100)
 TAP_CONNECT_TIMEOUT: Final = 5.0
 _DNS_LABEL: Final = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -81,6 +92,10 @@ class WebConfig:
     max_relays: int = MAX_RELAYS
     max_relay_events: int = MAX_RELAY_EVENTS
     max_relay_seconds: float = MAX_RELAY_SECONDS
+    head_timeout: float = HEAD_TIMEOUT
+    page_workers: int = PAGE_WORKERS
+    page_waiting: int = PAGE_WAITING
+    page_timeout: float = PAGE_TIMEOUT
 
 
 class BadQuery(ValueError):
@@ -162,6 +177,38 @@ class Relay:
         return [line for line in lines if line.strip()]
 
 
+class TapErrors:
+    """The proxies' stream errors a tap carried (`{"type": "error", ...}` lines: the tap
+    controller's own words, `PERMISSION_DENIED: ...`), so that the tap's last line says why it
+    ended; the first `MAX_TAP_ERRORS`, each cut to `MAX_TAP_ERROR` characters."""
+
+    def __init__(self) -> None:
+        self.messages: list[str] = []
+        self.count = 0
+
+    def see(self, line: bytes) -> None:
+        if b'"error"' not in line:  # most lines are requests: no parse
+            return
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            return
+        if not isinstance(doc, dict) or doc.get("type") != "error":
+            return
+        self.count += 1
+        if len(self.messages) < MAX_TAP_ERRORS:
+            proxy, message = doc.get("proxy"), str(doc.get("message") or "no reason given")
+            text = f"{proxy}: {message}" if proxy else message
+            self.messages.append(text[:MAX_TAP_ERROR])
+
+    def ended(self, why: str) -> str:
+        if not self.messages:
+            return why
+        more = self.count - len(self.messages)
+        tail = f" (and {more} more)" if more else ""
+        return f"{why} after errors: {'; '.join(self.messages)}{tail}"
+
+
 class WebServer:
     def __init__(self, config: WebConfig, registry: CollectorRegistry | None = None) -> None:
         self.config = config
@@ -169,13 +216,16 @@ class WebServer:
         self.prom = vizmetrics.Prometheus(config.prometheus_url, timeout=PROMETHEUS_TIMEOUT)
         self.enforced_host = re.compile(config.enforced_host)
         self.relays = 0
+        self.pages = Pages(config.page_workers, config.page_waiting)
+        self._listener: asyncio.Server | None = None
         self._requests = Counter(
             "web_requests_total", "Requests answered, by status code.", ["status"],
             registry=self.registry,
         )  # fmt: skip
         self._refused = Counter(
             "web_refused_total",
-            "Requests refused, by reason (host, invalid, busy).",
+            "Requests refused, by reason (host, invalid, busy: taps, overloaded: pages,"
+            " head_timeout).",
             ["reason"],
             registry=self.registry,
         )
@@ -220,18 +270,29 @@ class WebServer:
             handle_signals=False,
             handler_cancellation=True,  # a tap reader that leaves ends its relay
             shutdown_timeout=1.0,
+            keepalive_timeout=KEEPALIVE_TIMEOUT,
         )
         await self._runner.setup()
         sock = bind(cfg.addr, "web")
         self.port = sock.getsockname()[1]
-        await web.SockSite(self._runner, sock).start()
+        server = self._runner.server
+        assert server is not None
+
+        def guarded() -> asyncio.Protocol:
+            timed_out = self._refused.labels("head_timeout").inc
+            return HeadGuard(server(), cfg.head_timeout, timed_out)
+
+        self._listener = await asyncio.get_running_loop().create_server(guarded, sock=sock)
         self.admin_port = await start_admin(self._admin, cfg.admin_addr)
         log.info("web serving on :%d (admin :%d), Prometheus %s, tap %s", self.port,
                  self.admin_port, cfg.prometheus_url, cfg.tap_addr)  # fmt: skip
 
     async def stop(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
         if self._runner is not None:
             await self._runner.cleanup()
+        await self.pages.close()
         if self._session is not None:
             await self._session.close()
         await self._admin.close()
@@ -254,10 +315,20 @@ class WebServer:
                 response = _html(pages.error_page("Bad request", str(exc)), 400)
             except web.HTTPException as exc:
                 response = web.Response(status=exc.status, text=f"{exc.reason}\n")
+            except Busy as exc:
+                self._refused.labels("overloaded").inc()
+                message = f"The dashboard is busy ({exc}): try again in a moment."
+                response = _html(pages.error_page("Busy", message), 503)
+                response.headers["Retry-After"] = "1"
         if not response.prepared:
             response.headers.update(SECURITY_HEADERS)
         self._requests.labels(str(response.status)).inc()
         return response
+
+    def _prom(self) -> vizmetrics.Prometheus:
+        """Prometheus for one page, from when its worker starts: every query within the
+        page's time."""
+        return self.prom.within(self.config.page_timeout)
 
     def _unavailable(self, exc: vizmetrics.MetricsError, active: str) -> web.Response:
         self._prometheus_errors.inc()
@@ -270,13 +341,14 @@ class WebServer:
         t = vizmetrics.Target("namespace")
 
         def work() -> str:
-            rows = vizmetrics.stat(self.prom, vizmetrics.stat_query(t), w)
-            meshed = vizmetrics.meshed_pods(self.prom, "namespace", None)
+            prom = self._prom()
+            rows = vizmetrics.stat(prom, vizmetrics.stat_query(t), w)
+            meshed = vizmetrics.meshed_pods(prom, "namespace", None)
             rows = pages.with_idle(rows, meshed, vizmetrics.seconds(w))
             return pages.namespaces_page(rows, meshed, w)
 
         try:
-            return _html(await asyncio.to_thread(work))
+            return _html(await self.pages.run(work))
         except vizmetrics.MetricsError as exc:
             return self._unavailable(exc, "/")
 
@@ -285,17 +357,18 @@ class WebServer:
         w = query(request, {"window": window}).get("window") or pages.DEFAULT_WINDOW
 
         def work() -> str:
+            prom = self._prom()
             found = {}
             meshed = {}
             for k in ("deployment", "pod"):
                 t = vizmetrics.Target(k, None, ns)
-                rows = vizmetrics.stat(self.prom, vizmetrics.stat_query(t), w)
-                meshed[k] = vizmetrics.meshed_pods(self.prom, k, ns)
+                rows = vizmetrics.stat(prom, vizmetrics.stat_query(t), w)
+                meshed[k] = vizmetrics.meshed_pods(prom, k, ns)
                 found[k] = pages.with_idle(rows, meshed[k], vizmetrics.seconds(w))
             return pages.namespace_page(ns, found["deployment"], found["pod"], meshed, w)
 
         try:
-            return _html(await asyncio.to_thread(work))
+            return _html(await self.pages.run(work))
         except vizmetrics.MetricsError as exc:
             return self._unavailable(exc, "/")
 
@@ -305,8 +378,8 @@ class WebServer:
         k = k or "deploy"
         label = vizmetrics.KINDS[k]
         try:
-            found = await asyncio.to_thread(
-                lambda: vizmetrics.edges(self.prom, label, w, ns or None)
+            found = await self.pages.run(
+                lambda: vizmetrics.edges(self._prom(), label, w, ns or None)
             )
         except vizmetrics.MetricsError as exc:
             return self._unavailable(exc, "/topology")
@@ -318,7 +391,7 @@ class WebServer:
         res = q.get("resource") or "deploy"
         t = vizmetrics.target(res, ns or None)
         try:
-            found = await asyncio.to_thread(lambda: vizmetrics.routes(self.prom, t, w))
+            found = await self.pages.run(lambda: vizmetrics.routes(self._prom(), t, w))
         except vizmetrics.MetricsError as exc:
             return self._unavailable(exc, "/routes")
         return _html(pages.routes_page(found, res, ns, w))
@@ -374,12 +447,13 @@ class WebServer:
             self.relays -= 1
 
     async def _relay(self, answer: aiohttp.ClientResponse, response: web.StreamResponse) -> None:
-        lines, sent = Relay(), 0
+        lines, sent, errors = Relay(), 0, TapErrors()
         most, seconds = self.config.max_relay_events, self.config.max_relay_seconds
         try:
             async with asyncio.timeout(seconds):
                 async for data in answer.content.iter_any():
                     for line in lines.feed(data):
+                        errors.see(line)
                         await response.write(line + b"\n")
                         sent += 1
                         if sent >= most:
@@ -394,7 +468,7 @@ class WebServer:
         except aiohttp.ClientError as exc:
             await _end(response, f"the tap controller's stream broke: {exc}")
             return
-        await _end(response, "the tap controller ended the tap")
+        await _end(response, errors.ended("the tap controller ended the tap"))
 
 
 TAP_PARAMETERS: Final[dict[str, Callable[[str], str]]] = {

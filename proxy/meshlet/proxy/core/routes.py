@@ -126,8 +126,9 @@ class RoutePolicy:
     retried (both None: every failure, as a ServiceProfile's) and how many retries one request
     gets (None: the ServiceProfile rule, up to MAX_ATTEMPTS sends); and, per attempt, how long
     it may wait for its response head (`attempt_timeout`: the policy's response timeout or its
-    retry timeout, the shorter; whether one that passes is retried: `retry_timeouts`) and how
-    long a retry waits first (`retry_backoff`: min, max, jitter ratio; None: at once)."""
+    retry's per-try timeout, the shorter, named by `attempt_timeout_name` in the 504 it answers;
+    whether one that passes is retried: `retry_timeouts`) and how long a retry waits first
+    (`retry_backoff`: min, max, jitter ratio; None: at once)."""
 
     name: str = ""
     timeout: float | None = None
@@ -139,6 +140,7 @@ class RoutePolicy:
     retry_limit: int | None = None
     attempt_timeout: float | None = None
     retry_timeouts: bool = False
+    attempt_timeout_name: str = "response"  # or "per-try"
     retry_backoff: tuple[float, float, float] | None = None
 
 

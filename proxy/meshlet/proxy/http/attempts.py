@@ -398,7 +398,8 @@ class Attempts:
             return self._again_elsewhere(now)
         timeout = policy.attempt_timeout or 0.0
         self.error = route_series.RESPONSE_HEADERS_TIMEOUT
-        return Answer(decision.status, f"the response timeout of {timeout:g}s passed")
+        name = policy.attempt_timeout_name
+        return Answer(decision.status, f"the {name} timeout of {timeout:g}s passed")
 
     def holds_for_trailers(self, replayable: bool) -> bool:
         """Whether a gRPC response whose head carries no status is held until its trailers (or

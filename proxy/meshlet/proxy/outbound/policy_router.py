@@ -22,7 +22,7 @@ answer (a redirect, an injected failure, a route that cannot send) is counted on
 The rule's retry resends a failed attempt (`core.failover`, with the Service's retry budget):
 a retried HTTP status, a retried gRPC code (in the head, or in trailers that come with the
 response's first body bytes: `ProxyStream` holds the response that long), a reset, or an
-attempt's own timeout (`_route_policy`), after the retry's backoff, and only while the
+attempt's own timeout (`route_policy`), after the retry's backoff, and only while the
 service's retry budget (`budget`: the one its ServiceProfile's retries share, by default 20 %
 of its requests plus 10 a second) allows: a limit of 2 on a Service whose every replica fails
 does not triple its load.
@@ -247,7 +247,7 @@ class PolicyRouter:
         else:
             assert isinstance(dispatch, Forward)
             endpoints = ForwardPicker(self._mesh, dispatch.endpoint, self._session)
-        policy = _route_policy(rule, timeout)
+        policy = route_policy(rule, timeout)
         return RouteTarget(
             self._dst, policy, self._budget, endpoints,
             _modifier(filters, RequestHeaders), _modifier(filters, ResponseHeaders),
@@ -265,19 +265,20 @@ def _answer_labels(answer: RouteError) -> tuple[int, str | None, str]:
     return answer.status, None, ""
 
 
-def _route_policy(rule: Rule, timeout: float | None) -> RoutePolicy:
+def route_policy(rule: Rule, timeout: float | None) -> RoutePolicy:
     """What the engines apply of a rule: its request timeout (`timeout`: the rule's, else the
     backend's) over every attempt; per attempt the rule's response timeout or its retry's
-    timeout, whichever is shorter; its retries. An attempt that times out is retried when the
-    retry has a timeout of its own, or retries the status the proxy answers for one (504, gRPC
-    DEADLINE_EXCEEDED)."""
+    per-try timeout, whichever is shorter (the one its 504 names); its retries. An attempt that
+    times out is retried when the retry has a timeout of its own, or retries the status the
+    proxy answers for one (504, gRPC DEADLINE_EXCEEDED)."""
     retry = rule.retry
     per_try = retry.timeout if retry is not None else None
     response = rule.timeouts.response
     attempt = min(response, per_try) if response and per_try else response or per_try
+    name = "per-try" if per_try and (not response or per_try < response) else "response"
     if retry is None or retry.limit <= 0:
         return RoutePolicy(timeout=timeout, idle_timeout=rule.timeouts.idle,
-                           attempt_timeout=attempt)  # fmt: skip
+                           attempt_timeout=attempt, attempt_timeout_name=name)  # fmt: skip
     retries_timeouts = per_try is not None or any(a <= 504 <= b for a, b in retry.statuses) or (
         GRPC_DEADLINE_EXCEEDED in retry.grpc_codes
     )  # fmt: skip
@@ -285,7 +286,7 @@ def _route_policy(rule: Rule, timeout: float | None) -> RoutePolicy:
     return RoutePolicy(
         timeout=timeout, idle_timeout=rule.timeouts.idle, retryable=True,
         retry_statuses=retry.statuses, retry_grpc_codes=retry.grpc_codes, retry_limit=retry.limit,
-        attempt_timeout=attempt, retry_timeouts=retries_timeouts,
+        attempt_timeout=attempt, retry_timeouts=retries_timeouts, attempt_timeout_name=name,
         retry_backoff=(b.min, b.max, b.jitter) if b is not None else None,
     )  # fmt: skip
 

@@ -30,6 +30,7 @@ function startTap() {
   const start = document.getElementById("tap-start");
   const body = document.querySelector("#tap-events tbody");
   let controller = null;
+  let failed = false; // a proxy's stream failed: its error stays on show when the tap ends
   const requests = new Map(); // stream id → its row, until its response arrives
 
   function say(text, kind) {
@@ -69,14 +70,17 @@ function startTap() {
     } else if (event.type === "end") {
       requests.delete(event.id);
     } else if (event.type === "error") {
+      failed = true;
       say("error from " + (event.proxy || "the tap") + ": " + event.message, "error");
     } else if (event.type === "end_of_tap") {
-      say("Tap ended: " + event.message, "info");
+      // the server's last line repeats the proxies' errors, in the tap controller's words
+      say("Tap ended: " + event.message, failed ? "error" : "info");
     }
   }
 
   async function run(params) {
     controller = new AbortController();
+    failed = false;
     start.disabled = true;
     stop.disabled = false;
     say("Tapping " + params.get("resource") + "…");
