@@ -187,6 +187,6 @@ def test_unmatched_requests_make_nothing() -> None:
     taps, _, _ = _taps()
     Http = tap_pb2.ObserveRequest.Match.Http
     tap = taps.add(compile_match(tap_pb2.ObserveRequest.Match(
-        http=Http(path=Http.StringMatch(prefix="/other"))), 0), 10, False)  # fmt: skip
+        http=Http(path=Http.StringMatch(prefix="/other")))), 10, False)  # fmt: skip
     assert taps.request(TARGET, "inbound", INBOUND, None, None) is None
     assert not tap.events and taps.streams == 0
