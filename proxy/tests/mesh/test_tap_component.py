@@ -96,12 +96,12 @@ async def test_tap_sees_http1_http2_and_grpc_with_both_identities(
     ]
     await taps_open(mesh, "vote-bot", 2)
     host, port = bot.outbound
-    await curl("-H", f"Host: {FQN}:{HTTP_PORT}", f"http://{host}:{port}/curl")
-    status, _ = await _mesh.h2_get(bot.outbound, f"{FQN}:{HTTP_PORT}")
+    curled = await curl("-H", f"Host: {FQN}:{HTTP_PORT}", f"http://{host}:{port}/curl")
+    status, h2_body = await _mesh.h2_get(bot.outbound, f"{FQN}:{HTTP_PORT}")
     assert status == 200
     options = [("grpc.default_authority", f"{FQN}:{GRPC_PORT}")]
     async with grpc.aio.insecure_channel(f"{host}:{port}", options=options) as channel:
-        await channel.unary_unary(ECHO)(b"x", timeout=5)
+        echoed = await channel.unary_unary(ECHO)(b"x", timeout=5)
     async with asyncio.timeout(10):  # the limit (3 requests) ends both streams
         await asyncio.gather(*tasks)
     await taps_open(mesh, "vote-bot", 0)
@@ -120,7 +120,13 @@ async def test_tap_sees_http1_http2_and_grpc_with_both_identities(
         assert event.destination_meta.labels["tls"] == "true"
         assert str(ipaddress.IPv4Address(event.destination.ip.ipv4)) in _mesh.REPLICAS.values()
         assert str(ipaddress.IPv4Address(event.source.ip.ipv4)) == "127.0.0.1"
+    # where each request went: the app's port on the replica, not its proxy's inbound port
+    ports = [e.destination.port for e in plain if e.http.HasField("request_init")]
+    assert ports == [8080, 8080, 8081]
+    assert event.destination_meta.labels["pod"] in _mesh.REPLICAS
     ends = [e.http.response_end for e in plain if e.http.HasField("response_end")]
+    # the response bodies' bytes (gRPC's: its one message, framed in 5 bytes)
+    assert [end.response_bytes for end in ends] == [len(curled), len(h2_body), 5 + len(echoed)]
     assert ends[2].eos.grpc_status_code == 0 and ends[2].eos.WhichOneof("end") == "grpc_status_code"
     heads = [e.http.response_init for e in plain if e.http.HasField("response_init")]
     assert [h.http_status for h in heads] == [200, 200, 200]
