@@ -230,8 +230,9 @@ def _tap_server(config: ProxyConfig, identity: IdentityManager, metrics: ProxyMe
     from meshlet.proxy.tap.taps import Taps
 
     sock = _bind(config.control_listen_addr, "control")
-    taps = metrics.taps = Taps(TapCounts(metrics), local_id=identity.local_name)
-    return TapServer(sock, taps, identity, tap_identity(config))
+    counts = TapCounts(metrics)
+    taps = metrics.taps = Taps(counts, local_id=identity.local_name)
+    return TapServer(sock, taps, identity, tap_identity(config), counts=counts)
 
 
 def _router(
