@@ -244,11 +244,13 @@ async def test_another_identity_gets_permission_denied_and_the_connection_closes
     assert not served.taps.taps
 
 
-async def test_past_the_most_connections_new_ones_are_closed(test_ca: Any, tmp_path: Path) -> None:
+async def test_past_the_most_connections_the_controllers_are_kept(
+    test_ca: Any, tmp_path: Path
+) -> None:
     async with serving(test_ca, tmp_path, max_connections=2) as served:
         first, second = await served.client(), await served.client()
         await eventually(lambda: served.server.connections == 2)
-        with pytest.raises((ConnectionError, OSError)):
+        with pytest.raises((ConnectionError, OSError)):  # both are the tap controller's
             await served.client()
         assert served.tally.refusals["busy"] == 1
         first.close()
@@ -256,6 +258,47 @@ async def test_past_the_most_connections_new_ones_are_closed(test_ca: Any, tmp_p
         third = await served.client()  # a slot is free again
         third.close()
         second.close()
+
+
+async def test_connections_holding_the_port_make_room_for_the_controller(
+    test_ca: Any, tmp_path: Path
+) -> None:
+    """Handshakes left hanging and another identity's connection fill the port: each new
+    connection takes the place of the oldest of them, so the tap controller still gets in."""
+    async with serving(test_ca, tmp_path, max_connections=3) as served:
+        loop = asyncio.get_running_loop()
+        silent = [socket.create_connection(("127.0.0.1", served.port)) for _ in range(2)]
+        await eventually(lambda: served.server.connections == 2)
+        other = await served.client(OTHER_ID)
+        await eventually(lambda: served.server.connections == 3)
+        controller = await served.client()  # the oldest silent handshake makes room
+        frames = await exchange(controller, [call_head(1), message(tap_pb2.ObserveRequest())],
+                                within=0.5)  # fmt: skip
+        await eventually(lambda: len(served.taps.taps) == 1)
+        assert not [f for f in frames if f[0] == GOAWAY]
+        silent[0].setblocking(False)
+        async with asyncio.timeout(5):
+            assert await loop.sock_recv(silent[0], 1) == b""  # closed
+        again = await served.client()  # the other silent one, then the other identity's
+        third = await served.client()
+        await asyncio.to_thread(other.exchange, [], 2)
+        assert other.closed
+        assert served.tally.refusals["busy"] == 3
+        for sock in silent:
+            sock.close()
+        for client in (controller, again, third, other):
+            client.close()
+
+
+async def test_another_identity_that_sends_no_call_is_closed_all_the_same(
+    test_ca: Any, tmp_path: Path
+) -> None:
+    async with serving(test_ca, tmp_path, request_timeout=0.3) as served:
+        client = await served.client(OTHER_ID)
+        started = time.monotonic()
+        await asyncio.to_thread(client.exchange, [], 5)
+        client.close()
+    assert client.closed and 0.3 <= time.monotonic() - started < 2
 
 
 async def test_a_handshake_that_does_not_finish_is_cut(test_ca: Any, tmp_path: Path) -> None:

@@ -4,10 +4,11 @@ on it the Observe calls of the tap controller, or the refusal of every call of a
 
 Who is calling is decided in `connection_made`, from the verified client certificate, before
 a byte of HTTP/2 is read (`admit`). A client whose identity is not the tap controller's is not
-served: each call it opens is answered PERMISSION_DENIED from its head alone (a trailers-only
+served: its first call is answered PERMISSION_DENIED from its head alone (a trailers-only
 response, its stream reset so that the client stops sending), then GOAWAY, and the connection
-stops reading and closes `refused_linger` seconds later. Its request message is never read,
-however large it says it is: its bytes stay in the kernel's socket buffers.
+stops reading and closes `refused_linger` seconds later (`request_timeout` after the handshake
+at the latest, call or not). Its request message is never read, however large it says it is:
+its bytes stay in the kernel's socket buffers.
 
 The tap controller's calls are bounded as the data plane's streams are: `max_streams` calls at
 once (REFUSED_STREAM past them), a head within `max_header_bytes`, one request message of at
@@ -149,9 +150,11 @@ class TapConnection(Peer):
         self.client = peer_identity(transport.get_extra_info("peercert"))
         self.refusal = admit(self.client, self.allowed)
         super().connection_made(transport)
-        if self.refusal is not None:
+        if self.refusal is not None:  # its call is answered, or it is closed in any case
             self.counts.refused("identity")
             log.info("tap: refused %s: %s", self._peer(), self.refusal.message)
+            self._timer = self.loop.call_later(self.limits.request_timeout, self._close_now)
+            return
         self._timer = self.loop.call_later(self.limits.idle_timeout, self._idle_tick)
 
     def connection_lost(self, exc: Exception | None) -> None:

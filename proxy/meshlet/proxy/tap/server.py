@@ -7,8 +7,11 @@ against the trust anchors (a client without one, or with one that does not verif
 handshake within `handshake_timeout`), and right after it the certificate's identity is
 checked (conn.py `admit`): only the tap controller's (`allowed`) is served; another identity's
 calls are answered PERMISSION_DENIED from their heads, their messages never read. At most
-`max_connections` connections are open at once, handshakes included; more are closed as they
-are accepted. Every bound is in `TapLimits` (conn.py), and docs/tap.md lists them.
+`max_connections` connections are open at once, handshakes included: past that, a new
+connection takes the place of the oldest one not proven to be the tap controller's (so that
+no one can hold the port by keeping handshakes or refused connections open), or is closed
+when every one is the controller's. Every bound is in `TapLimits` (conn.py), and docs/tap.md
+lists them.
 
 Each call (`Observe`) parses its one request message (at most `max_message` bytes), compiles its
 match (tap/match.py: INVALID_ARGUMENT past its bounds), opens one tap (tap/taps.py:
@@ -102,6 +105,8 @@ class TapServer:
         self.counts: Refusals = counts or _Uncounted()
         self.observe = Observe(taps)
         self.connections = 0  # open now, handshakes included
+        # Connections not proven to be the tap controller's, oldest first: evicted for new ones.
+        self._unproven: dict[asyncio.Task[None], None] = {}
         self._certified = asyncio.Event()
         identity.on_change(self._certified.set)
 
@@ -133,15 +138,29 @@ class TapServer:
                 log.warning("tap: accept failed: %s", exc)
                 await asyncio.sleep(0.05)
                 continue
-            if self.connections >= self.limits.max_connections:
+            if self.connections >= self.limits.max_connections and not self._evict():
                 sock.close()
                 self.counts.refused("busy")
                 continue
             sock.setblocking(False)
             self.connections += 1
-            tasks.create_task(self._serve(sock))
+            task = tasks.create_task(self._serve(sock))
+            self._unproven[task] = None
+
+    def _evict(self) -> bool:
+        """Makes room for a new connection by closing the oldest one not yet proven to be the
+        tap controller's (a handshake under way, or another identity's): flooders push each
+        other out, and the tap controller, proven within its handshake, always gets in."""
+        if not self._unproven:
+            return False
+        oldest = next(iter(self._unproven))
+        del self._unproven[oldest]
+        oldest.cancel()
+        self.counts.refused("busy")
+        return True
 
     async def _serve(self, sock: socket.socket) -> None:
+        task = asyncio.current_task()
         conn: TapConnection | None = None
         try:
             limits = self.limits
@@ -150,11 +169,17 @@ class TapServer:
                 lambda: TapConnection(self.observe, self.allowed, limits, self.counts),
                 handshake_timeout=limits.handshake_timeout,
             )  # fmt: skip
+            if conn.refusal is None and task is not None:
+                self._unproven.pop(task, None)  # the tap controller's: never evicted
             await conn.done
         except (OSError, TimeoutError) as exc:  # ssl.SSLError included: no or a bad certificate
             self.counts.refused("handshake")
             log.debug("tap: handshake refused: %r", exc)
+        except Exception:  # a bug: this connection ends, the server goes on
+            log.exception("tap: a connection failed")
         finally:
             self.connections -= 1
+            if task is not None:
+                self._unproven.pop(task, None)
             if conn is not None:
                 conn.abort()
