@@ -81,7 +81,7 @@ class Proxy:
         self._supervisor: asyncio.Task[None] | None = None
         self.failure: str | None = None  # why an essential task stopped, when one did
         self._admin = AdminServer(
-            self.metrics.registry.render,
+            self.metrics.registry.render_chunks,
             ready=self.ready,
             shutdown=self.request_shutdown if config.admin_shutdown_enabled else None,
             log_level=logs.set_level,
