@@ -1,18 +1,22 @@
-"""One meshlet proxy's tap port under attack: memory and stalls (`python -m bench.tap_attacks`).
+"""One meshlet proxy's tap and admin ports under attack: memory and stalls
+(`python -m bench.port_attacks`).
 
-A real `meshlet-proxy` process, certified by a real identity service, serves tap on 127.0.0.1
-(meshlet_testing.tapproc). For each attack a fresh proxy is started; meanwhile a probe process
+A real `meshlet-proxy` process, certified by a real identity service, serves tap and admin on
+127.0.0.1 (meshlet_testing.tapproc). For each attack a fresh proxy is started (for the admin
+attacks, with requests for 600 authorities relayed first, so that its /metrics is some 5 MB
+and takes a few hundred milliseconds to render); meanwhile a probe process
 (meshlet_testing.stallprobe) sends requests through the proxy's outbound listener one after
 another. Reported per attack: the proxy's resident memory before, at its peak (sampled every
 20 ms) and after (once the attack is over and the connections are gone), the longest and the
 median request of the probe (the longest the attack held the proxy's traffic up), and what the
 attacker got back.
 
-    PYTHONPATH=testing python -m bench.tap_attacks [--proxy-src DIR] [--only TEXT]
-        [--out bench/results/tap_attacks.md]
+    PYTHONPATH=testing python -m bench.port_attacks [--proxy-src DIR] [--only TEXT]
+        [--out bench/results/port_attacks.md]
 
-`--proxy-src` runs the proxy from another checkout's `proxy/` folder (to measure a version
-before a change); the clients and the identity service run from this one.
+`--proxy-src DIR` runs the processes from another checkout's `proxy/` and `proto/` folders (to
+measure a version before a change; `git archive REV proxy proto | tar -x -C DIR` makes one);
+the clients run from this one.
 """
 
 from __future__ import annotations
@@ -22,9 +26,11 @@ import contextlib
 import datetime as dt
 import itertools
 import os
+import socket
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,6 +159,11 @@ def _got(*clients: RawH2) -> str:
     return f"{each}{' / '.join(answers)}; {took} MiB taken by the proxy"
 
 
+def nothing(proxy: TapProxy, _: Callable[[str | None], Any]) -> str:
+    time.sleep(5)
+    return "nothing: the machine's own noise, for comparison"
+
+
 def no_certificate(proxy: TapProxy, context: Callable[[str | None], Any]) -> str:
     refused = 0
     for _ in range(200):
@@ -234,7 +245,77 @@ def rapid_reset(identity: str) -> Attack:
     return attack
 
 
+def fill_metrics(proxy: TapProxy, authorities: int = 600) -> None:
+    """Requests for `authorities` distinct authorities through the proxy (each refused by a
+    closed port: 502), so that its metrics carry as many series as a busy proxy's."""
+    with socket.create_connection(("127.0.0.1", proxy.outbound), timeout=10) as sock:
+        reader = sock.makefile("rb")
+        for i in range(authorities):
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % (20000 + i))
+            length = 0
+            reader.readline()
+            while (line := reader.readline()) not in (b"\r\n", b""):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":")[1])
+            reader.read(length)
+
+
+def admin_get(proxy: TapProxy, path: str) -> int:
+    """GET `path` from the admin port, reading the whole answer; its size."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{proxy.admin}{path}", timeout=60) as answer:
+        return len(answer.read())
+
+
+def scrape_flood(proxy: TapProxy, _: Callable[[str | None], Any]) -> str:
+    stop = time.monotonic() + 5
+    done = [0]
+
+    def scrape() -> None:
+        while time.monotonic() < stop:
+            with contextlib.suppress(OSError):
+                admin_get(proxy, "/metrics")
+                done[0] += 1
+
+    threads = [threading.Thread(target=scrape) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return f"{done[0]} scrapes of {admin_get(proxy, '/metrics') / 1e6:.1f} MB in 5 s"
+
+
+def slow_readers(proxy: TapProxy, _: Callable[[str | None], Any]) -> str:
+    socks = []
+    for _ in range(300):
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", proxy.admin))
+        sock.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
+        socks.append(sock)
+    time.sleep(15)
+    fds = len(list(Path(f"/proc/{proxy.pid}/fd").iterdir()))
+    for sock in socks:
+        sock.close()
+    return f"300 connections held for 15 s; the proxy's open files then: {fds}"
+
+
+def partial_heads(proxy: TapProxy, _: Callable[[str | None], Any]) -> str:
+    socks = []
+    for _ in range(2000):
+        sock = socket.create_connection(("127.0.0.1", proxy.admin), timeout=5)
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x")
+        socks.append(sock)
+    fds = len(list(Path(f"/proc/{proxy.pid}/fd").iterdir()))
+    ready = admin_get(proxy, "/ready")
+    for sock in socks:
+        sock.close()
+    return f"the proxy's open files: {fds}; /ready answered ({ready} bytes)"
+
+
+ADMIN_ATTACKS: Final = ("admin",)  # attacks whose proxy first gets a big /metrics
+
 ATTACKS: Final[list[tuple[str, Attack]]] = [
+    ("none: the probe alone for 5 s", nothing),
     ("no client certificate: 200 handshakes", no_certificate),
     ("another identity: an Observe declaring 300 MiB, 300 MiB sent",
      message_of(OTHER_ID, 300 * MiB, 300 * MiB)),
@@ -245,6 +326,9 @@ ATTACKS: Final[list[tuple[str, Attack]]] = [
     ("the tap identity: a match of 1,000,000 leaves (2 MB)", huge_match),
     ("another identity: 3 connections x 30,000 HEADERS+RST_STREAM", rapid_reset(OTHER_ID)),
     ("the tap identity: 3 connections x 30,000 HEADERS+RST_STREAM", rapid_reset(TAP_ID)),
+    ("admin: 8 clients scraping /metrics back to back for 5 s", scrape_flood),
+    ("admin: 300 clients asking for /metrics, never reading", slow_readers),
+    ("admin: 2,000 connections sending a partial head", partial_heads),
 ]  # fmt: skip
 
 
@@ -252,6 +336,8 @@ def measure(root: Path, name: str, attack: Attack) -> Row:
     bench_ca = BenchCa.make(root / "ca")
     with contextlib.ExitStack() as stack:
         proxy = tapproc.start(stack, root / "run", bench_ca)
+        if name.startswith(ADMIN_ATTACKS):
+            fill_metrics(proxy)
         time.sleep(1.0)  # let start-up settle
         before = proxy.rss_mib()
 
@@ -270,7 +356,7 @@ def measure(root: Path, name: str, attack: Attack) -> Row:
 def report(rows: list[Row], proxy_src: Path | None) -> str:
     when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
-        "# One meshlet proxy's tap port under attack (bench/tap_attacks.py)",
+        "# One meshlet proxy's tap and admin ports under attack (bench/port_attacks.py)",
         "",
         f"- {when}; proxy from {proxy_src or 'this checkout'}; RSS from /proc; the probe's"
         " requests go one after another through the proxy's outbound listener",
@@ -289,12 +375,15 @@ def report(rows: list[Row], proxy_src: Path | None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--proxy-src", type=Path, help="another checkout's proxy/ folder")
-    parser.add_argument("--out", type=Path, default=RESULTS / "tap_attacks.md")
+    parser.add_argument(
+        "--proxy-src", type=Path, help="another checkout, whose proxy/ and proto/ to run"
+    )
+    parser.add_argument("--out", type=Path, default=RESULTS / "port_attacks.md")
     parser.add_argument("--only", help="run the attacks whose name contains this")
     args = parser.parse_args(argv)
     if args.proxy_src is not None:  # the processes started (the proxy) find it first
-        os.environ["PYTHONPATH"] = f"{args.proxy_src}:{os.environ.get('PYTHONPATH', '')}"
+        found = f"{args.proxy_src / 'proxy'}:{args.proxy_src / 'proto'}"
+        os.environ["PYTHONPATH"] = f"{found}:{os.environ.get('PYTHONPATH', '')}"
     rows = []
     for name, attack in ATTACKS:
         if args.only and args.only not in name:
