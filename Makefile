@@ -61,6 +61,7 @@ bench: $(STAMP) $(BENCH_STAMP)
 	$(BIN)/python -m bench.certify
 	$(BIN)/python -m bench.destination
 	$(BIN)/python -m bench.attacks
+	$(BIN)/python -m bench.port_attacks
 	$(BIN)/python -m bench.instructions $(INSTRUCTIONS_ARGS)
 	$(BIN)/python -m bench.instructions_policy
 	$(BIN)/python -m bench.instructions_observe

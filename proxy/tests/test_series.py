@@ -80,3 +80,16 @@ def test_the_text_format_is_read_back_by_prometheus_clients_parser() -> None:
     assert 1e6 < process["process_resident_memory_bytes"] < 1e10
     assert abs(process["process_start_time_seconds"] - time.time()) < 3600 * 24 * 365
     assert process["process_open_fds"] >= 3
+
+
+def test_a_large_registry_renders_in_pieces_of_bounded_size() -> None:
+    registry = Registry()
+    latency = Histogram("latency_ms", "Latency.", ["authority"], registry, (1, 5, 10, 100))
+    for n in range(600):
+        latency.labels(f"svc-{n}:80").observe(3.0)
+    pieces = list(registry.render_chunks(samples=1000))
+    assert b"".join(pieces) == registry.render()
+    assert len(pieces) == 5  # 600 x 7 samples (and two lines of HELP and TYPE), 1,000 a piece
+    assert all(piece.count(b"\n") <= 1000 for piece in pieces)
+    families = list(text_string_to_metric_families(b"".join(pieces).decode()))
+    assert [f.name for f in families] == ["latency_ms"] and len(families[0].samples) == 4200

@@ -83,7 +83,7 @@ class Proxy:
         self._supervisor: asyncio.Task[None] | None = None
         self.failure: str | None = None  # why an essential task stopped, when one did
         self._admin = AdminServer(
-            self.metrics.registry.render,
+            self.metrics.registry.render_chunks,
             ready=self.ready,
             shutdown=self.request_shutdown if config.admin_shutdown_enabled else None,
             log_level=logs.set_level,
@@ -232,8 +232,9 @@ def _tap_server(config: ProxyConfig, identity: IdentityManager, metrics: ProxyMe
     from meshlet.proxy.tap.taps import Taps
 
     sock = _bind(config.control_listen_addr, "control")
-    taps = metrics.taps = Taps(TapCounts(metrics), local_id=identity.local_name)
-    return TapServer(sock, taps, identity, tap_identity(config))
+    counts = TapCounts(metrics)
+    taps = metrics.taps = Taps(counts, local_id=identity.local_name)
+    return TapServer(sock, taps, identity, tap_identity(config), counts=counts)
 
 
 def _router(

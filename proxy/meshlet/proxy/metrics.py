@@ -295,6 +295,12 @@ class ProxyMetrics:
             ["reason"], registry=r,
         )  # fmt: skip
         self.tap_open = Gauge("tap_open", "Taps this proxy is serving.", r)
+        self.tap_refused_total = Counter(
+            "tap_refused",
+            "Connections to the tap port refused or closed: a failed TLS handshake, another "
+            "identity than the tap controller's, past the most connections, abuse, broken HTTP/2.",
+            ["reason"], registry=r,
+        )  # fmt: skip
         # The proxy's taps (tap/taps.py, set by the app when it serves tap).
         self.taps: Any = NoTaps()
         self.inbound_http_authz_allow_total = Counter(
@@ -387,7 +393,8 @@ def _version() -> str:
 
 
 class TapCounts:
-    """Where the proxy's taps count what they drop and how many are open."""
+    """Where the proxy's taps count what they drop and how many are open, and its tap server
+    the connections it refuses."""
 
     def __init__(self, metrics: ProxyMetrics) -> None:
         self._metrics = metrics
@@ -397,3 +404,6 @@ class TapCounts:
 
     def opened(self, count: int) -> None:
         self._metrics.tap_open.set(count)
+
+    def refused(self, reason: str) -> None:
+        self._metrics.tap_refused_total.labels(reason).inc()

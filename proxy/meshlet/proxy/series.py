@@ -23,6 +23,7 @@ from collections.abc import Iterator, Sequence
 from typing import Final, Literal, NamedTuple, Protocol
 
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
+CHUNK_SAMPLES: Final = 1000  # samples rendered between two chances for other work (a few ms)
 Labels = dict[str, str]
 Kind = Literal["counter", "gauge", "histogram"]
 
@@ -66,6 +67,12 @@ class Registry:
             yield from collector.collect()
 
     def render(self) -> bytes:
+        return b"".join(self.render_chunks())
+
+    def render_chunks(self, samples: int = CHUNK_SAMPLES) -> Iterator[bytes]:
+        """The text format in pieces of about `samples` samples, so that a caller on the event
+        loop can let other work run between them (the admin server does). Each family is
+        collected whole at once: its samples are from one instant."""
         out: list[str] = []
         for family in self.collect():
             exposed = f"{family.name}_total" if family.kind == "counter" else family.name
@@ -77,7 +84,11 @@ class Registry:
                     out.append(f"{name}{{{pairs}}} {_number(value)}\n")
                 else:
                     out.append(f"{name} {_number(value)}\n")
-        return "".join(out).encode()
+                if len(out) >= samples:
+                    yield "".join(out).encode()
+                    out = []
+        if out:
+            yield "".join(out).encode()
 
     def get_sample_value(self, name: str, labels: Labels | None = None) -> float | None:
         """The value of the sample `name` with exactly `labels` (None: not there)."""

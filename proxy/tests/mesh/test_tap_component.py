@@ -96,12 +96,12 @@ async def test_tap_sees_http1_http2_and_grpc_with_both_identities(
     ]
     await taps_open(mesh, "vote-bot", 2)
     host, port = bot.outbound
-    await curl("-H", f"Host: {FQN}:{HTTP_PORT}", f"http://{host}:{port}/curl")
-    status, _ = await _mesh.h2_get(bot.outbound, f"{FQN}:{HTTP_PORT}")
+    curled = await curl("-H", f"Host: {FQN}:{HTTP_PORT}", f"http://{host}:{port}/curl")
+    status, h2_body = await _mesh.h2_get(bot.outbound, f"{FQN}:{HTTP_PORT}")
     assert status == 200
     options = [("grpc.default_authority", f"{FQN}:{GRPC_PORT}")]
     async with grpc.aio.insecure_channel(f"{host}:{port}", options=options) as channel:
-        await channel.unary_unary(ECHO)(b"x", timeout=5)
+        echoed = await channel.unary_unary(ECHO)(b"x", timeout=5)
     async with asyncio.timeout(10):  # the limit (3 requests) ends both streams
         await asyncio.gather(*tasks)
     await taps_open(mesh, "vote-bot", 0)
@@ -120,7 +120,13 @@ async def test_tap_sees_http1_http2_and_grpc_with_both_identities(
         assert event.destination_meta.labels["tls"] == "true"
         assert str(ipaddress.IPv4Address(event.destination.ip.ipv4)) in _mesh.REPLICAS.values()
         assert str(ipaddress.IPv4Address(event.source.ip.ipv4)) == "127.0.0.1"
+    # where each request went: the app's port on the replica, not its proxy's inbound port
+    ports = [e.destination.port for e in plain if e.http.HasField("request_init")]
+    assert ports == [8080, 8080, 8081]
+    assert event.destination_meta.labels["pod"] in _mesh.REPLICAS
     ends = [e.http.response_end for e in plain if e.http.HasField("response_end")]
+    # the response bodies' bytes (gRPC's: its one message, framed in 5 bytes)
+    assert [end.response_bytes for end in ends] == [len(curled), len(h2_body), 5 + len(echoed)]
     assert ends[2].eos.grpc_status_code == 0 and ends[2].eos.WhichOneof("end") == "grpc_status_code"
     heads = [e.http.response_init for e in plain if e.http.HasField("response_init")]
     assert [h.http_status for h in heads] == [200, 200, 200]
@@ -133,11 +139,14 @@ async def test_tap_sees_http1_http2_and_grpc_with_both_identities(
 
 
 async def test_another_identity_is_refused(mesh: Any) -> None:
+    bot = mesh.pods["vote-bot"]
     async with tap_channel(mesh, "vote-bot", BOT_ID) as channel:
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             async for _ in observe(channel, tap_pb2.ObserveRequest(limit=1)):
                 pass
     assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert refused.value.details() == f"{BOT_ID} may not tap this proxy"
+    assert bot.metric("tap_refused_total", reason="identity") == 1
     credentials = grpc.ssl_channel_credentials(root_certificates=mesh.test_ca.anchors_pem.encode())
     ip = mesh.pods["vote-bot"].ip
     options = [("grpc.ssl_target_name_override", BOT_ID)]
@@ -147,8 +156,11 @@ async def test_another_identity_is_refused(mesh: Any) -> None:
         with pytest.raises(grpc.aio.AioRpcError) as anonymous:
             async for _ in observe(channel, tap_pb2.ObserveRequest(limit=1)):
                 pass
-    assert anonymous.value.code() == grpc.StatusCode.UNAUTHENTICATED
-    assert mesh.pods["vote-bot"].metric("tap_open") == 0
+    # no client certificate: the TLS handshake fails (the proxy requires one), so grpcio
+    # never gets a connection to send its call on
+    assert anonymous.value.code() == grpc.StatusCode.UNAVAILABLE
+    await eventually(lambda: bot.metric("tap_refused_total", reason="handshake") >= 1)
+    assert bot.metric("tap_open") == 0
 
 
 async def test_a_busy_proxy_bounds_its_tap_and_answers_every_request(

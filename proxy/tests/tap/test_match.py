@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import ipaddress
+import time
 from typing import Any
 
 import pytest
 
 from meshlet.api import tap_pb2
-from meshlet.proxy.tap.match import MAX_DEPTH, InvalidMatch, Seen, compile_match, parse_addr
+from meshlet.proxy.tap.match import (
+    MAX_DEPTH,
+    MAX_LEAVES,
+    InvalidMatch,
+    Seen,
+    compile_match,
+    parse_addr,
+)
 
 Match = tap_pb2.ObserveRequest.Match
 
@@ -108,3 +116,54 @@ def test_depth_is_bounded() -> None:
         match = Match(**{"not": match})
     with pytest.raises(InvalidMatch, match="deeper"):
         compile_match(match)
+
+
+def _port(low: int, high: int = 0) -> Any:
+    return Match(destination=Match.Tcp(ports=Match.Tcp.PortRange(min=low, max=high)))
+
+
+def test_a_port_range_without_max_is_its_min_alone() -> None:
+    # tap.proto: "Inclusive; `max` 0 means `min` alone": 8000 is not 8080 (SEEN's port)
+    assert compile_match(_port(8000))(SEEN) is False
+    assert compile_match(_port(8080))(SEEN) is True
+    assert compile_match(_port(8000, 8080))(SEEN) is True
+    assert compile_match(_port(8081, 9000))(SEEN) is False
+
+
+def _not(inner: Any) -> Any:
+    return Match(**{"not": inner})
+
+
+def _leaves(n: int) -> Any:
+    return Match(all=Match.Seq(matches=[_http(path=S(prefix="/"))] * n))
+
+
+def test_the_leaves_of_a_match_are_bounded() -> None:
+    assert compile_match(_leaves(MAX_LEAVES))(SEEN) is True
+    with pytest.raises(InvalidMatch, match=f"more than {MAX_LEAVES} leaves"):
+        compile_match(_leaves(MAX_LEAVES + 1))
+    # spread over branches, counted all the same; empty matches and `not` count too
+    half = MAX_LEAVES // 2 + 1
+    spread = Match(any=Match.Seq(matches=[_leaves(half), _not(_leaves(half))]))
+    with pytest.raises(InvalidMatch, match="leaves"):
+        compile_match(spread)
+    empties = Match(any=Match.Seq(matches=[Match(all=Match.Seq())] * (MAX_LEAVES + 1)))
+    with pytest.raises(InvalidMatch, match="leaves"):
+        compile_match(empties)
+
+
+def test_a_million_leaves_are_refused_at_once() -> None:
+    # as a client sends it: `any` of 1,000,000 empty matches, 2 bytes each on the wire
+    seq = b"\x0a\x00" * 1_000_000
+    size = len(seq)
+    varint = bytearray()
+    while size > 0x7F:
+        varint.append(size & 0x7F | 0x80)
+        size >>= 7
+    varint.append(size)
+    huge = Match.FromString(b"\x12" + bytes(varint) + seq)
+    assert len(huge.any.matches) == 1_000_000
+    started = time.perf_counter()
+    with pytest.raises(InvalidMatch, match="leaves"):
+        compile_match(huge)
+    assert time.perf_counter() - started < 0.05

@@ -5,7 +5,8 @@ from __future__ import annotations
 from meshlet.api import tap_pb2, wellknown
 from meshlet.proxy.app import tap_identity
 from meshlet.proxy.config import ProxyConfig, load
-from meshlet.proxy.tap.server import peer_identity, wants_headers
+from meshlet.proxy.tap.conn import peer_identity
+from meshlet.proxy.tap.server import wants_headers
 
 Extract = tap_pb2.ObserveRequest.Extract
 

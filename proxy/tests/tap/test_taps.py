@@ -55,11 +55,15 @@ def _taps(**kw: Any) -> tuple[Taps, Tally, Clock]:
     return taps, tally, clock
 
 
-def _one(taps: Taps, clock: Clock, status: int = 200, grpc: str | None = None) -> None:
+def _one(
+    taps: Taps, clock: Clock, status: int = 200, grpc: str | None = None, size: int = 0
+) -> None:
     tapped = taps.request(TARGET, "inbound", INBOUND, None, None)
     if tapped is not None:
-        clock.now += 0.010
-        tapped.ended(status, grpc, 4.0, False)
+        clock.now += 0.004
+        tapped.responded(status, 4.0)
+        clock.now += 0.006
+        tapped.ended(grpc, False, size)
 
 
 def test_no_tap_open_means_closed() -> None:
@@ -74,7 +78,7 @@ def test_no_tap_open_means_closed() -> None:
 def test_events_of_an_inbound_request() -> None:
     taps, _, clock = _taps()
     tap = taps.add(EVERYTHING, 10, False)
-    _one(taps, clock, 200, "0")
+    _one(taps, clock, 200, "0", size=1234)
     init, head, end = (e for e in tap.events)
     assert [e.http.WhichOneof("event") for e in (init, head, end)] == [
         "request_init", "response_init", "response_end"]  # fmt: skip
@@ -94,6 +98,23 @@ def test_events_of_an_inbound_request() -> None:
     assert ended.eos.grpc_status_code == 0 and ended.eos.WhichOneof("end") == "grpc_status_code"
     assert ended.since_request_init.ToMilliseconds() == 10
     assert ended.since_response_init.ToMilliseconds() == 6
+    assert ended.response_bytes == 1234
+
+
+def test_the_head_is_reported_when_it_goes_and_the_end_when_the_body_ends() -> None:
+    taps, _, clock = _taps()
+    tap = taps.add(EVERYTHING, 10, False)
+    tapped = taps.request(TARGET, "inbound", INBOUND, None, None)
+    assert tapped is not None
+    clock.now += 0.002
+    tapped.responded(200, 2.0)
+    assert [e.http.WhichOneof("event") for e in tap.events] == ["request_init", "response_init"]
+    assert not tap.done and tap.ended == 0
+    clock.now += 1.0  # a long body
+    tapped.ended(None, False, 10_000_000)
+    end = tap.events[2].http.response_end
+    assert end.response_bytes == 10_000_000 and end.since_response_init.ToMilliseconds() == 1000
+    assert end.eos.WhichOneof("end") is None
 
 
 def test_headers_only_when_asked() -> None:
@@ -101,7 +122,7 @@ def test_headers_only_when_asked() -> None:
     quiet, asking = taps.add(EVERYTHING, 10, False), taps.add(EVERYTHING, 10, True)
     tapped = taps.request(Head("a", "GET", "/"), "inbound", INBOUND, None, None)
     assert tapped is not None
-    tapped.ended(200, None, 1.0, False, [(b"server", b"x")])
+    tapped.responded(200, 1.0, [(b"server", b"x")])
     assert not quiet.events[0].http.request_init.HasField("headers")
     assert [(h.name, h.value) for h in asking.events[0].http.request_init.headers.headers] == [
         ("x-secret", b"v")]  # fmt: skip
@@ -122,6 +143,31 @@ def test_outbound_sides_come_from_the_endpoint() -> None:
     assert event.destination_meta.labels["server_id"] == "db.ns.serviceaccount.identity.x"
     assert event.destination_meta.labels["service"] == "db"
     assert event.source_meta.labels["client_id"] == taps.local_id
+    assert event.destination.port == 80
+
+
+def test_a_meshed_endpoints_destination_is_the_endpoint_not_its_proxys_port() -> None:
+    # the request goes to the pod's proxy (:4143, over mTLS) and on to the app at :8080
+    taps, _, _ = _taps()
+    tap = taps.add(EVERYTHING, 10, False)
+    values = ("outbound", "10.0.0.7:8080", "true", "", "", "db.ns.serviceaccount.identity.x",
+              "ns", "db", "db-1", *NO_DST[3:])  # fmt: skip
+    endpoint = Endpoint(HostPort("10.0.0.7", 4143), "db", labels=values)
+    labels = ConnLabels("outbound", "10.96.0.1:8080", peer="127.0.0.1:40000")
+    taps.request(TARGET, "outbound", labels, endpoint, None)
+    event = tap.events[0]
+    assert (event.destination.ip.ipv4, event.destination.port) == ((10 << 24) + 7, 8080)
+    assert dict(event.destination_meta.labels) == {
+        "tls": "true", "server_id": "db.ns.serviceaccount.identity.x", "namespace": "ns",
+        "service": "db", "pod": "db-1",
+    }  # fmt: skip
+    Tcp = tap_pb2.ObserveRequest.Match.Tcp
+    on_8080 = taps.add(
+        compile_match(tap_pb2.ObserveRequest.Match(
+            destination=Tcp(ports=Tcp.PortRange(min=8080)))), 10, False,
+    )  # fmt: skip
+    taps.request(TARGET, "outbound", labels, endpoint, None)
+    assert len(on_8080.events) == 1
 
 
 def test_a_reset_is_the_end() -> None:
@@ -129,7 +175,7 @@ def test_a_reset_is_the_end() -> None:
     tap = taps.add(EVERYTHING, 10, False)
     tapped = taps.request(TARGET, "inbound", INBOUND, None, None)
     assert tapped is not None
-    tapped.ended(0, None, None, True)
+    tapped.ended(None, True, 0)
     assert [e.http.WhichOneof("event") for e in tap.events] == ["request_init", "response_end"]
     assert tap.events[1].http.response_end.eos.reset_error_code == 2
 
@@ -187,6 +233,6 @@ def test_unmatched_requests_make_nothing() -> None:
     taps, _, _ = _taps()
     Http = tap_pb2.ObserveRequest.Match.Http
     tap = taps.add(compile_match(tap_pb2.ObserveRequest.Match(
-        http=Http(path=Http.StringMatch(prefix="/other"))), 0), 10, False)  # fmt: skip
+        http=Http(path=Http.StringMatch(prefix="/other")))), 10, False)  # fmt: skip
     assert taps.request(TARGET, "inbound", INBOUND, None, None) is None
     assert not tap.events and taps.streams == 0

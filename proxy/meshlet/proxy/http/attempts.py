@@ -138,11 +138,13 @@ class Attempts:
         "ok",
         "previous",
         "recorder",
+        "resp_bytes",
         "route",
         "router",
         "sends",
         "stale_retried",
         "tap",
+        "tap_end",
         "target",
         "tried",
         "try_deadline",
@@ -176,6 +178,8 @@ class Attempts:
         self.error = ""  # why the proxy answered, as Linkerd's route metrics say (route_series)
         self.tried = now  # loop time the current attempt began (route_series)
         self.tap: Tapped | None = None  # the taps that took the request (tap/taps.py)
+        self.tap_end: tuple[str | None, bool] = (None, True)  # the recorded end, for the tap
+        self.resp_bytes = 0  # response body bytes given to the client (the engines count)
         # The access log entry and span (observe.py): None unless the workload has either.
         observer = recorder.observer if recorder is not None else None
         self.observation = observer.started(target) if observer is not None else None
@@ -501,10 +505,20 @@ class Attempts:
         known = self.classified if grpc_status is None else ""
         tap = self.tap
         if tap is not None:
-            tap.ended(status, grpc_status, self.latency_ms, failed)
+            tap.responded(status, self.latency_ms)
+            self.tap_end = (grpc_status, failed)
         return recorder.response(self.label, self.endpoint, self.route, status, grpc_status,
                                  self.latency_ms, failed, known, self.error,
                                  self.classified != "")  # fmt: skip
+
+    def finish(self, complete: bool) -> None:
+        """The exchange is over (`complete`: the client got the whole response): the taps that
+        took it are told its end, with `resp_bytes` (once; later calls do nothing)."""
+        tap = self.tap
+        if tap is not None:
+            self.tap = None
+            grpc_status, failed = self.tap_end
+            tap.ended(grpc_status, failed or not complete, self.resp_bytes)
 
     def _outcome(self, success: bool) -> None:
         """The current attempt's outcome, to its endpoint's balancer (the first report counts)."""

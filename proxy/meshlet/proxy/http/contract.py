@@ -175,13 +175,16 @@ class Router(Protocol):
 
 
 class Tapped(Protocol):
-    """A request some taps took (tap/taps.py): told its end once."""
+    """A request some taps took (tap/taps.py): told its response head, then its end, once
+    each."""
 
-    def ended(
-        self, status: int, grpc_status: str | None, latency_ms: float | None, failed: bool
-    ) -> None:
-        """The response the client got (`latency_ms`: to its head; None: none went), or the
-        exchange cut short (`failed`)."""
+    def responded(self, status: int, latency_ms: float | None) -> None:
+        """The response head the client got (`status` 0: none went; `latency_ms`: from the
+        request's arrival to the head)."""
+
+    def ended(self, grpc_status: str | None, failed: bool, response_bytes: int) -> None:
+        """The exchange is over: `response_bytes` of response body went to the client;
+        `failed`: cut short, or never answered."""
 
 
 class Tapping(Protocol):

@@ -621,6 +621,8 @@ class H1Machine:
             self._out += (b"%x\r\n" % len(data), data, b"\r\n")
         else:
             self._out.append(data)
+        if ex is not None:
+            ex.att.resp_bytes += len(data)
 
     def response_end(self, trailers: list[Header], reusable: bool) -> None:
         ex = self.current
@@ -629,7 +631,7 @@ class H1Machine:
         if head is not None and head.body_out is Body.CHUNKED:
             self._out.append(last_chunk(trailers))
         upstream, ex.upstream = ex.upstream, None
-        _release(ex)
+        _release(ex, complete=True)
         self._resume_reading(Pause.UPSTREAM_FULL)
         if upstream is not None:
             keep = reusable and ex.req is Req.COMPLETE and not ex.head.upgrade
@@ -732,7 +734,7 @@ class H1Machine:
         ex.att.answered(self.io.now())
         self._count_response(ex, status)
         self._recorder.error(str(status))
-        _release(ex)
+        _release(ex, complete=True)
         ex.resp = Resp.DONE
         ex.backlog, ex.backlog_size = [], 0
         ex.replay = None
@@ -932,7 +934,8 @@ def _from_peer_proxy(ex: Exchange) -> bool:
     return endpoint is not None and endpoint.connect is not None
 
 
-def _release(ex: Exchange) -> None:
+def _release(ex: Exchange, complete: bool = False) -> None:
     """Tells the balancer the request is over, and its outcome (a no-op without a lease, or
-    when repeated)."""
+    when repeated); and its taps, whether the client got the whole response (`complete`)."""
+    ex.att.finish(complete)
     ex.att.release()

@@ -348,7 +348,7 @@ def read_trailers(block: Sequence[Header]) -> Trailers | Malformed:
     return Trailers(block, grpc_status)
 
 
-def _grpc_message(text: str) -> bytes:
+def grpc_message(text: str) -> bytes:
     """Percent-encodes as gRPC's `grpc-message` requires (printable ASCII except '%' kept)."""
     return b"".join(
         bytes((c,)) if 0x20 <= c <= 0x7E and c != 0x25 else b"%%%02X" % c
@@ -375,7 +375,7 @@ def local_response(
             (b":status", b"200"),
             (b"content-type", b"application/grpc"),
             (b"grpc-status", (grpc_status or grpc_status_of(status)).encode()),
-            (b"grpc-message", _grpc_message(reason.strip())[:512]),
+            (b"grpc-message", grpc_message(reason.strip())[:512]),
             proxy_error,
         ]
     return [(b":status", str(status).encode()), proxy_error, (b"content-length", b"0")]

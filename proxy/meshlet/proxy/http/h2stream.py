@@ -597,6 +597,7 @@ class ProxyStream:
             return  # the downstream stream is closed; its reset is on its way
         if sent:
             self.moved += sent
+            self.att.resp_bytes += sent
             client = self.client
             if client is not None:
                 client.h2.acknowledge(self.up_id, sent)
@@ -674,6 +675,7 @@ class ProxyStream:
         self._stop_timer()
         if record or failed:  # before the release, which reports the outcome to the lease
             self.att.record(self.status, self.grpc_status, failed)
+        self.att.finish(record and not failed)
         self.att.release()
         self._drop_request_body()
         self._detach()

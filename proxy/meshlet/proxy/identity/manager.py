@@ -104,7 +104,7 @@ class _Installed:
 
     server: ssl.SSLContext
     client: ssl.SSLContext
-    control: ssl.SSLContext  # the control port's gRPC (tap): client certificates verified, h2
+    control: ssl.SSLContext  # the control port's gRPC (tap): a client certificate required, h2
     expires_at: float
 
 
@@ -143,7 +143,8 @@ class IdentityManager:
         return self._current().client
 
     def control_context(self) -> ssl.SSLContext:
-        """For the control port's gRPC server: our certificate; a client's verified."""
+        """For the control port's gRPC server: our certificate; a client's required and
+        verified (a client without one fails the handshake)."""
         return self._current().control
 
     def on_change(self, callback: Callable[[], None]) -> None:
@@ -290,9 +291,7 @@ class IdentityManager:
         return _Installed(
             server=contexts.server_context(chain, files.key, anchors, require_client_cert=False),
             client=contexts.client_context(chain, files.key, anchors),
-            control=contexts.server_context(
-                chain, files.key, anchors, require_client_cert=False, alpn=("h2",)
-            ),
+            control=contexts.control_server_context(chain, files.key, anchors),
             expires_at=min(validity.not_after, certificate.valid_until),
         )
 

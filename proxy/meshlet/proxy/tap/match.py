@@ -4,9 +4,13 @@ over what the proxy knows of a request when it arrives (sans-IO).
 A match is a tree: `all` / `any` / `not` of leaves on the source or destination address (a
 netmask, or a port range), the request (scheme, method, authority and path, each exact or a
 prefix) and the destination's or the route's labels. An empty match (no field set) matches
-every request, as an empty `all` does; an empty `any` matches none. A request whose address is
-unknown matches no address leaf. A malformed match (a netmask over its address's bits, a port
-range upside down, a tree deeper than `MAX_DEPTH`) is refused whole with `InvalidMatch`.
+every request, as an empty `all` does; an empty `any` matches none. A port range is inclusive,
+and a `max` of 0 means `min` alone (tap.proto). A request whose address is unknown matches no
+address leaf. A malformed match (a netmask over its address's bits, a port range upside down) is
+refused whole with `InvalidMatch`, and so is one too big to evaluate on every request: a tree
+deeper than `MAX_DEPTH` or with more than `MAX_LEAVES` leaves. The size is measured first, by a
+walk that stops at the first bound crossed, so a huge match costs no more than a small one to
+refuse; a request is matched against at most `MAX_LEAVES` leaves per open tap.
 """
 
 from __future__ import annotations
@@ -17,6 +21,9 @@ from typing import Any, Final, NamedTuple
 
 # Nested all/any/not past this depth is refused (a client's tree is recursed over).
 MAX_DEPTH: Final = 16
+# Leaves (address, HTTP and label tests, empty matches and empty `all`/`any`) past this are
+# refused: each request a tap sees is matched against every one of them.
+MAX_LEAVES: Final = 64
 
 METHODS: Final = ("GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "CONNECT", "HEAD", "TRACE")
 SCHEMES: Final = ("http", "https")
@@ -53,20 +60,48 @@ def _all(_seen: Seen) -> bool:
     return True
 
 
-def compile_match(match: Any, depth: int = 0) -> Predicate:
+def compile_match(match: Any) -> Predicate:
     """The predicate of an `ObserveRequest.Match` (a protobuf message, possibly empty)."""
-    if depth > MAX_DEPTH:
-        raise InvalidMatch(f"the match is nested deeper than {MAX_DEPTH}")
+    check_size(match)
+    return _compile(match)
+
+
+def check_size(match: Any) -> None:
+    """Raises InvalidMatch when `match` is deeper than MAX_DEPTH or has more than MAX_LEAVES
+    leaves; looks at no more than MAX_LEAVES leaves and MAX_DEPTH levels to say so."""
+    leaves = 0
+    todo = [(match, 0)]
+    while todo:
+        node, depth = todo.pop()
+        if depth > MAX_DEPTH:
+            raise InvalidMatch(f"the match is nested deeper than {MAX_DEPTH}")
+        which = node.WhichOneof("match")
+        if which in ("all", "any"):
+            children = getattr(node, which).matches
+            if len(children) > MAX_LEAVES:
+                raise InvalidMatch(f"the match has more than {MAX_LEAVES} leaves")
+            if children:
+                todo.extend((child, depth + 1) for child in children)
+                continue
+        elif which == "not":
+            todo.append((node.__getattribute__("not"), depth + 1))
+            continue
+        leaves += 1
+        if leaves > MAX_LEAVES:
+            raise InvalidMatch(f"the match has more than {MAX_LEAVES} leaves")
+
+
+def _compile(match: Any) -> Predicate:
     which = match.WhichOneof("match")
     if which is None:
         return _all
     if which in ("all", "any"):
-        parts = tuple(compile_match(m, depth + 1) for m in getattr(match, which).matches)
+        parts = tuple(_compile(m) for m in getattr(match, which).matches)
         if which == "all":
             return lambda seen: all(p(seen) for p in parts)
         return lambda seen: any(p(seen) for p in parts)
     if which == "not":
-        inner = compile_match(match.__getattribute__("not"), depth + 1)
+        inner = _compile(match.__getattribute__("not"))
         return lambda seen: not inner(seen)
     if which == "source":
         tcp = _tcp(match.source)
@@ -86,7 +121,8 @@ def compile_match(match: Any, depth: int = 0) -> Predicate:
 def _tcp(tcp: Any) -> Callable[[Addr], bool]:
     which = tcp.WhichOneof("match")
     if which == "ports":
-        low, high = tcp.ports.min, tcp.ports.max or 65535
+        low = tcp.ports.min
+        high = tcp.ports.max or low  # tap.proto: `max` 0 means `min` alone
         if low > high or high > 65535:
             raise InvalidMatch(f"port range {low}-{high} is not within 0-65535, low to high")
         return lambda addr: low <= addr.port <= high

@@ -2,7 +2,13 @@
 
 `Taps` is the one registry a proxy has. The request driver (http/attempts.py) asks it, per
 request, only `open` (no tap: nothing else runs); with a tap open it calls `request` once the
-request is routed and keeps the `Tapped` it returns (None: no tap matched) to tell it the end.
+request is routed and keeps the `Tapped` it returns (None: no tap matched) to tell it the
+response head (`responded`: ResponseInit) and the exchange's end (`ended`: ResponseEnd, with
+the response body's bytes).
+
+A request's destination is where it went: inbound, the proxy's own target (the app's port); on
+the outbound side, the endpoint the balancer picked, with its labels, even when it was reached
+through its proxy's inbound port over mTLS.
 
 Each tap is bounded three ways, all explicit:
 - `limit` requests (Linkerd's `ObserveRequest.limit`; 0 or more than `MAX_LIMIT` means
@@ -193,7 +199,16 @@ class Taps:
 class Tapped:
     """One request some taps took: its id, sides, and when it started."""
 
-    __slots__ = ("destination", "direction", "id", "meta", "source", "started", "taps", "taps_of")
+    __slots__ = (
+        "destination",
+        "direction",
+        "id",
+        "source",
+        "started",
+        "taps",
+        "taps_of",
+        "to_head",
+    )
 
     def __init__(
         self,
@@ -208,6 +223,7 @@ class Tapped:
         self.taps_of = taps_of
         self.taps = taps
         self.started = now
+        self.to_head: float | None = None  # seconds from the request to its response head
         self.id = _EVENT.Http.StreamId(base=taps_of.base, stream=stream)
         self.source = source
         self.destination = destination
@@ -224,34 +240,37 @@ class Tapped:
         event.destination_meta.labels.update(dst_meta)
         return event
 
-    def ended(
-        self,
-        status: int,
-        grpc_status: str | None,
-        latency_ms: float | None,
-        failed: bool,
-        response_headers: Sequence[Header] = (),
-        response_bytes: int = 0,
+    def responded(
+        self, status: int, latency_ms: float | None, headers: Sequence[Header] = ()
     ) -> None:
-        """The response the client got (`latency_ms`: to its head; None: none went) and the
-        exchange's end: ResponseInit (when a head went) and ResponseEnd on each tap."""
+        """The response head the client got (`status` 0: none; `latency_ms`: from the
+        request's arrival to it, None: not known): ResponseInit on each tap."""
+        if not status or self.to_head is not None:
+            return
+        total = max(0.0, self.taps_of.clock() - self.started)
+        to_head = self.to_head = total if latency_ms is None else min(total, latency_ms / 1000.0)
         drops = self.taps_of.drops
-        now = self.taps_of.clock()
-        total = max(0.0, now - self.started)
-        to_head = total if latency_ms is None else min(total, latency_ms / 1000.0)
+        for tap in self.taps:
+            init = _EVENT.Http.ResponseInit(
+                id=self.id, since_request_init=_duration(to_head), http_status=status
+            )
+            if tap.headers:
+                init.headers.CopyFrom(_headers(headers))
+            tap.push(self.event(http=_EVENT.Http(response_init=init)), drops)
+
+    def ended(self, grpc_status: str | None, failed: bool, response_bytes: int) -> None:
+        """The exchange is over: the response body's bytes the client got, and how it ended
+        (`failed`: cut short, or no response at all; else the gRPC status of its trailers
+        when it has one): ResponseEnd on each tap."""
+        drops = self.taps_of.drops
+        total = max(0.0, self.taps_of.clock() - self.started)
+        to_head = total if self.to_head is None else self.to_head
         eos = tap_pb2.Eos()
         if failed:
             eos.reset_error_code = RESET_INTERNAL_ERROR
         elif grpc_status is not None and grpc_status.isdigit():
             eos.grpc_status_code = int(grpc_status)
         for tap in self.taps:
-            if status:
-                init = _EVENT.Http.ResponseInit(
-                    id=self.id, since_request_init=_duration(to_head), http_status=status
-                )
-                if tap.headers:
-                    init.headers.CopyFrom(_headers(response_headers))
-                tap.push(self.event(http=_EVENT.Http(response_init=init)), drops)
             end = _EVENT.Http.ResponseEnd(
                 id=self.id, since_request_init=_duration(total),
                 since_response_init=_duration(total - to_head), response_bytes=response_bytes,
@@ -269,12 +288,13 @@ def _seen(
     scheme = getattr(target, "scheme", None) or "http"
     source_addr = _addr(getattr(labels, "peer", ""))
     dst_labels: dict[str, str] = {}
-    if endpoint is not None:
+    values = endpoint.labels if endpoint is not None else None
+    if values is not None:  # a discovered endpoint: its own address (`target_addr`), not the
+        dest_addr = _addr(values[1])  # port of its proxy that carries the request there
+    elif endpoint is not None:
         dest_addr = parse_addr(endpoint.addr.host, endpoint.addr.port)
-        values = endpoint.labels
     else:
         dest_addr = _addr(labels.target_addr)
-        values = None
     if values is not None:
         tls, client_id, server_id = values[2], local_id, values[5]
         dst_labels = {k: v for k, v in zip(DST_LABELS, values[6:], strict=False) if v}

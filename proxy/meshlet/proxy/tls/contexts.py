@@ -57,6 +57,13 @@ def server_context(
     return context
 
 
+def control_server_context(chain: Path, key: Path, trust_anchors_pem: str) -> ssl.SSLContext:
+    """For the control port (tap), which any pod can reach: our identity, ALPN h2, and a
+    client certificate required and verified against the anchors (a client without one
+    fails the handshake)."""
+    return server_context(chain, key, trust_anchors_pem, require_client_cert=True, alpn=("h2",))
+
+
 def client_context(
     chain: Path | None,
     key: Path | None,
