@@ -167,7 +167,8 @@ def normalize_host(authority: bytes) -> bytes | None:
         port = rest[1:]
         if rest[:1] != b":" or _PORT.fullmatch(port) is None or int(port) > _MAX_PORT:
             return None
-    return host + rest
+    normal = host + rest
+    return authority if normal == authority else normal  # the same object: nothing changed
 
 
 def normal_path_match(value: str) -> str | Refused:
