@@ -144,9 +144,11 @@ def test_hosts(authority: bytes, expected: bytes | None) -> None:
     assert normalize_host(authority) == expected
 
 
-def test_a_normal_host_is_returned_as_it_is() -> None:
-    host = b"api.emojivoto.svc.cluster.local:8080"
-    assert normalize_host(host) is host
+@pytest.mark.parametrize(
+    "host", [b"api.emojivoto.svc.cluster.local:8080", b"127.0.0.1:54321", b"[::1]:443"]
+)
+def test_a_normal_host_is_returned_as_it_is(host: bytes) -> None:
+    assert normalize_host(host) is host  # callers remember it as normal by that
 
 
 _PIECES = st.sampled_from(

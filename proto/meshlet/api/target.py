@@ -59,8 +59,10 @@ class Refused:
     reason: str
 
 
-# The bytes after which a path may need work: a percent-encoding, a dot segment, an empty one.
-_MAY_CHANGE: Final = re.compile(rb"%|/\.|//")
+# What a target needs `normalize_target` for: a fragment, a percent-encoding, a dot or empty
+# segment. A target in which this finds nothing is in its normal form (the engines test it
+# inline: the common request pays one search).
+MAY_CHANGE: Final = re.compile(rb"[#%]|/\.|//")
 _UNRESERVED: Final = frozenset(
     b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~"
 )
@@ -73,8 +75,8 @@ _ENCODED_SLASH: Final = (
 )
 
 # A host already in its normal form: lower-case labels (RFC 1123, with `_` as many internal
-# names have), an optional port below 10000. Anything else takes the slow path.
-_NORMAL_HOST: Final = re.compile(rb"[a-z0-9_\-]+(?:\.[a-z0-9_\-]+)*(?::[0-9]{1,4})?")
+# names have), an optional port below 10000. Anything else takes `normalize_host`'s slow path.
+NORMAL_HOST: Final = re.compile(rb"[a-z0-9_\-]+(?:\.[a-z0-9_\-]+)*(?::[0-9]{1,4})?")
 _NAME: Final = re.compile(rb"[A-Za-z0-9_\-]+(?:\.[A-Za-z0-9_\-]+)*\.?")
 _PORT: Final = re.compile(rb"[0-9]{1,5}")
 _MAX_PORT: Final = 65535
@@ -82,11 +84,11 @@ _MAX_PORT: Final = 65535
 
 def normalize_target(target: bytes, slashes: EscapedSlashes) -> bytes | Refused:
     """The origin-form target (`/path?query`) the proxy forwards, or why it refuses it."""
-    if b"#" in target:
+    if target.find(b"#") >= 0:  # (`in` on bytes raises and clears a TypeError in CPython)
         return Refused(FRAGMENT)
     cut = target.find(b"?")
     path = target if cut < 0 else target[:cut]
-    if _MAY_CHANGE.search(path) is None:
+    if MAY_CHANGE.search(path) is None:
         return target
     normal = normalize_path(path, slashes)
     if isinstance(normal, Refused) or cut < 0:
@@ -96,7 +98,7 @@ def normalize_target(target: bytes, slashes: EscapedSlashes) -> bytes | Refused:
 
 def normalize_path(path: bytes, slashes: EscapedSlashes) -> bytes | Refused:
     """A path (`/` first, no query) in the normal form above."""
-    if b"%" in path:
+    if path.find(b"%") >= 0:
         decoded = _decode(path, slashes)
         if isinstance(decoded, Refused):
             return decoded
@@ -139,7 +141,7 @@ def _decode(path: bytes, slashes: EscapedSlashes) -> bytes | Refused:
 
 def normalize_host(authority: bytes) -> bytes | None:
     """`host[:port]` lower-cased, one trailing dot removed; None when it is not a host."""
-    if _NORMAL_HOST.fullmatch(authority) is not None:
+    if NORMAL_HOST.fullmatch(authority) is not None:
         return authority
     if authority[:1] == b"[":
         end = authority.find(b"]")
@@ -165,7 +167,8 @@ def normalize_host(authority: bytes) -> bytes | None:
         port = rest[1:]
         if rest[:1] != b":" or _PORT.fullmatch(port) is None or int(port) > _MAX_PORT:
             return None
-    return host + rest
+    normal = host + rest
+    return authority if normal == authority else normal  # the same object: nothing changed
 
 
 def normal_path_match(value: str) -> str | Refused:

@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 from meshlet.api import wellknown
 from meshlet.api.admin import AdminServer
+from meshlet.api.target import EscapedSlashes
 from meshlet.proxy import logs
 from meshlet.proxy.config import ProxyConfig
 from meshlet.proxy.connections import Connections
 from meshlet.proxy.core.authz import Network, default_policy
 from meshlet.proxy.core.loops import SelfTargets
 from meshlet.proxy.core.pressure import PressureLimits
-from meshlet.api.target import EscapedSlashes
 from meshlet.proxy.http.contract import Addr, HttpLimits
 from meshlet.proxy.inbound.authz import InboundPolicy
 from meshlet.proxy.inbound.stack import InboundStack

@@ -14,10 +14,10 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Final
 
+from meshlet.api.target import EscapedSlashes
 from meshlet.proxy.core.detect import may_be_http
 from meshlet.proxy.core.failover import Failure
 from meshlet.proxy.core.routes import DEFAULT_ROUTE
-from meshlet.api.target import EscapedSlashes
 from meshlet.proxy.http.attempts import Attempts, Failed, advance
 from meshlet.proxy.http.contract import (
     Connect,

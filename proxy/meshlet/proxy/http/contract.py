@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple, Protocol, TypeVar
 
 from meshlet.api import wellknown
 from meshlet.api.hostport import HostPort
+from meshlet.api.target import EscapedSlashes
 from meshlet.proxy.core.header_modifier import HeaderModifier
 from meshlet.proxy.core.pressure import Peer
 from meshlet.proxy.core.retry_budget import RetryBudget
 from meshlet.proxy.core.routes import RoutePolicy
-from meshlet.api.target import EscapedSlashes
 from meshlet.proxy.io.counters import ConnLabels, CounterFamily, HistogramFamily, TcpConn, Values
 
 if TYPE_CHECKING:

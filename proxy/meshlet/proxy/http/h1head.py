@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, NamedTuple
 
-from meshlet.proxy.core.header_modifier import HeaderModifier
 from meshlet.api.target import EscapedSlashes, Refused, normalize_host, normalize_target
+from meshlet.proxy.core.header_modifier import HeaderModifier
 from meshlet.proxy.http.contract import (
     INTERNAL_HEADERS,
     PROXY_ERROR_HEADER,
@@ -41,6 +41,10 @@ _STATUS_LINES: Final = {
 }
 _FIELD_LINE: Final = b": ".join  # of a (name, value) pair: `name: value`
 _ABSOLUTE: Final = re.compile(rb"[hH][tT][tT][pP]://([^/?#]*)(.*)", re.DOTALL)
+# Hosts lately found normal (a connection's requests repeat one): each is checked once.
+# Bounded, forgotten all at once.
+_NORMAL_HOSTS: Final[dict[bytes, None]] = {}
+_NORMAL_HOSTS_KEPT: Final = 1024
 
 
 class Body(enum.Enum):
@@ -221,15 +225,23 @@ def parse_request(
         path = target
     else:
         return Rejection(400, "request target must be origin-form (/path) or http:// absolute-form")
-    if path != b"*":
+    # Most targets are normal already, which four scans of the text tell (MAY_CHANGE of
+    # meshlet.api.target; on str: `in` on bytes raises and clears a TypeError each time).
+    text = path.decode("latin-1")
+    if "%" in text or "/." in text or "//" in text or "#" in text:
         normal = normalize_target(path, slashes)
         if isinstance(normal, Refused):
             return Rejection(400, normal.reason)
         path = normal
-    if host:
+        text = path.decode("latin-1")
+    if host and host not in _NORMAL_HOSTS:
         normal_host = normalize_host(host)
         if normal_host is None:
             return Rejection(400, "invalid Host: not a host name or address with a port")
+        if normal_host is host:
+            if len(_NORMAL_HOSTS) >= _NORMAL_HOSTS_KEPT:
+                _NORMAL_HOSTS.clear()
+            _NORMAL_HOSTS[host] = None
         host = normal_host
 
     upgrading = False
@@ -264,7 +276,7 @@ def parse_request(
         expect_continue,
         upgrading,
         method.decode("latin-1"),
-        path.decode("latin-1"),
+        text,
         fields,
     )
 

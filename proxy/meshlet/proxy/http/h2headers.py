@@ -15,8 +15,8 @@ from typing import Final, NamedTuple
 
 from hpack import NeverIndexedHeaderTuple
 
-from meshlet.proxy.core.header_modifier import HeaderModifier
 from meshlet.api.target import EscapedSlashes, Refused, normalize_host, normalize_target
+from meshlet.proxy.core.header_modifier import HeaderModifier
 from meshlet.proxy.http.contract import (
     INTERNAL_HEADERS,
     PROXY_ERROR_HEADER,
@@ -51,8 +51,11 @@ _REQUEST_PSEUDO: Final = frozenset({b":method", b":scheme", b":path", b":authori
 # RFC 9110 §9.1: a method is a token.
 _METHOD: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 # RFC 9113 §8.3.1: a :path is a request target: no space or control byte (which an HTTP/1 app
-# behind a translating hop would split on) and no DEL.
+# behind a translating hop would split on) and no DEL. `_PATH_WORK` finds those and whatever
+# meshlet.api.target's normalization may change (MAY_CHANGE): one search tells a :path valid
+# and normal.
 _BAD_PATH: Final = re.compile(rb"[\x00-\x20\x7f]")
+_PATH_WORK: Final = re.compile(rb"[\x00-\x20\x7f#%]|/\.|//")
 _STATUS: Final = re.compile(rb"[1-9][0-9][0-9]\Z")
 
 
@@ -128,6 +131,8 @@ def _value_error(header: Header) -> bool:
     if header in _VALID:
         return False
     name, value = header
+    if name == b":path":
+        return False  # `_normal_path` checks it, with its normal form
     if _BAD_VALUE.search(value) is not None:
         return True
     if name == b":method":
@@ -149,6 +154,9 @@ def _remember(header: Header) -> None:
 def _normal_path(path: bytes, slashes: EscapedSlashes) -> bytes | Malformed:
     """A `:path` in the one form the proxy routes on and forwards (meshlet.api.target)."""
     if path == b"*" or (b":path", path) in _VALID:
+        return path
+    if _PATH_WORK.search(path) is None:
+        _remember((b":path", path))
         return path
     if _BAD_PATH.search(path) is not None:
         return Malformed("a :path with a space or control byte")
@@ -210,6 +218,7 @@ def read_request(
     host: bytes | None = None
     grpc = False
     regular = False
+    fresh = False  # a pseudo-header not known valid and normal: the target needs a look
     length = -1
     for header in block:
         name, value = header
@@ -219,8 +228,10 @@ def read_request(
                 return Malformed(f"pseudo-header {name.decode()} after headers")
             if name in pseudo:
                 return Malformed(f"duplicate {name.decode()}")
-            if _value_error(header):
-                return Malformed(f"invalid value for {name.decode()}")
+            if header not in _VALID:
+                if _value_error(header):
+                    return Malformed(f"invalid value for {name.decode()}")
+                fresh = True
             pseudo[name] = value
             out.append(header)
             continue
@@ -266,21 +277,22 @@ def read_request(
     if authority is not None and host is not None and authority != host:
         return Malformed("host differs from :authority")
     named = authority if authority is not None else host
-    if named is not None:
-        normal = _normal_authority(named)
-        if isinstance(normal, Malformed):
-            return normal
-        if normal is not named:
-            out = [(h[0], normal) if h[0] in (b":authority", b"host") else h for h in out]
-            named = normal
     path = pseudo.get(b":path") or b""
-    if path:
-        normal_path = _normal_path(path, slashes)
-        if isinstance(normal_path, Malformed):
-            return normal_path
-        if normal_path is not path:
-            out = [(b":path", normal_path) if h[0] == b":path" else h for h in out]
-            path = normal_path
+    if fresh or authority is None:  # else the path and authority were seen valid and normal
+        if named is not None:
+            normal = _normal_authority(named)
+            if isinstance(normal, Malformed):
+                return normal
+            if normal is not named:
+                out = [(h[0], normal) if h[0] in (b":authority", b"host") else h for h in out]
+                named = normal
+        if path:
+            normal_path = _normal_path(path, slashes)
+            if isinstance(normal_path, Malformed):
+                return normal_path
+            if normal_path is not path:
+                out = [(b":path", normal_path) if h[0] == b":path" else h for h in out]
+                path = normal_path
     out.extend(add)
     return Request(out, named.decode("latin-1") if named is not None else None, grpc,
                    method.decode("latin-1"), path.decode("latin-1"), length)  # fmt: skip
