@@ -355,10 +355,15 @@ class Probe:
         self.result: dict[str, Any] = {}
 
     def __enter__(self) -> Probe:
+        # meshlet_testing is importable from the folder above this file's (pytest's pythonpath
+        # reaches no child process).
+        testing = str(Path(__file__).resolve().parent.parent)
+        path = os.pathsep.join(p for p in (testing, os.environ.get("PYTHONPATH")) if p)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "meshlet_testing.stallprobe", "--via",
              f"127.0.0.1:{self.proxy.outbound}"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            env={**os.environ, "PYTHONPATH": path},
         )  # fmt: skip
         assert self.proc.stdout is not None
         first = self.proc.stdout.readline()
