@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from meshlet.api import headers, wellknown
-from meshlet.api.pathregex import compile_path_regex
+from meshlet.api.pathregex import Budget, NotCompiled, PolicyTooCostly
 
 GROUP: Final = wellknown.POLICY_API_GROUP
 GATEWAY_GROUP: Final = "gateway.networking.k8s.io"
@@ -252,10 +252,13 @@ class Invalid(ValueError):
 
 
 class Check:
-    """Collects problems while reading an object; each reader returns None on a problem."""
+    """Collects problems while reading an object; each reader returns None on a problem. The
+    object's regexes share one budget, as a proxy counts those of a policy (a route alone
+    over it could never be served)."""
 
     def __init__(self) -> None:
         self.problems: list[str] = []
+        self.regexes = Budget()
 
     def fail(self, path: str, message: str) -> None:
         self.problems.append(f"{path}: {message}")
@@ -637,7 +640,11 @@ def read_hostnames(c: Check, spec: Mapping[str, Any]) -> tuple[str, ...]:
 
 def _regex(c: Check, value: str, path: str) -> None:
     try:
-        compile_path_regex(value)
+        c.regexes.compile(value)
+    except NotCompiled:  # refused for an earlier regex already, which says why
+        pass
+    except PolicyTooCostly as exc:
+        c.fail(path, f"{_show(value)} is over the regex budget: {exc}; see docs/policy.md")
     except ValueError as exc:
         c.fail(path, f"{_show(value)} is not an RE2 regular expression ({exc})")
 
