@@ -23,8 +23,10 @@ from meshlet.api.hostport import HostPort
 from meshlet.controlplane.cli import serve_until_signalled
 from meshlet.controlplane.grpcmetrics import HandledCounter
 from meshlet.controlplane.k8s.events import Event, Source
-from meshlet.controlplane.policy.index import ClusterConfig, Index, Mailbox
-from meshlet.controlplane.policy.outbound import (
+from meshlet.controlplane.policy.catalog import Catalog
+from meshlet.controlplane.policy.index import ClusterConfig, Index
+from meshlet.controlplane.policy.mailbox import Mailbox
+from meshlet.controlplane.policy.outbound_index import (
     OutboundIndex,
     TargetError,
     parse_addr,
@@ -281,8 +283,9 @@ class PolicyServer(StreamingController):
     def __init__(self, config: PolicyConfig, registry: CollectorRegistry | None = None) -> None:
         self.config = config
         self.registry = registry or CollectorRegistry()
-        self.index = Index(config.cluster)
-        self.outbound = OutboundIndex(config.cluster_domain)
+        self.catalog = Catalog()  # each policy object read once, for both indexes
+        self.index = Index(config.cluster, self.catalog)
+        self.outbound = OutboundIndex(config.cluster_domain, self.catalog)
         self.limits = StreamLimits(config.max_streams, config.max_streams_per_peer)
         self._events = Counter(
             "policy_source_events_total",
