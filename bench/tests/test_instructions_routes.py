@@ -11,7 +11,8 @@ from collections import Counter
 from pathlib import Path
 
 from bench import instructions_routes as routes
-from meshlet.controlplane.policy.outbound import route_of
+from meshlet.controlplane.policy.resources import parse
+from meshlet.controlplane.policy.routes import Route
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE_TIMEOUT = 40.0  # ~4 s on a quiet machine
@@ -45,8 +46,8 @@ def test_the_tables_mix_prefixes_exact_paths_headers_and_regexes() -> None:
 
 def test_the_policy_controller_reads_every_kind_of_route_the_table_holds() -> None:
     for i in (0, 1, 3, 17, 50):
-        read = route_of(routes.http_route(i, edit=i == 50))
-        assert read.parents == (("shop", "api", None),)
+        read = parse(routes.http_route(i, edit=i == 50))
+        assert isinstance(read, Route) and read.services == (("shop", "api", None),)
         assert len(read.rules) == 1 and len(read.rules[0].matches) == 1
 
 

@@ -91,7 +91,8 @@ def test_the_policy_controller_splits_api_by_the_demos_route() -> None:
     to api and 10 % to the canary; the Service's annotations give it a 1 s request timeout,
     retries of resets and consecutive failure accrual, with no annotation refused."""
     from meshlet.controlplane.k8s.events import Kind, Upsert
-    from meshlet.controlplane.policy.outbound import OutboundIndex, annotation_problems
+    from meshlet.controlplane.policy.annotations import annotation_problems
+    from meshlet.controlplane.policy.outbound_index import OutboundIndex
 
     index = OutboundIndex()
     for objs in topology.manifests_static().values():

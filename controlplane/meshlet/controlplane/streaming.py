@@ -1,10 +1,11 @@
 """What the controllers that stream to proxies (destination, policy) share: caps on their
 streams, and a gRPC server sized to those caps beside their admin server, started and stopped
-in one order."""
+in one order; and the quiet a client's departure deserves (`ClientGone`)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import Counter as Tally
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -42,6 +43,34 @@ class StreamLimits:
     @property
     def active(self) -> int:
         return sum(self._by_peer.values())
+
+
+class ClientGone(logging.Filter):
+    """gRPC's asyncio server logs at ERROR, with a traceback, an answer it could not send
+    because the call had ended meanwhile: a client that cancelled its call (or whose deadline
+    passed) while a Get's answer or a Watch's update was on its way. A client going away is
+    normal, so such a record becomes one DEBUG line. A batch gRPC refused to start at all
+    (`Failed grpc_call_start_batch`: a misuse, such as a status sent behind a message still in
+    flight) stays an error."""
+
+    LOGGER: str = "grpc._cython.cygrpc"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if (
+            record.levelno < logging.ERROR
+            or type(error).__name__ != "ExecuteBatchError"
+            or not str(error).startswith('Failed "execute_batch"')
+        ):
+            return True
+        record.msg = "%s: the client went away before the answer was sent"
+        record.args = (record.getMessage(),)
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        record.exc_info = record.exc_text = None
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
+CLIENT_GONE = ClientGone()
 
 
 def peer_host(peer: str) -> str:
@@ -91,6 +120,7 @@ class StreamingController:
         tls: tuple[Path, Path] | None,
     ) -> None:
         self._supervising = asyncio.create_task(self.supervisor.run())
+        logging.getLogger(ClientGone.LOGGER).addFilter(CLIENT_GONE)  # once: the same filter
         self._grpc = streaming_server(self.limits)
         self._grpc.add_generic_rpc_handlers(handlers)
         credentials = None

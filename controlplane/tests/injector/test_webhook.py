@@ -81,3 +81,48 @@ async def test_a_validator_that_hangs_is_answered_in_time(config: InjectConfig) 
     assert took < 2.0
     assert got["allowed"] is True
     assert got["warnings"] == ["not validated: the validator timed out"]
+
+
+async def test_a_route_over_the_regex_budget_is_refused_at_once_naming_the_budget(
+    config: InjectConfig,
+) -> None:
+    """One more distinct regex than a policy may hold (meshlet.api.pathregex), each as costly a
+    pattern as RE2 takes, in rules the Gateway API allows: refused with the budget named, and
+    answered well within the webhook's time (compiling stops at the first refusal)."""
+    from meshlet.api.pathregex import MAX_PROGRAM, MAX_REGEXES
+
+    def rule(patterns: list[str]) -> dict[str, Any]:
+        return {"matches": [{"path": {"type": "RegularExpression", "value": p}}
+                            for p in patterns]}  # fmt: skip
+
+    def httproute(patterns: list[str]) -> dict[str, Any]:
+        rules = [rule(patterns[i : i + 64]) for i in range(0, len(patterns), 64)]
+        return {
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+            "metadata": {"name": "api", "namespace": "emojivoto"},
+            "spec": {"parentRefs": [{"group": "core", "kind": "Service", "name": "api"}],
+                     "rules": rules},
+        }  # fmt: skip
+
+    webhook = Webhook(config, None, InjectorMetrics(CollectorRegistry()))
+    within = [f"/p{n}/[^/]*" for n in range(MAX_REGEXES)]
+    many = [f"/[ab]*a[ab]{{40}}(?:z{n:03d})?" for n in range(MAX_REGEXES + 1)]
+    large = [r"(?i)\pL\pL" + f"{n}" for n in range(16)]  # 2,400 instructions each
+    async with TestClient(TestServer(webhook.app())) as client:
+        answers = []
+        for obj in (httproute(within), httproute(many), httproute(large)):
+            started = time.monotonic()
+            response = await client.post("/validate", data=json.dumps(review(obj)))
+            answers.append(((await response.json())["response"], time.monotonic() - started))
+    (fine, _), (past, took), (costly, _) = answers
+    assert fine["allowed"] is True
+    assert past["allowed"] is False and took < 2.0
+    message = past["status"]["message"]
+    assert message.startswith("HTTPRoute emojivoto/api is invalid (1 problem;")
+    assert (
+        f"spec.rules[2].matches[0].path.value: '/[ab]*a[ab]{{40}}(?:z128)?' is over the regex"
+        f" budget: more than {MAX_REGEXES} distinct regexes" in message
+    )
+    message = costly["status"]["message"]
+    assert "is over the regex budget: the regexes compile to" in message
+    assert f"of {MAX_PROGRAM} RE2 instructions in all" in message

@@ -13,9 +13,9 @@ from meshlet.controlplane.policy.index import (
     LINKERD_CLUSTER_NETWORKS,
     ClusterConfig,
     Index,
-    Mailbox,
     parse_networks,
 )
+from meshlet.controlplane.policy.mailbox import Mailbox
 
 G = "policy.meshlet.io"
 ANN = wellknown.DEFAULT_INBOUND_POLICY_ANNOTATION

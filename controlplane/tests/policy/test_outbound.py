@@ -11,21 +11,19 @@ from meshlet.api import outbound_pb2
 from meshlet.api import wellknown as W
 from meshlet.controlplane.injector.validators import VALIDATORS
 from meshlet.controlplane.k8s.events import Delete, Kind, Snapshot, Upsert
-from meshlet.controlplane.policy.index import Mailbox
-from meshlet.controlplane.policy.outbound import (
+from meshlet.controlplane.policy.annotations import (
     Accrual,
-    OutboundIndex,
     Retry,
-    TargetError,
     Timeouts,
     accrual_of,
     annotation_problems,
-    parse_authority,
     parse_duration,
-    parse_gateway_duration,
     retry_of,
     timeouts_of,
 )
+from meshlet.controlplane.policy.mailbox import Mailbox
+from meshlet.controlplane.policy.outbound_index import OutboundIndex, TargetError, parse_authority
+from meshlet.controlplane.policy.routes import parse_gateway_duration
 
 GW = "gateway.networking.k8s.io"
 

@@ -4,6 +4,7 @@ over a manifests folder, with TLS from the test CA, asked by grpcio's generic st
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import os
 import subprocess
@@ -184,3 +185,69 @@ async def test_the_proxy_s_client_follows_an_edit(test_ca: Any, tmp_path: Path) 
     finally:
         await client.aclose()
         await server.stop(grace=0)
+
+
+async def test_a_client_that_goes_away_mid_answer_is_no_error(
+    test_ca: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """grpcio clients cancel their Get and Watch calls while the answer is on its way (a window
+    of 1 KiB keeps a policy of a few MB in flight): the controller logs at most a debug line,
+    never an error with a traceback (gRPC's own logger included), and keeps answering."""
+    import logging
+
+    from meshlet.api.hostport import HostPort
+    from meshlet.controlplane.k8s.events import POLICY_SERVER_KINDS
+    from meshlet.controlplane.k8s.manifests import ManifestsSource
+    from meshlet.controlplane.policy.index import ClusterConfig, parse_networks
+    from meshlet.controlplane.policy.server import PolicyConfig, PolicyServer
+
+    caplog.set_level(logging.DEBUG)
+    folder = ManifestsFolder(tmp_path / "manifests")
+    folder.root.mkdir()
+    folder.put("service", service())
+    many = [{**route(f"/p{n}/" + "x" * 200), "metadata": {"name": f"r{n}", "namespace": "ns"}}
+            for n in range(1500)]  # fmt: skip
+    folder.put("routes", *many)
+    cert, key = test_ca.serving_cert(NAME, tmp_path / "tls")
+    source = ManifestsSource(folder.root, kinds=POLICY_SERVER_KINDS, poll_interval=0.1)
+    server = PolicyServer(PolicyConfig(
+        addr=HostPort("127.0.0.1", 0), admin_addr=HostPort("127.0.0.1", 0), source=source,
+        cluster=ClusterConfig(networks=parse_networks("10.0.0.0/8")), tls=(cert, key),
+    ))  # fmt: skip
+    await server.start()
+    spec = authority("web.ns.svc.cluster.local:80")
+
+    def client() -> int:
+        options = [("grpc.ssl_target_name_override", NAME), ("grpc.http2.bdp_probe", 0),
+                   ("grpc.http2.lookahead_bytes", 1024),
+                   ("grpc.max_receive_message_length", 64 << 20)]  # fmt: skip
+        credentials = grpc.ssl_channel_credentials(test_ca.anchors_path.read_bytes())
+        with grpc.secure_channel(f"127.0.0.1:{server.grpc_port}", credentials, options) as ch:
+            deadline = time.monotonic() + 30
+            while True:
+                with contextlib.suppress(grpc.RpcError):  # NOT_FOUND until the folder is read
+                    if len(get(ch, spec).protocol.detect.http1.routes) == len(many):
+                        break
+                assert time.monotonic() < deadline, "the routes were not loaded in time"
+                time.sleep(0.2)
+            unary = ch.unary_unary(
+                METHOD + "Get", request_serializer=outbound_pb2.TrafficSpec.SerializeToString
+            )
+            stream = ch.unary_stream(
+                METHOD + "Watch", request_serializer=outbound_pb2.TrafficSpec.SerializeToString
+            )
+            for _ in range(5):
+                for call in (unary.future(spec, timeout=30), stream(spec, timeout=30)):
+                    call.initial_metadata()  # sent with the first bytes of the answer
+                    call.cancel()  # the rest still in flight
+            return len(get(ch, spec).protocol.detect.http1.routes)  # still answering
+
+    try:
+        assert await asyncio.to_thread(client) == len(many)
+        await asyncio.sleep(0.5)
+    finally:
+        await server.stop(grace=0)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    assert not errors, [f"{r.name}: {r.getMessage()}" for r in errors]
+    gone = [r for r in caplog.records if "the client went away" in r.getMessage()]
+    assert gone and all(r.levelno == logging.DEBUG for r in gone)  # it did happen, said quietly

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from meshlet.controlplane.policy import resources as r
+from meshlet.controlplane.policy import routes
 
 G = "policy.meshlet.io"
 
@@ -270,8 +271,8 @@ MISTAKES = [
         ],
     ),
     (
-        obj(f"{G}/v1beta3", "HTTPRoute", {"rules": [{}] * (r.MAX_RULES + 1)}),
-        [f"spec.rules: has {r.MAX_RULES + 1} items; at most {r.MAX_RULES} are allowed"],
+        obj(f"{G}/v1beta3", "HTTPRoute", {"rules": [{}] * (routes.MAX_RULES + 1)}),
+        [f"spec.rules: has {routes.MAX_RULES + 1} items; at most {routes.MAX_RULES} are allowed"],
     ),
     (
         obj(

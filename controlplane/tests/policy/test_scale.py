@@ -14,9 +14,9 @@ from meshlet.controlplane.policy.index import (
     LINKERD_CLUSTER_NETWORKS,
     ClusterConfig,
     Index,
-    Mailbox,
     parse_networks,
 )
+from meshlet.controlplane.policy.mailbox import Mailbox
 
 G = "policy.meshlet.io"
 NAMESPACES, PER_NS = 100, 100  # 10,000 Servers, pods and policies

@@ -184,7 +184,8 @@ async def test_the_kubernetes_source_through_the_fake_api(tmp_path: Path) -> Non
             source=source,
             cluster=ClusterConfig(networks=parse_networks("10.0.0.0/8")),
         )
-        srv = PolicyServer(config)
+        synced: list[int] = []  # the process freezes what its first sync loaded (gc.freeze)
+        srv = PolicyServer(config, on_synced=lambda: synced.append(len(srv.index.namespaces)))
         await srv.start()
         try:
             async with grpc.aio.insecure_channel(f"127.0.0.1:{srv.grpc_port}") as ch:
@@ -201,6 +202,7 @@ async def test_the_kubernetes_source_through_the_fake_api(tmp_path: Path) -> Non
                 update = await asyncio.wait_for(watch.read(), 5)
                 assert update.labels["name"] == "web" and update.protocol.HasField("http2")
                 watch.cancel()
+                assert synced == [1]  # once, when every kind had been listed (ns's pod in)
         finally:
             await srv.stop(grace=0)
 

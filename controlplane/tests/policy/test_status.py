@@ -15,7 +15,7 @@ from meshlet.api import wellknown as W
 from meshlet.api.hostport import HostPort
 from meshlet.controlplane.k8s.events import POLICY_SERVER_KINDS, Kind, Snapshot, Upsert
 from meshlet.controlplane.policy.index import ClusterConfig, Index, parse_networks
-from meshlet.controlplane.policy.outbound import OutboundIndex
+from meshlet.controlplane.policy.outbound_index import OutboundIndex
 from meshlet.controlplane.policy.server import PolicyConfig, PolicyServer
 from meshlet.controlplane.policy.status import (
     CONTROLLER_NAME,

@@ -283,6 +283,12 @@ class ProxyMetrics:
             "fail_fast", "Requests or connections refused at once (no endpoints, loops).",
             ["direction", "reason"], registry=r,
         )  # fmt: skip
+        self.route_regex_budget_exceeded_total = Counter(
+            "route_regex_budget_exceeded",
+            "Requests refused (414, 431) because matching them against their routes' regular"
+            " expressions would cost more than a request may spend.",
+            ["direction"], registry=r,
+        )  # fmt: skip
         self.http_errors_total = Counter(
             "http_client_errors",
             "Requests refused for malformed or oversized input, by the status sent.",

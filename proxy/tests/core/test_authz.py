@@ -24,6 +24,7 @@ from meshlet.proxy.core.authz import (
     Meta,
     Network,
     NoRoute,
+    OverBudget,
     PathKind,
     PathMatch,
     PortProtocol,
@@ -312,6 +313,56 @@ def test_route_decisions_use_the_routes_authorizations_and_no_route_is_a_404() -
     )
     index, rule, decision = decide(web, "GET", "/elsewhere", get("/elsewhere"))
     assert index == rule == -1 and isinstance(decision, NoRoute)
+
+
+def test_a_path_too_long_for_a_regex_never_falls_to_a_more_permissive_route() -> None:
+    """`/admin/...` (a regex) is the bot's; `/` everyone's. Were an unaffordable regex skipped,
+    a long `/admin/...` path would fall to `/` and be let in: it is refused whole (414) instead,
+    before any route or authorization is chosen."""
+    bot_only = authz(Authn.TLS_IDENTITIES, ids=(BOT,), name="bot-only")
+    anyone = authz(Authn.UNAUTHENTICATED, name="anyone")
+    for admin in ("/admin/.*", ".*/admin/.*"):  # with a known prefix, and with none
+        policy = ServerPolicy(
+            Meta("policy.meshlet.io", "server", "web"), PortProtocol.HTTP1, (),
+            (route("admin", (path(PathKind.REGEX, admin),), authzs=(bot_only,)),
+             route("public", (path(PathKind.PREFIX, "/"),), authzs=(anyone,))),
+        )  # fmt: skip
+        web = Client(ip("10.0.0.5"), WEB, True).permits(policy)
+        get = lambda p: lambda: request("web", "GET", p, ())  # noqa: E731
+        assert isinstance(decide(web, "GET", "/admin/x", get("/admin/x"))[2], Denied)
+        long = "/admin/" + "x" * 20_000
+        index, rule, decision = decide(web, "GET", long, get(long))
+        assert (index, rule) == (-1, -1) and isinstance(decision, OverBudget), decision
+        assert decision.status == 414 and "too long" in decision.reason
+    # a path the regex cannot match (outside its range of matches) costs nothing to rule out
+    other = "/public/" + "x" * 20_000
+    narrow = ServerPolicy(
+        Meta("policy.meshlet.io", "server", "web"), PortProtocol.HTTP1, (),
+        (route("admin", (path(PathKind.REGEX, "/admin/.*"),), authzs=(bot_only,)),
+         route("public", (path(PathKind.PREFIX, "/"),), authzs=(anyone,))),
+    )  # fmt: skip
+    web = Client(ip("10.0.0.5"), WEB, True).permits(narrow)
+    assert decide(web, "GET", other, lambda: request("web", "GET", other, ()))[2] == Allowed(anyone)
+
+
+def test_header_and_query_regexes_are_paid_by_the_request_too() -> None:
+    canary = ValueMatch("x-canary", regex=compile_path_regex(".*yes.*"))
+    debug = ValueMatch("debug", regex=compile_path_regex(".*on.*"))
+    anyone = authz(Authn.UNAUTHENTICATED, name="anyone")
+    policy = ServerPolicy(
+        Meta("policy.meshlet.io", "server", "web"), PortProtocol.HTTP1, (),
+        (route("canary", (HttpMatch(PathMatch(PathKind.PREFIX, "/"), headers=(canary,)),),
+               authzs=(anyone,)),
+         route("debug", (HttpMatch(PathMatch(PathKind.PREFIX, "/"), query=(debug,)),),
+               authzs=(anyone,))),
+    )  # fmt: skip
+    web = Client(ip("10.0.0.5"), WEB, True).permits(policy)
+    many = tuple((b"x-canary", b"n" * 4000) for _ in range(50))  # one header, fifty times
+    decision = decide(web, "GET", "/", lambda: request("web", "GET", "/", many))[2]
+    assert isinstance(decision, OverBudget) and decision.status == 431
+    query = "/?" + "&".join(["debug=" + "n" * 4000] * 50)
+    decision = decide(web, "GET", query, lambda: request("web", "GET", query, ()))[2]
+    assert isinstance(decision, OverBudget) and decision.status == 414
 
 
 def test_the_default_route_takes_everything_with_the_servers_authorizations() -> None:

@@ -417,3 +417,24 @@ def test_ten_thousand_routes_index_in_bounded_time_and_select_in_bounded_time() 
             spent.append(time.perf_counter() - started)
         median = statistics.median(spent)
         assert median <= SELECT_LIMIT, f"{req.path_only}: {median * 1e6:.0f} µs per selection"
+
+
+def test_a_path_too_long_for_a_regex_takes_no_route_rather_than_a_less_specific_one() -> None:
+    """`/admin/...` goes to a route of its own (one that refuses, say); `/` to the service.
+    Were an unaffordable regex skipped, a long `/admin/...` path would take `/`: the request
+    is refused instead (RegexBudgetExceeded: the proxy answers 414), for every host tier and
+    list the index reads it from, since one meter pays the whole request."""
+    from meshlet.api.pathregex import RegexBudgetExceeded
+
+    hosts = (HostMatch(HostKind.EXACT, "web.shop"),)
+    for admin in ("/admin/.*", ".*/admin/.*"):
+        routes = [route("admin", (regex(admin),)), route("all", (prefix("/"),)),
+                  route("host", (regex(admin),), hosts=hosts)]  # fmt: skip
+        assert chosen(routes, "GET", "/admin/x") == "host/0"
+        assert chosen(routes, "GET", "/admin/x", host="other") == "admin/0"
+        for host in ("web.shop", "other"):
+            with pytest.raises(RegexBudgetExceeded):
+                chosen(routes, "GET", "/admin/" + "x" * 20_000, host=host)
+    # a path outside the regex's possible matches costs nothing to rule out
+    routes = [route("admin", (regex("/admin/.*"),)), route("all", (prefix("/"),))]
+    assert chosen(routes, "GET", "/public/" + "x" * 20_000) == "all/0"

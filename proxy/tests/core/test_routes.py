@@ -8,12 +8,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from meshlet.api.pathregex import Budget, Meter
 from meshlet.proxy.core.routes import (
     DEFAULT_ROUTE,
     BadRoute,
     RoutePolicy,
-    check,
     classify_response,
+    compiled,
     matches,
     policy,
     route_for,
@@ -61,10 +62,10 @@ def test_the_first_matching_route_wins(method: str, path: str, expected: str | N
 
 def test_any_all_not_compose() -> None:
     cond = AnyOf((Method("DELETE"), AllOf((Method("GET"), Not(PathRegex("/health"))))))
-    assert matches(cond, "DELETE", "/x")
-    assert matches(cond, "GET", "/x")
-    assert not matches(cond, "GET", "/health")
-    assert not matches(cond, "POST", "/x")
+    assert matches(cond, "DELETE", "/x", Meter())
+    assert matches(cond, "GET", "/x", Meter())
+    assert not matches(cond, "GET", "/health", Meter())
+    assert not matches(cond, "POST", "/x", Meter())
 
 
 def test_a_policy_carries_what_the_route_asks() -> None:
@@ -74,17 +75,31 @@ def test_a_policy_carries_what_the_route_asks() -> None:
 
 def test_regexes_rre2_refuses_are_bad_routes() -> None:
     with pytest.raises(BadRoute, match="invalid perl operator"):
-        check(AllOf((Method("GET"), PathRegex("/api/(?!internal).*"))))
-    assert not matches(PathRegex("(?<=x)y"), "GET", "xy")  # a bad pattern never matches
+        compiled(AllOf((Method("GET"), PathRegex("/api/(?!internal).*"))), Budget())
+    assert not matches(PathRegex("(?<=x)y"), "GET", "xy", Meter())  # a bad one never matches
 
 
 def test_a_client_path_cannot_make_a_pattern_backtrack() -> None:
     """`(a+)+$` takes seconds on a 30-character path with a backtracking engine; RE2 is
-    linear in the path, so even a 64 KiB path costs microseconds."""
+    linear in the path, so even a 64 KiB path costs microseconds (given the budget to pay
+    for it: a request has less, see the next test)."""
     evil = PathRegex("/(a+)+$")
     started = time.perf_counter()
-    assert not matches(evil, "GET", "/" + "a" * 65536 + "!")
+    assert not matches(evil, "GET", "/" + "a" * 65536 + "!", Meter(10**12))
     assert time.perf_counter() - started < 0.5
+
+
+def test_a_path_too_long_for_the_profile_s_regexes_takes_the_default_route() -> None:
+    """A profile grants no access: a request its regexes cannot afford is served as one no
+    route matches (the default route), never refused and never given a later route."""
+    everything = route("everything", PathRegex("/.*"))
+    assert route_for((everything,), "GET", "/" + "a" * 4000) is everything
+    assert route_for((everything,), "GET", "/" + "a" * 20_000) is None
+    negated = route("not admin", Not(PathRegex("/.*admin")))
+    assert route_for((negated,), "GET", "/" + "b" * 20_000) is None
+    # a path outside what the regex can match costs nothing to match: /admin.* cannot match /b…
+    assert route_for((route("not /admin", Not(PathRegex("/admin.*"))),), "GET",
+                     "/" + "b" * 20_000) is not None  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -353,15 +353,19 @@ def test_a_negative_weight_on_the_wire_is_a_huge_uint32_and_refused() -> None:
 
 
 def test_a_catastrophic_regex_is_matched_in_linear_time() -> None:
-    """(a+)+$ backtracks for ever in Python's re on 'aaaa…!'; RE2 answers at once."""
+    """(a+)+$ backtracks for ever in Python's re on 'aaaa…!'; RE2 answers at once (and a
+    request's own budget refuses a path that long before it is matched at all)."""
+    from meshlet.api.pathregex import Meter, RegexBudgetExceeded
     from meshlet.proxy.core.authz import request
     from meshlet.proxy.core.route_select import select_http
 
     (route,) = decode_outbound(http1(http_route("evil", rule(path("regex", "/(a+)+$"))))).http1
     hostile = "/" + "a" * 50_000 + "!"
     started = time.perf_counter()
-    assert select_http([route], request("web", "GET", hostile, [])) is None
+    assert select_http([route], request("web", "GET", hostile, [], Meter(10**12))) is None
     assert time.perf_counter() - started < 0.5
+    with pytest.raises(RegexBudgetExceeded):
+        select_http([route], request("web", "GET", hostile, []))
     started = time.perf_counter()
     huge = refused(http1(http_route("r", rule(path("regex", r"\pL{1000}" * 5)))))
     assert "path regex '\\\\pL{1000}" in huge and "pattern too large" in huge
@@ -405,3 +409,25 @@ def test_thousands_of_problems_are_summed_up_in_one_bounded_message() -> None:
     problem = refused(msg)
     assert problem.startswith("5000 problems: ") and problem.endswith("; and 4980 more")
     assert len(problem) < 2000
+
+
+def test_a_policy_over_the_regex_budget_is_refused_whole_and_a_pattern_counts_once() -> None:
+    from meshlet.api.pathregex import MAX_REGEXES
+
+    many = [http_route(f"r{n}", rule(path("regex", f"/r{n}/.*"))) for n in range(MAX_REGEXES + 1)]
+    why = refused(http1(*many))
+    assert f"more than {MAX_REGEXES} distinct regexes" in why
+    assert why.startswith(
+        "1 problem: http1 route 128 (HTTPRoute.gateway.networking.k8s.io/shop/r128)"
+    )
+    # a detect port's HTTP/1 and HTTP/2 lists hold the same routes: their patterns count once
+    same = [http_route(f"r{n}", rule(path("regex", f"/r{n}/.*"))) for n in range(MAX_REGEXES)]
+    detect = OB.OutboundPolicy(
+        metadata=resource("Service", "web", group="core"),
+        protocol=OB.ProxyProtocol(detect=OB.ProxyProtocol.Detect(
+            timeout=dur(10), http1=OB.ProxyProtocol.Http1(routes=same),
+            http2=OB.ProxyProtocol.Http2(routes=same),
+            opaque=OB.ProxyProtocol.Opaque())),
+    )  # fmt: skip
+    policy = decode_outbound(detect)
+    assert len(policy.http1) == len(policy.http2) == MAX_REGEXES

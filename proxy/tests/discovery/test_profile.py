@@ -133,3 +133,20 @@ def test_deep_nesting_is_refused() -> None:
     match.path.regex = "/"
     [reason] = decode_profile(msg).rejected
     assert "deeper than 16" in reason
+
+
+def test_routes_past_the_regex_budget_are_left_out_and_named() -> None:
+    """The routes' regexes share a policy's budget (meshlet.api.pathregex): the routes within
+    it are kept in order, the rest named; a method-only route needs none of it."""
+    from meshlet.api.pathregex import MAX_REGEXES
+
+    msg = destination_pb2.DestinationProfile(fully_qualified_name=FQN)
+    for n in range(MAX_REGEXES + 2):
+        msg.routes.add(metrics_labels={"route": f"r{n}"}).condition.path.regex = f"/r{n}/.*"
+    msg.routes.add(metrics_labels={"route": "gets"}).condition.method.registered = 0
+    profile = decode_profile(msg)
+    assert [dict(r.labels)["route"] for r in profile.routes] == [
+        *(f"r{n}" for n in range(MAX_REGEXES)), "gets"]  # fmt: skip
+    assert profile.rejected[0].startswith(f"routes[{MAX_REGEXES}]: path regex '/r{MAX_REGEXES}/")
+    assert f"more than {MAX_REGEXES} distinct regexes" in profile.rejected[0]
+    assert "refused already" in profile.rejected[1]

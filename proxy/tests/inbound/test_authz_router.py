@@ -253,3 +253,39 @@ def test_a_routes_path_that_no_request_can_have_makes_the_policy_invalid(
 ) -> None:
     with pytest.raises(DecodeError, match=why):
         decode_server(filtered(TENANT, path=path))
+
+
+def regex_routes(*patterns: str) -> inbound_pb2.Server:
+    """`store` (WEB only) with one route per regex."""
+    msg = server(WEB)
+    for n, pattern in enumerate(patterns):
+        msg.protocol.http1.routes.append(inbound_pb2.HttpRoute(
+            metadata=meta_pb2.Metadata(resource=meta_pb2.Resource(
+                group="policy.meshlet.io", kind="httproute", name=f"r{n}")),
+            rules=[inbound_pb2.HttpRoute.Rule(matches=[http_route_pb2.HttpRouteMatch(
+                path=http_route_pb2.PathMatch(regex=pattern))])],
+        ))  # fmt: skip
+    return msg
+
+
+def test_a_path_the_routes_regexes_cannot_afford_is_refused_with_414_and_counted() -> None:
+    metrics, clock = ProxyMetrics(), Clock()
+    held: dict[int, object] = {PORT: decode_server(regex_routes("/items/.*"))}
+    conn = router(held, WEB, metrics, clock)
+    assert isinstance(conn.route(Target("store:8080", "GET", "/items/1")), RouteTarget)
+    refused = conn.route(Target("store:8080", "GET", "/items/" + "x" * 20_000))
+    assert isinstance(refused, RouteError) and refused.status == 414
+    assert "too long to match against the route's regular expressions" in refused.reason
+    text = metrics.registry.render().decode()
+    assert 'route_regex_budget_exceeded_total{direction="inbound"} 1.0' in text
+
+
+def test_a_policy_over_the_regex_budget_is_refused_whole() -> None:
+    """The proxy keeps the policy it had (discovery.inbound_policy): what it refuses here."""
+    from meshlet.api.pathregex import MAX_PROGRAM, MAX_REGEXES
+
+    with pytest.raises(DecodeError, match=f"more than {MAX_REGEXES} distinct regexes"):
+        decode_server(regex_routes(*(f"/p{n}/.*" for n in range(MAX_REGEXES + 1))))
+    with pytest.raises(DecodeError, match=f"at most {MAX_REGEXES} regexes, of {MAX_PROGRAM}"):
+        decode_server(regex_routes(*(f"/p{n}/[a-z]{{300}}" for n in range(40))))
+    decode_server(regex_routes(*(["/same/.*"] * 1000)))  # one pattern however often it is used

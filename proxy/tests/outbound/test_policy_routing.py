@@ -18,7 +18,7 @@ from meshlet.api.hostport import HostPort
 from meshlet.api.transport_header import SessionProtocol
 from meshlet.controlplane.k8s.events import Kind, Upsert
 from meshlet.controlplane.k8s.objects import service
-from meshlet.controlplane.policy.outbound import OutboundIndex
+from meshlet.controlplane.policy.outbound_index import OutboundIndex
 from meshlet.proxy.core.loops import SelfTargets
 from meshlet.proxy.core.routes import AllOf, Method, PathRegex, Route
 from meshlet.proxy.discovery.outbound_policy import WatchOutbound

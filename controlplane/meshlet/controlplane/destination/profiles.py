@@ -31,6 +31,7 @@ refuses exactly what the destination would refuse to serve.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -42,7 +43,7 @@ from google.protobuf import duration_pb2
 
 from meshlet.api import destination_pb2, http_types_pb2
 from meshlet.api.hostport import format_hostport
-from meshlet.api.pathregex import compile_path_regex
+from meshlet.api.pathregex import Budget, NotCompiled, PolicyTooCostly
 
 DEFAULT_RETRY_RATIO: Final = 0.2
 DEFAULT_MIN_RETRIES_PER_SECOND: Final = 10
@@ -127,8 +128,14 @@ def profile_from_spec(
     profile = default_profile(fqn, opaque=opaque)
     fields = _fields(spec, "spec", _SPEC_KEYS, problems)
     if fields is not None:
+        # the routes' regexes share one budget, as the proxy counts them (meshlet.api.pathregex)
+        regexes = Budget()
+        request = _Grammar(
+            destination_pb2.RequestMatch,
+            {"method": _method, "pathRegex": functools.partial(_path_regex, regexes=regexes)},
+        )
         for i, item in enumerate(_list(fields.get("routes"), "spec.routes", problems)):
-            route = _route(item, f"spec.routes[{i}]", problems)
+            route = _route(item, f"spec.routes[{i}]", request, problems)
             if route is not None:
                 profile.routes.append(route)
         budget = fields.get("retryBudget")
@@ -252,7 +259,12 @@ def parse_quantity(value: object) -> Fraction:
 # --- spec sections -------------------------------------------------------------------------------
 
 
-def _route(value: object, path: str, problems: list[str]) -> destination_pb2.Route | None:
+def _route(
+    value: object,
+    path: str,
+    request: _Grammar[destination_pb2.RequestMatch],
+    problems: list[str],
+) -> destination_pb2.Route | None:
     fields = _fields(value, path, _ROUTE_KEYS, problems)
     if fields is None:
         return None
@@ -262,7 +274,7 @@ def _route(value: object, path: str, problems: list[str]) -> destination_pb2.Rou
         problems.append(f"{path}.name: missing (every route needs a name, its metrics label)")
     elif not isinstance(name, str) or not name:
         problems.append(f"{path}.name: expected a non-empty string, got {_show(name)}")
-    condition = _required_match(fields, path, _REQUEST, problems)
+    condition = _required_match(fields, path, request, problems)
     classes: list[destination_pb2.ResponseClass] = []
     for i, item in enumerate(
         _list(fields.get("responseClasses"), f"{path}.responseClasses", problems)
@@ -489,13 +501,18 @@ def _method(value: object, path: str, problems: list[str]) -> destination_pb2.Re
 
 
 def _path_regex(
-    value: object, path: str, problems: list[str]
+    value: object, path: str, problems: list[str], regexes: Budget
 ) -> destination_pb2.RequestMatch | None:
     if not isinstance(value, str):
         problems.append(f"{path}: expected a regular expression string, got {_show(value)}")
         return None
     try:
-        compile_path_regex(value)
+        regexes.compile(value)
+    except NotCompiled:  # the profile is refused for an earlier regex already
+        return None
+    except PolicyTooCostly as e:
+        problems.append(f"{path}: {_show(value)} is over the routes' regex budget: {e}")
+        return None
     except ValueError as e:
         problems.append(f"{path}: invalid regex {_show(value)} (RE2 syntax): {e}")
         return None
@@ -531,9 +548,6 @@ def _status(value: object, path: str, problems: list[str]) -> destination_pb2.Re
     return destination_pb2.ResponseMatch(status=destination_pb2.HttpStatusRange(min=low, max=high))
 
 
-_REQUEST: Final = _Grammar(
-    destination_pb2.RequestMatch, {"method": _method, "pathRegex": _path_regex}
-)
 _RESPONSE: Final = _Grammar(destination_pb2.ResponseMatch, {"status": _status})
 
 

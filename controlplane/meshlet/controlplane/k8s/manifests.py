@@ -49,8 +49,10 @@ def parse_manifest(text: str, *, is_json: bool = False) -> list[Object]:
     Objects come out as plain JSON (string keys, strings for anything JSON has no type for).
     Raises yaml.YAMLError or ValueError for text that does not parse or a document that is not
     an object."""
-    loaded = [json.loads(text)] if is_json else list(yaml.load_all(text, Loader=_Loader))
-    documents = json.loads(json.dumps(loaded, default=str))
+    if is_json:
+        documents = [json.loads(text)]  # plain JSON already
+    else:
+        documents = json.loads(json.dumps(list(yaml.load_all(text, Loader=_Loader)), default=str))
     objects: list[Object] = []
     for index, doc in enumerate(documents):
         if doc is None:  # an empty document, e.g. a trailing `---`

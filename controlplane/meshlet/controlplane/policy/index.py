@@ -9,6 +9,10 @@ authorizations come from AuthorizationPolicies that target it or its namespace, 
 them, and a `default` route (with a `probe` route for the pod's HTTP probes) stands in when none
 is attached. A port no Server selects gets the default policy: the pod's
 `config.meshlet.io/default-inbound-policy`, else its namespace's, else the controller's.
+
+The policy resources themselves are the catalog's (meshlet.controlplane.policy.catalog: each
+object read once, shared with the outbound index); this index keeps the pods and namespaces,
+and the watches.
 """
 
 from __future__ import annotations
@@ -33,6 +37,10 @@ from meshlet.api import (
 from meshlet.api.ports import parse_ports
 from meshlet.controlplane.k8s.events import Delete, Event, Kind, Object, Snapshot, Upsert
 from meshlet.controlplane.policy import resources as r
+from meshlet.controlplane.policy.catalog import KINDS, Catalog, Space
+from meshlet.controlplane.policy.mailbox import Mailbox
+from meshlet.controlplane.policy.routes import GrpcMatch, HttpMatch, Route
+from meshlet.controlplane.policy.wire import header_match, host_match, http_match, request_modifier
 
 log = logging.getLogger(__name__)
 
@@ -125,11 +133,12 @@ def _strings(value: Any) -> dict[str, str]:
 
 @dataclass(slots=True)
 class Namespace:
-    """One namespace's objects."""
+    """One namespace's objects: its pods and annotations, and its policy resources (the
+    catalog's, shared)."""
 
     annotations: Mapping[str, str] = field(default_factory=dict)
     pods: dict[str, Pod] = field(default_factory=dict)
-    resources: dict[Kind, dict[str, r.Resource]] = field(default_factory=dict)
+    resources: Space = field(default_factory=dict)
 
     def of(self, kind: Kind) -> dict[str, Any]:
         return self.resources.get(kind, {})
@@ -352,7 +361,7 @@ class Translator:
     def _http_routes(
         self, ns: Namespace, pod: Pod, port: int, server: str
     ) -> list[inbound_pb2.HttpRoute]:
-        attached: list[r.HTTPRoute] = self._attached(
+        attached: list[Route] = self._attached(
             ns, (Kind.HTTP_ROUTE, Kind.GATEWAY_HTTP_ROUTE), server
         )
         if not attached:
@@ -368,12 +377,12 @@ class Translator:
                 ),
                 rules=[
                     inbound_pb2.HttpRoute.Rule(
-                        matches=[http_match(m) for m in rule.matches],
+                        matches=[http_match(m) for m in rule.matches if isinstance(m, HttpMatch)],
                         filters=[
                             inbound_pb2.HttpRoute.Filter(
                                 request_header_modifier=request_modifier(f)
                             )
-                            for f in rule.filters
+                            for f in rule.request_modifiers
                         ],
                     )
                     for rule in rt.rules
@@ -385,7 +394,7 @@ class Translator:
     def _grpc_routes(
         self, ns: Namespace, namespace: str, server: str
     ) -> list[inbound_pb2.GrpcRoute]:
-        attached: list[r.GRPCRoute] = self._attached(
+        attached: list[Route] = self._attached(
             ns, (Kind.GRPC_ROUTE, Kind.GATEWAY_GRPC_ROUTE), server
         )
         if not attached:
@@ -415,12 +424,13 @@ class Translator:
                                 headers=[header_match(h) for h in m.headers],
                             )
                             for m in rule.matches
+                            if isinstance(m, GrpcMatch)
                         ],
                         filters=[
                             inbound_pb2.GrpcRoute.Filter(
                                 request_header_modifier=request_modifier(f)
                             )
-                            for f in rule.filters
+                            for f in rule.request_modifiers
                         ],
                     )
                     for rule in rt.rules
@@ -515,74 +525,7 @@ class Translator:
         return networks, identities
 
 
-def host_match(host: str) -> http_route_pb2.HostMatch:
-    if host.startswith("*."):
-        labels = list(reversed(host[2:].split(".")))
-        return http_route_pb2.HostMatch(
-            suffix=http_route_pb2.HostMatch.Suffix(reverse_labels=labels)
-        )
-    return http_route_pb2.HostMatch(exact=host)
-
-
-def header_match(m: r.ValueMatch) -> http_route_pb2.HeaderMatch:
-    if m.regex:
-        return http_route_pb2.HeaderMatch(name=m.name, regex=m.value)
-    return http_route_pb2.HeaderMatch(name=m.name, exact=m.value.encode())
-
-
-def http_match(m: r.HttpMatch) -> http_route_pb2.HttpRouteMatch:
-    out = http_route_pb2.HttpRouteMatch(headers=[header_match(h) for h in m.headers])
-    if m.path is not None:
-        kind, value = m.path
-        field_name = {"Exact": "exact", "PathPrefix": "prefix"}.get(kind, "regex")
-        out.path.CopyFrom(http_route_pb2.PathMatch(**{field_name: value}))
-    for q in m.query_params:
-        out.query_params.append(
-            http_route_pb2.QueryParamMatch(name=q.name, regex=q.value)
-            if q.regex
-            else http_route_pb2.QueryParamMatch(name=q.name, exact=q.value)
-        )
-    if m.method is not None:
-        out.method.registered = http_types_pb2.HttpMethod.Registered.Value(m.method)
-    return out
-
-
-def request_modifier(f: r.HeaderModifier) -> http_route_pb2.RequestHeaderModifier:
-    def headers(pairs: tuple[tuple[str, str], ...]) -> http_types_pb2.Headers:
-        return http_types_pb2.Headers(
-            headers=[http_types_pb2.Headers.Header(name=n, value=v.encode()) for n, v in pairs]
-        )
-
-    return http_route_pb2.RequestHeaderModifier(
-        add=headers(f.add), set=headers(f.set), remove=list(f.remove)
-    )
-
-
 # -- the index (state and watches) -----------------------------------------------------------
-
-
-class Mailbox:
-    """One watch stream's slot: holds only the latest message (each message is the whole
-    policy, so a stream that falls behind skips to the newest and never needs a queue)."""
-
-    def __init__(self, on_change: Callable[[], None] | None = None) -> None:
-        self.latest: bytes | None = None
-        self.closed = False
-        self._on_change = on_change
-
-    def put(self, message: bytes) -> None:
-        self.latest = message
-        if self._on_change is not None:
-            self._on_change()
-
-    def take(self) -> bytes | None:
-        message, self.latest = self.latest, None
-        return message
-
-    def close(self) -> None:
-        self.closed = True
-        if self._on_change is not None:
-            self._on_change()
 
 
 @dataclass(slots=True)
@@ -592,16 +535,21 @@ class _Watch:
 
 
 class Index:
-    """Applies source events; answers `get` and keeps `subscribe`d mailboxes current."""
+    """Applies source events; answers `get` and keeps `subscribe`d mailboxes current. The
+    policy resources are `catalog`'s (its own, or one shared with the outbound index)."""
 
-    def __init__(self, cluster: ClusterConfig) -> None:
+    def __init__(self, cluster: ClusterConfig, catalog: Catalog | None = None) -> None:
         self.cluster = cluster
+        self.catalog = catalog or Catalog()
         self.namespaces: dict[str, Namespace] = {}
         self.translator = Translator(cluster, self.namespaces)
         self._watches: dict[str, dict[tuple[str, int], _Watch]] = {}  # by namespace
-        self._reported: dict[tuple[Kind, str, str], tuple[str, ...]] = {}
-        self.invalid = 0  # objects ignored for their problems (counted once per version)
         self.recomputed = 0  # watched ports recomputed (for tests and metrics)
+
+    @property
+    def invalid(self) -> int:
+        """Objects ignored for their problems (counted once per version)."""
+        return self.catalog.invalid
 
     # -- questions --
 
@@ -646,13 +594,24 @@ class Index:
 
     def apply(self, event: Event) -> int:
         """Applies a source event; the number of watches whose policy changed."""
-        if isinstance(event, Snapshot):
+        touched: set[tuple[str, str | None]] = set()
+        if event.kind in KINDS:
+            for change in self.catalog.apply(event):
+                self._namespace(change.namespace)
+                touched |= self._affected(change.kind, change.namespace)
+        elif isinstance(event, Snapshot):
             touched = self._replace(event.kind, event.objects)
         elif isinstance(event, Upsert):
             touched = self._upsert(event.kind, event.obj)
         elif isinstance(event, Delete):
             touched = self._delete(event.kind, event.obj)
         return self._refresh(touched)
+
+    def _namespace(self, name: str) -> Namespace:
+        ns = self.namespaces.get(name)
+        if ns is None:
+            ns = self.namespaces[name] = Namespace(resources=self.catalog.space(name))
+        return ns
 
     def _replace(self, kind: Kind, objects: tuple[Object, ...]) -> set[tuple[str, str | None]]:
         seen: set[tuple[str, str]] = set()
@@ -669,12 +628,14 @@ class Index:
             elif kind is Kind.POD:
                 names = [n for n in ns.pods if (namespace, n) not in seen]
             else:
-                names = [n for n in ns.of(kind) if (namespace, n) not in seen]
+                names = []
             for name in list(names):
                 touched |= self._remove(kind, namespace, name)
         return touched
 
     def _upsert(self, kind: Kind, obj: Object) -> set[tuple[str, str | None]]:
+        """A namespace or a pod (the policy kinds are the catalog's; other kinds, Services and
+        ServiceProfiles, are outbound's and the status writer's)."""
         key = _key(kind, obj)
         if key is None:
             return set()
@@ -682,31 +643,19 @@ class Index:
         if kind is Kind.NAMESPACE:
             meta = obj.get("metadata") or {}
             annotations = _strings(meta.get("annotations") if isinstance(meta, dict) else None)
-            ns = self.namespaces.setdefault(name, Namespace())
+            ns = self._namespace(name)
             if ns.annotations == annotations:
                 return set()
             ns.annotations = annotations
             return {(name, None)}
-        if kind in (Kind.SERVICE, Kind.SERVICE_PROFILE):  # outbound's and the status writer's
+        if kind is not Kind.POD:
             return set()
-        ns = self.namespaces.setdefault(namespace, Namespace())
-        if kind is Kind.POD:
-            pod = pod_of(obj)
-            if pod is None or ns.pods.get(name) == pod:
-                return set()
-            ns.pods[name] = pod
-            return {(namespace, name)}
-        try:
-            resource = r.parse(obj)
-        except r.Invalid as exc:
-            self._report(kind, namespace, name, exc.problems)
+        ns = self._namespace(namespace)
+        pod = pod_of(obj)
+        if pod is None or ns.pods.get(name) == pod:
             return set()
-        self._reported.pop((kind, namespace, name), None)
-        bucket = ns.resources.setdefault(kind, {})
-        if bucket.get(name) == resource:
-            return set()
-        bucket[name] = resource
-        return self._affected(kind, namespace)
+        ns.pods[name] = pod
+        return {(namespace, name)}
 
     def _delete(self, kind: Kind, obj: Object) -> set[tuple[str, str | None]]:
         key = _key(kind, obj)
@@ -721,14 +670,9 @@ class Index:
                 return set()
             ns.annotations = {}
             return {(name, None)}
-        if kind is Kind.POD:
-            if ns.pods.pop(name, None) is None:
-                return set()
+        if kind is Kind.POD and ns.pods.pop(name, None) is not None:
             self._close_pod(namespace, name)
-            return set()
-        if ns.of(kind).pop(name, None) is None:
-            return set()
-        return self._affected(kind, namespace)
+        return set()
 
     def _affected(self, kind: Kind, namespace: str) -> set[tuple[str, str | None]]:
         """The namespaces whose ports a resource of `kind` in `namespace` can change: its own,
@@ -736,10 +680,11 @@ class Index:
         touched: set[tuple[str, str | None]] = {(namespace, None)}
         if kind in (Kind.MESH_TLS_AUTHENTICATION, Kind.NETWORK_AUTHENTICATION):
             for other in self._watches:
-                policies = self.namespaces.get(other, Namespace()).of(Kind.AUTHORIZATION_POLICY)
+                policies = self.catalog.of(other, Kind.AUTHORIZATION_POLICY)
                 if any(
                     ref.namespace == namespace
                     for p in policies.values()
+                    if isinstance(p, r.AuthorizationPolicy)
                     for ref in p.authentications
                 ):
                     touched.add((other, None))
@@ -770,16 +715,6 @@ class Index:
                 for mailbox in watch.mailboxes:
                     mailbox.put(message)
         return changed
-
-    def _report(self, kind: Kind, namespace: str, name: str, problems: list[str]) -> None:
-        """Logs an invalid object once per distinct set of problems; it is ignored (a valid
-        version seen before stays in force)."""
-        key = (kind, namespace, name)
-        if self._reported.get(key) == tuple(problems):
-            return
-        self._reported[key] = tuple(problems)
-        self.invalid += 1
-        log.error("ignored %s %s/%s: %s", kind.kind, namespace, name, "; ".join(problems))
 
 
 def _key(kind: Kind, obj: Object) -> Key | None:

@@ -6,13 +6,15 @@ server."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -23,8 +25,10 @@ from meshlet.api.hostport import HostPort
 from meshlet.controlplane.cli import serve_until_signalled
 from meshlet.controlplane.grpcmetrics import HandledCounter
 from meshlet.controlplane.k8s.events import Event, Source
-from meshlet.controlplane.policy.index import ClusterConfig, Index, Mailbox
-from meshlet.controlplane.policy.outbound import (
+from meshlet.controlplane.policy.catalog import Catalog
+from meshlet.controlplane.policy.index import ClusterConfig, Index
+from meshlet.controlplane.policy.mailbox import Mailbox
+from meshlet.controlplane.policy.outbound_index import (
     OutboundIndex,
     TargetError,
     parse_addr,
@@ -41,6 +45,7 @@ from meshlet.controlplane.supervise import Supervisor
 
 log = logging.getLogger(__name__)
 
+GC_THRESHOLDS: Final = (50_000, 20, 20)  # gc.set_threshold's, for the controller's process
 SERVICE = "io.linkerd.proxy.inbound.InboundServerPolicies"
 OUTBOUND_SERVICE = "io.linkerd.proxy.outbound.OutboundPolicies"
 MAX_WORKLOAD = 512  # characters of PortSpec.workload
@@ -278,11 +283,18 @@ def rpc_handler(service: PolicyService) -> grpc.GenericRpcHandler:
 
 
 class PolicyServer(StreamingController):
-    def __init__(self, config: PolicyConfig, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        config: PolicyConfig,
+        registry: CollectorRegistry | None = None,
+        on_synced: Callable[[], None] = lambda: None,
+    ) -> None:
         self.config = config
         self.registry = registry or CollectorRegistry()
-        self.index = Index(config.cluster)
-        self.outbound = OutboundIndex(config.cluster_domain)
+        self._on_synced: Callable[[], None] | None = on_synced  # once, at the first sync
+        self.catalog = Catalog()  # each policy object read once, for both indexes
+        self.index = Index(config.cluster, self.catalog)
+        self.outbound = OutboundIndex(config.cluster_domain, self.catalog)
         self.limits = StreamLimits(config.max_streams, config.max_streams_per_peer)
         self._events = Counter(
             "policy_source_events_total",
@@ -329,6 +341,9 @@ class PolicyServer(StreamingController):
             self.status.apply(event)
         self._processing.observe(time.perf_counter() - started)
         self._events.labels(event.kind.kind).inc()
+        if self._on_synced is not None and self.config.source.synced:
+            on_synced, self._on_synced = self._on_synced, None
+            on_synced()
 
     async def start(self) -> None:
         cfg = self.config
@@ -342,5 +357,14 @@ class PolicyServer(StreamingController):
 
 
 async def serve(config: PolicyConfig, registry: CollectorRegistry | None = None) -> int:
-    """Serves until SIGTERM or SIGINT (0), or until its source fails for good (1)."""
-    return await serve_until_signalled(PolicyServer(config, registry), "policy")
+    """Serves until SIGTERM or SIGINT (0), or until its source fails for good (1).
+
+    The process keeps one long-lived model per object (100,000 routes are millions of Python
+    objects): with the collector's default thresholds, loading them spent most of its time
+    scanning again what it had loaded, and each full collection later held the event loop for
+    seconds. Young objects are collected after GC_THRESHOLDS[0] allocations rather than 700,
+    and what the first sync loaded is frozen out of later collections (reference counting
+    still frees each model replaced or removed: the models hold no cycles)."""
+    gc.set_threshold(*GC_THRESHOLDS)
+    server = PolicyServer(config, registry, on_synced=gc.freeze)
+    return await serve_until_signalled(server, "policy")

@@ -40,7 +40,8 @@ from meshlet.api import wellknown as W
 from meshlet.controlplane.k8s.events import Delete, Event, Kind, Object, Snapshot, Upsert
 from meshlet.controlplane.policy import resources as r
 from meshlet.controlplane.policy.index import Index
-from meshlet.controlplane.policy.outbound import OutboundIndex, Service
+from meshlet.controlplane.policy.outbound import Service
+from meshlet.controlplane.policy.outbound_index import OutboundIndex
 
 log = logging.getLogger(__name__)
 
@@ -597,13 +598,12 @@ class Indexes:
         return self.outbound.service(namespace, name)
 
     def server(self, namespace: str, name: str) -> bool:
-        ns = self.inbound.namespaces.get(namespace)
-        return ns is not None and name in ns.of(Kind.SERVER)
+        return name in self.inbound.catalog.of(namespace, Kind.SERVER)
 
     def grpc_parented(self, namespace: str, name: str, port: int | None) -> bool:
         target = (namespace, name)
         return any(
-            rt.kind == "GRPCRoute" and (namespace, name, port) in rt.parents
+            rt.kind == "GRPCRoute" and (namespace, name, port) in rt.services
             for space in self.outbound.spaces.values()
             for rt in space.by_parent.get(target, {}).values()
         )

@@ -33,9 +33,10 @@ import enum
 import ipaddress
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, NamedTuple
+from typing import Final, NamedTuple
 from urllib.parse import parse_qsl
 
+from meshlet.api.pathregex import Meter, Regex, RegexBudgetExceeded
 from meshlet.proxy.core.header_modifier import HeaderModifier
 from meshlet.proxy.core.ratelimit import RateLimitSpec
 
@@ -151,18 +152,20 @@ class PathKind(enum.Enum):
 class PathMatch:
     kind: PathKind
     value: str
-    regex: Any = None  # compiled (meshlet.api.pathregex) for REGEX
+    regex: Regex | None = None  # compiled, for REGEX
 
     @property
     def matches_all(self) -> bool:
         return self.kind is PathKind.PREFIX and self.value == "/"
 
-    def length(self, path: str) -> int | None:
-        """The match's length (Linkerd orders path matches by it), None when it fails."""
+    def length(self, path: str, meter: Meter) -> int | None:
+        """The match's length (Linkerd orders path matches by it), None when it fails; a regex
+        is paid from the request's `meter` (RegexBudgetExceeded)."""
         if self.kind is PathKind.EXACT:
             return len(path) if path == self.value else None
         if self.kind is PathKind.REGEX:
-            return len(path) if self.regex.fullmatch(path) is not None else None
+            assert self.regex is not None
+            return len(path) if self.regex.matches(path, meter) else None
         return prefix_length(self.value, path)
 
 
@@ -185,13 +188,16 @@ class ValueMatch:
 
     name: str  # lower case for headers
     exact: bytes | str | None = None
-    regex: Any = None
+    regex: Regex | None = None
 
-    def matches(self, value: Any) -> bool:
+    def matches(self, value: bytes | str, meter: Meter, subject: str) -> bool:
+        """Whether `value` matches; a regex is paid from the request's `meter`, `subject`
+        saying what the value is (header, query)."""
         if self.exact is not None:
             return bool(value == self.exact)
+        assert self.regex is not None
         text = value.decode("latin-1") if isinstance(value, bytes) else value
-        return self.regex.fullmatch(text) is not None
+        return self.regex.matches(text, meter, subject)
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,15 +222,19 @@ class HttpMatch:
             return None
         length = 1
         if self.path is not None:
-            found = self.path.length(req.path_only)
+            found = self.path.length(req.path_only, req.meter)
             if found is None:
                 return None
             length = found
-        if self.headers and not all(_header(m, req.headers) for m in self.headers):
+        if self.headers and not all(_header(m, req) for m in self.headers):
             return None
         if self.query:
             params = parse_qsl(req.query, keep_blank_values=True)
-            if not all(any(k == m.name and m.matches(v) for k, v in params) for m in self.query):
+            meter = req.meter
+            if not all(
+                any(k == m.name and m.matches(v, meter, "query") for k, v in params)
+                for m in self.query
+            ):
                 return None
         return (length, len(self.headers), len(self.query), self.method is not None)
 
@@ -245,14 +255,15 @@ class GrpcMatch:
             return None
         if self.method and method != self.method:
             return None
-        if self.headers and not all(_header(m, req.headers) for m in self.headers):
+        if self.headers and not all(_header(m, req) for m in self.headers):
             return None
         return (len(self.service), len(self.method), len(self.headers), False)
 
 
-def _header(match: ValueMatch, headers: Sequence[Header]) -> bool:
+def _header(match: ValueMatch, req: Request) -> bool:
     name = match.name.encode("latin-1")
-    return any(n.lower() == name and match.matches(v) for n, v in headers)
+    meter = req.meter
+    return any(n.lower() == name and match.matches(v, meter, "header") for n, v in req.headers)
 
 
 class HostKind(enum.Enum):
@@ -294,23 +305,31 @@ class Route:
 
 
 class Request(NamedTuple):
-    """What route matching reads of a request."""
+    """What route matching reads of a request, and what it may still spend on regexes."""
 
     host: str  # the authority without its port, lower case
     method: str
     path_only: str
     query: str
     headers: Sequence[Header]
+    meter: Meter
 
 
-def request(authority: str | None, method: str, path: str, headers: Sequence[Header]) -> Request:
+def request(
+    authority: str | None,
+    method: str,
+    path: str,
+    headers: Sequence[Header],
+    meter: Meter | None = None,
+) -> Request:
+    """The matching view of a request; `meter` (a new one when None) pays its regexes."""
     host = (authority or "").lower()
     if host.startswith("["):
         host = host[: host.find("]") + 1]
     elif host.count(":") == 1:
         host = host.partition(":")[0]
     path_only, _, query = path.partition("?")
-    return Request(host, method, path_only, query, headers)
+    return Request(host, method, path_only, query, headers, meter or Meter())
 
 
 _Summary = tuple[tuple[int, int] | tuple[()], tuple[int, int, int, bool]]
@@ -554,9 +573,21 @@ class NoRoute(NamedTuple):
     reason: str
 
 
+class OverBudget(NamedTuple):
+    """A request refused because matching it against the routes' regexes would cost more than
+    a request may spend (meshlet.api.pathregex): no route is chosen, so none it would not reach
+    with every regex evaluated can be."""
+
+    status: int  # 414, or 431 when a header value was too long
+    reason: str
+
+
+Decision = Allowed | Denied | NoRoute | OverBudget
+
+
 def decide(
     permits: Permits, method: str, path: str, view: Callable[[], Request]
-) -> tuple[int, int, Allowed | Denied | NoRoute]:
+) -> tuple[int, int, Decision]:
     """The route a request (`method`, `path` with its query) takes, its rule and its decision.
     `view` builds the whole matching view, only when a route asks for more than a path and a
     method."""
@@ -566,7 +597,10 @@ def decide(
     if policy.table is not None:
         found = find_in_table(policy.table, method, path.partition("?")[0])
     else:
-        found = find_rule(policy.routes, view())
+        try:
+            found = find_rule(policy.routes, view())
+        except RegexBudgetExceeded as exc:
+            return -1, -1, OverBudget(exc.status, str(exc))
     if found is None:
         return -1, -1, NoRoute(f"no route of server {policy.meta} matches the request")
     return found[0], found[1], permits.routes[found[0]]

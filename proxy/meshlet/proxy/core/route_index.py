@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
+from meshlet.api.pathregex import Meter
 from meshlet.proxy.core.authz import (
     GrpcMatch,
     Header,
@@ -50,8 +51,9 @@ if TYPE_CHECKING:
 # method's length, headers), where it leads, the match (None: a rule without matches, which
 # matches every request), and whether it fits every request that reaches it (asks nothing more).
 _Entry = tuple[tuple[int, ...], "Selected", HttpMatch | GrpcMatch | None, bool]
-# A request's parts, from which `authz.request` makes the Request a match reads.
-_Ask = tuple[str | None, str, str, Sequence[Header]]
+# A request's parts, from which `authz.request` makes the Request a match reads, and the meter
+# that pays its regexes (one per request, whichever lists it is read from).
+_Ask = tuple[str | None, str, str, Sequence[Header], Meter]
 
 
 class Selected(NamedTuple):
@@ -247,16 +249,23 @@ class RouteTable:
         self._suffix_lengths = sorted({len(s) for s in self._suffix}, reverse=True)
 
     def select(self, req: Request) -> Selected | None:
-        """The route and rule `req` takes; None when no route matches."""
+        """The route and rule `req` takes; None when no route matches. RegexBudgetExceeded
+        (meshlet.api.pathregex) when its regexes would cost the request more than it may
+        spend: the request takes no route."""
         path = f"{req.path_only}?{req.query}" if req.query else req.path_only
-        return self.select_parts(req.host, req.method, path, req.headers)
+        return self.select_parts(req.host, req.method, path, req.headers, req.meter)
 
     def select_parts(
-        self, authority: str | None, method: str, path: str, headers: Sequence[Header]
+        self,
+        authority: str | None,
+        method: str,
+        path: str,
+        headers: Sequence[Header],
+        meter: Meter | None = None,
     ) -> Selected | None:
         """`select` for a request's parts, as `authz.request` reads them: the Request is made
         only when a match reads more than the path (or the routes name hosts)."""
-        ask = (authority, method, path, headers)
+        ask = (authority, method, path, headers, meter or Meter())
         path = path.partition("?")[0]
         if self._exact or self._suffix:
             host = request(*ask).host

@@ -5,17 +5,22 @@ none: the default route (no timeout, no retries, default classification). A path
 the whole path (anchored). Regexes are compiled with RE2, a linear-time engine: the path is the
 client's, and a backtracking engine lets one request spend seconds of CPU on a pattern such as
 `(a+)+$`. RE2's syntax is Rust `regex`'s (no look-around, no back-references), the engine of
-linkerd2-proxy; a route whose regex RE2 refuses never matches (`compile_route` says why).
+linkerd2-proxy; a route whose regex RE2 refuses never matches (`compiled` says why).
+
+Linear is not free: a request pays its regexes from a `Meter` (meshlet.api.pathregex). A request
+whose path is too long for the profile's regexes takes the default route: a profile's routes
+only name, time and retry requests, they grant no access, so the request is served as one no
+route matches rather than refused.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Final, Generic, TypeAlias, TypeVar
+from dataclasses import dataclass, field
+from typing import Final, Generic, TypeAlias, TypeVar
 
-from meshlet.api.pathregex import compile_path_regex
+from meshlet.api.pathregex import Budget, Meter, Regex, RegexBudgetExceeded, compile_path_regex
 from meshlet.proxy.core.classify import FAILURE, SUCCESS, classify
 
 MAX_CACHED_PATTERNS: Final = 1024
@@ -43,6 +48,8 @@ class Not(Generic[M]):
 @dataclass(frozen=True, slots=True)
 class PathRegex:
     regex: str  # matches the whole request path
+    # compiled by the profile's decoder (under its budget); else compiled at its first use
+    compiled: Regex | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,37 +91,47 @@ class BadRoute(ValueError):
 
 
 @functools.lru_cache(maxsize=MAX_CACHED_PATTERNS)
-def _compiled(regex: str) -> Any:
+def _compiled(regex: str) -> Regex:
     try:
         return compile_path_regex(regex)
     except ValueError as exc:
         raise BadRoute(f"path regex {regex[:80]!r}: {exc}") from None
 
 
-def check(condition: RequestMatch) -> None:
-    """BadRoute when a regex of `condition` does not compile."""
+def compiled(condition: RequestMatch, budget: Budget) -> RequestMatch:
+    """`condition` with each of its path regexes compiled under `budget` (a profile's);
+    BadRoute when one does not compile or the budget refuses it."""
     if isinstance(condition, PathRegex):
-        _compiled(condition.regex)
-    elif isinstance(condition, AllOf | AnyOf):
-        for match in condition.matches:
-            check(match)
-    elif isinstance(condition, Not):
-        check(condition.match)
+        try:
+            return PathRegex(condition.regex, budget.compile(condition.regex))
+        except ValueError as exc:
+            raise BadRoute(f"path regex {condition.regex[:80]!r}: {exc}") from None
+    if isinstance(condition, AllOf):
+        return AllOf(tuple(compiled(m, budget) for m in condition.matches))
+    if isinstance(condition, AnyOf):
+        return AnyOf(tuple(compiled(m, budget) for m in condition.matches))
+    if isinstance(condition, Not):
+        return Not(compiled(condition.match, budget))
+    return condition
 
 
-def matches(condition: RequestMatch, method: str, path: str) -> bool:
+def matches(condition: RequestMatch, method: str, path: str, meter: Meter) -> bool:
+    """Whether the request matches; its regexes paid from `meter` (RegexBudgetExceeded)."""
     if isinstance(condition, Method):
         return condition.method == method
     if isinstance(condition, PathRegex):
-        try:
-            return _compiled(condition.regex).fullmatch(path) is not None
-        except BadRoute:
-            return False
+        regex = condition.compiled
+        if regex is None:
+            try:
+                regex = _compiled(condition.regex)
+            except BadRoute:
+                return False
+        return regex.matches(path, meter)
     if isinstance(condition, AllOf):
-        return all(matches(m, method, path) for m in condition.matches)
+        return all(matches(m, method, path, meter) for m in condition.matches)
     if isinstance(condition, AnyOf):
-        return any(matches(m, method, path) for m in condition.matches)
-    return not matches(condition.match, method, path)
+        return any(matches(m, method, path, meter) for m in condition.matches)
+    return not matches(condition.match, method, path, meter)
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,11 +170,16 @@ def policy(route: Route) -> RoutePolicy:
 
 
 def route_for(routes: Sequence[Route], method: str, path: str) -> Route | None:
-    """The first route matching the request; None: the default route."""
+    """The first route matching the request; None: the default route (also for a request
+    whose path is too long for the routes' regexes: see the module's docstring)."""
     path = path.split("?", 1)[0] or "/"
-    for route in routes:
-        if matches(route.condition, method, path):
-            return route
+    meter = Meter()
+    try:
+        for route in routes:
+            if matches(route.condition, method, path, meter):
+                return route
+    except RegexBudgetExceeded:
+        return None
     return None
 
 

@@ -8,7 +8,10 @@ had rather than routing by a part of the new one. A rule's matches are read by t
 decoder's functions (`policy_decode.http_match`, `grpc_match`, `host_matches`): the messages are
 shared, so both sides accept and refuse the same things. Regexes are RE2 (`meshlet.api.pathregex`:
 linear-time matching, a bounded program), so no pattern a controller sends can make matching a
-request backtrack without end; a pattern RE2 refuses refuses the policy.
+request backtrack without end; a pattern RE2 refuses refuses the policy, and so do regexes past
+the budget the policy's regexes share (`pathregex.Budget`: a pattern the HTTP/1 and HTTP/2
+routes of a detect port both use counts once); what they may cost a request is paid per
+request (`pathregex.Meter`).
 
 Bounds, each refusing the policy: at most `MAX_ROUTES` routes per protocol (a detect port's
 policy carries a Service's HTTPRoutes twice, for HTTP/1 and HTTP/2), `MAX_BACKENDS` backends
@@ -27,6 +30,7 @@ from typing import Any, Final, TypeVar
 from google.protobuf import duration_pb2
 
 from meshlet.api import http_route_pb2, meta_pb2, outbound_pb2
+from meshlet.api.pathregex import Budget
 from meshlet.proxy.core.client_policy import (
     EMPTY,
     Backend,
@@ -85,10 +89,11 @@ _GrpcRule = outbound_pb2.GrpcRoute.Rule
 
 
 class _Problems:
-    """Every problem of one message, each with where it is."""
+    """Every problem of one message, each with where it is; and the budget its regexes share."""
 
     def __init__(self) -> None:
         self.found: list[str] = []
+        self.regexes = Budget()
 
     def attempt(self, where: str, read: Callable[[], T]) -> T | None:
         try:
@@ -230,7 +235,8 @@ def _route(
 
 
 def _http_rule(msg: _HttpRule, where: str, problems: _Problems) -> Rule | None:
-    matches = problems.attempt(where, lambda: tuple(http_match(m) for m in msg.matches))
+    budget = problems.regexes
+    matches = problems.attempt(where, lambda: tuple(http_match(m, budget) for m in msg.matches))
     filters = _filters(msg.filters, where, problems, _http_filter)
     distribution = _distribution(msg, where, problems, _http_filter)
     timeouts = problems.attempt(f"{where} timeouts", lambda: _timeouts(msg))
@@ -242,7 +248,8 @@ def _http_rule(msg: _HttpRule, where: str, problems: _Problems) -> Rule | None:
 
 
 def _grpc_rule(msg: _GrpcRule, where: str, problems: _Problems) -> Rule | None:
-    matches = problems.attempt(where, lambda: tuple(grpc_match(m) for m in msg.matches))
+    budget = problems.regexes
+    matches = problems.attempt(where, lambda: tuple(grpc_match(m, budget) for m in msg.matches))
     filters = _filters(msg.filters, where, problems, _grpc_filter)
     distribution = _distribution(msg, where, problems, _grpc_filter)
     timeouts = problems.attempt(f"{where} timeouts", lambda: _timeouts(msg))

@@ -2,7 +2,10 @@
 field as linkerd2-proxy reads them (`proxy/server-policy`): the Server's authorizations, plus
 loopback, apply to connections and to every route; a port without routes gets one default route;
 a route without metadata, a network without an address, a bad regex or a prefix length out of
-range makes the whole message invalid (DecodeError: the caller keeps the policy it had).
+range makes the whole message invalid (DecodeError: the caller keeps the policy it had), and so
+do regexes past the budget a policy's regexes share (meshlet.api.pathregex.Budget: how many
+distinct patterns, how large their programs together; what matching them may cost a request is
+paid per request, core.authz).
 Authorizations without networks permit nothing and are left out, as the contract says. Unknown
 fields are ignored (protobuf does that).
 
@@ -31,7 +34,7 @@ from meshlet.api import (
     net_pb2,
     wellknown,
 )
-from meshlet.api.pathregex import compile_path_regex
+from meshlet.api.pathregex import Budget, Regex
 from meshlet.api.target import Refused, normal_path_match
 from meshlet.proxy.core.authz import (
     LOCALHOST,
@@ -71,6 +74,7 @@ def decode_server(msg: inbound_pb2.Server) -> ServerPolicy:
         raise DecodeError(f"more than {MAX_AUTHORIZATIONS} authorizations")
     server_authzs = (*_authorizations(msg.authorizations), LOCALHOST)
     proto = msg.protocol
+    budget = Budget()
     timeout = None
     rate_limit = None
     routes: tuple[Route, ...] = ()
@@ -78,16 +82,16 @@ def decode_server(msg: inbound_pb2.Server) -> ServerPolicy:
     if kind == "detect":
         if proto.detect.HasField("timeout"):
             timeout = duration_seconds(proto.detect.timeout)
-        routes = _routes(proto.detect.http_routes, server_authzs, http_match, "HTTP")
+        routes = _routes(proto.detect.http_routes, server_authzs, http_match, "HTTP", budget)
         rate_limit = _rate_limit(proto.detect.http_local_rate_limit) if proto.detect.HasField(
             "http_local_rate_limit") else None  # fmt: skip
     elif kind in ("http1", "http2"):
         spec = proto.http1 if kind == "http1" else proto.http2
-        routes = _routes(spec.routes, server_authzs, http_match, "HTTP")
+        routes = _routes(spec.routes, server_authzs, http_match, "HTTP", budget)
         rate_limit = _rate_limit(spec.local_rate_limit) if spec.HasField(
             "local_rate_limit") else None  # fmt: skip
     elif kind == "grpc":
-        routes = _routes(proto.grpc.routes, server_authzs, grpc_match, "gRPC")
+        routes = _routes(proto.grpc.routes, server_authzs, grpc_match, "gRPC", budget)
         grpc = True
     if rate_limit is not None and rate_limit.empty:
         rate_limit = None
@@ -172,9 +176,9 @@ def _authorizations(items: Iterable[inbound_pb2.Authz]) -> tuple[Authorization, 
     return tuple(out)
 
 
-def _regex(pattern: str, what: str) -> object:
+def _regex(pattern: str, what: str, budget: Budget) -> Regex:
     try:
-        return compile_path_regex(pattern)
+        return budget.compile(pattern)
     except ValueError as exc:
         raise DecodeError(f"{what} regex {pattern[:80]!r}: {exc}") from None
 
@@ -193,7 +197,9 @@ def host_matches(items: Iterable[http_route_pb2.HostMatch]) -> tuple[HostMatch, 
     return tuple(out)
 
 
-def _header_matches(items: Iterable[http_route_pb2.HeaderMatch]) -> tuple[ValueMatch, ...]:
+def _header_matches(
+    items: Iterable[http_route_pb2.HeaderMatch], budget: Budget
+) -> tuple[ValueMatch, ...]:
     out = []
     for item in items:
         kind = item.WhichOneof("value")
@@ -203,7 +209,7 @@ def _header_matches(items: Iterable[http_route_pb2.HeaderMatch]) -> tuple[ValueM
         if kind == "exact":
             out.append(ValueMatch(name, exact=bytes(item.exact)))
         elif kind == "regex":
-            out.append(ValueMatch(name, regex=_regex(item.regex, "header")))
+            out.append(ValueMatch(name, regex=_regex(item.regex, "header", budget)))
         else:
             raise DecodeError(f"header match {name!r} without a value")
     return tuple(out)
@@ -218,7 +224,8 @@ def _normal(value: str) -> str:
     return normal
 
 
-def http_match(msg: http_route_pb2.HttpRouteMatch) -> HttpMatch:
+def http_match(msg: http_route_pb2.HttpRouteMatch, budget: Budget) -> HttpMatch:
+    """One match of a rule; its regexes compiled under the policy's `budget`."""
     path = None
     if msg.HasField("path"):
         kind = msg.path.WhichOneof("kind")
@@ -227,7 +234,7 @@ def http_match(msg: http_route_pb2.HttpRouteMatch) -> HttpMatch:
         elif kind == "prefix":
             path = PathMatch(PathKind.PREFIX, _normal(msg.path.prefix or "/"))
         elif kind == "regex":
-            path = PathMatch(PathKind.REGEX, msg.path.regex, _regex(msg.path.regex, "path"))
+            path = PathMatch(PathKind.REGEX, msg.path.regex, _regex(msg.path.regex, "path", budget))
         else:
             raise DecodeError("path match without a kind")
     query = []
@@ -236,7 +243,7 @@ def http_match(msg: http_route_pb2.HttpRouteMatch) -> HttpMatch:
         if kind == "exact":
             query.append(ValueMatch(item.name, exact=item.exact))
         elif kind == "regex":
-            query.append(ValueMatch(item.name, regex=_regex(item.regex, "query parameter")))
+            query.append(ValueMatch(item.name, regex=_regex(item.regex, "query parameter", budget)))
         else:
             raise DecodeError(f"query parameter match {item.name!r} without a value")
     method = None
@@ -248,7 +255,7 @@ def http_match(msg: http_route_pb2.HttpRouteMatch) -> HttpMatch:
                 raise DecodeError(f"unknown method {msg.method.registered}")
         elif method_kind == "unregistered":
             method = msg.method.unregistered
-    return HttpMatch(path, _header_matches(msg.headers), tuple(query), method)
+    return HttpMatch(path, _header_matches(msg.headers, budget), tuple(query), method)
 
 
 _METHODS = {0: "GET", 1: "POST", 2: "PUT", 3: "DELETE", 4: "PATCH", 5: "OPTIONS", 6: "CONNECT",
@@ -261,15 +268,17 @@ def _route_authzs(
     return (*_authorizations(items), *server)
 
 
-def grpc_match(msg: grpc_route_pb2.GrpcRouteMatch) -> GrpcMatch:
-    return GrpcMatch(msg.rpc.service, msg.rpc.method, _header_matches(msg.headers))
+def grpc_match(msg: grpc_route_pb2.GrpcRouteMatch, budget: Budget) -> GrpcMatch:
+    """One match of a gRPC rule; its header regexes compiled under the policy's `budget`."""
+    return GrpcMatch(msg.rpc.service, msg.rpc.method, _header_matches(msg.headers, budget))
 
 
 def _routes(
     items: Iterable[inbound_pb2.HttpRoute] | Iterable[inbound_pb2.GrpcRoute],
     server: tuple[Authorization, ...],
-    match: Callable[[Any], HttpMatch | GrpcMatch],
+    match: Callable[[Any, Budget], HttpMatch | GrpcMatch],
     what: str,
+    budget: Budget,
 ) -> tuple[Route, ...]:
     """HTTP or gRPC routes (`match` reads one rule match); the default route when none."""
     routes = []
@@ -277,7 +286,7 @@ def _routes(
         if not item.HasField("metadata"):
             raise DecodeError(f"{what} route without metadata")
         meta = _meta(item.metadata)
-        rules = tuple(tuple(match(m) for m in rule.matches) for rule in item.rules)
+        rules = tuple(tuple(match(m, budget) for m in rule.matches) for rule in item.rules)
         modifiers = _modifiers(item.rules, meta)
         routes.append(Route(meta, host_matches(item.hosts), rules,
                             _route_authzs(item.authorizations, server), modifiers))  # fmt: skip

@@ -8,7 +8,8 @@ an unmatched response is a success). Route matching itself belongs to the HTTP l
 
 A route or override that breaks the contract is left out and named in `Profile.rejected`; a
 malformed `endpoint` rejects the whole message (DecodeError) rather than dropping its TLS
-identity.
+identity. The routes' regexes share one budget (meshlet.api.pathregex.Budget): the routes past
+it, and any after the first regex refused, are left out and named the same way.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import NamedTuple
 from google.protobuf import duration_pb2
 
 from meshlet.api import destination_pb2, http_types_pb2
+from meshlet.api.pathregex import Budget
 from meshlet.proxy.core.endpoints import DiscoveredEndpoint
 from meshlet.proxy.core.routes import (
     AllOf,
@@ -32,7 +34,7 @@ from meshlet.proxy.core.routes import (
     ResponseMatch,
     Route,
     StatusRange,
-    check,
+    compiled,
 )
 from meshlet.proxy.discovery.decode import DecodeError, decode_endpoint
 
@@ -117,12 +119,11 @@ def _response_match(msg: destination_pb2.ResponseMatch, depth: int = 0) -> Respo
     raise DecodeError("response match with no condition")
 
 
-def _route(msg: destination_pb2.Route) -> Route:
+def _route(msg: destination_pb2.Route, budget: Budget) -> Route:
     if not msg.HasField("condition"):
         raise DecodeError("route without condition")
-    condition = _request_match(msg.condition)
     try:
-        check(condition)
+        condition = compiled(_request_match(msg.condition), budget)
     except BadRoute as exc:
         raise DecodeError(str(exc)) from None
     timeout = _seconds(msg.timeout) if msg.HasField("timeout") else 0.0
@@ -141,9 +142,10 @@ def decode_profile(msg: destination_pb2.DestinationProfile) -> Profile:
     """The profile in `msg`; DecodeError when its `endpoint` is unusable."""
     rejected: list[str] = []
     routes = []
+    regexes = Budget()  # what the routes' regexes share (meshlet.api.pathregex)
     for i, route in enumerate(msg.routes):
         try:
-            routes.append(_route(route))
+            routes.append(_route(route, regexes))
         except DecodeError as exc:
             rejected.append(f"routes[{i}]: {exc}")
     overrides = []

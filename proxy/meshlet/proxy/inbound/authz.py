@@ -21,7 +21,16 @@ from collections.abc import Callable
 from typing import Final
 
 from meshlet.proxy.core import authz
-from meshlet.proxy.core.authz import Allowed, Client, Denied, NoRoute, Permits, ServerPolicy
+from meshlet.proxy.core.authz import (
+    Allowed,
+    Client,
+    Decision,
+    Denied,
+    NoRoute,
+    OverBudget,
+    Permits,
+    ServerPolicy,
+)
 from meshlet.proxy.core.header_modifier import HeaderModifier
 from meshlet.proxy.core.ratelimit import RateLimiter
 from meshlet.proxy.http.contract import (
@@ -192,7 +201,7 @@ class PolicyRouter:
         if policy is not self._policy:
             self._refresh(policy)
         permits = self._permits
-        decision: Allowed | Denied | NoRoute
+        decision: Decision
         if self._trivial:
             index, rule, decision = 0, 0, permits.routes[0]
         else:
@@ -233,6 +242,9 @@ class PolicyRouter:
             # the caller learns that it was refused, not what would have let it in: the
             # authorizations it lacks are in the proxy's log, for the operator
             return RouteError(403, UNAUTHORIZED)
+        if isinstance(decision, OverBudget):  # refused whole: no route, so no authorization
+            self._shared.metrics.route_regex_budget_exceeded_total.labels("inbound").inc()
+            return RouteError(decision.status, decision.reason)
         assert isinstance(decision, NoRoute)
         self._shared.metrics.inbound_http_route_not_found_total.labels(
             *_srv(self._labels.target_addr, policy), *_tls(self._labels)).inc()  # fmt: skip

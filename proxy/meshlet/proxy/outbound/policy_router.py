@@ -38,9 +38,10 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
+from meshlet.api.pathregex import RegexBudgetExceeded
 from meshlet.api.transport_header import SessionProtocol
 from meshlet.proxy.core.accrual import FailureAccrual, InvalidAccrual
-from meshlet.proxy.core.authz import HttpMatch, PathKind
+from meshlet.proxy.core.authz import HttpMatch, PathKind, prefix_length
 from meshlet.proxy.core.client_policy import (
     Balance,
     ClientPolicy,
@@ -154,9 +155,14 @@ class PolicyRouter:
         if len(routes) == 1 and _matches_all(routes[0]):
             selected: Selected | None = Selected(0, 0, routes[0].rules[0])  # a default route
         else:
-            selected = policy.table(routes, grpc).select_parts(
-                request.authority, request.method, request.path, getattr(request, "headers", ())
-            )
+            try:
+                selected = policy.table(routes, grpc).select_parts(
+                    request.authority, request.method, request.path,
+                    getattr(request, "headers", ()),
+                )  # fmt: skip
+            except RegexBudgetExceeded as exc:
+                self._metrics.route_regex_budget_exceeded_total.labels("outbound").inc()
+                return RouteError(exc.status, str(exc))
         if selected is None:
             return NO_ROUTE
         rule = selected.target
@@ -343,7 +349,7 @@ def _host_port(authority: str) -> tuple[str, str]:
 def _matched_prefix(rule: Rule, path: str) -> str:
     for m in rule.matches:
         p = m.path if isinstance(m, HttpMatch) else None
-        if p is not None and p.kind is PathKind.PREFIX and p.length(path) is not None:
+        if p is not None and p.kind is PathKind.PREFIX and prefix_length(p.value, path) is not None:
             return p.value.rstrip("/")
     return ""
 
