@@ -193,6 +193,8 @@ MISTAKES = [
                             {"path": {"type": "Exact", "value": "a"}},
                             {"path": {"type": "RegularExpression", "value": "(unclosed"}},
                             {"headers": [{"name": "bad header", "value": "v"}], "method": "FETCH"},
+                            {"path": {"type": "PathPrefix", "value": "/x/../%61dmin"}},
+                            {"path": {"type": "Exact", "value": "/admin#x"}},
                         ]
                     }
                 ]
@@ -203,6 +205,10 @@ MISTAKES = [
             "spec.rules[0].matches[1].path.value: '(unclosed' is not an RE2 regular expression",
             "spec.rules[0].matches[2].headers[0].name: 'bad header' is not a header name",
             "spec.rules[0].matches[2].method: 'FETCH' is not one of",
+            "spec.rules[0].matches[3].path.value: '/x/../%61dmin' is not in the form requests"
+            " are routed on; write '/admin'",
+            "spec.rules[0].matches[4].path.value: '/admin#x' can match no request: a request"
+            " target must not carry a fragment (#)",
         ],
     ),
     (

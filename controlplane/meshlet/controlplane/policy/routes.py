@@ -21,6 +21,7 @@ from typing import Any, Final
 
 from meshlet.api import headers
 from meshlet.api.pathregex import NotCompiled, PolicyTooCostly
+from meshlet.api.target import Refused, normal_path_match
 from meshlet.controlplane.policy.annotations import Retry, Timeouts, checked_timeouts, retry_of
 from meshlet.controlplane.policy.reading import (
     DNS_LABEL,
@@ -384,6 +385,17 @@ def _backends(c: Check, value: Any, path: str, namespace: str) -> tuple[Backend,
     return tuple(out)
 
 
+def _normal_path(c: Check, value: str, at: str) -> None:
+    """An Exact or PathPrefix value names a path in the one form proxies route requests on
+    (meshlet.api.target): `/x/../admin` or `/%61dmin` would never match a request, so the
+    authorization on it would protect nothing."""
+    normal = normal_path_match(value)
+    if isinstance(normal, Refused):
+        c.fail(at, f"{show(value)} can match no request: {normal.reason}")
+    elif normal != value:
+        c.fail(at, f"{show(value)} is not in the form requests are routed on; write {show(normal)}")
+
+
 def read_http_match(c: Check, item: Any, at: str) -> HttpMatch:
     entry = c.mapping(item, at, required=True) or {}
     path: tuple[str, str] | None = None
@@ -403,6 +415,8 @@ def read_http_match(c: Check, item: Any, at: str) -> HttpMatch:
             _regex(c, value, f"{at}.path.value")
         elif not value.startswith("/"):
             c.fail(f"{at}.path.value", f"{show(value)} is not an absolute path; start it with '/'")
+        else:
+            _normal_path(c, value, f"{at}.path.value")
         path = (kind, value)
     headers = read_value_matches(c, entry.get("headers"), f"{at}.headers", MAX_HEADER_MATCHES, True)
     query = read_value_matches(
