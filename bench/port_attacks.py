@@ -49,6 +49,7 @@ from meshlet_testing.tapproc import (
     Probe,
     RawH2,
     TapProxy,
+    any_of,
     call_head,
     frame,
     goaway_code,
@@ -197,9 +198,7 @@ def message_of(identity: str, declared: int, sent: int, flow_control: bool = Tru
 
 def huge_match(proxy: TapProxy, context: Callable[[str | None], Any]) -> str:
     """An ObserveRequest whose match is `any` of 1,000,000 empty matches, sent by the rules."""
-    seq = b"\x0a\x00" * 1_000_000
-    match = b"\x12" + _varint(len(seq)) + seq
-    message = b"\x12" + _varint(len(match)) + match
+    message = any_of(1_000_000)
     client = RawH2(proxy.control, context(TAP_ID))
     started = time.monotonic()
     client.send(call_head(1))
@@ -207,15 +206,6 @@ def huge_match(proxy: TapProxy, context: Callable[[str | None], Any]) -> str:
     client.exchange(within=30, until=lambda frames: any(k == HEADERS for k, *_ in frames))
     client.close()
     return f"{_got(client)}; answered in {time.monotonic() - started:.2f} s"
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def rapid_reset(identity: str) -> Attack:

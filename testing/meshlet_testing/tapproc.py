@@ -341,6 +341,23 @@ class RawH2:
             self.sock.close()
 
 
+def any_of(leaves: int) -> bytes:
+    """An ObserveRequest whose match is `any` of `leaves` empty matches (2 bytes each), as the
+    protobuf wire has it (an attacker need not build it with the generated code)."""
+    seq = b"\x0a\x00" * leaves
+    match = b"\x12" + _varint(len(seq)) + seq
+    return b"\x12" + _varint(len(match)) + match  # ObserveRequest.match
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
 def goaway_code(payload: bytes) -> int:
     code: int = struct.unpack_from(">LL", payload)[1]
     return code

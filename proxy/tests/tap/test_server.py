@@ -5,8 +5,8 @@ from __future__ import annotations
 from meshlet.api import tap_pb2, wellknown
 from meshlet.proxy.app import tap_identity
 from meshlet.proxy.config import ProxyConfig, load
-from meshlet.proxy.tap.conn import peer_identity
 from meshlet.proxy.tap.server import wants_headers
+from meshlet.proxy.tls.contexts import cert_identity
 
 Extract = tap_pb2.ObserveRequest.Extract
 
@@ -27,10 +27,10 @@ def test_the_env_names_another() -> None:
 
 
 def test_peer_identity_is_the_dns_san() -> None:
-    assert peer_identity(None) is None
-    assert peer_identity({}) is None
+    assert cert_identity(None) is None
+    assert cert_identity({}) is None
     cert = {"subjectAltName": (("URI", "spiffe://x"), ("DNS", "a.b"))}
-    assert peer_identity(cert) == "a.b"
+    assert cert_identity(cert) == "a.b"
 
 
 def test_headers_only_when_asked() -> None:

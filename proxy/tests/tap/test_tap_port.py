@@ -34,6 +34,7 @@ from meshlet_testing.tapproc import (
     Probe,
     RawH2,
     TapProxy,
+    any_of,
     call_head,
     frame,
     goaway_code,
@@ -184,37 +185,21 @@ def tap_channel(proxy: Any, identity: str = TAP_ID) -> Iterator[grpc.Channel]:
         yield channel
 
 
-def _any_of(leaves: int) -> bytes:
-    """An ObserveRequest whose match is `any` of `leaves` empty matches (2 bytes each)."""
-    seq = b"\x0a\x00" * leaves
-    match = b"\x12" + _varint(len(seq)) + seq
-    return b"\x12" + _varint(len(match)) + match  # ObserveRequest.match
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 def test_a_huge_match_is_refused_at_once_and_the_data_plane_flows(proxy: Any) -> None:
     tap = proxy[0]
     before = tap.rss_mib()
     with Probe(tap) as probe, tap_channel(proxy) as channel:
         started = time.monotonic()
         with pytest.raises(grpc.RpcError) as huge:
-            observe(channel, _any_of(1_000_000))  # 2 MB on the wire
+            observe(channel, any_of(1_000_000))  # 2 MB on the wire
         assert huge.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "over the 65536-byte limit" in huge.value.details()
         with pytest.raises(grpc.RpcError) as wide:
-            observe(channel, _any_of(MAX_LEAVES + 1))
+            observe(channel, any_of(MAX_LEAVES + 1))
         assert wide.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert wide.value.details() == f"the match has more than {MAX_LEAVES} leaves"
         with pytest.raises(grpc.RpcError) as dense:  # as many leaves as 64 KiB can hold
-            observe(channel, _any_of((LIMITS.max_message - 16) // 2))
+            observe(channel, any_of((LIMITS.max_message - 16) // 2))
         assert dense.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert time.monotonic() - started < 2
     assert probe.result["failures"] == 0

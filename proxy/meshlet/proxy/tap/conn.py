@@ -30,7 +30,7 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from meshlet.api.hostport import format_hostport
 from meshlet.proxy.http.h2codec import ErrorCode, Header, ProtocolError, StreamClosed
@@ -47,6 +47,7 @@ from meshlet.proxy.tap.grpcwire import (
     refusal_head,
     trailers,
 )
+from meshlet.proxy.tls.contexts import cert_identity
 
 if TYPE_CHECKING:
     from meshlet.proxy.tap.taps import Tap
@@ -88,16 +89,6 @@ class Refusals(Protocol):
     """Where refused connections are counted, by reason (metrics.TapCounts)."""
 
     def refused(self, reason: str) -> None: ...
-
-
-def peer_identity(cert: dict[str, Any] | None) -> str | None:
-    """The DNS SAN of a verified client certificate (`getpeercert()`), or None."""
-    if not cert:
-        return None
-    for entry in cert.get("subjectAltName", ()):
-        if isinstance(entry, tuple) and entry[0] == "DNS":
-            return str(entry[1])
-    return None
 
 
 def admit(client: str | None, allowed: str) -> Refusal | None:
@@ -147,7 +138,7 @@ class TapConnection(Peer):
     # -- connection --
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.client = peer_identity(transport.get_extra_info("peercert"))
+        self.client = cert_identity(transport.get_extra_info("peercert"))
         self.refusal = admit(self.client, self.allowed)
         super().connection_made(transport)
         if self.refusal is not None:  # its call is answered, or it is closed in any case

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import os
 import ssl
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from meshlet.api import wellknown
 
@@ -91,7 +91,11 @@ def control_client_context(trust_anchors_pem: str) -> ssl.SSLContext:
 
 def peer_identity(sock: ssl.SSLObject | ssl.SSLSocket) -> str | None:
     """The DNS SAN of a verified peer certificate, or None."""
-    cert = sock.getpeercert()
+    return cert_identity(sock.getpeercert())
+
+
+def cert_identity(cert: Mapping[str, Any] | None) -> str | None:
+    """The DNS SAN of a verified certificate as `getpeercert()` gives it, or None."""
     if not cert:
         return None
     for entry in cert.get("subjectAltName", ()):
