@@ -18,22 +18,21 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from meshlet.controlplane.k8s.events import Delete, Event, Kind, Object, Snapshot, Upsert
+from meshlet.controlplane.k8s.events import (
+    POLICY_KINDS,
+    Delete,
+    Event,
+    Kind,
+    Object,
+    Snapshot,
+    Upsert,
+)
 from meshlet.controlplane.policy import resources as r
 
 log = logging.getLogger(__name__)
 
-KINDS: Final = (
-    Kind.SERVER,
-    Kind.AUTHORIZATION_POLICY,
-    Kind.MESH_TLS_AUTHENTICATION,
-    Kind.NETWORK_AUTHENTICATION,
-    Kind.HTTP_ROUTE,
-    Kind.GATEWAY_HTTP_ROUTE,
-    Kind.GRPC_ROUTE,
-    Kind.GATEWAY_GRPC_ROUTE,
-    Kind.RATE_LIMIT_POLICY,
-)
+# The policy resources: what the policy controller watches but namespaces and pods.
+KINDS: Final = tuple(k for k in POLICY_KINDS if k not in (Kind.NAMESPACE, Kind.POD))
 ROUTE_KINDS: Final = (Kind.HTTP_ROUTE, Kind.GATEWAY_HTTP_ROUTE, Kind.GRPC_ROUTE,
                       Kind.GATEWAY_GRPC_ROUTE)  # fmt: skip
 
