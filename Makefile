@@ -56,6 +56,9 @@ $(BENCH_STAMP): pyproject.toml $(STAMP)
 # against the proxy before tap landed, with CPU per request under load beside (as root too).
 # bench.instructions_routes counts the client-side proxy routing by a Service's outbound policy
 # with no HTTPRoute, 100 and 10,000 (with their memory and an edit's time to first use).
+# bench.port_attacks puts a proxy's tap and admin ports under attack (memory, the longest stall
+# of its traffic); bench.policy_regex times the worst request and the arrival of a policy at the
+# regex budget's edge; bench.policy_routes loads 100,000 HTTPRoutes into the policy controller.
 bench: export PYTHONPATH := $(abspath testing)
 bench: $(STAMP) $(BENCH_STAMP)
 	$(BIN)/python -m bench.certify
@@ -66,6 +69,8 @@ bench: $(STAMP) $(BENCH_STAMP)
 	$(BIN)/python -m bench.instructions_policy
 	$(BIN)/python -m bench.instructions_observe
 	$(BIN)/python -m bench.instructions_routes
+	$(BIN)/python -m bench.policy_regex
+	$(BIN)/python -m bench.policy_routes
 	$(BIN)/python -m bench.proxy $(BENCH_ARGS)
 
 REGISTRY ?= ghcr.io/meshlet
