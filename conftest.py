@@ -57,6 +57,22 @@ def netns_available() -> None:
         pytest.skip(problem)
 
 
+# How long a test of the machine's own network waits for a demo that holds the lock (a demo test
+# runs for a minute or two); such a test's timeout allows for it.
+MACHINE_LOCK_WAIT = 300.0
+
+
+@pytest.fixture
+def machine_network(netns_available: None) -> Iterator[None]:
+    """Holds the demo's lock (`meshlet.cli.demo.lock`) for a test that reads the machine's own
+    network state or could change it (its iptables): no demo runs beside it, and it never
+    disturbs one. Such a test's timeout must allow for the wait (MACHINE_LOCK_WAIT)."""
+    from meshlet.cli.demo import lock
+
+    with lock.held(MACHINE_LOCK_WAIT):
+        yield
+
+
 @pytest.fixture
 def netns(netns_available: None) -> Iterator[Callable[..., subprocess.CompletedProcess[str]]]:
     """A fresh network namespace; yields `run(*argv)` executing inside it."""
