@@ -105,3 +105,32 @@ def test_holders_reads_proc_locks(tmp_path: Path) -> None:
         assert lock.holders(f.fileno()) == {other.pid}
     with path.open() as f:
         assert lock.holders(f.fileno()) == set()
+
+
+def test_a_waiter_gets_the_lock_before_a_holder_that_takes_it_again_at_once(
+    tmp_path: Path,
+) -> None:
+    """As back-to-back demo tests in one lane would (each lets go, the next takes it within
+    milliseconds), while a test of the machine's network in the other lane waits."""
+    path = tmp_path / "demo.lock"
+    churn = (
+        "import fcntl, sys, time\n"
+        "f = open(sys.argv[1], 'a')\n"
+        "for i in range(600):\n"
+        "    fcntl.flock(f, fcntl.LOCK_EX)\n"
+        "    if i == 0: print('held', flush=True)\n"
+        "    time.sleep(0.05)\n"
+        "    fcntl.flock(f, fcntl.LOCK_UN)\n"
+        "    time.sleep(0.0005)\n"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", churn, str(path)], stdout=subprocess.PIPE, text=True
+    ) as holder:
+        try:
+            assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+            started = time.monotonic()
+            with lock.held(20, path=path):
+                waited = time.monotonic() - started
+            assert waited < 2, f"waited {waited:.1f}s through the holder's quick turns"
+        finally:
+            holder.kill()
