@@ -62,11 +62,13 @@ def netns_available() -> None:
 MACHINE_LOCK_WAIT = 300.0
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def machine_network(netns_available: None) -> Iterator[None]:
-    """Holds the demo's lock (`meshlet.cli.demo.lock`) for a test that reads the machine's own
-    network state or could change it (its iptables): no demo runs beside it, and it never
-    disturbs one. Such a test's timeout must allow for the wait (MACHINE_LOCK_WAIT)."""
+    """Holds the demo's lock (`meshlet.cli.demo.lock`) for the tests of a module that read the
+    machine's own network state or could change it (its iptables): no demo runs beside them,
+    and they never disturb one. Held from the first such test to the module's end, so that
+    the module waits for a running demo once, not once per test; the first test's timeout must
+    allow for the wait (MACHINE_LOCK_WAIT)."""
     from meshlet.cli.demo import lock
 
     with lock.held(MACHINE_LOCK_WAIT):
