@@ -57,6 +57,24 @@ def netns_available() -> None:
         pytest.skip(problem)
 
 
+# How long a test of the machine's own network waits for a demo that holds the lock (a demo test
+# runs for a minute or two); such a test's timeout allows for it.
+MACHINE_LOCK_WAIT = 300.0
+
+
+@pytest.fixture(scope="module")
+def machine_network(netns_available: None) -> Iterator[None]:
+    """Holds the demo's lock (`meshlet.cli.demo.lock`) for the tests of a module that read the
+    machine's own network state or could change it (its iptables): no demo runs beside them,
+    and they never disturb one. Held from the first such test to the module's end, so that
+    the module waits for a running demo once, not once per test; the first test's timeout must
+    allow for the wait (MACHINE_LOCK_WAIT)."""
+    from meshlet.cli.demo import lock
+
+    with lock.held(MACHINE_LOCK_WAIT):
+        yield
+
+
 @pytest.fixture
 def netns(netns_available: None) -> Iterator[Callable[..., subprocess.CompletedProcess[str]]]:
     """A fresh network namespace; yields `run(*argv)` executing inside it."""

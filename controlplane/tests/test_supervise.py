@@ -116,3 +116,34 @@ async def test_a_long_run_makes_the_next_failure_the_first_in_a_row() -> None:
         await running
     assert supervisor.failure is not None
     assert supervisor.failure.startswith("the source failed 2 times in a row")
+
+
+@pytest.mark.parametrize("made_of_it", ["an error", "a return"])
+async def test_a_cancel_a_task_turns_into_an_error_or_a_return_ends_the_supervisor(
+    made_of_it: str,
+) -> None:
+    """Cancelled without `stop()` (as when the TaskGroup above it is cancelled), a task whose
+    library turns the CancelledError into an error of its own, or that swallows it, is never
+    restarted: the supervisor ends."""
+
+    async def swallowing() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            if made_of_it == "an error":
+                raise ConnectionResetError("stream terminated") from None
+
+    supervisor = Supervisor("policy", QUICK, rng=random.Random(1))
+    supervisor.add("the watch", swallowing)
+    running = asyncio.create_task(supervisor.run())
+    try:
+        await asyncio.sleep(0.05)
+        running.cancel()
+        done, _ = await asyncio.wait({running}, timeout=2)
+        assert done, "the supervisor restarted the cancelled task instead of ending"
+        assert running.cancelled()
+        assert supervisor.failure is None
+    finally:
+        supervisor.stop()
+        running.cancel()
+        await asyncio.wait({running}, timeout=2)

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from meshlet.cli.demo import network, topology
+from meshlet.cli.demo import lock, network, topology
 
 # Each test runs the whole local mesh; `make test` runs them beside the rest of the suite.
 pytestmark = pytest.mark.demo
@@ -126,10 +126,13 @@ def _no_kept_demo(netns_available: None) -> None:
 @pytest.fixture
 def machine_unchanged(_no_kept_demo: None) -> Iterator[None]:
     """Fails the test if the machine's namespaces, links, rules, files or processes differ
-    from what they were before it."""
-    before = MachineState.read()
-    yield
-    after = MachineState.read()
+    from what they were before it. The test holds the demo's lock from the first look to the
+    last (its demo runs under it: the lock is its caller's), so that no test of the machine's
+    network, in the other lane of `make test`, runs in between."""
+    with lock.held(120.0):
+        before = MachineState.read()
+        yield
+        after = MachineState.read()
     assert after.netns == before.netns
     assert after.links == before.links
     assert _counters(after.iptables) == _counters(before.iptables)
@@ -302,6 +305,44 @@ def test_the_demo_runs_a_meshed_application_store_refuses_an_intruder_and_all_is
     assert 0.04 < split["api-v2"] / (split["api"] + split["api-v2"]) < 0.2, split
     assert summary["outbound"]["balancers"] == {"api": {"ready": 3, "pending": 0},
                                                 "api-v2": {"ready": 1, "pending": 0}}  # fmt: skip
+
+
+@pytest.mark.netns
+def test_what_an_earlier_demo_left_is_removed_before_the_mesh_is_built(run_demo: Any) -> None:
+    """A namespace of the demo's still named, with a process in it, and a veth of the demo's
+    whose other end lives on in a namespace nobody can name (its process outlived `ip netns
+    del`), with no record of either: the next demo removes them and builds (it failed at
+    `ip link add mlv-load-1 ...: File exists`)."""
+    api, load = topology.netns_name("api-2"), topology.netns_name("load-1")
+    veth = topology.VETH_PREFIX + "load-1"
+
+    def ip(*argv: str) -> None:
+        subprocess.run(["ip", *argv], check=True, capture_output=True, timeout=30)
+
+    holders: list[subprocess.Popen[bytes]] = []
+    try:
+        for ns in (api, load):
+            ip("netns", "add", ns)
+        ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", load)
+        for ns in (api, load):
+            holders.append(subprocess.Popen(["ip", "netns", "exec", ns, "sleep", "600"]))
+            deadline = time.monotonic() + 10
+            while not network.pids_in(ns):
+                assert time.monotonic() < deadline, f"nothing runs in {ns}"
+                time.sleep(0.02)
+        ip("netns", "del", load)  # the name goes; its process keeps the namespace and the veth
+        assert network.link_exists(veth)
+        screen: list[str] = []
+        summary = run_demo(duration=3, output=screen)
+        assert f"removed what an earlier demo left: {api}, {veth}" in screen[0], screen[0][-3000:]
+        assert summary["client"]["failed"] == 0, summary["client"]
+        assert holders[0].wait(timeout=10) is not None  # the process in api-2's namespace
+    finally:
+        for holder in holders:
+            holder.kill()
+            holder.wait()
+        subprocess.run(["ip", "netns", "del", api], capture_output=True, check=False)
+        subprocess.run(["ip", "link", "del", veth], capture_output=True, check=False)
 
 
 @pytest.mark.netns

@@ -4,7 +4,9 @@ Kubernetes restarts it.
 
 While a task is down (from its death until it runs again) the supervisor is not `healthy`, which
 the controllers' `/ready` reports at once. A task that ends, by returning or raising, before the
-supervisor is `stopping` has failed; one that ends after it is stopping has not.
+supervisor is `stopping` has failed; one that ends after it is stopping has not. A task that
+ends because the supervisor was cancelled (whatever it made of the CancelledError) is never
+restarted: the supervisor ends too (`meshlet.api.cancellation`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from meshlet.api.backoff import Backoff
+from meshlet.api.cancellation import OwnCancellation
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +86,7 @@ class Supervisor:
         """Runs `work` again after each failure, until it has failed too often in a row."""
         policy = self._policy
         backoff = Backoff(*policy.backoff, self._rng)
+        own = OwnCancellation()
         while True:
             started = self._clock()
             error: Exception | None = None
@@ -90,6 +94,7 @@ class Supervisor:
                 await work()
             except Exception as exc:
                 error = exc
+            own.check()  # cancelled, whatever the task made of it: never restarted
             why = "it returned" if error is None else f"{type(error).__name__}: {error}"
             if self.stopping.is_set():
                 return

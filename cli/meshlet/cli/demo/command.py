@@ -7,13 +7,21 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Final
 
 import click
 from rich.console import Console
 
-from meshlet.cli.demo import drills, topology
+from meshlet.cli.demo import drills, lock, topology
 from meshlet.cli.demo.apps import app
 from meshlet.cli.demo.topology import Mode
+
+if TYPE_CHECKING:
+    from meshlet.cli.demo.run import Demo
+
+# Seconds a demo waits for the lock held by a test of the machine's network, or by another demo
+# that is still building or removing (a running demo is an error at once).
+LOCK_WAIT: Final = 300.0
 
 
 def choose_mode(requested: str) -> tuple[Mode, str]:
@@ -28,7 +36,7 @@ def choose_mode(requested: str) -> tuple[Mode, str]:
     elif shutil.which("iptables-legacy-restore") is None:
         problem = "iptables is not installed"
     else:
-        probe = topology.netns_name("probe")
+        probe = topology.netns_name(f"probe-{os.getpid()}")  # its own: others may probe too
         made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
         if made.returncode != 0:
             problem = f"network namespaces cannot be made here ({made.stderr.strip()})"
@@ -99,7 +107,8 @@ def demo(
     the api Service's annotations set a timeout, retries and failure accrual. Every call
     crosses the mesh over mutual TLS (in loopback mode the store is called directly); the
     screen shows what the proxies report, refreshed every second. Everything made is removed
-    at the end.
+    at the end. One demo runs at a time on a machine: it holds /tmp/meshlet-demo.lock (flock)
+    while it runs, and waits for it while a test of the machine's network holds it.
 
     \b
     Drills (--drill; the fault at 30 % of --duration, the repair at 60 %):
@@ -141,10 +150,39 @@ def demo(
     )  # fmt: skip
     runner = Demo(options, console)
     try:
-        with console.status("building the mesh: CA, control plane, pods, proxies…"):
-            runner.up()
-    except DemoError as exc:
+        with lock.held(LOCK_WAIT, busy=lambda: _busy(console)):
+            logs = _run(runner, console, keep)
+    except (DemoError, lock.LockBusy) as exc:
         raise click.ClickException(str(exc)) from None
+    if runner.died:
+        for proc in runner.died:
+            console.print(
+                f"[red]{proc.name} ended unexpectedly ({exit_status(proc)});"
+                f" its log: {logs / proc.log.name}[/red]",
+                soft_wrap=True,
+            )
+        sys.exit(1)
+
+
+def _busy(console: Console) -> None:
+    """Another process holds the demo's lock: a running demo is an error at once (waiting for
+    it could take for ever); a test, or a demo still building or removing, is waited for."""
+    from meshlet.cli.demo.run import DemoError, running_demo
+
+    running = running_demo()
+    if running is not None:
+        raise DemoError(running)
+    console.print(
+        f"waiting for {lock.LOCK_FILE} (up to {LOCK_WAIT:g}s): another demo, or a test of this"
+        " machine's network, holds it"
+    )
+
+
+def _run(runner: Demo, console: Console, keep: bool) -> Path:
+    """Builds, runs and (unless `keep`) takes down the mesh, under the demo's lock; where the
+    logs are."""
+    with console.status("building the mesh: CA, control plane, pods, proxies…"):
+        runner.up()
     try:
         runner.run()
     finally:
@@ -158,14 +196,7 @@ def demo(
                 console.print(f"[red]could not remove: {problem}[/red]")
             if not problems:
                 console.print("removed every namespace, link, rule, file and process it made")
-    if runner.died:
-        for proc in runner.died:
-            console.print(
-                f"[red]{proc.name} ended unexpectedly ({exit_status(proc)});"
-                f" its log: {logs / proc.log.name}[/red]",
-                soft_wrap=True,
-            )
-        sys.exit(1)
+    return logs
 
 
 @demo.command()

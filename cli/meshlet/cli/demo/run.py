@@ -131,13 +131,11 @@ class Demo:
             raise
 
     def _claim_root(self) -> None:
+        running = running_demo(self.root)
+        if running is not None:
+            raise DemoError(running)
         previous = Record.load(self.root)
         if previous is not None:
-            if any(_alive(pid) for pid in previous.processes.values()):
-                raise DemoError(
-                    f"a demo is already running ({previous.mode} mode, state in {self.root});"
-                    " stop it with `meshlet demo down`"
-                )
             undo(previous)  # what a demo that died left behind
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.record.save()
@@ -157,6 +155,9 @@ class Demo:
         for name, objs in topology.manifests_static().items():
             manifests.put(name, *objs)
         if layout.mode is Mode.NETNS:
+            left = sweep(layout)
+            if left:
+                self._event(f"removed what an earlier demo left: {', '.join(left)}")
             members = network.members(layout)
             self.record.netns = [m.netns for m in members]
             self.record.etc = [str(network.ETC_NETNS / m.netns) for m in members]
@@ -723,6 +724,12 @@ class Demo:
         self._pool.shutdown(wait=False)
         if self.sup is not None:
             self.sup.stop_all()
+        # A process whose start an interrupt cut short (between the fork and the record) is
+        # recorded nowhere, and may not be in its pod's namespace yet; it is this process's
+        # child all the same. Left running, it would keep its pod's namespace, and the veth on
+        # the bridge, alive after `ip netns del`: the next demo's `ip link add` of that veth
+        # would fail with "File exists".
+        stop_pids(children(os.getpid()), grace=2.0, group=False)
         return undo(self.record)
 
 
@@ -816,6 +823,52 @@ def undo(record: Record) -> list[str]:
     shutil.rmtree(record.shm, ignore_errors=True)
     shutil.rmtree(record.root, ignore_errors=True)
     return problems
+
+
+def sweep(layout: Layout) -> list[str]:
+    """Removes what a demo that died left under the demo's names and no record says (the
+    caller holds the demo's lock, so no running demo owns them): the processes in those
+    namespaces, the namespaces, veths on the host whose other end lives on in a namespace
+    nobody can name any more, and the bridge. What it found, by name."""
+    members = network.members(layout)
+    netns = set(network.existing_netns(topology.NETNS_PREFIX))
+    left_netns = [m.netns for m in members if m.netns in netns]
+    left_links = [m.veth for m in members if network.link_exists(m.veth)]
+    bridge = [topology.BRIDGE] if network.link_exists(topology.BRIDGE) else []
+    stop_pids([pid for ns in left_netns for pid in network.pids_in(ns)], 2.0, group=False)
+    cmds = [*(("ip", "netns", "del", ns) for ns in left_netns)]
+    cmds += [("ip", "link", "del", veth) for veth in left_links]  # one end takes the pair
+    cmds += [("ip", "link", "del", name) for name in bridge]
+    network.undo(cmds, [])
+    return [*left_netns, *left_links, *bridge]
+
+
+def children(pid: int) -> list[int]:
+    """The live (not zombie) processes whose parent is `pid`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if stat[0] != "Z" and int(stat[1]) == pid:
+            found.append(int(proc.name))
+    return found
+
+
+def running_demo(root: Path | None = None) -> str | None:
+    """What to tell a user who starts a demo while the one recorded in `root` (the state
+    folder) still runs; None when none does."""
+    root = state_root() if root is None else root
+    previous = Record.load(root)
+    if previous is None or not any(_alive(pid) for pid in previous.processes.values()):
+        return None
+    return (
+        f"a demo is already running ({previous.mode} mode, state in {root});"
+        " stop it with `meshlet demo down`"
+    )
 
 
 def removes_network(record: Record) -> bool:

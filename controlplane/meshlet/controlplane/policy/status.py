@@ -37,6 +37,7 @@ from datetime import UTC, datetime
 from typing import Any, Final, Protocol
 
 from meshlet.api import wellknown as W
+from meshlet.api.cancellation import OwnCancellation
 from meshlet.controlplane.k8s.events import Delete, Event, Kind, Object, Snapshot, Upsert
 from meshlet.controlplane.policy import resources as r
 from meshlet.controlplane.policy.index import Index
@@ -467,6 +468,7 @@ class StatusWriter:
                 self.dirty.update(k for k in self.refs.get(ref, ()) if k in self.routes)
 
     async def run(self) -> None:
+        own = OwnCancellation()
         while True:
             await self._wake.wait()
             await asyncio.sleep(self.interval)
@@ -484,6 +486,7 @@ class StatusWriter:
                 if wait:
                     await asyncio.sleep(wait)
                 await self._write(key, obj, parents)
+                own.check()  # a failed write made of our own cancellation is not retried
             if self.failed != failed:
                 await asyncio.sleep(self.retry_delay)
 

@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from meshlet.api import tap_pb2, tap_pb2_grpc, wellknown
 from meshlet.api.admin import AdminServer
+from meshlet.api.cancellation import OwnCancellation
 from meshlet.api.hostport import HostPort
 from meshlet.controlplane.cli import serve_until_signalled
 from meshlet.controlplane.k8s.events import Delete, Event, Kind, Snapshot, Source, Upsert
@@ -295,6 +296,7 @@ class TapServer:
             ("grpc.ssl_target_name_override", target.identity),
             ("grpc.enable_http_proxy", 0),
         ]
+        own = OwnCancellation()
         async with grpc.aio.secure_channel(address, credentials, options=options) as channel:
             stub = tap_pb2_grpc.TapStub(channel)
             try:
@@ -303,8 +305,10 @@ class TapServer:
                     async for event in stub.Observe(observe):
                         received += 1
                         await queue.put((proxy, event))
+                    own.check()  # a stream that ended because we were cancelled: not reopened
                     await asyncio.sleep(0 if received else REOPEN_AFTER)
             except grpc.aio.AioRpcError as exc:
+                own.check()
                 self._proxy_errors.inc()
                 message = f"{exc.code().name}: {exc.details()}"
                 if exc.code() == grpc.StatusCode.UNAVAILABLE:

@@ -7,7 +7,10 @@ consumer can replace rather than merge what it built). When a stream breaks or t
 it, the loop waits `Backoff.next()` and opens a new one; the backoff resets once a stream has
 delivered a message. A message that does not decode (DecodeError) is logged and skipped, so the
 consumer keeps what it had: a controller's mistake never replaces a good answer with nothing.
-Only a status the caller names as final (`refuse`) ends the loop, by the exception it maps to.
+Only a status the caller names as final (`refuse`) ends the loop, by the exception it maps to,
+and so does the consumer's cancellation, whatever grpclib made of it: each grpclib call is
+awaited `isolated` and the loop checks its task's own cancellation before retrying
+(`meshlet.api.cancellation`), so a shutdown that breaks the streams it cancels still ends.
 The consumer's logger is used, so that each client's lines stay under its own name.
 """
 
@@ -26,6 +29,7 @@ from grpclib.config import Configuration
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
 from meshlet.api.backoff import Backoff
+from meshlet.api.cancellation import OwnCancellation, isolated
 from meshlet.api.hostport import HostPort
 from meshlet.proxy.discovery.decode import DecodeError
 from meshlet.proxy.tls.contexts import control_client_context
@@ -115,14 +119,15 @@ async def follow(
 ) -> AsyncGenerator[Received[T], None]:
     """Every decoded message of `watch`, across reconnections, until the consumer stops;
     `failed` is told of each failed stream before the backoff."""
+    own = OwnCancellation()
     while True:
         first = True
         try:
             async with watch.open() as stream:
-                await stream.send_message(watch.request, end=True)
+                await isolated(stream.send_message(watch.request, end=True))
                 stats.active += 1
                 try:
-                    while (message := await stream.recv_message()) is not None:
+                    while (message := await isolated(stream.recv_message())) is not None:
                         try:
                             value = decode(message)
                         except DecodeError as exc:
@@ -131,16 +136,22 @@ async def follow(
                         backoff.reset()
                         yield Received(value, first)
                         first = False
+                    # Read here rather than on leaving the block, which would await it in
+                    # this task: its status (a GRPCError) is the stream's end.
+                    await isolated(stream.recv_trailing_metadata())
                 finally:
                     stats.active -= 1
             problem = "the server ended the stream"
         except GRPCError as exc:
+            own.check()
             final = refuse(exc)
             if final is not None:
                 raise final from None
             problem = f"{exc.status.name}: {exc.message}"
         except BROKEN as exc:
+            own.check()  # a shutdown's cancel that grpclib turned into a broken stream
             problem = f"{type(exc).__name__}: {exc}"
+        own.check()
         stats.failures += 1
         stats.last_error = problem
         failed()

@@ -10,6 +10,7 @@ from grpclib.config import Configuration
 from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 from meshlet.api import identity_grpc, identity_pb2
+from meshlet.api.cancellation import isolated
 from meshlet.proxy.tls.contexts import control_client_context
 
 
@@ -53,7 +54,9 @@ class CertifyClient:
             identity=identity, token=token, certificate_signing_request=csr_der
         )
         try:
-            response = await self._stub.Certify(request, timeout=self._timeout)
+            # In a task of its own: grpclib cancels the task it runs in to wake it, and raises
+            # its own error in place of a cancellation of ours (meshlet.api.cancellation).
+            response = await isolated(self._stub.Certify(request, timeout=self._timeout))
         except GRPCError as exc:
             raise CertifyFailed(exc.status.name, exc.message or "") from exc
         except (OSError, ssl.SSLError, StreamTerminatedError, TimeoutError) as exc:

@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Final
 
 from meshlet.api import wellknown
+from meshlet.api.cancellation import OwnCancellation
 from meshlet.proxy.config import IdentitySettings
 from meshlet.proxy.core import refresh
 from meshlet.proxy.identity import prestart
@@ -166,6 +167,7 @@ class IdentityManager:
             files = await _prestart(directory, self.local_name)
             csr = _read_bytes(files.csr)
             failures = 0
+            own = OwnCancellation()
             while True:
                 started = self._clock()
                 result = await self._refresh(directory, files, csr)
@@ -175,6 +177,7 @@ class IdentityManager:
                     delay = refresh.renew_in(self._current().expires_at, self._clock())
                     log.info("identity: next renewal in %.0fs", delay)
                 else:
+                    own.check()  # a failure made of our own cancellation is not retried
                     failures += 1
                     elapsed = self._clock() - started
                     delay = max(0.0, refresh.retry_in(failures, self._rng) - elapsed)

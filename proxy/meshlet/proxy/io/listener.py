@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Final
 
+from meshlet.api.cancellation import OwnCancellation
 from meshlet.proxy.core.detect import NEED_MORE, PEEK_BYTES, Protocol, detect
 from meshlet.proxy.io.sockets import Addr, original_dst, peer_closed
 
@@ -143,10 +144,12 @@ class Listener:
 
     async def serve(self) -> None:
         loop = asyncio.get_running_loop()
+        own = OwnCancellation()
         while self._accepting:
             try:
                 conn, client = await loop.sock_accept(self.sock)
             except OSError as exc:
+                own.check()  # never accept again once cancelled, whatever the error says
                 if self.stopped:
                     return
                 if exc.errno not in _PASSING:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Final
 from google.protobuf.message import DecodeError
 
 from meshlet.api import tap_pb2
+from meshlet.api.cancellation import OwnCancellation
 from meshlet.proxy.tap.conn import Refusals, TapConnection, TapLimits
 from meshlet.proxy.tap.grpcwire import Refusal, Status
 from meshlet.proxy.tap.match import InvalidMatch, compile_match
@@ -129,10 +130,12 @@ class TapServer:
 
     async def _accept(self, tasks: asyncio.TaskGroup) -> None:
         loop = asyncio.get_running_loop()
+        own = OwnCancellation()
         while True:
             try:
                 sock, _ = await loop.sock_accept(self.sock)
             except OSError as exc:
+                own.check()  # never accept again once cancelled, whatever the error says
                 if exc.errno not in _PASSING:
                     raise
                 log.warning("tap: accept failed: %s", exc)
