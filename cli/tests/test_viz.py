@@ -8,7 +8,7 @@ The control plane's admin ports are scraped too, as job `meshlet-controller` wit
 does not run, is started beside it and answers three reviews), so that every query of the Grafana
 dashboards (charts/meshlet-control-plane/dashboards) is run here and must return data.
 
-`alpha-1` (Deployment alpha) calls `server-1`'s app on 8080 (200s); `beta-1` calls port 8081 of
+`alpha-1` (Deployment alpha) calls `server-1`'s app on 8080 (200s); `beta-1` calls port 8089 of
 `server-1`, where nothing listens (the server's proxy answers 502s); `gamma-1` opens TCP
 connections to `server-1`'s opaque port 7000 (a server-speaks-first protocol, over mTLS: no
 requests, only connections). One call of each is made
@@ -50,7 +50,7 @@ IPS = {SERVER: "10.78.0.10", ALPHA: "10.78.0.21", BETA: "10.78.0.22", GAMMA: "10
 WORKLOAD = {SERVER: "server", ALPHA: "alpha", BETA: "beta", GAMMA: "gamma"}
 OK_CALLS, FAILED_CALLS, TCP_CONNECTIONS = 12, 6, 5
 GOOD = f"http://{IPS[SERVER]}:8080/"
-BAD = f"http://{IPS[SERVER]}:8081/"
+BAD = f"http://{IPS[SERVER]}:8089/"
 WINDOW = "1m"
 SCRAPE = "500ms"
 # increase() extrapolates a series' growth to the window's edges by up to half a scrape interval
@@ -294,7 +294,7 @@ def test_routes(world: tuple[PodMesh, str]) -> None:
     by_dst = {r["dst"]: r for r in routes}
     assert by_dst[f"{IPS[SERVER]}:8080"]["route"] == vizmetrics.DEFAULT_ROUTE
     assert by_dst[f"{IPS[SERVER]}:8080"]["success"] == 1.0
-    assert by_dst[f"{IPS[SERVER]}:8081"]["success"] == 0.0
+    assert by_dst[f"{IPS[SERVER]}:8089"]["success"] == 0.0
     out = _json(viz(url, "routes", "deploy/alpha", "--to", f"authority/{IPS[SERVER]}:8080",
                     "-n", NS, "-o", "json"))  # fmt: skip
     assert [r["dst"] for r in out] == [f"{IPS[SERVER]}:8080"]
@@ -455,8 +455,8 @@ def test_the_dashboard_in_a_browser(
     browser.get(f"{dashboard}/routes?resource=po/{SERVER}&namespace={NS}")
     rows = browser.find_elements(By.CSS_SELECTOR, "#routes tbody tr")
     routes = {r.find_elements(By.TAG_NAME, "td")[1].text: r.text for r in rows}
-    assert set(routes) == {f"{IPS[SERVER]}:8080", f"{IPS[SERVER]}:8081"}
-    assert "100.00%" in routes[f"{IPS[SERVER]}:8080"] and "0.00%" in routes[f"{IPS[SERVER]}:8081"]
+    assert set(routes) == {f"{IPS[SERVER]}:8080", f"{IPS[SERVER]}:8089"}
+    assert "100.00%" in routes[f"{IPS[SERVER]}:8080"] and "0.00%" in routes[f"{IPS[SERVER]}:8089"]
     chromium.screenshot(browser, "routes", out)
 
     browser.get(f"{dashboard}/tap?resource=po/{ALPHA}&namespace={NS}&path=/dashboard")

@@ -148,10 +148,13 @@ def run_demo(machine_unchanged: None, tmp_path: Path) -> Any:
         """The run's summary; its screen (stdout: no terminal, so plain snapshots) is appended
         to `output` when given."""
         summary = tmp_path / "summary.json"
+        # The full view, whatever terminal the suite runs in (a COLUMNS under 120 would give
+        # the compact one, in other words).
+        env = {**os.environ, "COLUMNS": "160"}
         result = subprocess.run(
             [sys.executable, "-m", "meshlet.cli.main", "demo", "--mode", "netns",
              "--duration", str(duration), "--summary-json", str(summary), *args],
-            capture_output=True, text=True, timeout=duration + 90, check=False,
+            capture_output=True, text=True, timeout=duration + 90, check=False, env=env,
         )  # fmt: skip
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         assert "removed every namespace, link, rule, file and process it made" in result.stdout

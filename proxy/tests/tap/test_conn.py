@@ -294,8 +294,8 @@ async def test_another_identity_that_sends_no_call_is_closed_all_the_same(
     test_ca: Any, tmp_path: Path
 ) -> None:
     async with serving(test_ca, tmp_path, request_timeout=0.3) as served:
+        started = time.monotonic()  # before the handshake: the server's clock starts after it
         client = await served.client(OTHER_ID)
-        started = time.monotonic()
         await asyncio.to_thread(client.exchange, [], 5)
         client.close()
     assert client.closed and 0.3 <= time.monotonic() - started < 2
