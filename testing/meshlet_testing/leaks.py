@@ -10,14 +10,19 @@ handle is still busy."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
+import os
+import socket
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 
 import pytest
+
+from meshlet_testing.polling import eventually
 
 TASK_GRACE = 5.0  # seconds a task may take to finish after the test's fixtures are torn down
 THREAD_GRACE = 10.0  # seconds a thread the test started may take to finish after its teardown
@@ -52,6 +57,54 @@ def _no_task_left(request: pytest.FixtureRequest) -> Iterator[None]:
             task.cancel()
         loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
         pytest.fail(message, pytrace=False)
+
+
+def open_sockets() -> set[str]:
+    """This process's open sockets (their inodes, as /proc names them: `socket:[N]`)."""
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith("socket:"):
+            found.add(target[len("socket:[") : -1])
+    return found
+
+
+def _tcp_inodes(ends: Collection[str | tuple[str, int]]) -> set[str]:
+    """Inodes of the TCP sockets (IPv4) with either end on one of `ends`: an address (any
+    port) or an (address, port)."""
+    wanted = {
+        socket.inet_aton(end)[::-1].hex().upper() if isinstance(end, str)
+        else f"{socket.inet_aton(end[0])[::-1].hex().upper()}:{end[1]:04X}"
+        for end in ends
+    }  # fmt: skip
+    found = set()
+    with open("/proc/net/tcp") as table:
+        next(table)
+        for line in table:
+            fields = line.split()
+            local, remote, inode = fields[1], fields[2], fields[9]
+            if {local, remote, local.split(":")[0], remote.split(":")[0]} & wanted:
+                found.add(inode)
+    return found
+
+
+async def sockets_closed(
+    before: set[str], ends: Collection[str | tuple[str, int]], within: float = 5.0
+) -> None:
+    """Runs the loop until every TCP socket this process opened since `before` (open_sockets)
+    with an end on one of `ends` (an address, or an address and port) is closed, or `within`
+    seconds passed: a TLS connection one in-process part closed finishes its close_notify
+    exchange with its peer some loop turns later (later still on a busy machine), and must not
+    be left to a loop that closes."""
+
+    def gone() -> bool:
+        return not (open_sockets() - before) & _tcp_inodes(ends)
+
+    with contextlib.suppress(TimeoutError):  # what is left then, the leak checks report
+        await eventually(gone, within)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -51,6 +51,7 @@ from meshlet.proxy.io.listener import Accepted, bind
 from meshlet.proxy.mesh import mesh_connect
 from meshlet.proxy.tls import contexts
 from meshlet_testing.grpcload import deadline_storm
+from meshlet_testing.leaks import open_sockets, sockets_closed
 from meshlet_testing.polling import eventually
 
 NS = "emojivoto"
@@ -520,6 +521,7 @@ def web_pod(name: str, ip: str) -> dict[str, Any]:
 
 @pytest.fixture
 async def mesh(test_ca: Any, tmp_path: Path) -> AsyncIterator[Mesh]:
+    sockets = open_sockets()
     mesh = Mesh(tmp_path, test_ca)
     mesh.manifests.mkdir()
     mesh.put(
@@ -543,6 +545,9 @@ async def mesh(test_ca: Any, tmp_path: Path) -> AsyncIterator[Mesh]:
         yield mesh
     finally:
         await mesh.close()
+        # the proxies' connections to each other and to the control plane
+        control = [("127.0.0.1", mesh.identity_port), ("127.0.0.1", mesh.destination_port)]
+        await sockets_closed(sockets, [*REPLICAS.values(), CLIENT_IP, *control])
 
 
 def pod_of(body: bytes) -> str:
