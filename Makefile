@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PROTO_DIR := proto
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup test lint proto proto-check demo bench images e2e clean
+.PHONY: setup test lint proto proto-check demo bench images cluster cluster-down e2e clean
 
 setup: $(STAMP)
 
@@ -73,16 +73,27 @@ bench: $(STAMP) $(BENCH_STAMP)
 	$(BIN)/python -m bench.policy_routes
 	$(BIN)/python -m bench.proxy $(BENCH_ARGS)
 
-REGISTRY ?= ghcr.io/meshlet
-TAG ?= dev
+# The controller, proxy and demo images (images/build): with Docker where an engine answers,
+# else with podman on a base made here from Debian's packages; nothing is pulled.
+images: $(STAMP)
+	scripts/cluster-packages
+	images/build
 
-# The controller and proxy images (needs Docker).
-images:
-	docker build -f images/controller.Dockerfile -t $(REGISTRY)/controller:$(TAG) .
-	docker build -f images/proxy.Dockerfile -t $(REGISTRY)/proxy:$(TAG) .
+# A single-node Kubernetes from upstream parts (cluster/node.py; root): Kubernetes, etcd and
+# CoreDNS built from their Go modules (cached), Debian's containerd, runc and CNI plugins.
+# `eval "$$(.venv/bin/python cluster/node.py env)"` points kubectl and meshlet at it.
+cluster: $(STAMP)
+	scripts/cluster-packages
+	$(BIN)/python cluster/node.py up
 
-# meshlet on a k3d cluster (needs docker, k3d and kubectl; skips with a message without them).
+# Stops the cluster and removes all it made (processes, mounts, netns, links, rules, cgroups).
+cluster-down: $(STAMP)
+	$(BIN)/python cluster/node.py down
+
+# The end-to-end suite on a real cluster: the single-node cluster of `make cluster` (started
+# and taken down by the suite unless MESHLET_E2E_KEEP=1), or k3d where Docker and k3d are.
 e2e: $(STAMP)
+	scripts/cluster-packages
 	$(BIN)/pytest e2e -ra -p no:cacheprovider --timeout=3600
 
 clean:
