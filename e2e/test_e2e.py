@@ -1,150 +1,372 @@
-"""meshlet on a real cluster (k3d): install, check, mesh the demo, observe mTLS and balancing.
+"""meshlet on a real Kubernetes, as a user meets it: install, check, mesh the demo, observe.
 
-Run by `make e2e`, never by `make test`. Needs docker, k3d and kubectl; without them every
-test is skipped with a message naming what is missing. Set MESHLET_E2E_KEEP=1 to keep the
-cluster afterwards.
+Run by `make e2e`, never by `make test`. The tests run in the order written, each a step of what
+a user does; a step builds on the ones before (the cluster is the session's, see conftest.py).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
+import signal
 import subprocess
 import time
-from collections.abc import Iterator
-from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
-HERE = Path(__file__).parent
-ROOT = HERE.parent
-CLUSTER = "meshlet-e2e"
-REGISTRY, TAG = "ghcr.io/meshlet", "dev"
-MESHLET = str(ROOT / ".venv" / "bin" / "meshlet")
+from e2e.kit import ARTIFACTS, REGISTRY, TAG, VENV_BIN, Cluster, eventually
+from meshlet.cli.demo import kube, topology
 
-
-def _missing() -> list[str]:
-    missing = [tool for tool in ("docker", "k3d", "kubectl") if shutil.which(tool) is None]
-    if "docker" not in missing:
-        engine = subprocess.run(["docker", "info"], capture_output=True, timeout=30, check=False)
-        if engine.returncode != 0:
-            missing.append("a running Docker engine")
-    return missing
-
-
-MISSING = _missing()
-pytestmark = pytest.mark.skipif(
-    bool(MISSING), reason=f"e2e needs {', '.join(MISSING)} (not available on this machine)"
+NS = "meshlet"
+DEMO = topology.NAMESPACE
+WEB_IDENTITY = f"web.{DEMO}.serviceaccount.identity.meshlet.cluster.local"
+INSTALL_VALUES = (
+    f"prometheus.enabled=true,prometheus.image={REGISTRY}/prometheus:{TAG},"
+    "prometheus.scrapeConfig=true"
 )
 
 
-def sh(*argv: str, stdin: str | None = None, timeout: float = 600) -> str:
-    result = subprocess.run(
-        argv, input=stdin, capture_output=True, text=True, timeout=timeout, cwd=ROOT
+def demo_yaml() -> str:
+    return yaml.safe_dump_all(kube.manifests(f"{REGISTRY}/demo:{TAG}"))
+
+
+def load_stats(cluster: Cluster) -> dict[str, Any]:
+    """What the demo's load generator saw (its stats file, read in its pod)."""
+    pod = cluster.pods(DEMO, "app=load")[0]["metadata"]["name"]
+    return dict(
+        json.loads(
+            cluster.kubectl("exec", "-n", DEMO, pod, "-c", "load", "--", "cat", "/tmp/stats.json")
+        )
     )
-    assert result.returncode == 0, f"{' '.join(argv)} failed:\n{result.stdout}\n{result.stderr}"
-    return result.stdout
 
 
-def eventually(what: str, probe: object, timeout: float = 300) -> str:
-    deadline = time.monotonic() + timeout
-    last = ""
-    while time.monotonic() < deadline:
-        try:
-            return probe()  # type: ignore[operator,no-any-return]
-        except AssertionError as exc:
-            last = str(exc)
-        time.sleep(3)
-    pytest.fail(f"{what} not reached in {timeout:.0f}s: {last}")
+def counter(text: str, name: str, **labels: str) -> float:
+    """The sum of a metric's samples whose labels include those given."""
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{"):
+            continue
+        head, _, value = line.rpartition(" ")
+        if all(f'{k}="{v}"' in head for k, v in labels.items()):
+            total += float(value)
+    return total
 
 
-def metrics(namespace: str, pod: str) -> str:
-    return sh("kubectl", "get", "--raw",
-              f"/api/v1/namespaces/{namespace}/pods/{pod}:4191/proxy/metrics")  # fmt: skip
+def test_install_crds(cluster: Cluster) -> None:
+    crds = cluster.meshlet("install", "--crds")
+    cluster.kubectl("apply", "-f", "-", stdin=crds)
+    names = [d["metadata"]["name"] for d in yaml.safe_load_all(crds) if d]
+    cluster.kubectl(
+        "wait", "--for=condition=Established", "--timeout=60s", *[f"crd/{n}" for n in names]
+    )
 
 
-def pods(namespace: str, selector: str) -> list[dict[str, object]]:
-    out = sh("kubectl", "get", "pods", "-n", namespace, "-l", selector, "-o", "json")
-    return list(json.loads(out)["items"])
+def test_install_control_plane(cluster: Cluster) -> None:
+    manifests = cluster.meshlet("install", "--set", INSTALL_VALUES)
+    (ARTIFACTS / "install.yaml").write_text(manifests)
+    cluster.kubectl("apply", "-f", "-", stdin=manifests)
+    cluster.kubectl(
+        "wait",
+        "-n",
+        NS,
+        "--for=condition=Available",
+        "deploy",
+        "--all",
+        "--timeout=300s",
+        timeout=320,
+    )
+    for pod in cluster.pods(NS):
+        for container in pod["spec"]["containers"]:
+            assert container["image"].startswith(REGISTRY), container["image"]
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[None]:
-    sh("k3d", "cluster", "create", "--config", str(HERE / "k3d.yaml"), "--wait")
-    try:
-        sh("make", "images", f"REGISTRY={REGISTRY}", f"TAG={TAG}", timeout=1800)
-        sh("k3d", "image", "import", "-c", CLUSTER,
-           f"{REGISTRY}/controller:{TAG}", f"{REGISTRY}/proxy:{TAG}")  # fmt: skip
-        sh("kubectl", "apply", "-f", "-", stdin=sh(MESHLET, "install", "--crds"))
-        manifests = sh(MESHLET, "install", "--set",
-                       f"image.tag={TAG},image.pullPolicy=Never")  # fmt: skip
-        sh("kubectl", "apply", "-f", "-", stdin=manifests)
-        yield
-    finally:
-        if os.environ.get("MESHLET_E2E_KEEP") != "1":
-            subprocess.run(["k3d", "cluster", "delete", CLUSTER], check=False)
+def test_check_is_green(cluster: Cluster) -> None:
+    def check() -> str:
+        result = cluster.sh(
+            str(cluster.env.get("MESHLET", "")) or ".venv/bin/meshlet", "check", check=False
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+        return result.stdout
+
+    out = eventually("meshlet check passing", check, timeout=120)
+    (ARTIFACTS / "check.txt").write_text(out)
 
 
-def test_check_passes(cluster: None) -> None:
-    eventually("meshlet check passing", lambda: sh(MESHLET, "check", "--fail-on-warning"))
-
-
-def test_demo_is_meshed_with_mtls_and_balanced(cluster: None) -> None:
-    sh("kubectl", "apply", "-f", str(HERE / "demo.yaml"))
-    sh("kubectl", "wait", "-n", "demo", "--for=condition=Available", "deploy", "--all",
-       "--timeout=300s")  # fmt: skip
-    for pod in pods("demo", "app"):
+def test_demo_pods_are_injected_by_the_webhook(cluster: Cluster) -> None:
+    cluster.kubectl("apply", "-f", "-", stdin=demo_yaml())
+    cluster.kubectl(
+        "wait",
+        "-n",
+        DEMO,
+        "--for=condition=Available",
+        "deploy",
+        "--all",
+        "--timeout=300s",
+        timeout=320,
+    )
+    pods = cluster.pods(DEMO)
+    assert len(pods) == 7, [p["metadata"]["name"] for p in pods]
+    for pod in pods:
         spec = pod["spec"]
-        assert isinstance(spec, dict)
         names = [c["name"] for c in [*spec.get("initContainers", []), *spec["containers"]]]
-        assert "meshlet-proxy" in names and "meshlet-init" in names
+        assert "meshlet-proxy" in names and "meshlet-init" in names, names
 
-    def served() -> str:
-        counts = {}
-        for pod in pods("demo", "app=web"):
-            name = pod["metadata"]["name"]  # type: ignore[index]
-            text = metrics("demo", name)
-            found = re.findall(
-                r'request_total\{[^}]*direction="inbound"[^}]*tls="true"[^}]*\} (\d+)', text
+
+def test_traffic_is_mtls_with_reviewed_identities(cluster: Cluster) -> None:
+    """Each api pod's proxy sees web's calls over mTLS with web's identity, which the identity
+    service issued after the real TokenReview accepted web's ServiceAccount token."""
+
+    def meshed() -> dict[str, float]:
+        seen = {}
+        for pod in cluster.pods(DEMO, "app=api"):
+            name = pod["metadata"]["name"]
+            text = cluster.metrics(DEMO, name)
+            seen[name] = counter(
+                text, "request_total", direction="inbound", tls="true", client_id=WEB_IDENTITY
             )
-            assert found, f"{name}: no mTLS inbound requests yet"
-            counts[name] = sum(int(float(n)) for n in found)
-        slow = [n for n in counts if n.startswith("web-slow")]
-        fast = [n for n in counts if not n.startswith("web-slow")]
-        assert sum(counts[n] for n in fast) > 200, counts
-        assert all(counts[s] * 3 < min(counts[f] for f in fast) for s in slow), counts
-        return json.dumps(counts)
+        assert seen and all(n > 0 for n in seen.values()), seen
+        return seen
 
-    eventually("mTLS traffic balanced away from the slow replica", served)
+    eventually("web's mTLS calls reaching every api replica", meshed)
+    stats = eventually("the load generator's calls answered", lambda: _answered(cluster))
+    assert stats["ok"] > 20, stats
 
 
-def test_stat_and_diagnostics(cluster: None) -> None:
-    """meshlet stat reads the web replicas' proxies through the API server; endpoints asks the
-    destination through a port-forward; proxy-metrics prints what the proxies count."""
-    sh("kubectl", "apply", "-f", str(HERE / "demo.yaml"))
-    sh("kubectl", "wait", "-n", "demo", "--for=condition=Available", "deploy", "--all",
-       "--timeout=300s")  # fmt: skip
+def _answered(cluster: Cluster) -> dict[str, Any]:
+    stats = load_stats(cluster)
+    assert stats["ok"] > 20, stats
+    return stats
 
-    def stat() -> str:
-        out = sh(MESHLET, "stat", "deploy", "-n", "demo", "-t", "10s", "-o", "json")
-        rows = {row["name"]: row for row in json.loads(out)}
-        web = rows.get("web")
-        assert web is not None and web["meshed"] == "2/2", rows
-        assert web["rps"] and web["rps"] > 5 and web["success"] == 1.0, web
-        assert web["mtls"] == 1.0 and not web["unreachable"], web
-        return out
 
-    eventually("meshlet stat showing mTLS traffic to web", stat)
-    table = sh(MESHLET, "stat", "pods", "-n", "demo", "-t", "2s")
-    assert table.splitlines()[0].split()[:3] == ["NAME", "STATUS", "MESHED"], table
-    endpoints = json.loads(sh(MESHLET, "diagnostics", "endpoints",
-                              "web.demo.svc.cluster.local:80", "-o", "json"))  # fmt: skip
+def test_store_refuses_another_identity(cluster: Cluster) -> None:
+    """The deny drill: from an api pod (api's identity), the store's port refuses the
+    connection before its banner; web's calls to the store go on."""
+    api = cluster.pods(DEMO, "deployment=api")[0]["metadata"]["name"]
+    probe = (
+        "import socket\n"
+        "s = socket.create_connection(('store.demo.svc.cluster.local', 7000), timeout=5)\n"
+        "s.settimeout(5)\n"
+        "try:\n    print(repr(s.recv(100)))\n"
+        "except OSError as e:\n    print('error', e)\n"
+    )
+    out = cluster.kubectl("exec", "-n", DEMO, api, "-c", "api", "--", "python3", "-c", probe)
+    assert "STORE" not in out, out
+    store = cluster.pods(DEMO, "app=store")[0]["metadata"]["name"]
+    text = cluster.metrics(DEMO, store)
+    assert counter(text, "inbound_tcp_authz_deny_total") >= 1, text
+    assert counter(text, "inbound_tcp_authz_allow_total") >= 1, text
+
+
+def test_canary_route_status_and_split(cluster: Cluster) -> None:
+    def accepted() -> list[Any]:
+        route = cluster.json(
+            "get", "httproute.gateway.networking.k8s.io", "-n", DEMO, topology.API_ROUTE
+        )
+        parents = route.get("status", {}).get("parents", [])
+        ours = [p for p in parents if p.get("controllerName") == "meshlet.io/policy-controller"]
+        assert ours, route.get("status")
+        conditions = {c["type"]: c["status"] for c in ours[0]["conditions"]}
+        assert conditions.get("Accepted") == "True", ours
+        assert conditions.get("ResolvedRefs") == "True", ours
+        return parents
+
+    eventually("api-split Accepted by meshlet's policy controller", accepted, timeout=60)
+
+    def split() -> dict[str, int]:
+        by_api = load_stats(cluster)["by_api"]
+        canary = sum(n for pod, n in by_api.items() if pod.startswith(topology.CANARY))
+        total = sum(by_api.values())
+        assert total > 200 and 0.03 < canary / total < 0.2, by_api
+        return dict(by_api)
+
+    eventually("about 10 % of api's calls on the canary", split, timeout=120)
+
+
+def test_failure_accrual_ejects_a_failing_replica(cluster: Cluster) -> None:
+    api = cluster.pods(DEMO, "deployment=api")[0]["metadata"]["name"]
+    cluster.kubectl("exec", "-n", DEMO, api, "-c", "api", "--", "touch", kube.FAULT_FLAG)
+    try:
+        time.sleep(10)
+        before = load_stats(cluster)
+        time.sleep(20)
+        after = load_stats(cluster)
+        to_failing = after["by_api"].get(api, 0) - before["by_api"].get(api, 0)
+        answered = after["ok"] - before["ok"]
+        failed = sum(after["failed"].values()) - sum(before["failed"].values())
+        assert answered > 100, (before, after)
+        # Ejected: the failing replica answers (successfully) nothing; the retries and the
+        # breaker keep what the client sees almost clean.
+        assert to_failing == 0, (api, before["by_api"], after["by_api"])
+        assert failed <= answered * 0.02, (failed, answered)
+    finally:
+        cluster.kubectl("exec", "-n", DEMO, api, "-c", "api", "--", "rm", "-f", kube.FAULT_FLAG)
+
+
+def test_viz_commands(cluster: Cluster) -> None:
+    def stat() -> list[Any]:
+        rows = json.loads(cluster.meshlet("viz", "stat", "deploy", "-n", DEMO, "-o", "json"))
+        web = [r for r in rows if r.get("name") == "web"]
+        assert web and web[0].get("success") == 1.0, rows
+        return list(rows)
+
+    eventually("viz stat reporting web", stat, timeout=180, every=5)
+    edges = cluster.meshlet("viz", "edges", "deploy", "-n", DEMO)
+    assert "web" in edges and "api" in edges, edges
+    routes = cluster.meshlet("viz", "routes", "deploy/api", "-n", DEMO)
+    assert routes.strip(), routes
+    lines = _first_lines(cluster, [_meshlet(), "viz", "tap", "deploy/web", "-n", DEMO], 5)
+    assert all(DEMO in line or "web" in line for line in lines), lines
+
+
+def _first_lines(cluster: Cluster, argv: list[str], count: int, timeout: float = 60) -> list[str]:
+    """The first lines a long-running command prints (then it is ended, as Ctrl-C would)."""
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster.env
+    )
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout
+    try:
+        assert proc.stdout is not None
+        while len(lines) < count and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line.rstrip("\n"))
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    assert len(lines) >= count, (lines, proc.stderr.read() if proc.stderr else "")
+    return lines
+
+
+def _meshlet() -> str:
+    return str(VENV_BIN / "meshlet")
+
+
+def test_authz_and_diagnostics(cluster: Cluster) -> None:
+    authz = cluster.meshlet("authz", "-n", DEMO, "deploy/store")
+    assert "store" in authz and "web" in authz, authz
+    endpoints = json.loads(
+        cluster.meshlet(
+            "diagnostics",
+            "endpoints",
+            f"api.{DEMO}.svc.cluster.local:{topology.API_PORT}",
+            "-o",
+            "json",
+        )
+    )
     assert len(endpoints) == 3, endpoints
-    assert {e["identity"] for e in endpoints} == {
-        "web.demo.serviceaccount.identity.meshlet.cluster.local"
+
+
+def test_malformed_policy_and_profile_are_refused(cluster: Cluster) -> None:
+    bad_policy = {
+        "apiVersion": "policy.meshlet.io/v1alpha1",
+        "kind": "AuthorizationPolicy",
+        "metadata": {"name": "bad", "namespace": DEMO},
+        "spec": {"targetRef": {"kind": "Server"}, "requiredAuthenticationRefs": "nobody"},
     }
-    assert all(e["protocol"] == "h2" and e["opaque_transport_port"] == 4143 for e in endpoints)
-    raw = sh(MESHLET, "diagnostics", "proxy-metrics", "-n", "demo", "deploy/web")
-    assert raw.count("# POD web-") == 2 and 'direction="inbound"' in raw
+    bad_profile = {
+        "apiVersion": "meshlet.io/v1alpha2",
+        "kind": "ServiceProfile",
+        "metadata": {"name": f"api.{DEMO}.svc.cluster.local", "namespace": DEMO},
+        "spec": {"routes": [{"name": "x", "condition": {"pathRegex": "(unclosed"}}]},
+    }
+    for obj in (bad_policy, bad_profile):
+        result = cluster.sh("kubectl", "apply", "-f", "-", stdin=json.dumps(obj), check=False)
+        assert result.returncode != 0, result.stdout
+        assert "denied" in result.stderr or "invalid" in result.stderr.lower(), result.stderr
+
+
+def test_a_namespace_without_injection_is_left_alone(cluster: Cluster) -> None:
+    cluster.kubectl("create", "namespace", "plain")
+    cluster.kubectl(
+        "run",
+        "-n",
+        "plain",
+        "lone",
+        f"--image={REGISTRY}/demo:{TAG}",
+        "--image-pull-policy=IfNotPresent",
+        "--command",
+        "--",
+        "sleep",
+        "3600",
+    )
+    pod = cluster.json("get", "pod", "-n", "plain", "lone")
+    names = [c["name"] for c in pod["spec"]["containers"] + pod["spec"].get("initContainers", [])]
+    assert names == ["lone"], names
+
+
+def test_dashboard_in_a_browser(cluster: Cluster) -> None:
+    pytest.importorskip("selenium")
+    proc = subprocess.Popen(
+        [_meshlet(), "viz", "dashboard", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cluster.env,
+    )
+    try:
+        assert proc.stdout is not None
+        announced = proc.stdout.readline()
+        found = re.search(r"http://\S+", announced)
+        assert found, announced + (proc.stderr.read() if proc.stderr else "")
+        url = found.group(0)
+        from selenium import webdriver
+        from selenium.webdriver.chrome.options import Options
+        from selenium.webdriver.chrome.service import Service
+
+        options = Options()
+        options.binary_location = "/usr/bin/chromium"
+        for flag in (
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--window-size=1400,900",
+        ):
+            options.add_argument(flag)
+        driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+        try:
+            driver.get(url)
+            eventually(
+                "the dashboard listing the demo's deployments",
+                lambda: _shows(driver, "web"),
+                timeout=60,
+            )
+            driver.save_screenshot(str(ARTIFACTS / "dashboard.png"))
+        finally:
+            driver.quit()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def _shows(driver: Any, text: str) -> None:
+    body = driver.find_element("tag name", "body").text
+    assert re.search(rf"\b{text}\b", body), body[:500]
+
+
+def test_uninstall_leaves_nothing(cluster: Cluster) -> None:
+    cluster.kubectl("delete", "namespace", DEMO, "plain", "--wait=true", timeout=300)
+    refs = cluster.meshlet("uninstall")
+    cluster.kubectl(
+        "delete", "--ignore-not-found", "--wait=true", "-f", "-", stdin=refs, timeout=300
+    )
+    left = cluster.kubectl(
+        "get",
+        "all,crd,clusterrole,clusterrolebinding,"
+        "mutatingwebhookconfiguration,validatingwebhookconfiguration",
+        "-A",
+        "-o",
+        "name",
+    )
+    assert "meshlet" not in left, left

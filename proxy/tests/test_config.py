@@ -191,3 +191,28 @@ def test_the_command_exits_64_naming_the_problem_without_a_traceback(
     assert result.returncode == 64
     assert says in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_kubernetes_service_links_are_not_settings() -> None:
+    """What the kubelet gave a control-plane pod for the Service meshlet-proxy-injector (the
+    namespace's Services become variables of every container): no proxy setting, whatever the
+    prefix. A misspelt setting whose name ends the same way is still refused."""
+    links = {
+        "MESHLET_PROXY_INJECTOR_SERVICE_HOST": "10.43.86.111",
+        "MESHLET_PROXY_INJECTOR_SERVICE_PORT": "443",
+        "MESHLET_PROXY_INJECTOR_SERVICE_PORT_WEBHOOK": "443",
+        "MESHLET_PROXY_INJECTOR_PORT": "tcp://10.43.86.111:443",
+        "MESHLET_PROXY_INJECTOR_PORT_443_TCP": "tcp://10.43.86.111:443",
+        "MESHLET_PROXY_INJECTOR_PORT_443_TCP_PROTO": "tcp",
+        "MESHLET_PROXY_INJECTOR_PORT_443_TCP_PORT": "443",
+        "MESHLET_PROXY_INJECTOR_PORT_443_TCP_ADDR": "10.43.86.111",
+        "MESHLET_PROXY_V6_SERVICE_HOST": "fd00:43::1a",
+    }
+    assert load(links) == load({})
+    with pytest.raises(ConfigError) as caught:
+        load({**links, "MESHLET_PROXY_ADMIN_PORT": "4191",
+                     "MESHLET_PROXY_ADMIN_SERVICE_HOST": "localhost"})  # fmt: skip
+    assert sorted(caught.value.problems) == [
+        "MESHLET_PROXY_ADMIN_PORT: unknown setting",
+        "MESHLET_PROXY_ADMIN_SERVICE_HOST: unknown setting",
+    ]

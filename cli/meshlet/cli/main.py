@@ -9,7 +9,7 @@ import click
 from meshlet.cli.authz import authz
 from meshlet.cli.check import check
 from meshlet.cli.completion import completion
-from meshlet.cli.demo import demo
+from meshlet.cli.demo.command import demo
 from meshlet.cli.diagnostics import diagnostics
 from meshlet.cli.identity import identity
 from meshlet.cli.inject import inject

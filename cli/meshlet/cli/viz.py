@@ -79,20 +79,38 @@ def _kept_proxies(kept: localmesh.Kept | None) -> list[vizmetrics.Proxy]:
 
 def _source(url: str | None) -> tuple[str | None, localmesh.Kept | None]:
     """The Prometheus a query verb reads: --prometheus-url, else a kept local mesh's (then
-    the mesh is returned too: its namespace is the default)."""
+    the mesh is returned too: its namespace is the default), else the cluster's (the chart's
+    meshlet-prometheus, through a port-forward held while the command runs)."""
     if url is not None:
         return url, None
     kept = localmesh.kept()
-    if kept is None or "prometheus" not in kept.urls:
-        return None, None
-    return kept.urls["prometheus"], kept
+    if kept is not None and "prometheus" in kept.urls:
+        return kept.urls["prometheus"], kept
+    if localmesh.cluster_named():
+        return _cluster_prometheus(), None
+    return None, None
+
+
+def _cluster_prometheus() -> str:
+    from meshlet.cli.cluster import api_client
+    from meshlet.cli.diagnostics import _component_pod
+    from meshlet.cli.portforward import PortForward
+
+    api = api_client(None)
+    ns = wk.CONTROL_PLANE_NAMESPACE
+    pod = _component_pod(api, ns, "prometheus", None)
+    host, port = click.get_current_context().with_resource(
+        PortForward(api, ns, pod, wk.PROMETHEUS_PORT)
+    )
+    return f"http://{host}:{port}"
 
 
 def _prometheus(url: str | None) -> Prometheus:
     if url is None:
         raise click.UsageError(
             "no Prometheus: give --prometheus-url (a kept `meshlet demo --keep` with the "
-            "prometheus package installed runs one)"
+            "prometheus package installed runs one; in a cluster, the chart's runs with "
+            "prometheus.enabled=true)"
         )
     try:
         return Prometheus(url)
@@ -126,7 +144,8 @@ _all = click.option("-A", "--all-namespaces", is_flag=True, help="Every namespac
 _url = click.option(
     "--prometheus-url",
     metavar="URL",
-    help="A Prometheus scraping the proxies (default: a kept demo's).",
+    help="A Prometheus scraping the proxies (default: a kept demo's, else the cluster's "
+    "meshlet-prometheus through a port-forward).",
 )
 _out = click.option("-o", "--output", type=_OUTPUT, default="table", show_default=True)
 _win = click.option("-t", "--time-window", "window", default="1m", show_default=True,

@@ -354,6 +354,30 @@ def env_name(field_name: str) -> str:
     return str(_FIELDS[field_name])
 
 
+# The variables the kubelet gives every container for each Service of its namespace (its
+# "service links"): a Service named meshlet-proxy-injector brings MESHLET_PROXY_INJECTOR_…,
+# which begin as the proxy's own settings do.
+_IP = r"(?:[0-9.]+|[0-9a-fA-F:]+)"
+_SERVICE_LINK: Final = (
+    (re.compile(r"[A-Z0-9_]+_SERVICE_HOST"), re.compile(_IP)),
+    (re.compile(r"[A-Z0-9_]+_SERVICE_PORT(?:_[A-Z0-9_]+)?"), re.compile(r"[0-9]{1,5}")),
+    (re.compile(r"[A-Z0-9_]+_PORT"), re.compile(rf"(?:tcp|udp|sctp)://{_IP}:[0-9]{{1,5}}")),
+    (
+        re.compile(r"[A-Z0-9_]+_PORT_[0-9]{1,5}_(?:TCP|UDP|SCTP)"),
+        re.compile(rf"(?:tcp|udp|sctp)://{_IP}:[0-9]{{1,5}}"),
+    ),
+    (re.compile(r"[A-Z0-9_]+_PORT_[0-9]{1,5}_(?:TCP|UDP|SCTP)_PROTO"), re.compile("tcp|udp|sctp")),
+    (re.compile(r"[A-Z0-9_]+_PORT_[0-9]{1,5}_(?:TCP|UDP|SCTP)_PORT"), re.compile(r"[0-9]{1,5}")),
+    (re.compile(r"[A-Z0-9_]+_PORT_[0-9]{1,5}_(?:TCP|UDP|SCTP)_ADDR"), re.compile(_IP)),
+)
+
+
+def service_link(key: str, value: str) -> bool:
+    """Whether `key=value` has the name and the value of a Kubernetes service-link variable
+    (not a proxy setting, whatever its prefix); a misspelt setting has one or the other only."""
+    return any(n.fullmatch(key) and v.fullmatch(value) for n, v in _SERVICE_LINK)
+
+
 def load(env: Mapping[str, str]) -> ProxyConfig:
     """The configuration from `env` (os.environ or a test's dict); ConfigError lists every
     bad or unknown variable, and every identity or discovery setting that cannot work."""
@@ -365,7 +389,8 @@ def load(env: Mapping[str, str]) -> ProxyConfig:
         try:
             name, parse = _TABLE[wellknown.ProxyEnv(key)]
         except ValueError:
-            problems.append(f"{key}: unknown setting")
+            if not service_link(key, raw):
+                problems.append(f"{key}: unknown setting")
             continue
         try:
             values[name] = parse(raw)

@@ -742,11 +742,13 @@ async def test_a_thousand_cancellations_by_an_h2_client_leave_the_mesh_connectio
 
 
 class RedirectedListener:
-    """Accepts on the client pod's address and hands each connection to the outbound handler
-    with `original_dst` set, as iptables' REDIRECT and SO_ORIGINAL_DST would."""
+    """Accepts on the pod's address and hands each connection to its proxy's outbound handler
+    (or the inbound one) with `original_dst` set, as iptables' REDIRECT and SO_ORIGINAL_DST
+    would."""
 
-    def __init__(self, pod: Pod, original_dst: tuple[str, int]) -> None:
+    def __init__(self, pod: Pod, original_dst: tuple[str, int], *, inbound: bool = False) -> None:
         self._pod, self._original_dst = pod, HostPort(*original_dst)
+        self._inbound = inbound
         self._sock = bind((pod.ip, 0))
         self.addr = HostPort.from_sockaddr(self._sock.getsockname())
         self._task = asyncio.create_task(self._accept())
@@ -759,7 +761,8 @@ class RedirectedListener:
         while True:
             sock, client = await loop.sock_accept(self._sock)
             accepted = Accepted(sock, HostPort.from_sockaddr(client), self.addr, self._original_dst)
-            task = asyncio.create_task(proxy.outbound.handle(accepted))
+            stack = proxy.inbound if self._inbound else proxy.outbound
+            task = asyncio.create_task(stack.handle(accepted))
             self._handlers.add(task)
             task.add_done_callback(self._handlers.discard)
 
@@ -768,6 +771,41 @@ class RedirectedListener:
             task.cancel()
         await asyncio.gather(self._task, *self._handlers, return_exceptions=True)
         self._sock.close()
+
+
+async def test_tls_for_the_pods_identity_on_its_port_is_terminated_by_its_proxy(
+    mesh: Mesh, pki: Any
+) -> None:
+    """How a proxy calls a meshed controller in a cluster: gRPC over TLS straight to the
+    controller's port, verifying the controller's identity (the SNI), which the controller's
+    proxy holds. That proxy terminates it and the app gets plaintext, with the client's
+    identity when it proved one; TLS for another name is the app's own, relayed untouched."""
+    web = mesh.pods["web-1"]
+    listener = RedirectedListener(web, (web.ip, 8081), inbound=True)
+    override = [("grpc.ssl_target_name_override", WEB_ID)]
+    anchors = mesh.test_ca.anchors_pem.encode()
+    chain, key = pki.leaf(BOT_ID)
+    try:
+        for credentials, client_id in (
+            (grpc.ssl_channel_credentials(root_certificates=anchors), None),  # no header
+            (grpc.ssl_channel_credentials(anchors, key.read_bytes(), chain.read_bytes()), BOT_ID),
+        ):
+            async with grpc.aio.secure_channel(str(listener.addr), credentials,
+                                               options=override) as channel:  # fmt: skip
+                reply = await channel.unary_unary(ECHO)(b"hi", timeout=10)
+            answer = json.loads(reply.partition(b"|")[0])
+            assert answer == {"pod": "web-1", "client_id": client_id}
+        assert web.metric("tcp_open_total", direction="inbound", tls="true", client_id=BOT_ID,
+                          target_addr=f"{web.ip}:8081") == 1  # fmt: skip
+        # Another name: not ours to open. The app (plaintext gRPC) answers the hello with bytes
+        # that are not TLS, so the handshake fails as it would without the proxy.
+        context = ssl.create_default_context(cadata=mesh.test_ca.anchors_pem)
+        with pytest.raises(ssl.SSLError):
+            await asyncio.wait_for(
+                asyncio.open_connection(*listener.addr, ssl=context,
+                                        server_hostname="api.example.com"), 10)  # fmt: skip
+    finally:
+        await listener.close()
 
 
 async def test_opaque_tcp_across_mtls_with_a_server_that_speaks_first(mesh: Mesh) -> None:

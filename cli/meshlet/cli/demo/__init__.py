@@ -1,5 +1,2 @@
-"""`meshlet demo`: the local mesh (see command.py)."""
-
-from meshlet.cli.demo.command import demo
-
-__all__ = ["demo"]
+"""`meshlet demo`: the local mesh (see command.py). Nothing is imported here: the demo image
+runs `python -m meshlet.cli.demo.apps` without the CLI's extra (rich)."""

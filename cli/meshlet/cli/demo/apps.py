@@ -414,3 +414,7 @@ async def _until_terminated() -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+
+
+if __name__ == "__main__":  # the demo image runs `python -m meshlet.cli.demo.apps APP …`
+    app()

@@ -106,6 +106,7 @@ class _Installed:
     server: ssl.SSLContext
     client: ssl.SSLContext
     control: ssl.SSLContext  # the control port's gRPC (tap): a client certificate required, h2
+    direct: ssl.SSLContext  # TLS for us on an app's port: h2 or HTTP/1.1, a client cert optional
     expires_at: float
 
 
@@ -147,6 +148,11 @@ class IdentityManager:
         """For the control port's gRPC server: our certificate; a client's required and
         verified (a client without one fails the handshake)."""
         return self._current().control
+
+    def direct_context(self) -> ssl.SSLContext:
+        """For TLS addressed to our identity on one of the pod's own ports (a proxy calling a
+        meshed controller: see mesh/inbound.py `accept_direct`)."""
+        return self._current().direct
 
     def on_change(self, callback: Callable[[], None]) -> None:
         self._callbacks.append(callback)
@@ -295,6 +301,7 @@ class IdentityManager:
             server=contexts.server_context(chain, files.key, anchors, require_client_cert=False),
             client=contexts.client_context(chain, files.key, anchors),
             control=contexts.control_server_context(chain, files.key, anchors),
+            direct=contexts.direct_server_context(chain, files.key, anchors),
             expires_at=min(validity.not_after, certificate.valid_until),
         )
 

@@ -33,7 +33,7 @@ from meshlet.proxy.http.contract import CLIENT_ID_HEADER, Addr, Endpoint, Router
 from meshlet.proxy.inbound.authz import InboundPolicy, PolicyRouter, client_of
 from meshlet.proxy.io import relay
 from meshlet.proxy.io.counters import ConnLabels, TcpConn
-from meshlet.proxy.io.listener import Accepted, peek_protocol
+from meshlet.proxy.io.listener import Accepted, first_byte, peek_protocol
 
 if TYPE_CHECKING:
     from meshlet.proxy.identity.manager import IdentityManager
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 DIRECTION = "inbound"
+_TLS_HANDSHAKE = b"\x16"  # a TLS record of type handshake: a ClientHello begins so
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +96,9 @@ class InboundStack:
         if self.self_targets.loops(target, accepted.local[0]):
             self._conns.refuse(accepted, DIRECTION, "loop",
                                f"{target} is the proxy's own port")  # fmt: skip
+            return
+        if await self._tls_for_us(accepted, target):
+            await self._direct(accepted, target)
             return
         await self._plain(accepted, target)
 
@@ -156,6 +160,62 @@ class InboundStack:
                 client = str(accepted.client)
                 guard = self._conns.late_http_check(client, target[1], self._timeout)
         return Forward(SessionProtocol.OPAQUE, target, guard)
+
+    # -- TLS for this proxy's identity on one of the pod's ports -------------------------------
+
+    async def _tls_for_us(self, accepted: Accepted, target: Addr) -> bool:
+        """Whether the connection may be TLS addressed to this proxy: it has a certificate,
+        the port is not opaque (an opaque port's TLS is the app's, relayed untouched) and the
+        client's first byte opens a TLS handshake record."""
+        identity = self._identity
+        if identity is None or not identity.ready or target[1] in self._opaque_ports:
+            return False
+        if self._opaque_by_policy(target[1]):
+            return False
+        return await first_byte(accepted, self._timeout) == _TLS_HANDSHAKE
+
+    async def _direct(self, accepted: Accepted, target: Addr) -> None:
+        """TLS whose hello names this proxy's identity, sent straight to the pod's port (a
+        proxy calling a meshed controller): terminated here, then detected, authorized and
+        forwarded as a mesh session is, with the client's identity when it proved one. TLS for
+        any other name is the app's own: relayed as it came."""
+        from meshlet.proxy.mesh.inbound import MeshInbound, Refused, Terminated
+
+        conns = self._conns
+        identity = self._identity
+        assert identity is not None
+        mesh = MeshInbound(identity.server_context(), identity.local_name, self.self_targets,
+                           self._timeout)  # fmt: skip
+        outcome = await mesh.accept_direct(accepted, identity.direct_context())
+        if isinstance(outcome, Refused):
+            conns.metrics.fail_fast_total.labels(DIRECTION, outcome.reason.value).inc()
+            return
+        if not isinstance(outcome, Terminated):
+            await self._plain(accepted, target)  # the app's TLS: nothing was read
+            return
+        client_id = outcome.client_id or None
+        session = Session(outcome, outcome.client_id, target)
+        labels = conns.metrics.conn(
+            DIRECTION, str(target), tls="true", no_tls_reason="",
+            client_id=outcome.client_id, peer=_peer(accepted),
+        )  # fmt: skip
+        async with conns.counted(labels) as tcp:
+            forward = await self._detect_session(session)
+            if forward.protocol is SessionProtocol.OPAQUE:
+                if not self._tcp_allowed(accepted.client[0], client_id, target, labels):
+                    outcome.close()
+                    return
+                await self._relay_session(session, forward, tcp)
+                return
+            headers = ((CLIENT_ID_HEADER, client_id.encode()),) if client_id else ()
+            await conns.http(
+                forward.protocol is SessionProtocol.HTTP2,
+                self._router(accepted.client[0], client_id, target, labels),
+                labels,
+                tcp,
+                handoff=outcome,
+                add_headers=headers,
+            )
 
     # -- mutual TLS from another proxy --------------------------------------------------------
 

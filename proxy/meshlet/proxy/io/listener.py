@@ -120,6 +120,22 @@ async def peek_protocol(accepted: Accepted, give_up_after: float) -> Detected | 
         return None
 
 
+async def first_byte(accepted: Accepted, give_up_after: float) -> bytes:
+    """The client's first byte, peeked (nothing is consumed): b"" when it closed, or sent
+    nothing within `give_up_after` seconds of the accept."""
+    sock = accepted.sock
+    try:
+        async with asyncio.timeout_at(accepted.deadline(give_up_after)):
+            while True:
+                await _readable(sock)
+                try:
+                    return sock.recv(1, socket.MSG_PEEK)
+                except BlockingIOError:  # woken with nothing to read
+                    continue
+    except (TimeoutError, OSError):
+        return b""
+
+
 class Listener:
     """Accepts connections forever, running `handler` for each in a task it owns."""
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Final, cast
 
 from meshlet.api import transport_header
-from meshlet.api.transport_header import Header, Incomplete, TransportHeaderError
+from meshlet.api.transport_header import Header, Incomplete, SessionProtocol, TransportHeaderError
 from meshlet.proxy.core import sni
 from meshlet.proxy.core.loops import SelfTargets
 from meshlet.proxy.http.contract import Addr, Connect, Shedder
@@ -52,6 +52,8 @@ _REPEEK_FIRST: Final = 0.001
 _REPEEK_MAX: Final = 0.05
 # uvloop's own handshake timeout (a ConnectionAbortedError) only backs up ours (a TimeoutError).
 _BACKSTOP: Final = 1.0
+# What a session terminated by `accept_direct` carries, by its ALPN.
+_ALPN_PROTOCOLS: Final = {"h2": SessionProtocol.HTTP2, "http/1.1": SessionProtocol.HTTP1}
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +133,50 @@ class MeshInbound:
         if isinstance(hello, sni.NotTls) or hello.name != self._identity:
             return PassThrough(None if isinstance(hello, sni.NotTls) else hello.name)
         return await self._terminate(accepted, deadline)
+
+    async def accept_direct(
+        self, accepted: Accepted, context: ssl.SSLContext
+    ) -> Terminated | PassThrough | Refused:
+        """TLS addressed to us on one of the pod's own ports, without the transport header: what
+        a proxy sends a meshed controller (its gRPC client verifies the controller's identity,
+        as Linkerd's proxies do). Terminated when the hello names our identity, with TLS 1.3,
+        ALPN h2, http/1.1 or none, and a client certificate verified when one is sent (the
+        client's identity is then `client_id`, else ""); the session's protocol is the ALPN's
+        (none: opaque, which the stack detects). PassThrough when the hello names another
+        name: the app's own TLS, relayed untouched."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timeout
+        hello = await _peek_hello(accepted.sock, deadline)
+        if isinstance(hello, Refusal):
+            accepted.sock.close()
+            return _refused(accepted, hello, "the client closed or stalled in its ClientHello")
+        if isinstance(hello, sni.NotTls) or hello.name != self._identity:
+            return PassThrough(None if isinstance(hello, sni.NotTls) else hello.name)
+        port = accepted.target.port
+        reader = _HeaderReader(loop, Header(port))
+        try:
+            async with asyncio.timeout_at(deadline):
+                transport, _ = await tls_accept(
+                    accepted.sock, context, lambda: reader,
+                    handshake_timeout=self._timeout + _BACKSTOP,
+                )  # fmt: skip
+        except TimeoutError:
+            why = f"the TLS handshake did not complete within {self._timeout}s"
+            return _refused(accepted, Refusal.HANDSHAKE_TIMEOUT, why)
+        except OSError as exc:
+            why = f"TLS handshake failed: {describe(exc)}"
+            return _refused(accepted, classify_tls_error(exc), why)
+        ssl_object = cast(ssl.SSLObject, transport.get_extra_info("ssl_object"))
+        version, alpn = ssl_object.version(), ssl_object.selected_alpn_protocol()
+        if version != "TLSv1.3":
+            transport.abort()
+            reader.discard()
+            return _refused(accepted, Refusal.TLS_VERSION, f"negotiated {version}")
+        protocol = _ALPN_PROTOCOLS.get(alpn or "", SessionProtocol.OPAQUE)
+        header = Header(port, protocol=protocol)
+        client_id = peer_identity(ssl_object) or ""
+        return Terminated(transport, header, client_id, Addr(accepted.target.host, port), b"",
+                          reader)  # fmt: skip
 
     async def _terminate(self, accepted: Accepted, deadline: float) -> Outcome:
         loop = asyncio.get_running_loop()
@@ -240,8 +286,11 @@ class _HeaderReader(asyncio.Protocol):
     """The TLS session's first protocol: reads the transport header, pauses reading, and later
     hands the connection over, with whatever arrived or happened in between."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, header: Header | None = None) -> None:
         self.header: asyncio.Future[tuple[Header, bytes]] = loop.create_future()
+        self._preset = header is not None  # no header on the wire: reading pauses at once
+        if header is not None:
+            self.header.set_result((header, b""))
         self._transport: asyncio.Transport | None = None
         self._buf = bytearray()
         self._next: asyncio.Protocol | None = None
@@ -253,6 +302,8 @@ class _HeaderReader(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+        if self._preset:
+            self._transport.pause_reading()
 
     def data_received(self, data: bytes) -> None:
         if self._next is not None:

@@ -64,6 +64,14 @@ def control_server_context(chain: Path, key: Path, trust_anchors_pem: str) -> ss
     return server_context(chain, key, trust_anchors_pem, require_client_cert=True, alpn=("h2",))
 
 
+def direct_server_context(chain: Path, key: Path, trust_anchors_pem: str) -> ssl.SSLContext:
+    """For TLS addressed to our identity on one of the pod's ports, as a proxy sends to a meshed
+    controller (gRPC, server-verified): our identity, ALPN h2 or http/1.1, a client certificate
+    verified against the anchors when one is sent."""
+    return server_context(chain, key, trust_anchors_pem, require_client_cert=False,
+                          alpn=("h2", "http/1.1"))  # fmt: skip
+
+
 def client_context(
     chain: Path | None,
     key: Path | None,
