@@ -24,7 +24,7 @@ DEMO = topology.NAMESPACE
 WEB_IDENTITY = f"web.{DEMO}.serviceaccount.identity.meshlet.cluster.local"
 INSTALL_VALUES = (
     f"prometheus.enabled=true,prometheus.image={REGISTRY}/prometheus:{TAG},"
-    "prometheus.scrapeConfig=true"
+    "prometheus.scrapeConfig=true,prometheus.discovery=meshlet"
 )
 
 
@@ -271,7 +271,7 @@ def test_malformed_policy_and_profile_are_refused(cluster: Cluster) -> None:
         "spec": {"targetRef": {"kind": "Server"}, "requiredAuthenticationRefs": "nobody"},
     }
     bad_profile = {
-        "apiVersion": "meshlet.io/v1alpha2",
+        "apiVersion": "meshlet.io/v1alpha1",
         "kind": "ServiceProfile",
         "metadata": {"name": f"api.{DEMO}.svc.cluster.local", "namespace": DEMO},
         "spec": {"routes": [{"name": "x", "condition": {"pathRegex": "(unclosed"}}]},

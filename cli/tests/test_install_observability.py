@@ -107,6 +107,32 @@ def test_promtool_accepts_the_config(rendered: list[dict[str, Any]], tmp_path: P
     assert refused.returncode != 0
 
 
+def test_meshlet_discovery_is_a_config_debians_prometheus_takes_as_written(
+    tmp_path: Path,
+) -> None:
+    """prometheus.discovery=meshlet: the same jobs, their targets from the destination's HTTP
+    discovery (which labels them as the Kubernetes jobs relabel: destination/test_scrape.py),
+    so a Prometheus without Kubernetes discovery (Debian's) runs the config unchanged."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed (scripts/system-packages installs it)")
+    values = yaml.safe_load(pki.VALUES.read_text())
+    values["prometheus"] = {"enabled": True, "discovery": "meshlet"}
+    manifests = charts.render(charts.CONTROL_PLANE, values, wk.CONTROL_PLANE_NAMESPACE)
+    config = find([m.doc for m in manifests], "ConfigMap", "meshlet-prometheus-config")
+    text = config["data"]["prometheus.yml"]
+    jobs = yaml.safe_load(text)["scrape_configs"]
+    base = f"http://meshlet-destination.{wk.CONTROL_PLANE_NAMESPACE}.svc.cluster.local:9996"
+    assert [(j["job_name"], j["http_sd_configs"][0]["url"]) for j in jobs] == [
+        (promconf.PROXY_JOB, f"{base}/prometheus/proxies"),
+        (promconf.CONTROLLER_JOB, f"{base}/prometheus/controllers"),
+    ]
+    (tmp_path / "prometheus.yml").write_text(text)
+    done = subprocess.run([promtool, "check", "config", str(tmp_path / "prometheus.yml")],
+                          capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 def test_the_prometheus_deployment(rendered: list[dict[str, Any]]) -> None:
     service = find(rendered, "Service", "meshlet-prometheus")
     assert [(p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [(9090, "http")]

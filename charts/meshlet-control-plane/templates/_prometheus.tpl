@@ -1,8 +1,21 @@
 {{/* The scrape jobs for meshlet, one definition for the ConfigMap given to an external
 Prometheus (prometheus.scrapeConfig) and for the chart's own (prometheus.enabled): every
 proxy's meshlet-admin port, labelled with its pod's namespace, name and workload labels, and
-the control plane's admin-http ports, labelled with their component. */}}
+the control plane's admin-http ports, labelled with their component. Found by Prometheus'
+Kubernetes discovery, or (prometheus.discovery=meshlet) by HTTP discovery from the
+destination, which labels the targets as the relabelling below does. */}}
 {{- define "meshlet.prometheus.scrapeConfigs" -}}
+{{- if eq .Values.prometheus.discovery "meshlet" }}
+{{- $destination := printf "http://meshlet-destination.%s.svc.%s:9996" .Release.Namespace .Values.clusterDomain }}
+- job_name: meshlet-proxy
+  http_sd_configs:
+    - url: {{ $destination }}/prometheus/proxies
+      refresh_interval: {{ .Values.prometheus.scrapeInterval }}
+- job_name: meshlet-controller
+  http_sd_configs:
+    - url: {{ $destination }}/prometheus/controllers
+      refresh_interval: {{ .Values.prometheus.scrapeInterval }}
+{{- else }}
 - job_name: meshlet-proxy
   kubernetes_sd_configs:
     - role: pod
@@ -27,6 +40,7 @@ the control plane's admin-http ports, labelled with their component. */}}
       regex: ^admin-http$
     - source_labels: [__meta_kubernetes_pod_label_meshlet_io_control_plane_component]
       target_label: component
+{{- end }}
 {{- end -}}
 
 

@@ -1,5 +1,6 @@
 """The admin HTTP endpoints every meshlet process serves: /metrics, /ready, /live (what
-kubelet probes and Prometheus scrape), and, where enabled, POST /shutdown from loopback only.
+kubelet probes and Prometheus scrape), and, where enabled, POST /shutdown from loopback only
+and a process's own JSON documents (the destination's Prometheus service discovery).
 
 Any pod can reach a proxy's admin port, so what one client can cost the process is bounded:
 - a request's head (at most MAX_REQUEST_HEAD bytes) and its body (MAX_BODY) must arrive
@@ -23,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Final
 
 from meshlet.api.hostport import HostPort
@@ -49,6 +50,7 @@ class AdminServer:
         ready: Callable[[], bool],
         shutdown: Callable[[], None] | None = None,
         log_level: Callable[[str], str] | None = None,
+        documents: Mapping[bytes, Callable[[], bytes]] | None = None,
     ) -> None:
         # Renders /metrics in Prometheus' text format: whole, or in pieces (other work on the
         # loop runs between two).
@@ -58,6 +60,8 @@ class AdminServer:
         # Sets the level from a request body and returns it, or raises ValueError; None:
         # PUT /proxy-log-level is not served.
         self._log_level = log_level
+        # Other GET paths answered with a JSON document (application/json), made per request.
+        self._documents = dict(documents or {})
         self._server: asyncio.Server | None = None
         # Open connections, oldest first; True once the request was read (it is answered).
         self._open: dict[asyncio.StreamWriter, bool] = {}
@@ -107,7 +111,12 @@ class AdminServer:
             return
         if writer.transport.is_closing():
             return  # closed for a newer connection
-        content_type = METRICS_CONTENT_TYPE if body.startswith(b"#") else "text/plain"
+        if body.startswith(b"#"):
+            content_type = METRICS_CONTENT_TYPE
+        elif body[:1] in (b"[", b"{"):
+            content_type = "application/json"
+        else:
+            content_type = "text/plain"
         head_out = (
             f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}"
             "\r\nConnection: close\r\n\r\n"
@@ -171,6 +180,8 @@ class AdminServer:
             return "405 Method Not Allowed", b"only GET\n"
         if target == b"/metrics":
             return "200 OK", None  # rendered by `_render`
+        if target in self._documents:
+            return "200 OK", self._documents[target]()
         if target == b"/live":
             return "200 OK", b"live\n"
         if target == b"/ready":

@@ -32,6 +32,7 @@ TAP_PORT: Final = 8088
 TAP_ADMIN_PORT: Final = 9998
 # The web dashboard (Linkerd viz's web: 8084, admin 9994), in the tap controller's pod.
 WEB_PORT: Final = 8084
+PROMETHEUS_PORT: Final = 9090  # the chart's meshlet-prometheus (prometheus.enabled)
 WEB_ADMIN_PORT: Final = 9994
 
 CONTROL_PLANE_NAMESPACE: Final = "meshlet"

@@ -16,6 +16,8 @@ from meshlet.api import wellknown
 from meshlet.api.admin import AdminServer
 from meshlet.api.hostport import HostPort
 from meshlet.controlplane.cli import serve_until_signalled
+from meshlet.controlplane.destination import scrape
+from meshlet.controlplane.destination.model import Pod
 from meshlet.controlplane.destination.publisher import Publishers
 from meshlet.controlplane.destination.service import (
     DestinationMetrics,
@@ -104,9 +106,19 @@ class DestinationServer(StreamingController):
             registry=self.registry,
         )
         self.registry.register(_SourceCounters(config.source))
-        self._admin = AdminServer(partial(generate_latest, self.registry), ready=self.ready)
+        self._admin = AdminServer(
+            partial(generate_latest, self.registry),
+            ready=self.ready,
+            documents={
+                scrape.PROXIES_PATH: lambda: scrape.render(scrape.proxies(self._pods())),
+                scrape.CONTROLLERS_PATH: lambda: scrape.render(scrape.controllers(self._pods())),
+            },
+        )
         self.supervisor = Supervisor("destination")
         self.supervisor.add("the cluster-state source", partial(config.source.run, self.apply))
+
+    def _pods(self) -> list[Pod]:
+        return list(self.state.pods.values())
 
     def ready(self) -> bool:
         """Serving gRPC from a source that runs and has listed every kind: answers from a
