@@ -216,8 +216,9 @@ def test_viz_commands(cluster: Cluster) -> None:
     assert "web" in edges and "api" in edges, edges
     routes = cluster.meshlet("viz", "routes", "deploy/api", "-n", DEMO)
     assert routes.strip(), routes
-    lines = _first_lines(cluster, [_meshlet(), "viz", "tap", "deploy/web", "-n", DEMO], 5)
-    assert all(DEMO in line or "web" in line for line in lines), lines
+    lines = _first_lines(cluster, [_meshlet(), "viz", "tap", "deploy/web", "-n", DEMO], 6)
+    assert any(line.startswith("req ") and f":authority=web.{DEMO}" in line for line in lines)
+    assert any(line.startswith("rsp ") and ":status=200" in line for line in lines), lines
 
 
 def _first_lines(cluster: Cluster, argv: list[str], count: int, timeout: float = 60) -> list[str]:
@@ -357,7 +358,7 @@ def _shows(driver: Any, text: str) -> None:
 
 def test_uninstall_leaves_nothing(cluster: Cluster) -> None:
     cluster.kubectl("delete", "namespace", DEMO, "plain", "--wait=true", timeout=300)
-    refs = cluster.meshlet("uninstall")
+    refs = cluster.meshlet("uninstall", "--crds")
     cluster.kubectl(
         "delete", "--ignore-not-found", "--wait=true", "-f", "-", stdin=refs, timeout=300
     )

@@ -179,3 +179,14 @@ def test_the_dashboards_reach_grafanas_sidecar(rendered: list[dict[str, Any]]) -
         datasources = {json.dumps(p["datasource"]) for p in board["panels"] if "datasource" in p}
         assert datasources == {json.dumps({"type": "prometheus", "uid": "${datasource}"})}
         assert board["templating"]["list"][0]["type"] == "datasource"
+
+
+def test_the_prometheus_pod_does_not_claim_to_be_meshed(rendered: list[dict[str, Any]]) -> None:
+    """meshlet.io/control-plane-ns marks a meshed pod: the destination then tells clients to
+    speak mTLS to it. The chart's Prometheus has no proxy (the dashboard got 502s from it on
+    the first real cluster while it carried the label)."""
+    labels = find(rendered, "Deployment", "meshlet-prometheus")["spec"]["template"]["metadata"][
+        "labels"
+    ]
+    assert wk.CONTROL_PLANE_NS_LABEL not in labels
+    assert labels["app.kubernetes.io/part-of"] == "meshlet"

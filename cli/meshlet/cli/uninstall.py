@@ -11,22 +11,30 @@ from meshlet.api import wellknown as wk
 from meshlet.cli import charts
 from meshlet.cli.manifests import stream
 
+# The chart's optional parts, all on: their objects are named whether or not installed.
+EVERY_OPTION = {
+    "prometheus": {"enabled": True, "scrapeConfig": True},
+    "grafana": {"dashboards": True},
+}
+
 
 @click.command()
 @click.option("--namespace", default=wk.CONTROL_PLANE_NAMESPACE, show_default=True)
 @click.option("--crds", is_flag=True, help="Also the CustomResourceDefinitions (and so every "
               "ServiceProfile).")  # fmt: skip
 def uninstall(namespace: str, crds: bool) -> None:
-    """Print references to every object `meshlet install` creates.
+    """Print references to every object `meshlet install` creates, with any of its options
+    (the chart's Prometheus and dashboards included: absent ones are not found).
 
     \b
-    meshlet uninstall | kubectl delete -f -
+    meshlet uninstall | kubectl delete --ignore-not-found -f -
 
     Meshed pods keep their proxies until they are restarted.
     """
     from meshlet.cli.install import generated
 
     values = generated({}, namespace, dt.datetime.now(dt.UTC), quiet=True)
+    values.update(EVERY_OPTION)
     try:
         manifests = charts.render(charts.CONTROL_PLANE, values, namespace)
         if crds:

@@ -12,6 +12,7 @@ import pytest
 from meshlet.api.hostport import HostPort
 from meshlet.api.transport_header import SessionProtocol
 from meshlet.proxy.core.accrual import FailureAccrual
+from meshlet.proxy.core.endpoints import Add, EndpointSet
 from meshlet.proxy.discovery.profile import DstOverride, Profile, RetryBudgetSpec
 from meshlet.proxy.discovery.resolver import Destination
 from meshlet.proxy.http.contract import Endpoint, RouteError, settle
@@ -255,3 +256,27 @@ async def test_a_balancer_is_reported_under_each_parent_routing_to_it_up_to_a_bo
         mesh.route_parent(WEB, {"parent_kind": "Service", "parent_name": f"app-{n}"})
     mesh.route_parent(WEB, {"parent_kind": "Service", "parent_name": "app-0"})  # once
     assert parents() == {f"app-{n}": 1 for n in range(MAX_PARENTS)}
+
+
+async def test_the_service_asked_by_name_and_by_address_balances_over_its_own_endpoints(
+    discovery: Any,
+) -> None:
+    """Two destinations, the Service by its name and by its cluster IP, share one authority
+    and so one balancer, while each follows its own stream, whose versions count separately.
+    On a real cluster a replaced pod left the balancer on the other's endpoints at an equal
+    version: it leased the gone pod, which the picking destination no longer had (KeyError,
+    a 502)."""
+    old, new = discovery.endpoint("10.1.0.1"), discovery.endpoint("10.1.0.2")
+    discovery.client.service("web", 80, old, cluster_ip="10.96.0.10")
+    mesh = discovery.mesh()
+    by_name = await mesh.destination_for_authority(WEB)
+    by_address = await mesh.destination(CLUSTER_IP)
+    assert isinstance(by_name, Destination) and isinstance(by_address, Destination)
+    assert (await picked(mesh, by_name)).addr[0] == "10.1.0.1"
+    # The pod was replaced: the address's stream has the new pod at the version the name's
+    # stream had the old one.
+    replaced = EndpointSet(version=by_name.endpoints.version - 1).apply(Add((new,)), first=True)
+    assert replaced.version == by_name.endpoints.version
+    by_address._endpoints = replaced
+    assert (await picked(mesh, by_address)).addr[0] == "10.1.0.2"
+    assert (await picked(mesh, by_name)).addr[0] == "10.1.0.1"

@@ -26,7 +26,7 @@ from meshlet.api.hostport import format_hostport
 from meshlet.api.transport_header import SessionProtocol
 from meshlet.proxy.authority import split_authority
 from meshlet.proxy.core.accrual import FailureAccrual
-from meshlet.proxy.core.endpoints import DiscoveredEndpoint, Status
+from meshlet.proxy.core.endpoints import DiscoveredEndpoint, EndpointSet, Status
 from meshlet.proxy.core.retry_budget import RetryBudget
 from meshlet.proxy.discovery.client import DestinationClient
 from meshlet.proxy.discovery.profile import DstOverride, RetryBudgetSpec
@@ -71,7 +71,7 @@ class Destinations:
         self._clock = clock
         self._rng = rng or random.Random()
         self._suffixes = profile_suffixes
-        self._balancers: dict[str, tuple[int, Balancer[Addr]]] = {}
+        self._balancers: dict[str, tuple[EndpointSet, Balancer[Addr]]] = {}
         # How each (endpoint, protocol, authority) is reached; cleared when the certificate
         # changes, so that new connections present the new one.
         self._reaches: dict[tuple[Addr, str, int | None, SessionProtocol, str], Endpoint] = {}
@@ -302,10 +302,13 @@ class Destinations:
         authority = f"{name}:{destination.port}" if name else destination.target
         if endpoints.status is Status.UNKNOWN:
             return None
-        version, balancer = self._balancers.get(authority) or (-1, self._new_balancer(authority))
-        if version != endpoints.version:
+        # The balancer follows the snapshot it was last given: two destinations (the Service
+        # asked for by name and by cluster IP) share one authority, and their snapshots'
+        # versions count separately, so a version alone would leave it on another's endpoints.
+        held, balancer = self._balancers.get(authority) or (None, self._new_balancer(authority))
+        if held is not endpoints:
             balancer.update(endpoints.endpoints)
-            self._balancers[authority] = (endpoints.version, balancer)
+            self._balancers[authority] = (endpoints, balancer)
         try:
             lease = balancer.pick(after.lease.endpoint if after and after.lease else None)
         except AllEjected as exc:
