@@ -820,8 +820,48 @@ def down(quiet: bool = False) -> None:
     _restore_sysctls()
     if DIR.exists():
         shutil.rmtree(DIR)
+    left = leftovers()
+    if left:
+        raise ClusterError("down left:\n  " + "\n  ".join(left))
     if not quiet:
         log("down: nothing of the cluster is left")
+
+
+def leftovers() -> list[str]:
+    """What of a cluster is still on the machine: its processes (by the state folder or the
+    node's binaries in their command line), mounts under the folder, the pods' network
+    namespaces, the bridge, KUBE-/CNI- iptables chains, the pods' cgroups, the folder."""
+    found = []
+    needles = [str(DIR).encode(), str(CONTAINERD_SOCK).encode()]
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            program = Path(argv[0].decode(errors="replace")).name
+            if program in PROCESSES[1:] or any(n in arg for arg in argv for n in needles):
+                found.append(f"process {proc.name}: {b' '.join(argv)[:120]!r}")
+    prefix = str(DIR)
+    for line in Path("/proc/mounts").read_text().splitlines():
+        mount = line.split()[1]
+        if mount == prefix or mount.startswith(prefix + "/"):
+            found.append(f"mount {mount}")
+    netns = Path("/var/run/netns")
+    found += [f"netns {n.name}" for n in (netns.glob("cni-*") if netns.exists() else [])]
+    if Path(f"/sys/class/net/{BRIDGE}").exists():
+        found.append(f"interface {BRIDGE}")
+    for family in ("iptables", "ip6tables"):
+        for backend in ("nft", "legacy"):
+            save = shutil.which(f"{family}-{backend}-save")
+            if save:
+                dump = run(save, check=False, quiet=True)
+                chains = [line for line in dump.splitlines() if line.startswith(":")]
+                found += [f"{family}-{backend} chain {line[1:].split()[0]}" for line in chains
+                          if line[1:].startswith(CHAIN_PREFIXES)]  # fmt: skip
+    found += [f"cgroup {c}" for c in _cgroup_dirs()]
+    if DIR.exists():
+        found.append(f"folder {DIR}")
+    return found
 
 
 def _stop(name: str, grace: float = 10) -> None:

@@ -165,8 +165,8 @@ def _node(keep: bool) -> Iterator[Cluster]:
         yield Cluster("node", env)
     finally:
         _collect_logs(env)
-        if not (keep or reuse):
-            subprocess.run([python, node, "down"], timeout=300, check=False)
+        if not (keep or reuse):  # `make cluster-down`: it fails naming anything left
+            _run([python, node, "down"], timeout=300)
 
 
 def _k3d(keep: bool) -> Iterator[Cluster]:

@@ -223,25 +223,25 @@ def test_viz_commands(cluster: Cluster) -> None:
 
 def _first_lines(cluster: Cluster, argv: list[str], count: int, timeout: float = 60) -> list[str]:
     """The first lines a long-running command prints (then it is ended, as Ctrl-C would)."""
-    proc = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster.env
-    )
     lines: list[str] = []
     deadline = time.monotonic() + timeout
-    try:
-        assert proc.stdout is not None
-        while len(lines) < count and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line.rstrip("\n"))
-    finally:
-        proc.send_signal(signal.SIGINT)
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=cluster.env) as proc:  # fmt: skip
+        assert proc.stdout is not None and proc.stderr is not None
         try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-    assert len(lines) >= count, (lines, proc.stderr.read() if proc.stderr else "")
+            while len(lines) < count and time.monotonic() < deadline:
+                line = proc.stdout.readline()
+                if not line:
+                    break
+                lines.append(line.rstrip("\n"))
+        finally:
+            proc.send_signal(signal.SIGINT)
+            try:
+                _, err = proc.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                _, err = proc.communicate()
+    assert len(lines) >= count, (lines, err)
     return lines
 
 
@@ -303,52 +303,45 @@ def test_a_namespace_without_injection_is_left_alone(cluster: Cluster) -> None:
 
 
 def test_dashboard_in_a_browser(cluster: Cluster) -> None:
+    """`meshlet viz dashboard` (a port-forward through the API server to the tap pod's web
+    container) opened in headless Chromium: the namespaces, then the demo's deployments, with
+    a screenshot of each kept in e2e/artifacts."""
     pytest.importorskip("selenium")
-    proc = subprocess.Popen(
-        [_meshlet(), "viz", "dashboard", "--port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=cluster.env,
-    )
-    try:
-        assert proc.stdout is not None
-        announced = proc.stdout.readline()
-        found = re.search(r"http://\S+", announced)
-        assert found, announced + (proc.stderr.read() if proc.stderr else "")
-        url = found.group(0)
-        from selenium import webdriver
-        from selenium.webdriver.chrome.options import Options
-        from selenium.webdriver.chrome.service import Service
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
 
-        options = Options()
-        options.binary_location = "/usr/bin/chromium"
-        for flag in (
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--window-size=1400,900",
-        ):
-            options.add_argument(flag)
-        driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+    with subprocess.Popen([_meshlet(), "viz", "dashboard", "--port", "0"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=cluster.env) as proc:  # fmt: skip
+        assert proc.stdout is not None
         try:
-            driver.get(url)
-            eventually(
-                "the dashboard listing the demo's deployments",
-                lambda: _shows(driver, "web"),
-                timeout=60,
-            )
-            driver.save_screenshot(str(ARTIFACTS / "dashboard.png"))
+            announced = proc.stdout.readline()
+            found = re.search(r"http://\S+/", announced)
+            assert found, announced
+            url = found.group(0)
+            options = Options()
+            options.binary_location = "/usr/bin/chromium"
+            for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                         "--no-first-run", "--disable-background-networking",
+                         "--disable-component-update", "--disable-sync",
+                         "--window-size=1400,900"):  # fmt: skip
+                options.add_argument(flag)
+            driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+            try:
+                driver.get(url)
+                eventually("the dashboard listing the demo namespace as meshed",
+                           lambda: _shows(driver, DEMO), timeout=60)  # fmt: skip
+                driver.save_screenshot(str(ARTIFACTS / "dashboard.png"))
+                driver.get(f"{url}namespaces/{DEMO}")
+                eventually("the demo's deployments with their traffic",
+                           lambda: _shows(driver, "api-slow"), timeout=60)  # fmt: skip
+                driver.save_screenshot(str(ARTIFACTS / "dashboard-demo.png"))
+            finally:
+                driver.quit()
         finally:
-            driver.quit()
-    finally:
-        proc.terminate()
-        proc.wait(10)
+            proc.terminate()
+            proc.communicate(timeout=10)
 
 
 def _shows(driver: Any, text: str) -> None:
