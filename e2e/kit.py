@@ -3,7 +3,8 @@
 Where Docker answers and k3d is installed, a k3d cluster (e2e/k3d.yaml); otherwise the
 single-node Kubernetes of `make cluster` (cluster/node.py: upstream Kubernetes, etcd, CoreDNS,
 containerd; root). The images come from `make images` and are imported into the cluster: nothing
-is pulled. MESHLET_E2E_KEEP=1 leaves the cluster running afterwards (`make cluster-down` ends it).
+is pulled. MESHLET_E2E_KEEP=1 leaves the cluster running afterwards (`make cluster-down` ends it);
+MESHLET_REQUIRE_E2E=1 (CI) fails where no cluster can be made instead of skipping.
 """
 
 from __future__ import annotations
@@ -121,6 +122,8 @@ def _log(message: str) -> None:
 def cluster() -> Iterator[Cluster]:
     why = _why_no_cluster()
     if why:
+        if os.environ.get("MESHLET_REQUIRE_E2E") == "1":  # CI: a skip would hide it
+            pytest.fail(why)
         pytest.skip(why)
     keep = os.environ.get("MESHLET_E2E_KEEP") == "1"
     ARTIFACTS.mkdir(parents=True, exist_ok=True)

@@ -185,23 +185,30 @@ def test_canary_route_status_and_split(cluster: Cluster) -> None:
 
 
 def test_failure_accrual_ejects_a_failing_replica(cluster: Cluster) -> None:
-    api = cluster.pods(DEMO, "deployment=api")[0]["metadata"]["name"]
-    cluster.kubectl("exec", "-n", DEMO, api, "-c", "api", "--", "touch", kube.FAULT_FLAG)
+    """An api replica made to fail every call: its proxy sees few of web's calls once the
+    breaker ejected it (probes only), its healthy twin takes them, and retries keep what the
+    load generator sees almost clean."""
+    failing, healthy = (p["metadata"]["name"] for p in cluster.pods(DEMO, "deployment=api"))
+
+    def inbound(pod: str) -> float:
+        return counter(cluster.metrics(DEMO, pod), "request_total", direction="inbound",
+                       client_id=WEB_IDENTITY)  # fmt: skip
+
+    cluster.kubectl("exec", "-n", DEMO, failing, "-c", "api", "--", "touch", kube.FAULT_FLAG)
     try:
-        time.sleep(10)
-        before = load_stats(cluster)
+        time.sleep(10)  # the breaker's consecutive failures, then ejection
+        before = load_stats(cluster), inbound(failing), inbound(healthy)
         time.sleep(20)
-        after = load_stats(cluster)
-        to_failing = after["by_api"].get(api, 0) - before["by_api"].get(api, 0)
-        answered = after["ok"] - before["ok"]
-        failed = sum(after["failed"].values()) - sum(before["failed"].values())
+        after = load_stats(cluster), inbound(failing), inbound(healthy)
+        to_failing, to_healthy = after[1] - before[1], after[2] - before[2]
+        answered = after[0]["ok"] - before[0]["ok"]
+        failed = sum(after[0]["failed"].values()) - sum(before[0]["failed"].values())
         assert answered > 100, (before, after)
-        # Ejected: the failing replica answers (successfully) nothing; the retries and the
-        # breaker keep what the client sees almost clean.
-        assert to_failing == 0, (api, before["by_api"], after["by_api"])
+        assert to_healthy > 50 and to_failing < to_healthy * 0.1, (to_failing, to_healthy)
         assert failed <= answered * 0.02, (failed, answered)
     finally:
-        cluster.kubectl("exec", "-n", DEMO, api, "-c", "api", "--", "rm", "-f", kube.FAULT_FLAG)
+        cluster.kubectl("exec", "-n", DEMO, failing, "-c", "api", "--", "rm", "-f",
+                        kube.FAULT_FLAG)  # fmt: skip
 
 
 def test_viz_commands(cluster: Cluster) -> None:
