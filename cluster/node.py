@@ -446,11 +446,7 @@ def command(name: str, bin: Path, pki: Pki, ip: str) -> list[str]:
     if name == "kube-controller-manager":
         return [
             str(bin / name),
-            f"--kubeconfig={DIR / 'controller-manager.kubeconfig'}",
-            f"--authentication-kubeconfig={DIR / 'controller-manager.kubeconfig'}",
-            f"--authorization-kubeconfig={DIR / 'controller-manager.kubeconfig'}",
-            "--bind-address=127.0.0.1",
-            "--leader-elect=false",
+            *_controller_flags("controller-manager"),
             "--use-service-account-credentials=true",
             f"--service-account-private-key-file={p('sa.key')}",
             f"--root-ca-file={p('ca.crt')}",
@@ -465,11 +461,7 @@ def command(name: str, bin: Path, pki: Pki, ip: str) -> list[str]:
     if name == "kube-scheduler":
         return [
             str(bin / name),
-            f"--kubeconfig={DIR / 'scheduler.kubeconfig'}",
-            f"--authentication-kubeconfig={DIR / 'scheduler.kubeconfig'}",
-            f"--authorization-kubeconfig={DIR / 'scheduler.kubeconfig'}",
-            "--bind-address=127.0.0.1",
-            "--leader-elect=false",
+            *_controller_flags("scheduler"),
             "--profiling=false",
             "--v=1",
         ]
@@ -496,6 +488,19 @@ def command(name: str, bin: Path, pki: Pki, ip: str) -> list[str]:
             "--v=1",
         ]
     raise KeyError(name)
+
+
+def _controller_flags(name: str) -> list[str]:
+    """What kube-controller-manager and kube-scheduler share: one kubeconfig for the API and
+    for checking their own clients, loopback only, no leader election (one node)."""
+    kubeconfig = DIR / f"{name}.kubeconfig"
+    return [
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--bind-address=127.0.0.1",
+        "--leader-elect=false",
+    ]
 
 
 # -- processes -----------------------------------------------------------------------------------

@@ -193,29 +193,7 @@ class InboundStack:
         if not isinstance(outcome, Terminated):
             await self._plain(accepted, target)  # the app's TLS: nothing was read
             return
-        client_id = outcome.client_id or None
-        session = Session(outcome, outcome.client_id, target)
-        labels = conns.metrics.conn(
-            DIRECTION, str(target), tls="true", no_tls_reason="",
-            client_id=outcome.client_id, peer=_peer(accepted),
-        )  # fmt: skip
-        async with conns.counted(labels) as tcp:
-            forward = await self._detect_session(session)
-            if forward.protocol is SessionProtocol.OPAQUE:
-                if not self._tcp_allowed(accepted.client[0], client_id, target, labels):
-                    outcome.close()
-                    return
-                await self._relay_session(session, forward, tcp)
-                return
-            headers = ((CLIENT_ID_HEADER, client_id.encode()),) if client_id else ()
-            await conns.http(
-                forward.protocol is SessionProtocol.HTTP2,
-                self._router(accepted.client[0], client_id, target, labels),
-                labels,
-                tcp,
-                handoff=outcome,
-                add_headers=headers,
-            )
+        await self._serve_session(accepted, Session(outcome, outcome.client_id, target))
 
     # -- mutual TLS from another proxy --------------------------------------------------------
 
@@ -238,8 +216,15 @@ class InboundStack:
             conns.refuse(accepted, DIRECTION, "not_our_identity",
                          f"TLS for {outcome.sni!r} reached the inbound port")  # fmt: skip
             return
-        session = Session(outcome, outcome.client_id, outcome.target)
+        await self._serve_session(accepted, Session(outcome, outcome.client_id, outcome.target))
+
+    async def _serve_session(self, accepted: Accepted, session: Session) -> None:
+        """A terminated TLS session: counted under the client's identity, detected, authorized
+        by the port's policy and forwarded; HTTP carries `meshlet-client-id` when the client
+        proved an identity (a session terminated by `_direct` may have none: "")."""
+        conns = self._conns
         target = session.target
+        client_id = session.client_id or None
         labels = conns.metrics.conn(
             DIRECTION, str(target), tls="true", no_tls_reason="",
             client_id=session.client_id, peer=_peer(accepted),
@@ -247,18 +232,19 @@ class InboundStack:
         async with conns.counted(labels) as tcp:
             forward = await self._detect_session(session)
             if forward.protocol is SessionProtocol.OPAQUE:
-                if not self._tcp_allowed(accepted.client[0], session.client_id, target, labels):
+                if not self._tcp_allowed(accepted.client[0], client_id, target, labels):
                     session.terminated.close()
                     return
                 await self._relay_session(session, forward, tcp)
                 return
+            headers = ((CLIENT_ID_HEADER, client_id.encode()),) if client_id else ()
             await conns.http(
                 forward.protocol is SessionProtocol.HTTP2,
-                self._router(accepted.client[0], session.client_id, target, labels),
+                self._router(accepted.client[0], client_id, target, labels),
                 labels,
                 tcp,
                 handoff=session.terminated,
-                add_headers=((CLIENT_ID_HEADER, session.client_id.encode()),),
+                add_headers=headers,
             )
 
     async def _detect_session(self, session: Session) -> Forward:
