@@ -792,7 +792,8 @@ async def test_tls_for_the_pods_identity_on_its_port_is_terminated_by_its_proxy(
         ):
             async with grpc.aio.secure_channel(str(listener.addr), credentials,
                                                options=override) as channel:  # fmt: skip
-                reply = await channel.unary_unary(ECHO)(b"hi", timeout=10)
+                forged = [(wellknown.CLIENT_ID_HEADER, FORGED)]  # never reaches the app
+                reply = await channel.unary_unary(ECHO)(b"hi", timeout=10, metadata=forged)
             answer = json.loads(reply.partition(b"|")[0])
             assert answer == {"pod": "web-1", "client_id": client_id}
         assert web.metric("tcp_open_total", direction="inbound", tls="true", client_id=BOT_ID,

@@ -122,17 +122,8 @@ class MeshInbound:
         `PassThrough` leaves the socket untouched; `Refused` has closed it; `Terminated` owns it."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._timeout
-        hello = await _peek_hello(accepted.sock, deadline)
-        if isinstance(hello, Refusal):
-            accepted.sock.close()
-            why = {
-                Refusal.CLOSED: "the client closed before its ClientHello was complete",
-                Refusal.HELLO_TIMEOUT: f"no complete ClientHello within {self._timeout}s",
-            }[hello]
-            return _refused(accepted, hello, why)
-        if isinstance(hello, sni.NotTls) or hello.name != self._identity:
-            return PassThrough(None if isinstance(hello, sni.NotTls) else hello.name)
-        return await self._terminate(accepted, deadline)
+        decided = await self._hello_for_us(accepted, deadline)
+        return decided if decided is not None else await self._terminate(accepted, deadline)
 
     async def accept_direct(
         self, accepted: Accepted, context: ssl.SSLContext
@@ -143,29 +134,17 @@ class MeshInbound:
         ALPN h2, http/1.1 or none, and a client certificate verified when one is sent (the
         client's identity is then `client_id`, else ""); the session's protocol is the ALPN's
         (none: opaque, which the stack detects). PassThrough when the hello names another
-        name: the app's own TLS, relayed untouched."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._timeout
-        hello = await _peek_hello(accepted.sock, deadline)
-        if isinstance(hello, Refusal):
-            accepted.sock.close()
-            return _refused(accepted, hello, "the client closed or stalled in its ClientHello")
-        if isinstance(hello, sni.NotTls) or hello.name != self._identity:
-            return PassThrough(None if isinstance(hello, sni.NotTls) else hello.name)
+        name: the app's own TLS, relayed untouched. The hello and the handshake must be done
+        within the timeout of the accept (the detection's window: the stack peeked already)."""
+        deadline = accepted.deadline(self._timeout)
+        decided = await self._hello_for_us(accepted, deadline)
+        if decided is not None:
+            return decided
         port = accepted.target.port
-        reader = _HeaderReader(loop, Header(port))
-        try:
-            async with asyncio.timeout_at(deadline):
-                transport, _ = await tls_accept(
-                    accepted.sock, context, lambda: reader,
-                    handshake_timeout=self._timeout + _BACKSTOP,
-                )  # fmt: skip
-        except TimeoutError:
-            why = f"the TLS handshake did not complete within {self._timeout}s"
-            return _refused(accepted, Refusal.HANDSHAKE_TIMEOUT, why)
-        except OSError as exc:
-            why = f"TLS handshake failed: {describe(exc)}"
-            return _refused(accepted, classify_tls_error(exc), why)
+        reader = _HeaderReader(asyncio.get_running_loop(), Header(port))
+        transport = await self._handshake(accepted, context, reader, deadline)
+        if isinstance(transport, Refused):
+            return transport
         ssl_object = cast(ssl.SSLObject, transport.get_extra_info("ssl_object"))
         version, alpn = ssl_object.version(), ssl_object.selected_alpn_protocol()
         if version != "TLSv1.3":
@@ -178,14 +157,30 @@ class MeshInbound:
         return Terminated(transport, header, client_id, Addr(accepted.target.host, port), b"",
                           reader)  # fmt: skip
 
-    async def _terminate(self, accepted: Accepted, deadline: float) -> Outcome:
-        loop = asyncio.get_running_loop()
-        reader = _HeaderReader(loop)
+    async def _hello_for_us(
+        self, accepted: Accepted, deadline: float
+    ) -> PassThrough | Refused | None:
+        """None when the (peeked) ClientHello names our identity; else what the connection is."""
+        hello = await _peek_hello(accepted.sock, deadline)
+        if isinstance(hello, Refusal):
+            accepted.sock.close()
+            why = {
+                Refusal.CLOSED: "the client closed before its ClientHello was complete",
+                Refusal.HELLO_TIMEOUT: f"no complete ClientHello within {self._timeout}s",
+            }[hello]
+            return _refused(accepted, hello, why)
+        if isinstance(hello, sni.NotTls) or hello.name != self._identity:
+            return PassThrough(None if isinstance(hello, sni.NotTls) else hello.name)
+        return None
+
+    async def _handshake(
+        self, accepted: Accepted, context: ssl.SSLContext, reader: _HeaderReader, deadline: float
+    ) -> asyncio.Transport | Refused:
         try:
             # From here the socket is uvloop's: it closes it on failure and on cancellation.
             async with asyncio.timeout_at(deadline):
                 transport, _ = await tls_accept(
-                    accepted.sock, self._context, lambda: reader,
+                    accepted.sock, context, lambda: reader,
                     handshake_timeout=self._timeout + _BACKSTOP,
                 )  # fmt: skip
         except TimeoutError:
@@ -195,6 +190,13 @@ class MeshInbound:
             return _refused(
                 accepted, classify_tls_error(exc), f"TLS handshake failed: {describe(exc)}"
             )
+        return transport
+
+    async def _terminate(self, accepted: Accepted, deadline: float) -> Outcome:
+        reader = _HeaderReader(asyncio.get_running_loop())
+        transport = await self._handshake(accepted, self._context, reader, deadline)
+        if isinstance(transport, Refused):
+            return transport
         try:
             return await self._session(accepted, transport, reader, deadline)
         except BaseException:
