@@ -44,12 +44,11 @@ from hyperframe.frame import Frame, GoAwayFrame, HeadersFrame, RstStreamFrame, S
 from bench.proxy_procs import (
     CpuMeter,
     Processes,
-    free_port,
     local_proxy_env,
     wait_for_port,
     wait_for_ready,
 )
-from meshlet_testing.sockets import read_until_closed
+from meshlet_testing.sockets import free_port, read_until_closed
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 RESULTS = Path(__file__).parent / "results"

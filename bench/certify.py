@@ -11,7 +11,6 @@ import argparse
 import asyncio
 import datetime as dt
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -24,14 +23,9 @@ from meshlet.api import wellknown
 from meshlet.controlplane.identity import ca
 from meshlet.proxy.identity import prestart
 from meshlet.proxy.identity.certify import CertifyClient
+from meshlet_testing.sockets import free_port as _free_port
 
 RESULTS = Path(__file__).parent / "results"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _cpu_seconds(pid: int) -> float:

@@ -16,7 +16,6 @@ import datetime as dt
 import ipaddress
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,14 +31,9 @@ from kubernetes import client, config
 from bench.fakeapi_server import endpoint_ip
 from meshlet.api import addr, destination_pb2, destination_pb2_grpc
 from meshlet.controlplane.k8s import objects
+from meshlet_testing.sockets import free_port as _free_port
 
 RESULTS = Path(__file__).parent / "results"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _rss_mib(pid: int) -> float:

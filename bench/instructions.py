@@ -33,7 +33,8 @@ import h2.connection
 import h2.events
 
 from bench import proxy_baseline
-from bench.proxy_procs import free_port, local_proxy_env
+from bench.proxy_procs import local_proxy_env
+from meshlet_testing.sockets import free_port
 
 REPO: Final = Path(__file__).resolve().parent.parent
 WARMUP: Final = 300

@@ -36,9 +36,10 @@ from bench import instructions, proxy_mesh, proxy_policy
 from bench.proxy_configs import Ports
 from bench.proxy_launch import MESHLET_ENV
 from bench.proxy_pki import Pki, make_pki
-from bench.proxy_procs import Processes, free_port, wait_for_ready
+from bench.proxy_procs import Processes, wait_for_ready
 from meshlet.api.transport_header import SessionProtocol
 from meshlet.api.wellknown import PROXY_ENV_PREFIX, ProxyEnv
+from meshlet_testing.sockets import free_port
 
 WARMUP: Final = instructions.WARMUP
 REQUESTS: Final = instructions.REQUESTS

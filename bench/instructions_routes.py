@@ -57,11 +57,12 @@ from pathlib import Path
 from typing import Any, Final
 
 from bench import instructions, proxy_mesh
-from bench.proxy_procs import Processes, free_port, local_proxy_env, wait_for_ready
+from bench.proxy_procs import Processes, local_proxy_env, wait_for_ready
 from meshlet.api.wellknown import ProxyEnv
 from meshlet.cli.stats import parse
 from meshlet.controlplane.k8s import objects
 from meshlet.controlplane.k8s.manifests import ManifestsFolder
+from meshlet_testing.sockets import free_port
 
 NS: Final = "shop"
 HOST: Final = f"api.{NS}.svc.cluster.local"

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,18 +35,13 @@ import grpc
 
 from meshlet.api import inbound_pb2, outbound_pb2
 from meshlet.controlplane.k8s import objects
+from meshlet_testing.sockets import free_port as _free_port
 
 NAMESPACES: Final = 100
 SERVICES: Final = 10  # per namespace
 GW: Final = "gateway.networking.k8s.io"
 POLICY: Final = "policy.meshlet.io"
 SOURCES: Final = ("proto", "controlplane", "proxy", "init", "cli", "testing")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def route(ns: str, n: int) -> dict[str, Any]:

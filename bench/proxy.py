@@ -61,7 +61,6 @@ from bench.proxy_procs import (
     CpuMeter,
     Processes,
     StartError,
-    free_port,
     log_tail,
     machine_cpu,
     own_cpu,
@@ -75,6 +74,7 @@ from bench.proxy_upstream import PATH as GRPC_PATH
 from bench.proxy_upstream import REQUEST as GRPC_REQUEST
 from bench.proxy_upstream import RESPONSE as GRPC_RESPONSE
 from bench.proxy_upstream import grpc_frame
+from meshlet_testing.sockets import free_port
 
 RESULTS: Final = Path(__file__).parent / "results"
 REPO: Final = Path(__file__).resolve().parent.parent  # where --baseline's revision is looked up

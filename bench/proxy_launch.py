@@ -30,8 +30,9 @@ from bench import proxy_configs, proxy_envoy, proxy_evidence, proxy_mesh, proxy_
 from bench.proxy_configs import Ports
 from bench.proxy_evidence import Verdict
 from bench.proxy_pki import Pki, client_tls, server_tls
-from bench.proxy_procs import Processes, StartError, free_port, wait_for_port, wait_for_ready
+from bench.proxy_procs import Processes, StartError, wait_for_port, wait_for_ready
 from meshlet.api.wellknown import PROXY_ENV_PREFIX, ProxyEnv
+from meshlet_testing.sockets import free_port
 
 ONE_HOP: Final = ("meshlet", "envoy", "nginx", "haproxy")
 PAIRS: Final = tuple(f"{name}-mesh" for name in ONE_HOP)

@@ -33,9 +33,10 @@ import yaml
 
 from bench.proxy_configs import Ports
 from bench.proxy_pki import Pki
-from bench.proxy_procs import Processes, StartError, free_port, wait_for_ready
+from bench.proxy_procs import Processes, StartError, wait_for_ready
 from meshlet.api import wellknown
 from meshlet.controlplane.k8s import objects
+from meshlet_testing.sockets import free_port
 
 NS: Final = "bench"
 SERVICE: Final = "bench"

@@ -44,11 +44,12 @@ import yaml
 from bench import proxy_evidence, proxy_mesh, proxy_netns
 from bench.proxy_configs import Ports
 from bench.proxy_pki import Leaf, make_pki
-from bench.proxy_procs import Processes, free_port
+from bench.proxy_procs import Processes
 from bench.proxy_report import POLICY_PAIR, POLICY_WITHOUT, Scenario
 from meshlet.api import transport_header, wellknown
 from meshlet.api.transport_header import Header, SessionProtocol
 from meshlet.controlplane.k8s import objects
+from meshlet_testing.sockets import free_port
 
 PAIR: Final = POLICY_PAIR  # the row's proxy name
 WITHOUT: Final = POLICY_WITHOUT  # the row it is compared with

@@ -116,22 +116,6 @@ class CpuMeter:
         return sum(after[pid] - self.before.get(pid, 0.0) for pid in after)
 
 
-_HANDED_OUT: set[int] = set()
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on at the moment, on 127.0.0.1, and never one handed out
-    before: a port picked early and listened on late (the iperf3 upstream's, say) is free again
-    in between, and the kernel may offer it to a later caller that keeps it for the whole run."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
-
-
 def pinned(argv: Sequence[str], cpu: int | None) -> list[str]:
     """`argv` run on one CPU (through taskset, so forked workers inherit it), or as is."""
     if cpu is None or shutil.which("taskset") is None:

@@ -41,6 +41,7 @@ from meshlet_testing import grafana, injectorproc, workloads
 from meshlet_testing.podapp import TCP_PORT
 from meshlet_testing.podmesh import CONTROL_PLANE, NS, PodMesh, PodSpec, running
 from meshlet_testing.processes import stop
+from meshlet_testing.sockets import free_port as _free_port
 
 pytestmark = pytest.mark.netns
 
@@ -70,14 +71,6 @@ def prometheus_binary() -> str:
             pytest.fail("prometheus is not installed (scripts/system-packages installs it)")
         pytest.skip("prometheus is not installed (scripts/system-packages installs it)")
     return found
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Recorder:

@@ -21,14 +21,9 @@ import pytest
 from meshlet.api import wellknown
 from meshlet.cli.demo.supervisor import Record
 from meshlet_testing.fakeapi import FakeKubeAPI
+from meshlet_testing.sockets import free_port as _free_port
 
 TAP_POD, TAP_IP = "meshlet-tap-6b7c8d9f5-q1w2e", "10.42.0.88"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

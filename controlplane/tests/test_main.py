@@ -15,11 +15,7 @@ from typing import Any
 
 import pytest
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from meshlet_testing.sockets import free_port
 
 
 def controller(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:

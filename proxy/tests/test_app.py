@@ -19,6 +19,7 @@ from meshlet.proxy.app import Proxy
 from meshlet.proxy.config import load
 from meshlet.proxy.metrics import ProxyMetrics
 from meshlet_testing.polling import eventually
+from meshlet_testing.sockets import free_port as _free_port
 
 
 async def http_upstream() -> tuple[asyncio.Server, int]:
@@ -171,12 +172,6 @@ def test_bad_environment_exits_64_naming_every_problem() -> None:
     assert result.returncode == 64
     assert "MESHLET_PROXY_OUTBOUND_LISTEN_ADDR" in result.stderr
     assert "MESHLET_PROXY_BOGUS: unknown setting" in result.stderr
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def test_sigterm_finishes_in_flight_requests_then_exits_0() -> None:

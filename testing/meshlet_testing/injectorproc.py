@@ -22,14 +22,9 @@ from typing import Any
 
 from meshlet.api import wellknown as wk
 from meshlet_testing.processes import stop
+from meshlet_testing.sockets import free_port as _free_port
 
 SERVICE = f"{wk.INJECTOR_NAME}.{wk.CONTROL_PLANE_NAMESPACE}.svc"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from meshlet_testing.sockets import free_port
+
 _CONF = """
 daemon off;
 master_process off;
@@ -51,9 +53,7 @@ def binary() -> str:
 @contextlib.contextmanager
 def running(root: Path, server: str) -> Iterator[int]:
     """nginx serving `server` (the body of its `server` block); yields its port."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     conf = root / "nginx.conf"
     conf.write_text(_CONF.format(root=root, port=port, server=server))
     process = subprocess.Popen([binary(), "-p", str(root), "-c", str(conf)],

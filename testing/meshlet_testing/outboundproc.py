@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 
 from meshlet.api import wellknown as wk
 from meshlet_testing.processes import stop
+from meshlet_testing.sockets import free_port
 
 
 @dataclass(frozen=True)
@@ -25,13 +25,6 @@ class OutboundProxy:
     outbound: int  # the proxy's outbound listener on 127.0.0.1
     admin: int  # its admin port (metrics, readiness)
     log: Path  # the proxy's log
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def ready(port: int) -> bool:

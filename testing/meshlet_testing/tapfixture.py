@@ -22,6 +22,7 @@ from google.protobuf.duration_pb2 import Duration
 from meshlet.api import http_types_pb2, net_pb2, tap_pb2, wellknown
 from meshlet.controlplane.k8s.manifests import ManifestsFolder
 from meshlet.controlplane.k8s.objects import pod
+from meshlet_testing.sockets import free_port
 
 SERVICE = "io.linkerd.proxy.tap.Tap"
 WEB = wellknown.identity_name("web", "emojivoto")  # the fixture pods' identity
@@ -163,12 +164,6 @@ class FixtureTapServer:
     async def stop(self) -> None:
         if self._server is not None:
             await self._server.stop(0)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

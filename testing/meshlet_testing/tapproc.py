@@ -27,6 +27,7 @@ from hpack import Decoder, Encoder, NeverIndexedHeaderTuple
 
 from meshlet.api import wellknown as wk
 from meshlet_testing.processes import stop
+from meshlet_testing.sockets import free_port
 
 NS: Final = "emojivoto"
 PROXY_ID: Final = wk.identity_name("web", NS)
@@ -37,13 +38,6 @@ PREFACE: Final = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, WINDOW_UPDATE = 0, 1, 3, 4, 6, 7, 8
 END_STREAM, END_HEADERS = 0x1, 0x4
 _HEAD: Final = struct.Struct(">HBBBL")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass(frozen=True)

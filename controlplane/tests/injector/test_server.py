@@ -7,7 +7,6 @@ import base64
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,13 +22,8 @@ from meshlet.api import wellknown as wk
 from meshlet_testing import schema
 from meshlet_testing.fakeapi import FakeKubeAPI
 from meshlet_testing.injectorproc import SERVICE, Injector
+from meshlet_testing.sockets import free_port
 from meshlet_testing.workloads import pod, review
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def controller(*args: str) -> subprocess.Popen[str]:

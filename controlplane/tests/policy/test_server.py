@@ -22,15 +22,10 @@ from meshlet.controlplane.k8s.events import POLICY_SERVER_KINDS
 from meshlet.controlplane.k8s.manifests import ManifestsFolder
 from meshlet.controlplane.policy.index import ClusterConfig, parse_networks
 from meshlet.controlplane.policy.server import PolicyConfig, PolicyServer
+from meshlet_testing.sockets import free_port
 
 G = "policy.meshlet.io"
 NAME = wellknown.POLICY_SERVICE_NAME
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def pod() -> dict[str, Any]:

@@ -8,7 +8,6 @@ cli/tests/test_viz.py."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -24,6 +23,7 @@ import pytest
 
 from meshlet.api import wellknown
 from meshlet_testing import browser as chromium
+from meshlet_testing.sockets import free_port as _free_port
 
 NS = "demo"
 
@@ -89,12 +89,6 @@ class StandIns(BaseHTTPRequestHandler):
 
     def log_message(self, *args: object) -> None:
         pass
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ import asyncio
 import datetime as dt
 import json
 import random
-import socket
 import ssl
 import sys
 import time
@@ -32,6 +31,7 @@ from meshlet.proxy.core import refresh
 from meshlet.proxy.identity.manager import IdentityManager, NoCertificate, PrestartFailed
 from meshlet.proxy.metrics import ProxyMetrics
 from meshlet.proxy.tls import contexts
+from meshlet_testing.sockets import free_port
 
 WEB = wellknown.identity_name("web", "emojivoto")
 EMOJI = wellknown.identity_name("emoji", "emojivoto")
@@ -41,12 +41,6 @@ tok-emoji: {namespace: emojivoto, serviceaccount: emoji}
 """
 DAY = dt.timedelta(days=1)
 LIFETIME = wellknown.LEAF_LIFETIME_SECONDS + wellknown.CLOCK_SKEW_SECONDS
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

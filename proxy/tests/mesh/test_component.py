@@ -21,7 +21,6 @@ import contextlib
 import json
 import os
 import random
-import socket
 import ssl
 import urllib.request
 from collections import Counter
@@ -53,6 +52,7 @@ from meshlet.proxy.tls import contexts
 from meshlet_testing.grpcload import deadline_storm
 from meshlet_testing.leaks import open_sockets, sockets_closed
 from meshlet_testing.polling import eventually
+from meshlet_testing.sockets import free_port
 
 NS = "emojivoto"
 FQN = f"web.{NS}.svc.cluster.local"
@@ -76,12 +76,6 @@ SLOW = "/meshlet.test.Echo/Slow"
 CHAT = "/meshlet.test.Echo/Chat"
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 LAST_WORD = b"bye\n" + bytes(range(256)) * 4096  # what the TCP app says after the client's FIN
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def closed(writer: asyncio.StreamWriter) -> None:
