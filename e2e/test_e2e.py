@@ -356,8 +356,49 @@ def _shows(driver: Any, text: str) -> None:
     assert re.search(rf"\b{text}\b", body), body[:500]
 
 
+def _demo_on_cluster(cluster: Cluster, drill: str, seconds: int = 60) -> dict[str, Any]:
+    """`meshlet demo --cluster --drill DRILL` for `seconds` from an empty namespace: what its
+    summary says (the view's last screen and the summary kept in e2e/artifacts)."""
+    cluster.meshlet("demo", "down", "--cluster", timeout=240)  # the earlier steps' demo
+    summary = ARTIFACTS / f"demo-cluster-{drill}.json"
+    out = cluster.meshlet("demo", "--cluster", "--duration", str(seconds), "--drill", drill,
+                          "--summary-json", str(summary), timeout=900)  # fmt: skip
+    (ARTIFACTS / f"demo-cluster-{drill}.txt").write_text(out)
+    assert f"deleted namespace {DEMO}" in out, out[-2000:]
+    assert cluster.sh("kubectl", "get", "namespace", DEMO, check=False).returncode != 0
+    result: dict[str, Any] = json.loads(summary.read_text())
+    client = result["client"]
+    assert client["sent"] > 500 and client["success_rate"] >= 0.98, client
+    assert result["mtls_share"] >= 0.99, result["mtls_share"]
+    return result
+
+
+def test_demo_on_the_cluster_survives_a_replica_killed(cluster: Cluster) -> None:
+    """`meshlet demo --cluster --drill kill-replica`: api-2's pod deleted mid-run, its Deployment
+    makes another, the callers' balancers move on without the load noticing."""
+    result = _demo_on_cluster(cluster, "kill-replica")
+    checks = result["checks"]
+    after = checks["calls_after_kill"]
+    assert after.get("api-2", 0) == 0, after
+    assert after.get("api-1", 0) > 0 and after.get("api-3", 0) > 0, after
+    assert checks["failed_during_drill"] <= 0.02 * result["client"]["sent"], checks
+    assert any("new pod api-4" in what for _, what in result["events"]), result["events"]
+
+
+def test_demo_on_the_cluster_survives_the_destination_killed(cluster: Cluster) -> None:
+    """`--drill kill-destination`: the destination's pod deleted, its Deployment starts another,
+    the proxies reopen their discovery streams, then api-1's pod is replaced: the replacement
+    gets calls, which only discovery could have told the callers."""
+    result = _demo_on_cluster(cluster, "kill-destination", seconds=90)
+    checks = result["checks"]
+    assert checks["resubscribed_after_s"] <= 15, checks
+    by_pod = checks["api_calls_by_pod_at_end"]
+    assert by_pod.get("api-4", 0) > 0, by_pod
+
+
 def test_uninstall_leaves_nothing(cluster: Cluster) -> None:
-    cluster.kubectl("delete", "namespace", DEMO, "plain", "--wait=true", timeout=300)
+    cluster.kubectl("delete", "namespace", DEMO, "plain", "--ignore-not-found", "--wait=true",
+                    timeout=300)  # fmt: skip
     refs = cluster.meshlet("uninstall", "--crds")
     cluster.kubectl(
         "delete", "--ignore-not-found", "--wait=true", "-f", "-", stdin=refs, timeout=300

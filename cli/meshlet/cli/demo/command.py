@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING, Final
 import click
 from rich.console import Console
 
+from meshlet.api.wellknown import CONTROL_PLANE_NAMESPACE
 from meshlet.cli.demo import drills, lock, topology
 from meshlet.cli.demo.apps import app
 from meshlet.cli.demo.topology import Mode
 
 if TYPE_CHECKING:
-    from meshlet.cli.demo.run import Demo
+    from meshlet.cli.demo.run import Demo, Options
 
 # Seconds a demo waits for the lock held by a test of the machine's network, or by another demo
 # that is still building or removing (a running demo is an error at once).
@@ -86,6 +87,21 @@ def choose_mode(requested: str) -> tuple[Mode, str]:
     type=click.Path(dir_okay=False, path_type=Path),
     help="Also write the final summary, as JSON, to this file.",
 )
+@click.option(
+    "--cluster", is_flag=True,
+    help="Run the demo application on the Kubernetes cluster of the kubeconfig, where meshlet"
+    " is installed, instead of on this machine.",
+)  # fmt: skip
+@click.option("--kubeconfig", type=click.Path(dir_okay=False, path_type=Path),
+              help="With --cluster. Default: $KUBECONFIG or ~/.kube/config.")  # fmt: skip
+@click.option("--context", help="With --cluster: the kubeconfig context to use.")
+@click.option(
+    "--image",
+    help="With --cluster: the demo apps' image (default: the installed controller's, with"
+    " demo for controller).",
+)
+@click.option("--control-plane-namespace", default=CONTROL_PLANE_NAMESPACE, show_default=True,
+              help="With --cluster: where meshlet is installed.")  # fmt: skip
 @click.pass_context
 def demo(
     ctx: click.Context,
@@ -96,6 +112,11 @@ def demo(
     issuance_lifetime: str | None,
     keep: bool,
     summary_json: Path | None,
+    cluster: bool,
+    kubeconfig: Path | None,
+    context: str | None,
+    image: str | None,
+    control_plane_namespace: str,
 ) -> None:
     """Run a meshed application on this machine and watch the mesh work.
 
@@ -126,6 +147,20 @@ def demo(
     from meshlet.api.durations import parse_duration
     from meshlet.cli.demo.run import Demo, DemoError, Options, exit_status
 
+    if cluster:
+        if mode != "auto" or issuance_lifetime is not None:
+            option = "--mode" if mode != "auto" else "--issuance-lifetime"
+            raise click.UsageError(f"{option} is for the local mesh, not for --cluster")
+        _on_cluster(
+            Options(mode=Mode.CLUSTER, duration=duration, rate=rate, drill=drill, keep=keep,
+                    issuance_lifetime="", summary_json=summary_json),
+            kubeconfig, context, image, control_plane_namespace,
+        )  # fmt: skip
+        return
+    for name, value in (("--kubeconfig", kubeconfig), ("--context", context), ("--image", image)):
+        if value is not None:
+            raise click.UsageError(f"{name} goes with --cluster")
+
     if issuance_lifetime is None:
         issuance_lifetime = drills.SHORT_LIFETIME if drill == "restart-identity" else "24h"
     try:
@@ -136,8 +171,7 @@ def demo(
     problem = drills.unavailable(drill, chosen)
     if problem is not None:
         raise click.UsageError(f"{problem} (this run: loopback mode, {why})")
-    # Not a terminal (`make demo | tee log`): rich would assume 80 columns and fold the tables.
-    console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160)
+    console = _console()
     if chosen is Mode.LOOPBACK:
         console.print(
             f"[yellow]loopback mode ({why}): no transparent interception: apps call their"
@@ -162,6 +196,46 @@ def demo(
                 soft_wrap=True,
             )
         sys.exit(1)
+
+
+def _console() -> Console:
+    # Not a terminal (`make demo | tee log`): rich would assume 80 columns and fold the tables.
+    return Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160)
+
+
+def _on_cluster(
+    options: Options,
+    kubeconfig: Path | None,
+    context: str | None,
+    image: str | None,
+    control_ns: str,
+) -> None:
+    """The demo application on the cluster, shown until the duration ends or Ctrl-C; then its
+    namespace deleted (unless --keep)."""
+    from meshlet.cli.cluster import api_client
+    from meshlet.cli.demo.oncluster import ClusterDemo
+    from meshlet.cli.demo.run import DemoError
+
+    console = _console()
+    runner = ClusterDemo(options, console, api_client(kubeconfig, context), control_ns, image)
+    try:
+        with console.status(f"applying the demo to namespace {topology.NAMESPACE}, waiting for"
+                            " its pods…"):  # fmt: skip
+            runner.up()
+    except DemoError as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        runner.run()
+    finally:
+        if options.keep:
+            runner.keep()
+        else:
+            with console.status(f"deleting namespace {topology.NAMESPACE}…"):
+                problems = runner.down()
+            for problem in problems:
+                console.print(f"[red]could not delete: {problem}[/red]")
+            if not problems:
+                console.print(f"deleted namespace {topology.NAMESPACE} and everything in it")
 
 
 def _busy(console: Console) -> None:
@@ -200,9 +274,26 @@ def _run(runner: Demo, console: Console, keep: bool) -> Path:
 
 
 @demo.command()
-def down() -> None:
+@click.option("--cluster", is_flag=True,
+              help="The demo on the kubeconfig's cluster: delete its namespace.")  # fmt: skip
+@click.option("--kubeconfig", type=click.Path(dir_okay=False, path_type=Path),
+              help="With --cluster. Default: $KUBECONFIG or ~/.kube/config.")  # fmt: skip
+@click.option("--context", help="With --cluster: the kubeconfig context to use.")
+def down(cluster: bool, kubeconfig: Path | None, context: str | None) -> None:
     """Stop a demo left running with --keep and remove everything it made."""
     from meshlet.cli.demo.run import undo
+
+    if cluster:
+        from meshlet.cli.cluster import api_client
+        from meshlet.cli.demo.oncluster import delete_namespace
+
+        problems = delete_namespace(api_client(kubeconfig, context))
+        for problem in problems:
+            click.echo(f"could not delete: {problem}", err=True)
+        if problems:
+            sys.exit(1)
+        click.echo(f"deleted namespace {topology.NAMESPACE} (or there was none)")
+        return
     from meshlet.cli.demo.supervisor import Record, state_root
 
     record = Record.load(state_root())

@@ -34,7 +34,6 @@ repaired at 0.6·D; without one, at 10 s and 20 s.
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 import urllib.request
@@ -217,7 +216,7 @@ def _weigh(demo: Any, weights: str) -> None:
     (`50/50`: api's, then the canary's)."""
     api, canary = (int(w) for w in weights.split("/"))
     _mark(demo, f"before {weights}", fresh=True)
-    demo._manifests().put(topology.ROUTE_FILE, topology.api_route(api, canary))
+    demo.set_route(api, canary)
     demo.weights = {"api": api, topology.CANARY: canary}
     demo._event(f"drill: {topology.API_ROUTE} now weighs api {api}, {topology.CANARY} {canary}")
 
@@ -330,10 +329,7 @@ def _deny(demo: Any, marks: dict[str, Any]) -> dict[str, Any]:
     """The intruder's own count, and the store's proxy's: denials by identity over the run and
     during the drill; connections allowed per second before and during it; the load's calls
     during it."""
-    try:
-        seen = json.loads((demo.root / INTRUDER_STATS).read_text())
-    except (OSError, ValueError):
-        seen = {"attempts": 0, "outcomes": {}}
+    seen = demo.intruder_stats() or {"attempts": 0, "outcomes": {}}
     outcomes = dict(seen.get("outcomes", {}))
     pod = demo.layout.pod(INTRUDER_POD)
     out: dict[str, Any] = {

@@ -430,7 +430,7 @@ class Demo:
                 self._event("interrupted")
         self._watch_processes()
         self._scrape_all()
-        self.checks = drills.finish(self)
+        self.checks = self._finish()
         summary = self._summary()
         final = self._snapshot(window=False)
         self.console.print(fit(final, self.console.width, caption=summary["caption"]))
@@ -451,34 +451,43 @@ class Demo:
                 self.died.append(proc)
             return []
 
+    def _finish(self) -> dict[str, Any]:
+        """What the drill measured."""
+        return drills.finish(self)
+
     def _since_load(self, now: float) -> float:
         return now - self.load_started if self.load_started is not None else 0.0
 
     def _event(self, what: str) -> None:
         self.events.append((time.monotonic() - self.started, what))
 
-    def _scrape_all(self) -> None:
-        def one(pod: Pod) -> tuple[Pod, Scrape | None]:
+    def _scrape_pods(self) -> list[Scrape | None]:
+        """Every pod's proxy metrics now (None: it did not answer)."""
+
+        def one(pod: Pod) -> Scrape | None:
             try:
                 with urllib.request.urlopen(f"{self.layout.admin(pod)}/metrics", timeout=0.8) as r:
                     text = r.read().decode()
             except OSError:
-                return pod, None
-            return pod, Scrape(pod.name, time.monotonic(), parse(text))
+                return None
+            return Scrape(pod.name, time.monotonic(), parse(text))
 
+        return list(self._pool.map(one, self.layout.pods))
+
+    def _scrape_all(self) -> None:
         load_age = self._since_load(time.monotonic())
-        for pod, scrape in self._pool.map(one, self.layout.pods):
+        for scrape in self._scrape_pods():
             if scrape is None:
                 continue
-            self.last_seen[pod.name] = scrape.at
-            history = self.scrapes[pod.name]
+            self.last_seen[scrape.pod] = scrape.at
+            history = self.scrapes[scrape.pod]
             history.append(scrape)
             while history and history[0].at < scrape.at - WINDOW - 1:
                 history.popleft()
             if self.load_started is not None:
-                self.start_scrape.setdefault(pod.name, scrape)
+                self.start_scrape.setdefault(scrape.pod, scrape)
                 if load_age >= WARMUP:
-                    self.baseline.setdefault(pod.name, scrape)
+                    self.baseline.setdefault(scrape.pod, scrape)
 
     def _watch_processes(self) -> None:
         """Notes every process that ended on its own: the drills' kills and the demo's own
@@ -564,30 +573,40 @@ class Demo:
         api_pods = [p.name for p in layout.of("api")]
         replicas = make_replica_rows(by_pod, api_pods)
         gone = {pod: s for pod, s in self._gone().items() if pod in api_pods} if window else {}
-        control = [(name, "up" if self.sup and self.sup.alive(name) else "down")
-                   for name, _ in CONTROL_PLANE]  # fmt: skip
-        mode = "network namespaces + iptables" if layout.mode is Mode.NETNS else "loopback"
-        drill = f" · drill: {self.options.drill}" if self.options.drill else ""
-        footer = "Ctrl-C stops the demo and removes everything it made"
-        if layout.mode is Mode.LOOPBACK:
-            footer = (
-                "loopback mode: apps call their proxy explicitly and the store directly;"
-                " transparent interception needs root and network namespaces. " + footer
-            )
         certificates, now, back = (
             self._certificates(),
             time.time(),
             self.checks.get("identity_back_at"),
         )
+        drill = f" · drill: {self.options.drill}" if self.options.drill else ""
         return Snapshot(
-            title=f"meshlet demo · {mode}{drill} · {self.options.rate:g} calls/s",
+            title=f"meshlet demo · {self._where()}{drill} · {self.options.rate:g} calls/s",
             elapsed=time.monotonic() - self.started, workloads=rows, replicas=replicas,
-            replica_notes=self.notes, client=self._client(), control=control,
-            events=self.events, footer=footer if window else "", gone=gone, slow=self.slow,
+            replica_notes=self.notes, client=self._client(), control=self._control(),
+            events=self.events, footer=self._footer() if window else "", gone=gone,
+            slow=self.slow,
             certificates=certificates_line(certificates, now, back),
             certificates_short=certificates_line(certificates, now, back, short=True),
             outbound=self._outbound(window),
         )  # fmt: skip
+
+    def _where(self) -> str:
+        """Where the mesh runs, for the view's title."""
+        return "network namespaces + iptables" if self.layout.mode is Mode.NETNS else "loopback"
+
+    def _control(self) -> list[tuple[str, str]]:
+        """Each control-plane component, up or down."""
+        return [(name, "up" if self.sup and self.sup.alive(name) else "down")
+                for name, _ in CONTROL_PLANE]  # fmt: skip
+
+    def _footer(self) -> str:
+        footer = "Ctrl-C stops the demo and removes everything it made"
+        if self.layout.mode is Mode.LOOPBACK:
+            footer = (
+                "loopback mode: apps call their proxy explicitly and the store directly;"
+                " transparent interception needs root and network namespaces. " + footer
+            )
+        return footer
 
     def _client(self) -> Client | None:
         stats = self._load_stats()
@@ -609,11 +628,15 @@ class Demo:
         )  # fmt: skip
 
     def _load_stats(self) -> dict[str, Any] | None:
-        try:
-            data: dict[str, Any] = json.loads((self.root / "load-stats.json").read_text())
-        except (OSError, ValueError):
-            return None
-        return data
+        return _json_file(self.root / "load-stats.json")
+
+    def intruder_stats(self) -> dict[str, Any] | None:
+        """What the deny drill's intruder wrote (None before it did)."""
+        return _json_file(self.root / drills.INTRUDER_STATS)
+
+    def set_route(self, api: int, canary: int) -> None:
+        """api's HTTPRoute with these weights, as the control plane reads it."""
+        self._manifests().put(topology.ROUTE_FILE, topology.api_route(api, canary))
 
     def _summary(self) -> dict[str, Any]:
         layout = self.layout
@@ -631,7 +654,7 @@ class Demo:
         done = stats.get("ok", 0) + failed
         split = self._outbound(window=False)
         summary: dict[str, Any] = {
-            "mode": layout.mode.value,
+            "mode": self.options.mode.value,
             "seconds": round(time.monotonic() - self.started, 1),
             "load_seconds": round(self._since_load(time.monotonic()), 1),
             "rate": self.options.rate,
@@ -802,6 +825,14 @@ def exit_status(proc: Process) -> str:
     if code < 0:
         return f"killed by {signal.Signals(-code).name}"
     return f"exit {code}"
+
+
+def _json_file(path: Path) -> dict[str, Any] | None:
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data
 
 
 def _value(series: dict[Any, float], name: str, **labels: str) -> float:

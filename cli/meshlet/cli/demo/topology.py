@@ -74,6 +74,7 @@ STORE_CLIENTS: Final = ("web",)  # the only ServiceAccounts store admits
 class Mode(enum.Enum):
     NETNS = "netns"
     LOOPBACK = "loopback"
+    CLUSTER = "cluster"  # a real Kubernetes: the pods are the cluster's, found as they come
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +164,8 @@ class Layout:
 
 
 def layout(mode: Mode) -> Layout:
+    if mode is Mode.CLUSTER:  # no pods until the cluster lists them
+        return Layout(mode, (), control_ip="", host_ip="", prefix=32)
     if mode is Mode.NETNS:
         pods = tuple(Pod(n, w, f"10.77.1.{host}", app) for n, w, app, host in _PODS)
         return Layout(mode, pods, control_ip="10.77.0.2", host_ip="10.77.0.1", prefix=16)
