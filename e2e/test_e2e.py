@@ -369,7 +369,10 @@ def _demo_on_cluster(cluster: Cluster, drill: str, seconds: int = 60) -> dict[st
     result: dict[str, Any] = json.loads(summary.read_text())
     client = result["client"]
     assert client["sent"] > 500 and client["success_rate"] >= 0.98, client
-    assert result["mtls_share"] >= 0.99, result["mtls_share"]
+    # every request (and every store connection) between the demo's pods over mTLS; the
+    # kubelet's probes of web and api are plaintext connections, not requests
+    mtls = {name: workload["mtls"] for name, workload in result["workloads"].items()}
+    assert all(share == 1.0 for share in mtls.values()), mtls
     return result
 
 

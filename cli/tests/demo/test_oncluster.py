@@ -97,6 +97,7 @@ def test_pods_get_the_local_meshs_names_and_a_replacement_the_next_number(
         _pod("web-1a-dd", "web", "web", "2026-12-02T10:00:01Z"),
     ]
     demo._relist(pods)
+    assert not demo.events, "the pods it started with are no news"
     assert demo.alias == {"api-5f6-aa": "api-1", "api-5f6-bb": "api-2",
                           "api-slow-7c9-zz": "api-3", "api-v2-88-cc": "api-v2-1",
                           "web-1a-dd": "web-1"}  # fmt: skip
@@ -104,9 +105,9 @@ def test_pods_get_the_local_meshs_names_and_a_replacement_the_next_number(
     assert [p.name for p in demo.layout.of("api")] == ["api-1", "api-2", "api-3"]
     assert demo.layout.pod("api-v2-1").identity.startswith("api-v2.demo.serviceaccount.")
 
+    demo.load_started = 1.0  # pods from now on are news
     clock = [1000.0]
     monkeypatch.setattr(oncluster.time, "monotonic", lambda: clock[0])
-    demo.load_started = 1.0
     replaced = [p for p in pods if p["metadata"]["name"] != "api-5f6-bb"]
     replaced.append(_pod("api-5f6-ee", "api", "api", "2026-12-02T10:01:00Z"))
     demo._relist(replaced)

@@ -59,6 +59,7 @@ def manifests(
         args: list[str],
         port: int | None,
         annotations: dict[str, str] | None = None,
+        probeless: bool = False,
     ) -> dict[str, Any]:
         container: dict[str, Any] = {
             "name": app,
@@ -74,6 +75,7 @@ def manifests(
         }
         if port is not None:
             container["ports"] = [{"name": app, "containerPort": port}]
+        if port is not None and not probeless:
             container["readinessProbe"] = {"tcpSocket": {"port": port}, "periodSeconds": 2}
         labels = {"app": sa, "deployment": name}
         return {
@@ -145,6 +147,10 @@ def manifests(
             ],
             topology.STORE_PORT,
             opaque,
+            # No TCP probe: the kubelet's connect reaches the store's proxy, which accepts it
+            # whatever the app does (a probe of the proxy, not of the store), and the store's
+            # policy, admitting only web's identity, would count every probe as a denial.
+            probeless=True,
         )
     )
     objs.append(

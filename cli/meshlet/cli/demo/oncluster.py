@@ -41,6 +41,7 @@ from meshlet.cli.stats import Scrape, parse
 NAMESPACE: Final = topology.NAMESPACE
 FIELD_MANAGER: Final = "meshlet-demo"
 READY_WITHIN: Final = 300.0  # seconds for the demo's Deployments to become available
+DNS_WITHIN: Final = 90.0  # seconds for cluster DNS to give the demo's Services' addresses
 BACK_WITHIN: Final = 180.0  # seconds a deleted control-plane pod's Deployment gets to be ready
 GONE_KEPT: Final = 20.0  # seconds a pod no longer listed stays in the view, marked gone
 STATS_EVERY: Final = 2.0  # seconds between reads of the load generator's count
@@ -100,8 +101,10 @@ class ClusterDemo(Demo):
         self.apply(apps)
         self._event(f"applied the demo to namespace {NAMESPACE} (image {self.image})")
         self._wait_available(time.monotonic() + READY_WITHIN)
+        self._wait_dns(time.monotonic() + DNS_WITHIN)
         self.apply([o for o in objs if o not in apps])
         self._wait_available(time.monotonic() + READY_WITHIN)
+        self._relist(self._list("pods", NAMESPACE))
         self.load_started = time.monotonic()
         self._event(f"load started: {self.options.rate:g} calls/s to web")
 
@@ -126,6 +129,48 @@ class ClusterDemo(Demo):
                 ) from None
             except (ApiException, DynamicApiError) as exc:
                 raise DemoError(f"applying {what}: {kscrape.status_reason(exc)}") from None
+
+    def _wait_dns(self, deadline: float) -> None:
+        """Waits until the cluster's DNS, asked from web's pod, gives each demo Service's
+        address. A demo run again soon after one whose namespace was deleted finds its Services
+        at new addresses while cluster DNS still answers the old ones from its cache (30 s in
+        kubeadm's and this repository's Corefile): a client connecting then would keep a
+        connection to an address nothing serves."""
+        from kubernetes import client as k8s
+
+        services = {
+            svc["metadata"]["name"]: svc["spec"].get("clusterIP", "")
+            for svc in _raw(k8s.CoreV1Api(self.api).list_namespaced_service, NAMESPACE)["items"]
+        }
+        names = sorted(services)
+        ask = (
+            "import socket, sys; print(' '.join(socket.gethostbyname(n + '.' + sys.argv[1] +"
+            " '.svc.cluster.local') for n in sys.argv[2:]))"
+        )
+        web = next(n for n in self.alias if n.startswith("web-")) if self.alias else None
+        if web is None:
+            self._relist(self._list("pods", NAMESPACE))
+            web = next(n for n in self.alias if n.startswith("web-"))
+        started, answers = time.monotonic(), []
+        while True:
+            try:
+                answers = self.exec(web, "web", ["python3", "-c", ask, NAMESPACE, *names]).split()
+            except Exception as exc:  # the exec itself failed: say so if it goes on
+                answers = [f"({exc})"]
+            if answers == [services[n] for n in names]:
+                break
+            if time.monotonic() > deadline:
+                raise DemoError(
+                    f"cluster DNS still answers {dict(zip(names, answers, strict=False))} for"
+                    f" the demo's Services, at {services}, after {DNS_WITHIN:g} s"
+                )
+            time.sleep(2)
+        waited = time.monotonic() - started
+        if waited > 1:
+            self._event(
+                f"cluster DNS gave the Services' old addresses for {waited:.0f} s (its cache,"
+                " after the last demo's namespace was deleted): waited"
+            )
 
     def _wait_available(self, deadline: float) -> None:
         while True:
@@ -198,7 +243,7 @@ class ClusterDemo(Demo):
                 if labels.get("deployment") == "api-slow":
                     self.slow[name] = topology.SLOW_DELAY * 1000
                     self.notes.setdefault(name, f"+{topology.SLOW_DELAY * 1000:.0f} ms")
-                if self.load_started is not None:
+                if self.load_started is not None:  # not one the demo started with
                     self._event(f"new pod {name} ({real})")
             name = self.alias[real]
             seen.add(name)
