@@ -357,14 +357,23 @@ def _shows(driver: Any, text: str) -> None:
 
 
 def _demo_on_cluster(cluster: Cluster, drill: str, seconds: int = 60) -> dict[str, Any]:
-    """`meshlet demo --cluster --drill DRILL` for `seconds` from an empty namespace: what its
-    summary says (the view's last screen and the summary kept in e2e/artifacts)."""
+    """`meshlet demo --cluster --drill DRILL --keep` for `seconds` from an empty namespace: what
+    its summary says (the view's last screen, the summary and the pods' logs kept in
+    e2e/artifacts), then `meshlet demo down --cluster` deleting the namespace."""
     cluster.meshlet("demo", "down", "--cluster", timeout=240)  # the earlier steps' demo
     summary = ARTIFACTS / f"demo-cluster-{drill}.json"
     out = cluster.meshlet("demo", "--cluster", "--duration", str(seconds), "--drill", drill,
-                          "--summary-json", str(summary), timeout=900)  # fmt: skip
+                          "--keep", "--summary-json", str(summary), timeout=900)  # fmt: skip
     (ARTIFACTS / f"demo-cluster-{drill}.txt").write_text(out)
-    assert f"deleted namespace {DEMO}" in out, out[-2000:]
+    logs = [cluster.sh("kubectl", "logs", "-n", DEMO, "--all-containers", "--prefix",
+                       "--tail=300", "-l", f"app={app}", check=False).stdout
+            for app in ("load", "web", "api", "store")]  # fmt: skip
+    logs.append(cluster.sh("kubectl", "logs", "-n", NS, "--all-containers", "--prefix",
+                           "--tail=300", "-l", "app.kubernetes.io/name=destination",
+                           check=False).stdout)  # fmt: skip
+    (ARTIFACTS / f"demo-cluster-{drill}.log").write_text("\n".join(logs))
+    down = cluster.meshlet("demo", "down", "--cluster", timeout=240)
+    assert f"deleted namespace {DEMO}" in down, down
     assert cluster.sh("kubectl", "get", "namespace", DEMO, check=False).returncode != 0
     result: dict[str, Any] = json.loads(summary.read_text())
     client = result["client"]

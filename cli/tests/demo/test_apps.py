@@ -141,3 +141,17 @@ def test_the_api_answers_internal_while_its_fault_flag_exists(tmp_path: Path) ->
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=10)
     assert proc.returncode == 0, out
+
+
+def test_the_load_counts_webs_reasons_for_its_errors() -> None:
+    from meshlet.cli.demo.apps import _Stats
+
+    stats = _Stats()
+    stats.record("http 502", 3.0, {"error": "api: UNAVAILABLE: failed to connect to all addresses"})
+    stats.record("http 502", 3.0, {"error": "store: ConnectionRefusedError(111, 'refused')"})
+    stats.record("http 502", 3.0, {"error": "api: UNAVAILABLE: reset"})
+    stats.record("timeout", 0.0, None)
+    seen = stats.as_json()
+    assert seen["failed"] == {"http 502": 3, "timeout": 1}
+    assert seen["why"] == {"api: UNAVAILABLE": 2, "store: ConnectionRefusedError": 1}
+    assert [pod for _, _, pod in seen["recent"]] == ["", "", "", ""]

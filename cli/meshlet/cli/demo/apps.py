@@ -199,6 +199,13 @@ async def _web(listen: str, pod: str, api_addr: str, store_addr: str, via_proxy:
 # -- load --------------------------------------------------------------------------------------
 
 
+def _reason(error: str) -> str:
+    """web's error in a few words: `api: UNAVAILABLE: …` → `api: UNAVAILABLE`, `store:
+    ConnectionRefusedError(…)` → `store: ConnectionRefusedError`."""
+    words = error.split("(", 1)[0].split(": ")
+    return ": ".join(words[:2])[:60]
+
+
 class _Stats:
     """What the load generator saw, cumulative since it started."""
 
@@ -206,6 +213,7 @@ class _Stats:
         self.started = time.time()
         self.sent = self.ok = self.dropped = 0
         self.failed: Counter[str] = Counter()
+        self.why: Counter[str] = Counter()  # web's reasons for its errors: "api: UNAVAILABLE"
         self.latency = [0] * (len(LATENCY_BUCKETS_MS) + 1)
         self.by_api: Counter[str] = Counter()
         self.by_store: Counter[str] = Counter()
@@ -232,14 +240,16 @@ class _Stats:
             self.observe(first, self.store_first_byte)
         else:
             self.failed[outcome] += 1
-        self.recent.append((now, outcome, str(body.get("api")) if body else ""))
+            if body is not None and isinstance(body.get("error"), str):
+                self.why[_reason(body["error"])] += 1
+        self.recent.append((now, outcome, str(body.get("api")) if outcome == "ok" and body else ""))
         while self.recent and self.recent[0][0] < now - 30:
             self.recent.pop(0)
 
     def as_json(self) -> dict[str, Any]:
         return {
             "started": self.started, "now": time.time(), "sent": self.sent, "ok": self.ok,
-            "dropped": self.dropped, "failed": dict(self.failed),
+            "dropped": self.dropped, "failed": dict(self.failed), "why": dict(self.why),
             "latency_buckets_ms": list(LATENCY_BUCKETS_MS), "latency": self.latency,
             "by_api": dict(self.by_api), "by_store": dict(self.by_store),
             "store_first_byte_max_ms": round(self.store_first_byte_max, 2),
@@ -286,7 +296,11 @@ async def _load(target: str, rate: float, stats_file: Path, via_proxy: str) -> N
             if status == 200:
                 stats.record("ok", ms, json.loads(body))
             else:
-                stats.record(f"http {status}", ms, None)
+                try:
+                    said = json.loads(body)
+                except ValueError:
+                    said = None
+                stats.record(f"http {status}", ms, said if isinstance(said, dict) else None)
             idle.append(conn)
         except TimeoutError:
             stats.record("timeout", 0.0, None)

@@ -664,6 +664,7 @@ class Demo:
                 "ok": stats.get("ok", 0),
                 "failed": failed,
                 "failures": stats.get("failed", {}),
+                "why": stats.get("why", {}),  # web's reasons for its 502s
                 "dropped": stats.get("dropped", 0),
                 "success_rate": stats.get("ok", 0) / done if done else None,
                 "by_api": stats.get("by_api", {}),
