@@ -275,3 +275,76 @@ async def test_requests_carry_the_context_token_and_broken_messages_are_skipped(
         await client.aclose()
         server.close()
         await server.wait_closed()
+
+
+class FreezableRelay:
+    """A TCP relay to the server; `freeze()` stops carrying bytes on the connections it has
+    (they stay open: a peer that vanished without a FIN), while new ones are carried."""
+
+    def __init__(self, upstream: int) -> None:
+        self.upstream = upstream
+        self.transports: list[asyncio.Transport] = []
+        self.server: asyncio.Server | None = None
+        self.tasks: list[asyncio.Task[None]] = []
+        self.writers: list[asyncio.StreamWriter] = []
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.tasks.append(task)
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream)
+        self.writers += [writer, up_writer]
+        self.transports += [writer.transport, up_writer.transport]  # type: ignore[list-item]
+
+        async def pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            while data := await source.read(65536):
+                sink.write(data)
+            sink.close()
+
+        await asyncio.gather(pump(reader, up_writer), pump(up_reader, writer),
+                             return_exceptions=True)  # fmt: skip
+
+    def freeze(self) -> None:
+        for transport in self.transports:
+            transport.pause_reading()
+        self.transports = []
+
+    async def close(self) -> None:
+        assert self.server is not None
+        self.server.close()
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        for writer in self.writers:
+            writer.transport.abort()
+        await self.server.wait_closed()
+
+
+async def test_pings_keep_a_quiet_stream_and_find_a_vanished_server(manifests: Path) -> None:
+    """Keepalive PINGs (here every 5 s, 1 s to answer): a quiet stream stays up while the
+    server answers them (it accepts one every 5 s), and when the connection goes silent
+    without closing, the client closes it and reopens its stream on a new one."""
+    server = await start_server(manifests)
+    relay = FreezableRelay(server.grpc_port)
+    port = await relay.start()
+    client = DestinationClient(("127.0.0.1", port), None, None, "", backoff=(0.02, 0.16),
+                               keepalive=(5.0, 1.0))  # fmt: skip
+    try:
+        async with following(client.updates(WEB)) as updates:
+            assert (await next_in(updates)).first
+            await asyncio.sleep(16)  # three PINGs answered: no GOAWAY, no reconnection
+            assert client.failures == 0 and updates.empty() and client.active == 1
+
+            relay.freeze()
+            ManifestsFolder(manifests).put("web", objects.service("web"))  # the pod is gone
+            received = await next_in(updates, within=9.0)  # a PING's wait, then a new stream
+            assert received.first and received.value == NoEndpoints(exists=True)
+            assert client.failures == 1
+    finally:
+        await client.aclose()
+        await relay.close()
+        await server.stop(grace=0)

@@ -29,7 +29,14 @@ from meshlet.api.hostport import HostPort
 from meshlet.proxy.core.endpoints import Update
 from meshlet.proxy.discovery.decode import decode_update
 from meshlet.proxy.discovery.profile import Profile, decode_profile
-from meshlet.proxy.discovery.watch import ControlChannel, Received, StreamStats, Watch, follow
+from meshlet.proxy.discovery.watch import (
+    KEEPALIVE,
+    ControlChannel,
+    Received,
+    StreamStats,
+    Watch,
+    follow,
+)
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +63,10 @@ class DestinationClient:
         *,
         backoff: tuple[float, float] = (0.1, 5.0),
         rng: random.Random | None = None,
+        keepalive: tuple[float, float] = KEEPALIVE,
     ) -> None:
         self._control = ControlChannel(addr, server_name, trust_anchors_pem,
-                                       "the destination service")  # fmt: skip
+                                       "the destination service", keepalive)  # fmt: skip
         self.addr = addr
         self._context_token = context_token
         self._backoff = backoff

@@ -21,7 +21,7 @@ import logging
 from collections.abc import AsyncGenerator, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 import h2.exceptions
 from grpclib.client import Channel
@@ -54,14 +54,28 @@ class StreamStats:
     last_error: str | None = None
 
 
+# HTTP/2 PINGs on every control-plane connection: one every KEEPALIVE[0] seconds, streams or
+# not, and the connection closed when one is not answered within KEEPALIVE[1]. A connection
+# whose peer vanished without a FIN (a pod deleted while its address is still routed, a
+# terminating controller the Service still sent it to) otherwise looks open for ever, and
+# every stream on it waits for messages that never come. The controllers accept a PING every
+# 5 s (`streaming_server`).
+KEEPALIVE: Final = (10.0, 10.0)
+
+
 class ControlChannel:
     """The channel every stream to one control-plane service shares (`what`: "the destination
     service"), opened at first use: over TLS verified as `server_name` against the trust anchors
     when a name is given, plaintext when none is. A name without anchors is refused, never
-    quietly plaintext."""
+    quietly plaintext. Its connection is kept alive by PINGs (`keepalive`: every, within)."""
 
     def __init__(
-        self, addr: HostPort, server_name: str | None, trust_anchors_pem: str | None, what: str
+        self,
+        addr: HostPort,
+        server_name: str | None,
+        trust_anchors_pem: str | None,
+        what: str,
+        keepalive: tuple[float, float] = KEEPALIVE,
     ) -> None:
         if server_name and not trust_anchors_pem:
             raise ValueError(
@@ -74,6 +88,7 @@ class ControlChannel:
         self._ssl = (
             control_client_context(trust_anchors_pem) if server_name and trust_anchors_pem else None
         )
+        self._keepalive = keepalive
         self._channel: Channel | None = None
         self._closed = False
 
@@ -85,7 +100,15 @@ class ControlChannel:
         if self._closed:
             raise RuntimeError(f"the client of {self.what} is closed")
         if self._channel is None:
-            config = Configuration(ssl_target_name_override=self.server_name)
+            every, within = self._keepalive
+            config = Configuration(
+                ssl_target_name_override=self.server_name,
+                _keepalive_time=every,
+                _keepalive_timeout=within,
+                _keepalive_permit_without_calls=True,
+                _http2_max_pings_without_data=0,  # no limit: streams are mostly quiet
+                _http2_min_sent_ping_interval_without_data=every,
+            )
             self._channel = Channel(*self.addr, ssl=self._ssl, config=config)
         return self._channel
 
