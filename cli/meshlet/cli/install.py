@@ -326,8 +326,14 @@ def _install_gateway_api(values: Mapping[str, Any], kubeconfig: Path | None) -> 
 @click.option(
     "--kubeconfig",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="With --crds: the cluster asked whether it has the Gateway API CRDs (default:"
-    " $KUBECONFIG or ~/.kube/config).",
+    help="The cluster asked whether meshlet is installed already (with --crds: whether it has"
+    " the Gateway API CRDs). Default: $KUBECONFIG or ~/.kube/config.",
+)
+@click.option("--context", help="The kubeconfig context to use.")
+@click.option(
+    "--ignore-cluster",
+    is_flag=True,
+    help="Render without asking the cluster whether meshlet is installed already.",
 )
 def install(
     crds: bool,
@@ -338,6 +344,8 @@ def install(
     identity_issuer_key_file: Path | None,
     namespace: str,
     kubeconfig: Path | None,
+    context: str | None,
+    ignore_cluster: bool,
 ) -> None:
     """Print the manifests of meshlet's control plane, for `kubectl apply -f -`.
 
@@ -349,6 +357,9 @@ def install(
     Without identity files or values, a trust anchor and an issuer are generated. With --crds,
     the Gateway API's HTTPRoute and GRPCRoute CRDs are included when the cluster lacks them
     (or has the ones meshlet installed), unless installGatewayAPI is set.
+
+    Where meshlet is installed already, the control plane is refused (exit 1): `meshlet
+    upgrade` keeps its trust anchor and issuer. Without any kubeconfig nothing is asked.
     """
     try:
         if crds:
@@ -356,19 +367,80 @@ def install(
             values = merge(values, {"installGatewayAPI": _install_gateway_api(values, kubeconfig)})
             manifests = charts.render(charts.CRDS, values, namespace)
         else:
+            given = user_values(values_files, sets)
+            if not ignore_cluster:
+                _refuse_reinstall(kubeconfig, context, namespace)
             values = merge(
-                user_values(values_files, sets),
+                given,
                 _identity_files(
                     identity_trust_anchors_file,
                     identity_issuer_certificate_file,
                     identity_issuer_key_file,
                 ),
             )
-            now = dt.datetime.now(dt.UTC)
-            values = merge(values, generated(values, namespace, now))
-            _check_identity(values, now)
-            manifests = charts.render(charts.CONTROL_PLANE, values, namespace)
-            manifests = mesh_control_plane(manifests, namespace)
+            manifests = control_plane(values, given, namespace)
     except ChartError as exc:
         raise click.UsageError(str(exc)) from None
     sys.stdout.write(stream((m.source, m.doc) for m in manifests))
+
+
+def _refuse_reinstall(kubeconfig: Path | None, context: str | None, namespace: str) -> None:
+    from meshlet.cli.cluster import ClusterError
+    from meshlet.cli.installed import configured_client, refuse_reinstall
+
+    api = configured_client(kubeconfig, context)
+    if api is None:
+        click.echo("meshlet install: no kubeconfig, so no cluster was asked whether meshlet is"
+                   " installed already", err=True)  # fmt: skip
+        return
+    try:
+        refuse_reinstall(api, namespace)
+    except ClusterError as exc:
+        if "installed in namespace" in str(exc):
+            raise
+        raise ClusterError(f"{exc.message}; --ignore-cluster renders without asking") from None
+
+
+# Values that are certificates or keys: never written into meshlet-config's install-values (a
+# ConfigMap anyone with read access to the namespace may read); upgrade reads them from their
+# own Secrets and ConfigMaps.
+SECRET_VALUES: Final = (
+    ("identityTrustAnchorsPEM",),
+    ("identity", "issuer", "tls"),
+    ("proxyInjector", "caBundle"), ("proxyInjector", "crtPEM"), ("proxyInjector", "keyPEM"),
+    ("tap", "crtPEM"), ("tap", "keyPEM"),
+)  # fmt: skip
+
+
+def without_secrets(values: Mapping[str, Any]) -> dict[str, Any]:
+    """`values` less SECRET_VALUES (and the sections left empty by their removal)."""
+    out: dict[str, Any] = json.loads(json.dumps(dict(values)))  # a deep copy of plain data
+    for path in SECRET_VALUES:
+        parents = [out]
+        for key in path[:-1]:
+            child = parents[-1].get(key)
+            if not isinstance(child, dict):
+                break
+            parents.append(child)
+        else:
+            parents[-1].pop(path[-1], None)
+            for parent, key in zip(reversed(parents[:-1]), reversed(path[:-1]), strict=True):
+                if parent.get(key) == {}:
+                    del parent[key]
+    return out
+
+
+def control_plane(
+    values: Mapping[str, Any], given: Mapping[str, Any], namespace: str, quiet: bool = False
+) -> list[Manifest]:
+    """The control plane's manifests from `values`: certificates the values lack generated, the
+    issuer checked, the control plane's pods meshed; `given` (the user's own values) kept in
+    meshlet-config for `meshlet upgrade`."""
+    now = dt.datetime.now(dt.UTC)
+    public = without_secrets(given)
+    kept = yaml.safe_dump(public, sort_keys=True) if public else ""
+    values = merge(values, {"installValues": kept})
+    values = merge(values, generated(values, namespace, now, quiet=quiet))
+    _check_identity(values, now)
+    manifests = charts.render(charts.CONTROL_PLANE, values, namespace)
+    return mesh_control_plane(manifests, namespace)

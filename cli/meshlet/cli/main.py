@@ -16,6 +16,7 @@ from meshlet.cli.inject import inject
 from meshlet.cli.install import install
 from meshlet.cli.stat import stat
 from meshlet.cli.uninstall import uninstall
+from meshlet.cli.upgrade import upgrade
 from meshlet.cli.version import version
 from meshlet.cli.viz import viz
 from meshlet.cli.viztap import tap
@@ -42,6 +43,7 @@ cli.add_command(viz)
 cli.add_command(authz)
 cli.add_command(diagnostics)
 cli.add_command(uninstall)
+cli.add_command(upgrade)
 cli.add_command(version)
 cli.add_command(completion)
 

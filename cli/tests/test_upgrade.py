@@ -1,0 +1,130 @@
+"""`meshlet upgrade` and `meshlet install` over an installed control plane, against the fake API
+server holding what `meshlet install` rendered: the trust anchors, issuer and webhook and tap
+certificates kept byte for byte, the values given before applied again, a second install
+refused with the hint, no certificate or key in meshlet-config."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from meshlet.cli.install import without_secrets
+from meshlet_testing.fakeapi import FakeKubeAPI
+
+Run = Callable[..., Any]
+
+
+def docs(text: str) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(text) if d}
+
+
+def kept(objects: dict[tuple[str, str], dict[str, Any]]) -> dict[str, Any]:
+    """What must not change across an upgrade."""
+    webhook = objects[("MutatingWebhookConfiguration", "meshlet-proxy-injector-webhook-config")]
+    return {
+        "anchors": objects[("ConfigMap", "meshlet-identity-trust-roots")]["data"],
+        "issuer": objects[("Secret", "meshlet-identity-issuer")]["data"],
+        "injector": objects[("Secret", "meshlet-proxy-injector-k8s-tls")]["data"],
+        "tap": objects[("Secret", "meshlet-tap-k8s-tls")]["data"],
+        "ca_bundle": [w["clientConfig"]["caBundle"] for w in webhook["webhooks"]],
+    }
+
+
+def config(objects: dict[tuple[str, str], dict[str, Any]]) -> dict[str, Any]:
+    data = objects[("ConfigMap", "meshlet-config")]["data"]
+    return {"values": yaml.safe_load(data["values"]),
+            "install": yaml.safe_load(data.get("install-values", "{}"))}  # fmt: skip
+
+
+@pytest.fixture
+def kubeconfig(api: FakeKubeAPI, tmp_path: Path) -> str:
+    return str(api.write_kubeconfig(tmp_path / "kubeconfig"))
+
+
+def applied(api: FakeKubeAPI, text: str) -> dict[tuple[str, str], dict[str, Any]]:
+    """`text`'s objects stored in the fake API server (the kinds it serves)."""
+    objects = docs(text)
+    for obj in objects.values():
+        try:
+            api.apply(obj)
+        except (KeyError, ValueError, LookupError):
+            continue  # a kind the fake does not serve: nothing the upgrade reads
+    return objects
+
+
+def test_upgrade_keeps_the_identity_and_the_values_given_before(
+    meshlet: Run, api: FakeKubeAPI, kubeconfig: str
+) -> None:
+    first = meshlet("install", "--kubeconfig", kubeconfig, "--set", "proxy.logLevel=debug")
+    assert first.code == 0, first.err
+    installed = applied(api, first.out)
+    assert config(installed)["install"] == {"proxy": {"logLevel": "debug"}}
+
+    run = meshlet("upgrade", "--kubeconfig", kubeconfig,
+                  "--set", "proxy.defaultInboundPolicy=all-authenticated")  # fmt: skip
+    assert run.code == 0, run.err
+    assert "kept" in run.err and "Traceback" not in run.err
+    upgraded = docs(run.out)
+    assert kept(upgraded) == kept(installed)  # byte for byte
+    now = config(upgraded)
+    assert now["values"]["proxy"]["logLevel"] == "debug"  # given at install, applied again
+    assert now["values"]["proxy"]["defaultInboundPolicy"] == "all-authenticated"
+    assert now["install"] == {"proxy": {"logLevel": "debug",
+                                        "defaultInboundPolicy": "all-authenticated"}}  # fmt: skip
+
+    # and the next upgrade keeps what this one was given
+    applied(api, run.out)
+    again = meshlet("upgrade", "--kubeconfig", kubeconfig)
+    assert again.code == 0, again.err
+    assert config(docs(again.out))["values"]["proxy"]["defaultInboundPolicy"] == "all-authenticated"
+    assert kept(docs(again.out)) == kept(installed)
+
+
+def test_install_over_an_installed_control_plane_is_refused_with_the_hint(
+    meshlet: Run, api: FakeKubeAPI, kubeconfig: str
+) -> None:
+    applied(api, meshlet("install", "--kubeconfig", kubeconfig).out)
+    run = meshlet("install", "--kubeconfig", kubeconfig)
+    assert run.code == 1 and run.out == ""
+    assert "is installed in namespace meshlet already" in run.err
+    assert "meshlet upgrade | kubectl apply -f -" in run.err and "--ignore-cluster" in run.err
+    assert meshlet("install", "--kubeconfig", kubeconfig, "--ignore-cluster").code == 0
+    # the CRDs are not the control plane: rendering them again is fine
+    assert meshlet("install", "--crds", "--kubeconfig", kubeconfig).code == 0
+
+
+def test_upgrade_without_meshlet_installed_says_how_to_install(
+    meshlet: Run, kubeconfig: str
+) -> None:
+    run = meshlet("upgrade", "--kubeconfig", kubeconfig)
+    assert run.code == 1 and run.out == ""
+    assert "meshlet is not installed in namespace meshlet" in run.err
+    assert "meshlet install | kubectl apply -f -" in run.err
+
+
+def test_an_unreachable_cluster_is_named_with_the_way_around(
+    meshlet: Run, unreachable_kubeconfig: Path
+) -> None:
+    run = meshlet("install", "--kubeconfig", str(unreachable_kubeconfig))
+    assert run.code == 1 and run.out == ""
+    assert "cannot reach the Kubernetes API" in run.err and "--ignore-cluster" in run.err
+    assert "Traceback" not in run.err
+    upgrade = meshlet("upgrade", "--kubeconfig", str(unreachable_kubeconfig))
+    assert upgrade.code == 1 and "cannot reach the Kubernetes API" in upgrade.err
+
+
+def test_no_certificate_or_key_is_kept_in_the_values() -> None:
+    given = {
+        "identityTrustAnchorsPEM": "anchors",
+        "identity": {"issuer": {"tls": {"crtPEM": "c", "keyPEM": "k"}}},
+        "proxyInjector": {"caBundle": "b", "crtPEM": "c", "keyPEM": "k", "replicas": 2},
+        "tap": {"crtPEM": "c", "keyPEM": "k"},
+        "proxy": {"logLevel": "debug"},
+    }
+    assert without_secrets(given) == {"proxyInjector": {"replicas": 2},
+                                      "proxy": {"logLevel": "debug"}}  # fmt: skip
+    assert given["tap"] == {"crtPEM": "c", "keyPEM": "k"}  # the caller's values untouched
