@@ -22,6 +22,13 @@ class Run:
     err: str
 
 
+@pytest.fixture(autouse=True)
+def no_kubeconfig_of_the_machine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Commands reach only the clusters a test names: the machine's own kubeconfig (a
+    developer's `$KUBECONFIG` or ~/.kube/config) is out of sight."""
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-kubeconfig"))
+
+
 @pytest.fixture
 def meshlet(capsys: pytest.CaptureFixture[str]) -> Callable[..., Run]:
     def run(*args: str) -> Run:
