@@ -96,7 +96,7 @@ def streaming_server(limits: StreamLimits) -> grpc.aio.Server:
             # The proxies PING every 10 s, streams or not (meshlet.proxy.discovery.watch):
             # accept one every 5 s rather than answer them with GOAWAY ENHANCE_YOUR_CALM.
             ("grpc.keepalive_permit_without_calls", 1),
-            ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+            ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
             ("grpc.server.max_pending_requests", queue),
             ("grpc.server.max_pending_requests_hard_limit", queue),
             ("grpc.so_reuseport", 0),  # a port in use is an error, not a shared port

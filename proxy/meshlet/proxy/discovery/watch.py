@@ -107,7 +107,8 @@ class ControlChannel:
                 _keepalive_timeout=within,
                 _keepalive_permit_without_calls=True,
                 _http2_max_pings_without_data=0,  # no limit: streams are mostly quiet
-                _http2_min_sent_ping_interval_without_data=every,
+                # below `every`: a timer firing a hair early must not skip a PING
+                _http2_min_sent_ping_interval_without_data=every / 2,
             )
             self._channel = Channel(*self.addr, ssl=self._ssl, config=config)
         return self._channel
