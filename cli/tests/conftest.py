@@ -23,10 +23,10 @@ class Run:
 
 
 @pytest.fixture(autouse=True)
-def no_kubeconfig_of_the_machine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """Commands reach only the clusters a test names: the machine's own kubeconfig (a
-    developer's `$KUBECONFIG` or ~/.kube/config) is out of sight."""
-    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-kubeconfig"))
+def no_kubeconfig_of_the_shell(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Commands reach only the clusters a test names, never the one a developer's
+    `$KUBECONFIG` points at."""
+    monkeypatch.delenv("KUBECONFIG", raising=False)
 
 
 @pytest.fixture

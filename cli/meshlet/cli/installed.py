@@ -6,7 +6,6 @@ whether there is one."""
 from __future__ import annotations
 
 import base64
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -33,13 +32,12 @@ class Installed:
 
 
 def configured_client(kubeconfig: Path | None, context: str | None) -> Any | None:
-    """A client of the kubeconfig's cluster; None when no kubeconfig is configured at all (none
-    given, `$KUBECONFIG` unset or naming no file, no ~/.kube/config)."""
-    if kubeconfig is None:
-        paths = [p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
-        candidates = paths or [str(Path.home() / ".kube" / "config")]
-        if not any(Path(p).is_file() for p in candidates):
-            return None
+    """A client of the kubeconfig's cluster; None when no cluster is named at all (no
+    --kubeconfig or --context, no `$KUBECONFIG`, no ~/.kube/config), as `localmesh` decides."""
+    from meshlet.cli.localmesh import cluster_named
+
+    if not cluster_named(kubeconfig, context):
+        return None
     return api_client(kubeconfig, context)
 
 
