@@ -346,10 +346,11 @@ async def test_new_targets_are_refused_past_max_destinations(cluster: Cluster) -
     plane = Plane(cluster, await start_server(cluster), max_destinations=2, idle_timeout=0.05)
     try:
         first = await plane.resolver.resolve(f"{FQN}:80")
-        await plane.resolver.resolve("10.0.0.1:8080")
-        with pytest.raises(ResolverFull, match="already follows 2 destinations"):
-            await plane.resolver.resolve("10.0.0.2:8080")
-        assert await plane.resolver.resolve(f"{FQN}:80") is first  # known ones still resolve
+        second = await plane.resolver.resolve("10.0.0.1:8080")
+        async with first.use(), second.use():  # in use: not idle, however slow the machine
+            with pytest.raises(ResolverFull, match="already follows 2 destinations"):
+                await plane.resolver.resolve("10.0.0.2:8080")
+            assert await plane.resolver.resolve(f"{FQN}:80") is first  # known ones resolve
         await eventually(lambda: len(plane.resolver) == 0)  # unused: dropped when idle
         await plane.resolver.resolve("10.0.0.2:8080")
     finally:

@@ -967,10 +967,12 @@ async def test_identity_down_at_start_keeps_ready_503_until_it_returns(mesh: Mes
     await mesh.stop_identity()
     pod = await mesh.start_pod("web-4", EXTRA_POD_IP, "tok-web", app=True, wait_ready=False)
     assert pod.proxy is not None
-    await asyncio.sleep(1.0)
+    # its first certification attempt fails (however long a busy machine takes to make it)
+    await eventually(
+        lambda: pod.metric("identity_cert_refresh_total", result="unavailable") >= 1, within=15
+    )
     assert not pod.proxy.ready()
     assert await asyncio.to_thread(pod.ready_status) == 503
-    assert pod.metric("identity_cert_refresh_total", result="unavailable") >= 1
     await mesh.start_identity()
     await eventually(pod.proxy.ready, within=15)
     assert await asyncio.to_thread(pod.ready_status) == 200
