@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -155,3 +156,62 @@ def test_the_load_counts_webs_reasons_for_its_errors() -> None:
     assert seen["failed"] == {"http 502": 3, "timeout": 1}
     assert seen["why"] == {"api: UNAVAILABLE": 2, "store: ConnectionRefusedError": 1}
     assert [pod for _, _, pod in seen["recent"]] == ["", "", "", ""]
+
+
+def test_a_paused_load_generator_counts_its_missed_calls_late_not_dropped(tmp_path: Path) -> None:
+    """The real load process against a real HTTP server, stopped (SIGSTOP) for 3 s as a busy
+    machine may leave it unscheduled: the calls it could not send on time are counted `late`
+    and never sent in a burst, so none is counted as dropped (over capacity), and the longest
+    lag says how long it was paused."""
+    import http.server
+
+    class Web(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            body = b'{"api": "api-1", "store": "store-1"}'
+            self.send_response(200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Web)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    stats = tmp_path / "load.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "meshlet.cli.main", "demo", "app", "load",
+         "--target", f"127.0.0.1:{server.server_address[1]}", "--rate", "50",
+         "--stats", str(stats)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+    def seen() -> dict[str, Any]:
+        return dict(json.loads(stats.read_text())) if stats.exists() else {"ok": 0}
+
+    try:
+        deadline = time.monotonic() + 30
+        while seen()["ok"] < 20:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGSTOP)
+        time.sleep(3.0)
+        proc.send_signal(signal.SIGCONT)
+        before = seen()["sent"]
+        while seen()["sent"] < before + 50:  # a second of calls after the pause
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+            time.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=10)
+        server.shutdown()
+        server.server_close()
+    assert proc.returncode == 0, out
+    final = seen()
+    assert final["dropped"] == 0 and final["failed"] == {}, final
+    # 3 s paused at 50/s: the calls more than LATE_AFTER (1 s) overdue, about 100, are late
+    assert 70 <= final["late"] <= 130, final
+    assert final["lag_max_ms"] >= 2900, final
+    assert final["ok"] == final["sent"], final

@@ -266,8 +266,12 @@ def test_the_demo_runs_a_meshed_application_store_refuses_an_intruder_and_all_is
     web's calls go on as before. (The other drills' runs show store denying nothing.)"""
     summary = run_demo("--drill", "deny", duration=20)
     client = summary["client"]
-    assert client["failed"] == 0 and client["dropped"] == 0, client
-    assert client["ok"] >= 20 * 20 * 0.9  # 20 calls/s for 20 s, give or take the last ones
+    assert client["failed"] == 0 and client["dropped"] == 0, (client, summary["events"])
+    # 20 calls/s for 20 s, give or take the last ones; calls the generator could not send on
+    # time (its own process paused on a busy machine: `late`) are not the mesh's, but a run
+    # mostly paused shows nothing
+    assert client["late"] <= 20 * 20 * 0.25, client
+    assert client["ok"] >= (20 * 20 - client["late"]) * 0.9, client
     assert client["success_rate"] == 1.0
     after_warmup = summary["replicas_after_warmup"]
     slow = after_warmup[topology.SLOW_REPLICA]["share"]

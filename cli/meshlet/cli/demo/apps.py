@@ -41,6 +41,10 @@ SLOW_DRILL_DELAY: Final = 0.2
 FLAG_POLL: Final = 0.1  # seconds between an api's looks at its fault flag
 LATENCY_BUCKETS_MS: Final = (5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000, 2000, 5000)
 MAX_IN_FLIGHT: Final = 64  # load: calls past this are counted as dropped, not queued
+# load: a call the generator itself reaches this many seconds after its time (the process was
+# not scheduled: a busy machine) is counted late and not sent, so a pause of the client is never
+# mistaken for the mesh holding calls (a burst of catch-up calls would count as dropped)
+LATE_AFTER: Final = 1.0
 CALL_TIMEOUT: Final = 5.0
 
 
@@ -211,7 +215,8 @@ class _Stats:
 
     def __init__(self) -> None:
         self.started = time.time()
-        self.sent = self.ok = self.dropped = 0
+        self.sent = self.ok = self.dropped = self.late = 0
+        self.lag_max = 0.0  # seconds: the longest the generator woke past a call's time
         self.failed: Counter[str] = Counter()
         self.why: Counter[str] = Counter()  # web's reasons for its errors: "api: UNAVAILABLE"
         self.latency = [0] * (len(LATENCY_BUCKETS_MS) + 1)
@@ -249,7 +254,8 @@ class _Stats:
     def as_json(self) -> dict[str, Any]:
         return {
             "started": self.started, "now": time.time(), "sent": self.sent, "ok": self.ok,
-            "dropped": self.dropped, "failed": dict(self.failed), "why": dict(self.why),
+            "dropped": self.dropped, "late": self.late, "lag_max_ms": round(self.lag_max * 1000),
+            "failed": dict(self.failed), "why": dict(self.why),
             "latency_buckets_ms": list(LATENCY_BUCKETS_MS), "latency": self.latency,
             "by_api": dict(self.by_api), "by_store": dict(self.by_store),
             "store_first_byte_max_ms": round(self.store_first_byte_max, 2),
@@ -331,7 +337,11 @@ async def _load(target: str, rate: float, stats_file: Path, via_proxy: str) -> N
             write_stats()
             next_write += 1.0
         while next_call <= now:
-            next_call += interval
+            due, next_call = next_call, next_call + interval
+            stats.lag_max = max(stats.lag_max, now - due)
+            if now - due > LATE_AFTER:
+                stats.late += 1
+                continue
             stats.sent += 1
             if in_flight >= MAX_IN_FLIGHT:
                 stats.dropped += 1

@@ -612,19 +612,13 @@ class Demo:
         stats = self._load_stats()
         if stats is None:
             return None
-        from meshlet.cli.stats import quantile
-
-        bounds = [*(float(b) for b in stats["latency_buckets_ms"]), float("inf")]
-        cumulative, running = {}, 0.0
-        for bound, count in zip(bounds, stats["latency"], strict=True):
-            running += count
-            cumulative[bound] = running
         now = time.time()
         return Client(
             sent=stats["sent"], ok=stats["ok"], failed=stats["failed"], dropped=stats["dropped"],
-            quantiles=tuple(quantile(q, cumulative) for q in QUANTILES),
+            quantiles=latency_quantiles(stats),
             store_first_byte_max_ms=stats["store_first_byte_max_ms"],
             recent_success=outbound.success(stats.get("recent", []), now - WINDOW, now),
+            late=stats.get("late", 0),
         )  # fmt: skip
 
     def _load_stats(self) -> dict[str, Any] | None:
@@ -666,6 +660,9 @@ class Demo:
                 "failures": stats.get("failed", {}),
                 "why": stats.get("why", {}),  # web's reasons for its 502s
                 "dropped": stats.get("dropped", 0),
+                "late": stats.get("late", 0),  # not sent: the generator itself was paused
+                "lag_max_ms": stats.get("lag_max_ms", 0),
+                "latency_ms": latency_quantiles(stats),
                 "success_rate": stats.get("ok", 0) / done if done else None,
                 "by_api": stats.get("by_api", {}),
                 "store_first_byte_max_ms": stats.get("store_first_byte_max_ms"),
@@ -816,6 +813,18 @@ class Screen:
         if self.last_view is None or now - self.last_view >= SNAPSHOT_EVERY:
             self.console.print(view())
             self.last_view = now
+
+
+def latency_quantiles(stats: dict[str, Any]) -> tuple[float | None, ...]:
+    """The load generator's latency at each of QUANTILES, in ms, from its histogram."""
+    from meshlet.cli.stats import quantile
+
+    bounds = [*(float(b) for b in stats.get("latency_buckets_ms", [])), float("inf")]
+    cumulative, running = {}, 0.0
+    for bound, count in zip(bounds, stats.get("latency", [0]), strict=True):
+        running += count
+        cumulative[bound] = running
+    return tuple(quantile(q, cumulative) for q in QUANTILES)
 
 
 def exit_status(proc: Process) -> str:

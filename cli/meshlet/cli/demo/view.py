@@ -36,6 +36,7 @@ class Client:
     quantiles: tuple[float | None, ...]
     store_first_byte_max_ms: float
     recent_success: float | None = None  # over the window shown
+    late: int = 0  # not sent: the generator's own process was paused past the call's time
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,6 +253,8 @@ def client_line(client: Client | None) -> Text:
         text.append(_pct(client.recent_success), style=style)
     if client.dropped:
         text.append(f"; {client.dropped} not sent (over capacity)", style="yellow")
+    if client.late:
+        text.append(f"; {client.late} not sent (the client was paused)", style="yellow")
     return text
 
 
@@ -368,8 +371,8 @@ def compact_client(client: Client | None) -> Text:
         text.append("; last 10 s ")
         text.append(_pct(client.recent_success),
                     style="" if client.recent_success >= 0.99 else "bold red")  # fmt: skip
-    if client.dropped:
-        text.append(f"; {client.dropped} not sent", style="yellow")
+    if client.dropped or client.late:
+        text.append(f"; {client.dropped + client.late} not sent", style="yellow")
     return text
 
 
