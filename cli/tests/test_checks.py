@@ -98,10 +98,99 @@ def test_a_webhook_certificate_for_another_namespace() -> None:
     assert status is Status.ERROR and "not for meshlet-proxy-injector.meshlet.svc" in error
 
 
-def test_failure_policy_fail_warns() -> None:
+EXCLUDING = {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn",
+                                    "values": ["kube-system", "meshlet"]}]}  # fmt: skip
+
+
+def test_failure_policy_fail_over_kube_system_or_the_control_plane_is_an_error() -> None:
+    """A webhook that fails closed must leave out the namespaces whose pods bring it back."""
     hook = webhook(VALUES["proxyInjector"]["caBundle"], failure_policy="Fail")
     status, error = outcome(snapshot(webhook=hook))["proxy-injector webhook is configured"]
-    assert status is Status.WARNING and "a down injector blocks pods" in error
+    assert status is Status.ERROR, error
+    assert "the webhook selects meshlet, kube-system: a down injector blocks" in error
+    only_own = {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["meshlet"]}
+    hook["webhooks"][0]["namespaceSelector"] = {"matchExpressions": [only_own]}
+    status, error = outcome(snapshot(webhook=hook))["proxy-injector webhook is configured"]
+    assert status is Status.ERROR
+    assert error.startswith("failurePolicy is Fail and the webhook selects kube-system:")
+    hook["webhooks"][0]["namespaceSelector"] = EXCLUDING
+    assert outcome(snapshot(webhook=hook))["proxy-injector webhook is configured"][0] is (
+        Status.SUCCESS
+    )
+
+
+def ha_snapshot(replicas: int = 3, nodes: int = 3, allowed: int = 1, **changes: Any) -> Snapshot:
+    """A control plane installed with --ha: each controller's Deployment, pods on `nodes`
+    nodes, a budget each allowing `allowed` disruptions, the webhook failing closed."""
+    from meshlet.cli.checks import CONTROLLERS
+
+    hook = webhook(VALUES["proxyInjector"]["caBundle"], failure_policy="Fail")
+    hook["webhooks"][0]["namespaceSelector"] = EXCLUDING
+    ready = {"conditions": [{"type": "Ready", "status": "True"}]}
+    base: dict[str, Any] = {
+        "webhook": hook,
+        "deployments": {name: {"spec": {"replicas": replicas},
+                               "status": {"readyReplicas": replicas}}
+                        for name in CONTROLLERS},
+        "pods": tuple(
+            {"metadata": {"labels": {wk.CONTROL_PLANE_COMPONENT_LABEL: c}},
+             "spec": {"nodeName": f"node-{i % nodes}"}, "status": ready}
+            for c in CONTROLLERS.values() for i in range(replicas)
+        ),
+        "disruption_budgets": tuple(
+            {"spec": {"maxUnavailable": 1,
+                      "selector": {"matchLabels": {wk.CONTROL_PLANE_COMPONENT_LABEL: c}}},
+             "status": {"disruptionsAllowed": allowed, "currentHealthy": replicas,
+                        "expectedPods": replicas}}
+            for c in CONTROLLERS.values()
+        ),
+    }  # fmt: skip
+    base.update(changes)
+    return snapshot(**base)
+
+
+HA_CHECKS = (
+    "controllers have more than one replica ready",
+    "each controller has a PodDisruptionBudget that allows a drain",
+    "controller replicas are on distinct nodes",
+    "the proxy injector refuses pods while it is down",
+)
+
+
+def test_the_ha_checks_run_only_for_an_ha_control_plane_and_pass_on_three_nodes() -> None:
+    assert not set(HA_CHECKS) & set(outcome(snapshot()))
+    result = outcome(ha_snapshot())
+    assert {result[c] for c in HA_CHECKS} == {(Status.SUCCESS, "")}
+    assert {status for status, _ in result.values()} == {Status.SUCCESS}
+
+
+def test_the_ha_checks_name_what_a_single_node_and_a_budget_at_zero_leave_exposed() -> None:
+    result = outcome(ha_snapshot(nodes=1, allowed=0))
+    status, error = result["controller replicas are on distinct nodes"]
+    assert status is Status.WARNING
+    assert "meshlet-destination: 3 pods on 1 node(s)" in error and "meshlet-tap" in error
+    status, error = result["each controller has a PodDisruptionBudget that allows a drain"]
+    assert status is Status.WARNING
+    assert "meshlet-identity: no disruption allowed now (3 of 3 healthy)" in error
+
+
+def test_the_ha_checks_name_a_controller_without_a_budget_or_a_second_replica() -> None:
+    s = ha_snapshot()
+    deployments = dict(s.deployments)
+    deployments[wk.TAP_NAME] = {"spec": {"replicas": 3}, "status": {"readyReplicas": 1}}
+    result = outcome(ha_snapshot(deployments=deployments,
+                                 disruption_budgets=s.disruption_budgets[:4]))  # fmt: skip
+    assert result["controllers have more than one replica ready"] == (
+        Status.WARNING, f"{wk.TAP_NAME}: 1 of 3 ready")  # fmt: skip
+    assert result["each controller has a PodDisruptionBudget that allows a drain"] == (
+        Status.WARNING, f"{wk.TAP_NAME}: no PodDisruptionBudget")  # fmt: skip
+
+
+def test_an_ha_control_plane_whose_webhook_ignores_failures_is_warned_about() -> None:
+    hook = webhook(VALUES["proxyInjector"]["caBundle"], failure_policy="Ignore")
+    status, error = outcome(ha_snapshot(webhook=hook))[
+        "the proxy injector refuses pods while it is down"]  # fmt: skip
+    assert status is Status.WARNING and "starts unmeshed" in error
 
 
 def test_a_missing_control_plane_pod_ends_the_check() -> None:

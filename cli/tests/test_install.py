@@ -54,7 +54,7 @@ def test_golden(
     golden(GOLDEN / f"{name}.yaml", run.out)
 
 
-@pytest.mark.parametrize("args", [FIXED, ("--crds",)])
+@pytest.mark.parametrize("args", [FIXED, ("--crds",), (*FIXED, "--ha")])
 def test_every_document_is_schema_valid(args: tuple[str, ...], meshlet: Callable[..., Any]) -> None:
     objects = docs(meshlet("install", *args).out)
     assert objects
@@ -472,3 +472,54 @@ def test_the_gateway_api_crds_lint_and_validate() -> None:
         for version in crd["spec"]["versions"]:
             assert version["subresources"] == {"status": {}}
             assert schema.structural_problems(version["schema"]["openAPIV3Schema"]) == []
+
+
+def test_ha_renders_three_spread_replicas_a_budget_each_and_a_webhook_that_fails_closed(
+    meshlet: Callable[..., Any],
+) -> None:
+    """`--ha` (with --ignore-cluster, as Linkerd's): every controller 3 replicas that the
+    scheduler keeps off each other's node, a PodDisruptionBudget selecting exactly each
+    Deployment's pods, one pod down at a time in a rollout; the webhook refuses pods while no
+    injector answers, except in kube-system and the control plane's own namespace; what the user
+    set wins over values-ha.yaml; and without --ha nothing of it is rendered."""
+    from meshlet.cli.checks import CONTROLLERS
+
+    run = meshlet("install", "--ignore-cluster", "--ha", "--set", "tap.replicas=2", *FIXED)
+    assert run.code == 0, run.err
+    objects = docs(run.out)
+    budgets = {o["metadata"]["name"]: o for o in objects if o["kind"] == "PodDisruptionBudget"}
+    assert set(budgets) == set(CONTROLLERS)
+    for name, component in CONTROLLERS.items():
+        deploy = find(objects, "Deployment", name)
+        spec = deploy["spec"]
+        assert spec["replicas"] == (2 if name == wk.TAP_NAME else 3), name
+        assert spec["strategy"] == {"rollingUpdate": {"maxUnavailable": 1, "maxSurge": "25%"}}
+        pod_labels = spec["template"]["metadata"]["labels"]
+        selector = budgets[name]["spec"]["selector"]["matchLabels"]
+        assert selector == {wk.CONTROL_PLANE_COMPONENT_LABEL: component}
+        assert selector.items() <= pod_labels.items()
+        assert budgets[name]["spec"]["maxUnavailable"] == 1
+        anti = spec["template"]["spec"]["affinity"]["podAntiAffinity"]
+        (required,) = anti["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert required == {"labelSelector": {"matchLabels": selector},
+                            "topologyKey": "kubernetes.io/hostname"}  # fmt: skip
+        for container in spec["template"]["spec"]["containers"]:
+            if container["name"] != wk.PROXY_CONTAINER:
+                assert container["resources"]["requests"]["cpu"], (name, container["name"])
+                assert container["resources"]["limits"]["memory"], (name, container["name"])
+    (config,) = [o for o in objects if o["kind"] == "MutatingWebhookConfiguration"]
+    (hook,) = config["webhooks"]
+    assert hook["failurePolicy"] == "Fail"
+    (names,) = [e for e in hook["namespaceSelector"]["matchExpressions"]
+                if e["key"] == "kubernetes.io/metadata.name"]  # fmt: skip
+    assert names["operator"] == "NotIn"
+    assert {"kube-system", wk.CONTROL_PLANE_NAMESPACE} <= set(names["values"])
+    # kept for `meshlet upgrade`: HA stays on
+    kept = yaml.safe_load(find(objects, "ConfigMap", wk.CONFIG_CONFIGMAP)["data"]["install-values"])
+    assert kept["webhookFailurePolicy"] == "Fail" and kept["tap"]["replicas"] == 2
+
+    plain = docs(meshlet("install", "--ignore-cluster", *FIXED).out)
+    assert not [o for o in plain if o["kind"] == "PodDisruptionBudget"]
+    destination = find(plain, "Deployment", wk.DESTINATION_NAME)["spec"]
+    assert destination["replicas"] == 1 and "strategy" not in destination
+    assert "affinity" not in destination["template"]["spec"]

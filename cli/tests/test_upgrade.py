@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from meshlet.cli.install import without_secrets
-from meshlet_testing.fakeapi import FakeKubeAPI
+from meshlet_testing.fakeapi import FakeKubeAPI, StatusError
 
 Run = Callable[..., Any]
 
@@ -51,7 +51,7 @@ def applied(api: FakeKubeAPI, text: str) -> dict[tuple[str, str], dict[str, Any]
     for obj in objects.values():
         try:
             api.apply(obj)
-        except (KeyError, ValueError, LookupError):
+        except (KeyError, ValueError, LookupError, StatusError):
             continue  # a kind the fake does not serve: nothing the upgrade reads
     return objects
 
@@ -128,3 +128,20 @@ def test_no_certificate_or_key_is_kept_in_the_values() -> None:
     assert without_secrets(given) == {"proxyInjector": {"replicas": 2},
                                       "proxy": {"logLevel": "debug"}}  # fmt: skip
     assert given["tap"] == {"crtPEM": "c", "keyPEM": "k"}  # the caller's values untouched
+
+
+def test_upgrade_ha_turns_high_availability_on_and_it_stays_on(
+    meshlet: Run, api: FakeKubeAPI, kubeconfig: str
+) -> None:
+    installed = applied(api, meshlet("install", "--kubeconfig", kubeconfig).out)
+    run = meshlet("upgrade", "--kubeconfig", kubeconfig, "--ha")
+    assert run.code == 0, run.err
+    upgraded = applied(api, run.out)
+    assert kept(upgraded) == kept(installed)
+    assert upgraded[("Deployment", "meshlet-destination")]["spec"]["replicas"] == 3
+    assert ("PodDisruptionBudget", "meshlet-identity") in upgraded
+    again = docs(meshlet("upgrade", "--kubeconfig", kubeconfig).out)  # no --ha this time
+    hook = again[("MutatingWebhookConfiguration", "meshlet-proxy-injector-webhook-config")]
+    assert hook["webhooks"][0]["failurePolicy"] == "Fail"
+    assert again[("Deployment", "meshlet-policy")]["spec"]["replicas"] == 3
+    assert ("PodDisruptionBudget", "meshlet-tap") in again

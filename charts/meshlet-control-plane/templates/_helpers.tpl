@@ -93,3 +93,35 @@ livenessProbe:
     port: admin-http
   initialDelaySeconds: 10
 {{- end -}}
+
+{{/* A controller Deployment's rollout strategy (deploymentStrategy; empty: Kubernetes'). */}}
+{{- define "meshlet.strategy" -}}
+{{- with .Values.deploymentStrategy }}
+strategy:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/*
+A controller pod's anti-affinity (enablePodAntiAffinity), as Linkerd's HA mode: never two
+replicas of a component on one node, and across zones where the nodes have them.
+*/}}
+{{- define "meshlet.affinity" -}}
+{{- $root := index . 0 -}}{{- $component := index . 1 -}}
+{{- if $root.Values.enablePodAntiAffinity }}
+affinity:
+  podAntiAffinity:
+    requiredDuringSchedulingIgnoredDuringExecution:
+      - labelSelector:
+          matchLabels:
+            meshlet.io/control-plane-component: {{ $component }}
+        topologyKey: kubernetes.io/hostname
+    preferredDuringSchedulingIgnoredDuringExecution:
+      - weight: 100
+        podAffinityTerm:
+          labelSelector:
+            matchLabels:
+              meshlet.io/control-plane-component: {{ $component }}
+          topologyKey: topology.kubernetes.io/zone
+{{- end }}
+{{- end -}}

@@ -52,6 +52,18 @@ def chart_dir(name: str) -> Path:
     raise ChartError(f"chart {name} not found (looked in {shipped} and {checkout})")
 
 
+def ha_values() -> dict[str, Any]:
+    """The control-plane chart's values-ha.yaml: what `--ha` sets."""
+    path = chart_dir(CONTROL_PLANE) / "values-ha.yaml"
+    try:
+        values = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ChartError(f"{path}: {exc}") from None
+    if not isinstance(values, dict):
+        raise ChartError(f"{path}: expected a mapping of values")
+    return values
+
+
 def _helm() -> Any:
     try:
         import helm_python

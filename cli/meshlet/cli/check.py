@@ -13,7 +13,7 @@ import click
 
 from meshlet.api import wellknown as wk
 from meshlet.cli.checks import (
-    COMPONENTS,
+    CONTROLLERS,
     POLICY_CRDS,
     ROUTE_APIS,
     Obj,
@@ -109,7 +109,7 @@ def snapshot(kubeconfig: Path | None, context: str | None, namespace: str) -> Sn
     core, apps = k8s.CoreV1Api(api), k8s.AppsV1Api(api)
     deployments = {
         name: d
-        for name in COMPONENTS
+        for name in CONTROLLERS
         if (d := read(f"deployment {name}", apps.read_namespaced_deployment, name, namespace))
     }
     pods = read("pods", core.list_namespaced_pod, namespace) or {}
@@ -163,8 +163,11 @@ def snapshot(kubeconfig: Path | None, context: str | None, namespace: str) -> Sn
                             wk.INJECTOR_TLS_SECRET, namespace),
         data_plane=data_plane,
         policy_crds=policy_crds,
-        policy_deployment=read("policy", apps.read_namespaced_deployment, wk.POLICY_NAME,
-                               namespace),
+        policy_deployment=deployments.get(wk.POLICY_NAME),
+        disruption_budgets=tuple(
+            (read("disruption budgets", k8s.PolicyV1Api(api).list_namespaced_pod_disruption_budget,
+                  namespace) or {}).get("items", [])
+        ),
         policy_ready=_admin_ready(api, policy_pods, wk.POLICY_ADMIN_PORT),
         routes=routes,
         profiles=tuple(profiles.get("items", [])),

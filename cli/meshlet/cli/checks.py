@@ -16,6 +16,14 @@ Obj = dict[str, Any]
 MIN_VERSION: Final = (1, 29)  # native sidecars
 EXPIRY_WARNING: Final = dt.timedelta(days=60)
 COMPONENTS: Final = (wk.DESTINATION_NAME, wk.IDENTITY_NAME, wk.INJECTOR_NAME)
+# Every controller Deployment, by its pods' meshlet.io/control-plane-component: what HA covers.
+CONTROLLERS: Final = {
+    wk.DESTINATION_NAME: "destination", wk.IDENTITY_NAME: "identity",
+    wk.INJECTOR_NAME: "proxy-injector", wk.POLICY_NAME: "policy", wk.TAP_NAME: "tap",
+}  # fmt: skip
+# Namespaces a webhook that fails closed must never wait on (the injector's own pods, and the
+# cluster's: a Fail webhook over kube-system can keep the cluster from healing).
+NEVER_WAITED_ON: Final = ("kube-system",)
 # The policy controller's kinds, as `meshlet install --crds` renders them, and the Gateway API's
 # routes it also watches (it is not ready until it has listed each).
 POLICY_CRDS: Final = (
@@ -83,6 +91,7 @@ class Snapshot:
     policy_ready: Mapping[str, str] = field(default_factory=dict)
     routes: tuple[Obj, ...] = ()  # of ROUTE_APIS, in every namespace
     profiles: tuple[Obj, ...] = ()  # ServiceProfiles, in every namespace
+    disruption_budgets: tuple[Obj, ...] = ()  # PodDisruptionBudgets of the control plane
     errors: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -265,9 +274,28 @@ def webhook_config(s: Snapshot, now: dt.datetime) -> None:
     service = (hook.get("clientConfig") or {}).get("service") or {}
     if (service.get("name"), service.get("namespace")) != (wk.INJECTOR_NAME, s.namespace):
         raise _Fail(f"the webhook calls {service.get('namespace')}/{service.get('name')}")
-    if hook.get("failurePolicy") != "Ignore":
-        raise _Fail(f"failurePolicy is {hook.get('failurePolicy')}: a down injector blocks pods",
-                    Status.WARNING)  # fmt: skip
+    if hook.get("failurePolicy") == "Fail":
+        waited = [ns for ns in (s.namespace, *NEVER_WAITED_ON) if not _excluded(hook, ns)]
+        if waited:
+            raise _Fail(f"failurePolicy is Fail and the webhook selects {', '.join(waited)}: a"
+                        " down injector blocks the pods that would bring it back")  # fmt: skip
+
+
+def _excluded(hook: Obj, namespace: str) -> bool:
+    """Whether the webhook's namespaceSelector leaves out `namespace` by its name label."""
+    selector = hook.get("namespaceSelector") or {}
+    if (selector.get("matchLabels") or {}).get("kubernetes.io/metadata.name") not in (
+        None, namespace,
+    ):  # fmt: skip
+        return True
+    return any(
+        e.get("key") == "kubernetes.io/metadata.name"
+        and (
+            (e.get("operator") == "NotIn" and namespace in (e.get("values") or []))
+            or (e.get("operator") == "In" and namespace not in (e.get("values") or []))
+        )
+        for e in selector.get("matchExpressions") or []
+    )
 
 
 def _webhook_cert(s: Snapshot) -> Any:
@@ -370,7 +398,12 @@ def policy_crds(s: Snapshot, now: dt.datetime) -> None:
 def policy_deployment(s: Snapshot, now: dt.datetime) -> str:
     deploy = s.policy_deployment
     if deploy is None:
-        raise _Fail(s.errors.get("policy", f"Deployment {s.namespace}/{wk.POLICY_NAME} not found"))
+        raise _Fail(
+            s.errors.get(
+                f"deployment {wk.POLICY_NAME}",
+                f"Deployment {s.namespace}/{wk.POLICY_NAME} not found",
+            )
+        )
     wanted = (deploy.get("spec") or {}).get("replicas", 1)
     ready = (deploy.get("status") or {}).get("readyReplicas") or 0
     if not ready:
@@ -486,6 +519,79 @@ def routes_not_shadowed(s: Snapshot, now: dt.datetime) -> None:
         raise _Fail(_named(sorted(set(shadowed))), Status.WARNING)
 
 
+# -- high availability: run when the control plane is installed for it -----------------------
+
+
+def is_ha(s: Snapshot) -> bool:
+    """Installed with --ha (or values that ask for any part of it): disruption budgets, a
+    webhook that fails closed, or a controller with more than one replica."""
+    hooks = (s.webhook or {}).get("webhooks") or []
+    return bool(
+        s.disruption_budgets
+        or any(h.get("failurePolicy") == "Fail" for h in hooks)
+        or any(((d.get("spec") or {}).get("replicas") or 1) > 1 for d in s.deployments.values())
+    )
+
+
+def _pods_of(s: Snapshot, component: str) -> list[Obj]:
+    return [p for p in s.pods if _meta(p, "labels", wk.CONTROL_PLANE_COMPONENT_LABEL) == component]
+
+
+def ha_replicas(s: Snapshot, now: dt.datetime) -> None:
+    short = []
+    for name in CONTROLLERS:
+        deploy = s.deployments.get(name)
+        if deploy is None:
+            short.append(f"{name}: no Deployment")
+            continue
+        ready = (deploy.get("status") or {}).get("readyReplicas") or 0
+        if ready < 2:
+            wanted = (deploy.get("spec") or {}).get("replicas", 1)
+            short.append(f"{name}: {ready} of {wanted} ready")
+    if short:
+        raise _Fail("; ".join(short), Status.WARNING)
+
+
+def ha_budgets(s: Snapshot, now: dt.datetime) -> None:
+    problems = []
+    for name, component in CONTROLLERS.items():
+        budget = next(
+            (b for b in s.disruption_budgets
+             if ((b.get("spec") or {}).get("selector") or {}).get("matchLabels")
+             == {wk.CONTROL_PLANE_COMPONENT_LABEL: component}),
+            None,
+        )  # fmt: skip
+        if budget is None:
+            problems.append(f"{name}: no PodDisruptionBudget")
+            continue
+        status = budget.get("status") or {}
+        if not status.get("disruptionsAllowed"):
+            problems.append(
+                f"{name}: no disruption allowed now ({status.get('currentHealthy', 0)} of"
+                f" {status.get('expectedPods', 0)} healthy): a drain waits for it"
+            )
+    if problems:
+        raise _Fail("; ".join(problems), Status.WARNING)
+
+
+def ha_spread(s: Snapshot, now: dt.datetime) -> None:
+    crowded = []
+    for name, component in CONTROLLERS.items():
+        nodes = [str((p.get("spec") or {}).get("nodeName") or "") for p in _pods_of(s, component)]
+        placed = [n for n in nodes if n]
+        if len(placed) != len(set(placed)):
+            crowded.append(f"{name}: {len(placed)} pods on {len(set(placed))} node(s)")
+    if crowded:
+        raise _Fail("; ".join(crowded) + ": losing one node takes several replicas",
+                    Status.WARNING)  # fmt: skip
+
+
+def ha_webhook(s: Snapshot, now: dt.datetime) -> None:
+    if _hook(s).get("failurePolicy") != "Fail":
+        raise _Fail("failurePolicy is Ignore: a pod created while no injector answers starts"
+                    " unmeshed", Status.WARNING)  # fmt: skip
+
+
 # (category, description, check, hint); a category stops at its first error.
 Entry = tuple[str, str, Callable[[Snapshot, dt.datetime], Any], str]
 
@@ -553,6 +659,19 @@ INSTALLED: Final[tuple[Entry, ...]] = (
 )  # fmt: skip
 
 
+HA: Final[tuple[Entry, ...]] = (
+    ("meshlet-ha-checks", "controllers have more than one replica ready", ha_replicas,
+     "meshlet upgrade --ha | kubectl apply -f -; kubectl -n meshlet get pods for those not"
+     " ready"),
+    ("meshlet-ha-checks", "each controller has a PodDisruptionBudget that allows a drain",
+     ha_budgets, "meshlet upgrade --ha | kubectl apply -f - adds the budgets; a budget that"
+     " allows nothing waits for its pods to be ready (kubectl -n meshlet get pods)"),
+    ("meshlet-ha-checks", "controller replicas are on distinct nodes", ha_spread,
+     "add nodes, or keep enablePodAntiAffinity=true so the scheduler spreads them"),
+    ("meshlet-ha-checks", "the proxy injector refuses pods while it is down", ha_webhook,
+     "meshlet upgrade --set webhookFailurePolicy=Fail | kubectl apply -f -"),
+)  # fmt: skip
+
 GATES: Final = frozenset({"kubernetes-api", "meshlet-existence"})
 
 
@@ -561,7 +680,8 @@ def evaluate(snapshot: Snapshot, now: dt.datetime, pre: bool = False) -> Iterato
     is run (the rest would only repeat it); after one elsewhere, the rest of that category is
     skipped."""
     failed: set[str] = set()
-    for category, description, check, hint in (*API, *(PRE if pre else INSTALLED)):
+    ha = HA if not pre and is_ha(snapshot) else ()
+    for category, description, check, hint in (*API, *(PRE if pre else INSTALLED), *ha):
         if category in failed or failed & GATES:
             continue
         try:

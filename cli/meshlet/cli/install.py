@@ -33,9 +33,12 @@ def merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any
     return out
 
 
-def user_values(values_files: tuple[Path, ...], sets: tuple[str, ...]) -> dict[str, Any]:
-    """--values files in order, then --set expressions; problems raise click.UsageError."""
-    values: dict[str, Any] = {}
+def user_values(
+    values_files: tuple[Path, ...], sets: tuple[str, ...], ha: bool = False
+) -> dict[str, Any]:
+    """The chart's values-ha.yaml with `ha`, then --values files in order, then --set
+    expressions; problems raise click.UsageError."""
+    values: dict[str, Any] = charts.ha_values() if ha else {}
     problems: list[str] = []
     for path in values_files:
         try:
@@ -331,6 +334,13 @@ def _install_gateway_api(values: Mapping[str, Any], kubeconfig: Path | None) -> 
 )
 @click.option("--context", help="The kubeconfig context to use.")
 @click.option(
+    "--ha",
+    is_flag=True,
+    help="High availability (the chart's values-ha.yaml, under --values and --set): 3 replicas"
+    " of each controller on distinct nodes, a PodDisruptionBudget each, and a webhook that"
+    " refuses pods while no injector answers.",
+)
+@click.option(
     "--ignore-cluster",
     is_flag=True,
     help="Render without asking the cluster whether meshlet is installed already.",
@@ -345,6 +355,7 @@ def install(
     namespace: str,
     kubeconfig: Path | None,
     context: str | None,
+    ha: bool,
     ignore_cluster: bool,
 ) -> None:
     """Print the manifests of meshlet's control plane, for `kubectl apply -f -`.
@@ -367,7 +378,7 @@ def install(
             values = merge(values, {"installGatewayAPI": _install_gateway_api(values, kubeconfig)})
             manifests = charts.render(charts.CRDS, values, namespace)
         else:
-            given = user_values(values_files, sets)
+            given = user_values(values_files, sets, ha)
             if not ignore_cluster:
                 _refuse_reinstall(kubeconfig, context, namespace)
             values = merge(

@@ -27,6 +27,9 @@ from meshlet.cli.manifests import stream
 @click.option("--kubeconfig", type=click.Path(dir_okay=False, path_type=Path),
               help="Default: $KUBECONFIG or ~/.kube/config.")  # fmt: skip
 @click.option("--context", help="The kubeconfig context to use.")
+@click.option("--ha", is_flag=True,
+              help="Turn high availability on (the chart's values-ha.yaml over the values given"
+              " before, under --values and --set); it stays on in later upgrades.")  # fmt: skip
 def upgrade(
     crds: bool,
     sets: tuple[str, ...],
@@ -34,6 +37,7 @@ def upgrade(
     namespace: str,
     kubeconfig: Path | None,
     context: str | None,
+    ha: bool,
 ) -> None:
     """Print the manifests of an installed control plane at this version, for `kubectl apply`.
 
@@ -60,7 +64,7 @@ def upgrade(
         raise ClusterError(f"meshlet is not installed in namespace {namespace}: meshlet install"
                            " | kubectl apply -f - installs it")  # fmt: skip
     try:
-        given = merge(found.user_values, user_values(values_files, sets))
+        given = merge(found.user_values, user_values(values_files, sets, ha))
         if crds:
             values = merge(given, {"installGatewayAPI": _install_gateway_api(given, kubeconfig)})
             manifests = charts.render(charts.CRDS, values, namespace)
