@@ -408,9 +408,99 @@ def test_demo_on_the_cluster_survives_the_destination_killed(cluster: Cluster) -
     assert by_pod.get("api-4", 0) > 0, by_pod
 
 
+CONTROLLERS = ("destination", "identity", "proxy-injector", "policy", "tap")
+# --ha on this one 2-core node: anti-affinity off (it would leave two replicas of each controller
+# pending), and CPU requests cut to 10m: --ha's 15 pods each request 100m for the controller and
+# 100m for its proxy, 3 CPUs the node does not have (the scheduler leaves them pending)
+HA_ON_ONE_NODE = ",".join(
+    f"{key}=10m"
+    for key in ("controllerResources.requests.cpu", "policyController.resources.requests.cpu",
+                "tap.resources.requests.cpu", "web.resources.requests.cpu",
+                "proxy.resources.cpu.request")
+) + ",enablePodAntiAffinity=false"  # fmt: skip
+
+
+def _controllers_available(cluster: Cluster) -> None:
+    cluster.kubectl("wait", "-n", NS, "--for=condition=Available", "deploy", "--all",
+                    "--timeout=600s", timeout=620)  # fmt: skip
+    cluster.kubectl("rollout", "status", "-n", NS, "deploy", "--timeout=600s", timeout=620)
+
+
+def _standing(cluster: Cluster, component: str) -> list[str]:
+    """The component's pods that are running and not being deleted."""
+    return [
+        p["metadata"]["name"]
+        for p in cluster.pods(NS, f"meshlet.io/control-plane-component={component}")
+        if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+    ]
+
+
+def test_ha_a_drain_keeps_the_budgets_and_a_down_injector_refuses_pods(cluster: Cluster) -> None:
+    """`meshlet upgrade --ha` (on one 2-core node: HA_ON_ONE_NODE); `meshlet check` runs its
+    HA checks and says what one node leaves exposed; `kubectl drain` of the node's controllers,
+    through the eviction API, evicts one pod of each and then waits on the budgets until its
+    timeout (the cordoned node cannot take the replacements), leaving two of each running;
+    with every injector down, a pod in a meshed namespace is refused instead of starting
+    unmeshed, and once the injector is back the same pod is admitted with its proxy."""
+    manifests = cluster.meshlet("upgrade", "--ha", "--set", HA_ON_ONE_NODE)
+    (ARTIFACTS / "upgrade-ha.yaml").write_text(manifests)
+    cluster.kubectl("apply", "-f", "-", stdin=manifests)
+    _controllers_available(cluster)
+    for component in CONTROLLERS:
+        assert len(_standing(cluster, component)) == 3, component
+    check = cluster.sh(_meshlet(), "check", check=False)
+    (ARTIFACTS / "check-ha.txt").write_text(check.stdout)
+    assert check.returncode == 0, check.stdout + check.stderr  # warnings only
+    assert "meshlet-ha-checks" in check.stdout
+    assert "3 pods on 1 node(s)" in check.stdout, check.stdout
+
+    node = cluster.json("get", "nodes")["items"][0]["metadata"]["name"]
+    try:
+        drain = cluster.sh("kubectl", "drain", node, "--ignore-daemonsets",
+                           "--delete-emptydir-data",  # the proxies' identity volume
+                           "--pod-selector=meshlet.io/control-plane-component",
+                           "--timeout=45s", check=False, timeout=120)  # fmt: skip
+        (ARTIFACTS / "drain-ha.txt").write_text(drain.stdout + drain.stderr)
+        assert drain.returncode != 0, drain.stdout  # it could not finish: the budgets held
+        assert "violate the pod's disruption budget" in drain.stdout + drain.stderr
+        for component in CONTROLLERS:
+            assert len(_standing(cluster, component)) == 2, (component, drain.stdout)
+    finally:
+        cluster.kubectl("uncordon", node)
+    _controllers_available(cluster)
+
+    cluster.kubectl("create", "namespace", "ha-probe")
+    cluster.kubectl("annotate", "namespace", "ha-probe", "meshlet.io/inject=enabled")
+    probe = ("run", "-n", "ha-probe", "probe", f"--image={REGISTRY}/demo:{TAG}",
+             "--image-pull-policy=IfNotPresent", "--command", "--", "sleep", "3600")  # fmt: skip
+    cluster.kubectl("scale", "-n", NS, "deploy/meshlet-proxy-injector", "--replicas=0")
+    try:
+        injectors = "meshlet.io/control-plane-component=proxy-injector"
+        eventually("the injector's pods gone",
+                   lambda: _assert_empty(cluster.pods(NS, injectors)), timeout=120)  # fmt: skip
+        refused = cluster.sh("kubectl", *probe, check=False)
+        assert refused.returncode != 0, refused.stdout
+        assert "meshlet-proxy-injector.meshlet.io" in refused.stderr, refused.stderr
+        assert cluster.sh("kubectl", "get", "pod", "-n", "ha-probe", "probe",
+                          check=False).returncode != 0  # fmt: skip
+    finally:
+        cluster.kubectl("scale", "-n", NS, "deploy/meshlet-proxy-injector", "--replicas=3")
+    _controllers_available(cluster)
+    eventually("a pod admitted once the injector is back",
+               lambda: cluster.kubectl(*probe), timeout=60)  # fmt: skip
+    pod = cluster.json("get", "pod", "-n", "ha-probe", "probe")
+    names = [c["name"] for c in pod["spec"]["containers"] + pod["spec"].get("initContainers", [])]
+    assert "meshlet-proxy" in names, names
+    cluster.kubectl("delete", "namespace", "ha-probe", "--wait=false")
+
+
+def _assert_empty(items: list[Any]) -> None:
+    assert not items, [i["metadata"]["name"] for i in items]
+
+
 def test_uninstall_leaves_nothing(cluster: Cluster) -> None:
-    cluster.kubectl("delete", "namespace", DEMO, "plain", "--ignore-not-found", "--wait=true",
-                    timeout=300)  # fmt: skip
+    cluster.kubectl("delete", "namespace", DEMO, "plain", "ha-probe", "--ignore-not-found",
+                    "--wait=true", timeout=300)  # fmt: skip
     refs = cluster.meshlet("uninstall", "--crds")
     cluster.kubectl(
         "delete", "--ignore-not-found", "--wait=true", "-f", "-", stdin=refs, timeout=300
