@@ -24,6 +24,9 @@ from meshlet.api import wellknown
 INIT = str(Path(sys.executable).with_name("meshlet-init"))
 POD_IP, REMOTE_IP, REMOTE_IGNORED_IP = "10.254.9.1", "10.254.9.2", "10.254.9.200"
 IGNORED_SUBNET = "10.254.9.192/26"
+# the same on IPv6 (`ip addr add … nodad`: usable at once, no duplicate address detection)
+POD_IP6, REMOTE_IP6, REMOTE_IGNORED_IP6 = "fd77:9::1", "fd77:9::2", "fd77:9::c8"
+IGNORED_SUBNET6 = "fd77:9::c0/122"
 GID = wellknown.PROXY_GID
 
 SERVER = textwrap.dedent(
@@ -42,7 +45,9 @@ SERVER = textwrap.dedent(
     for spec in sys.argv[1:]:
         label, _, addr = spec.partition("@")
         host, _, port = addr.rpartition(":")
-        listeners.append((socket.create_server((host, int(port))), label))
+        family = socket.AF_INET6 if host.startswith("[") else socket.AF_INET
+        listeners.append((socket.create_server((host.strip("[]"), int(port)), family=family),
+                          label))
     for listener, label in listeners:
         threading.Thread(target=serve, args=(listener, label), daemon=True).start()
     print("ready", flush=True)
@@ -112,24 +117,32 @@ def pods(
             ["ip", "link", "add", "mli-pod", "netns", pod.name, "type", "veth",
              "peer", "name", "mli-remote", "netns", remote.name], check=True,
         )  # fmt: skip
-        for ns, dev, ips in ((pod, "mli-pod", [POD_IP]),
-                             (remote, "mli-remote", [REMOTE_IP, REMOTE_IGNORED_IP])):  # fmt: skip
+        for ns, dev, ips in ((pod, "mli-pod", [POD_IP, POD_IP6]),
+                             (remote, "mli-remote", [REMOTE_IP, REMOTE_IGNORED_IP, REMOTE_IP6,
+                                                     REMOTE_IGNORED_IP6])):  # fmt: skip
             for ip in ips:
-                ns.run("ip", "addr", "add", f"{ip}/24", "dev", dev)
+                if ":" in ip:
+                    ns.run("ip", "addr", "add", f"{ip}/64", "dev", dev, "nodad")
+                else:
+                    ns.run("ip", "addr", "add", f"{ip}/24", "dev", dev)
             ns.run("ip", "link", "set", dev, "up")
             ns.run("ip", "link", "set", "lo", "up")
         pod.run(
             INIT, "--mode", request.param, "--proxy-gid", str(GID),
             "--inbound-ports-to-ignore", "7001",
             "--outbound-ports-to-ignore", "5001,6000-6010",
-            "--subnets-to-ignore", IGNORED_SUBNET,
+            "--subnets-to-ignore", f"{IGNORED_SUBNET},{IGNORED_SUBNET6}",
         )  # fmt: skip
         pod.serve(
             "outbound-proxy@127.0.0.1:4140", "inbound-proxy@0.0.0.0:4143",
             "app@0.0.0.0:8080", "app@0.0.0.0:7001", "app@0.0.0.0:7002",
             "proxy-control@0.0.0.0:4190", "proxy-admin@0.0.0.0:4191", "local@127.0.0.1:8081",
+            # the proxy's listeners on a dual-stack pod, and the app's
+            "outbound-proxy@[::1]:4140", "inbound-proxy@[::]:4143", "app@[::]:8080",
+            "app@[::]:7001", "local@[::1]:8081",
         )  # fmt: skip
-        remote.serve(*(f"remote@0.0.0.0:{p}" for p in (8080, 5000, 5001, 5999, 6000, 6010, 6011)))
+        ports = (8080, 5000, 5001, 5999, 6000, 6010, 6011)
+        remote.serve(*(f"remote@{host}:{p}" for p in ports for host in ("0.0.0.0", "[::]")))
         yield pod, remote
     finally:
         for ns in (pod, remote):
@@ -201,3 +214,18 @@ def test_ignored_inbound_ports_reach_the_app(pods: tuple[Namespace, Namespace]) 
     assert remote.connect(POD_IP, 4190) == "proxy-control -"
     assert remote.connect(POD_IP, 4191) == "proxy-admin -"
     assert remote.connect(POD_IP, 7002) == f"inbound-proxy {POD_IP}:7002"  # the next port
+
+
+@pytest.mark.netns
+def test_ipv6_gets_the_same_redirects(pods: tuple[Namespace, Namespace]) -> None:
+    """Without ip6tables rules a dual-stack pod's IPv6 traffic would pass around the proxy and
+    its policy: outbound to the proxy's [::1]:4140 with its original destination, inbound to
+    [::]:4143, the ignored ports and networks and the proxy's own group left alone, as on IPv4."""
+    pod, remote = pods
+    assert pod.connect(REMOTE_IP6, 8080) == f"outbound-proxy {REMOTE_IP6}:8080"
+    assert pod.connect(REMOTE_IP6, 5001) == "remote -"  # an ignored port
+    assert pod.connect(REMOTE_IGNORED_IP6, 8080) == "remote -"  # an ignored network
+    assert pod.connect(REMOTE_IP6, 8080, group=GID) == "remote -"  # the proxy's own
+    assert pod.connect("::1", 8081) == "local -"  # loopback
+    assert remote.connect(POD_IP6, 8080) == f"inbound-proxy {POD_IP6}:8080"
+    assert remote.connect(POD_IP6, 7001) == "app -"  # an ignored inbound port

@@ -8,7 +8,10 @@ import contextlib
 import logging
 import re
 import socket
-from collections.abc import AsyncIterator
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import pytest
 
@@ -121,3 +124,84 @@ async def test_an_ipv6_upstream_is_labelled_and_reported_in_brackets(
 
     assert not [value for value in label_values(proxy) if UNBRACKETED.search(value)]
     assert not [message for message in caplog.messages if UNBRACKETED.search(message)]
+
+
+async def test_a_dual_stack_proxy_listens_on_both_families_on_one_port() -> None:
+    """OUTBOUND_LISTEN_ADDRS and INBOUND_LISTEN_ADDRS (Linkerd's names): each listener on
+    127.0.0.1 and [::1] at once on the same port (the IPv6 socket is IPv6-only, so the two can
+    bind), and a request through either address of the outbound listener reaches the upstream."""
+    from meshlet_testing.sockets import free_port
+
+    outbound, inbound = free_port(), free_port()
+    config = load(
+        {
+            "MESHLET_PROXY_OUTBOUND_LISTEN_ADDRS": f"127.0.0.1:{outbound},[::1]:{outbound}",
+            "MESHLET_PROXY_INBOUND_LISTEN_ADDRS": f"127.0.0.1:{inbound},[::1]:{inbound}",
+            "MESHLET_PROXY_ADMIN_LISTEN_ADDR": "127.0.0.1:0",
+            "MESHLET_PROXY_SHUTDOWN_GRACE_PERIOD": "1s",
+        }
+    )
+    proxy = Proxy(config)
+    await proxy.start()
+    try:
+        assert sorted((lst.name, str(lst.address)) for lst in proxy.listeners) == [
+            ("inbound", f"127.0.0.1:{inbound}"), ("inbound", f"[::1]:{inbound}"),
+            ("outbound", f"127.0.0.1:{outbound}"), ("outbound", f"[::1]:{outbound}"),
+        ]  # fmt: skip
+        server, port = await http_upstream()
+        async with server:
+            for host in ("127.0.0.1", "::1"):
+                reader, writer = await asyncio.open_connection(host, outbound)
+                writer.write(b"GET / HTTP/1.1\r\nHost: [::1]:%d\r\n\r\n" % port)
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+                assert head.startswith(b"HTTP/1.1 200"), (host, head)
+                writer.close()
+    finally:
+        await proxy.shutdown()
+
+
+def test_listen_addresses_are_checked() -> None:
+    from meshlet.proxy.config import ConfigError
+
+    for bad, why in (("127.0.0.1:4143,[::]:4144", "the same port"),
+                     (",", "one or more ip:port"), ("localhost:4143", "")):  # fmt: skip
+        with pytest.raises(ConfigError) as error:
+            load({"MESHLET_PROXY_INBOUND_LISTEN_ADDRS": bad})
+        assert "MESHLET_PROXY_INBOUND_LISTEN_ADDRS" in str(error.value) and why in str(error.value)
+
+
+DUAL_STACK_PROXY = """
+import asyncio, logging, sys
+from meshlet.proxy.app import Proxy
+from meshlet.proxy.config import load
+logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(message)s")
+async def main():
+    p = Proxy(load({"MESHLET_PROXY_OUTBOUND_LISTEN_ADDRS": "127.0.0.1:4140,[::1]:4140",
+                    "MESHLET_PROXY_INBOUND_LISTEN_ADDRS": "0.0.0.0:4143,[::]:4143",
+                    "MESHLET_PROXY_ADMIN_LISTEN_ADDR": "127.0.0.1:4191",
+                    "MESHLET_PROXY_SHUTDOWN_GRACE_PERIOD": "1s"}))
+    await p.start()
+    print("listening:", " ".join(sorted(f"{lst.name}={lst.address}" for lst in p.listeners)))
+    await asyncio.sleep(0)
+    await p.shutdown()
+asyncio.run(main())
+"""
+
+
+@pytest.mark.netns
+@pytest.mark.parametrize("ipv6", [True, False])
+def test_the_injected_listen_addresses_serve_ipv4_only_and_dual_stack_pods(
+    netns: Callable[..., subprocess.CompletedProcess[str]], ipv6: bool
+) -> None:
+    """The injector gives every proxy both families' addresses; in a pod whose namespace has
+    IPv6 off, the proxy leaves [::1] out with a warning instead of failing to start, and
+    meshlet-init (auto) leaves the IPv6 table alone, so nothing is redirected to it."""
+    if not ipv6:
+        netns("sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1")
+    out = netns(sys.executable, "-c", DUAL_STACK_PROXY).stdout
+    listening = out.split("listening: ")[1].split()
+    expected = {"inbound=0.0.0.0:4143", "inbound=[::]:4143", "outbound=127.0.0.1:4140"}
+    assert set(listening) == expected | ({"outbound=[::1]:4140"} if ipv6 else set()), out
+    assert ("outbound listener: not on [::1]:4140 (no IPv6 here" in out) == (not ipv6), out
+    init = netns(str(Path(sys.executable).with_name("meshlet-init"))).stdout
+    assert ("changes to the IPv6 nat table" in init) == ipv6, init

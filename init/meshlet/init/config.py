@@ -12,7 +12,7 @@ import ipaddress
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from ipaddress import IPv4Network
+from ipaddress import IPv4Network, IPv6Network
 from typing import Final, TypeVar
 
 from meshlet.api import wellknown
@@ -91,8 +91,8 @@ FLAGS: Final = (
     Flag(
         "subnets-to-ignore",
         "",
-        "IPv4 networks (CIDRs) whose outgoing traffic is not redirected to the proxy"
-        " (e.g. 10.96.0.0/12,192.0.2.7/32)",
+        "networks (CIDRs, IPv4 or IPv6) whose outgoing traffic is not redirected to the proxy"
+        " (e.g. 10.96.0.0/12,192.0.2.7/32,fd00:10:96::/112)",
         "CIDRS",
     ),
     Flag(
@@ -111,6 +111,13 @@ FLAGS: Final = (
         "false",
         "apply or clean up even in the machine's own network namespace",
     ),
+    Flag(
+        "ipv6",
+        "auto",
+        "program the IPv6 nat table (ip6tables) too: true, false, or auto (when the network"
+        " namespace has IPv6; IPv6 traffic left unredirected would bypass the proxy)",
+        "auto|true|false",
+    ),
 )
 BY_NAME: Final = {flag.name: flag for flag in FLAGS}
 
@@ -121,6 +128,7 @@ class Settings:
     mode: Mode
     simulate: bool
     force: bool
+    ipv6: bool | None = None  # None: auto, when the namespace has IPv6
 
 
 class ConfigError(ValueError):
@@ -158,6 +166,7 @@ def load(values: Mapping[str, str]) -> Settings:
         mode=take("mode", _mode, Mode.LEGACY),
         simulate=take("simulate", _switch, False),
         force=take("force", _switch, False),
+        ipv6=take("ipv6", _auto_switch, None),
     )
     if problems:
         raise ConfigError(problems)
@@ -186,8 +195,8 @@ def _optional_id(text: str) -> int | None:
     return None if not text.strip() else _id(text)
 
 
-def _subnets(text: str) -> tuple[IPv4Network, ...]:
-    subnets: list[IPv4Network] = []
+def _subnets(text: str) -> tuple[IPv4Network | IPv6Network, ...]:
+    subnets: list[IPv4Network | IPv6Network] = []
     errors: list[str] = []
     for raw in text.split(","):
         item = raw.strip()
@@ -196,11 +205,9 @@ def _subnets(text: str) -> tuple[IPv4Network, ...]:
         try:
             network = ipaddress.ip_network(item, strict=False)
         except ValueError:
-            errors.append(f"{item!r} is not an IPv4 network (e.g. 10.96.0.0/12)")
+            errors.append(f"{item!r} is not a network (e.g. 10.96.0.0/12 or fd00::/8)")
             continue
-        if not isinstance(network, IPv4Network):
-            errors.append(f"{item!r} is IPv6; meshlet-init programs IPv4 rules only")
-        elif str(network.network_address) != item.partition("/")[0]:
+        if network.network_address != ipaddress.ip_address(item.partition("/")[0]):
             errors.append(f"{item!r} has host bits set (the network is {network})")
         else:
             subnets.append(network)
@@ -220,6 +227,16 @@ def _mode(text: str) -> Mode:
 
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})
 _FALSE: Final = frozenset({"", "0", "false", "no", "off"})
+
+
+def _auto_switch(text: str) -> bool | None:
+    """True, False, or None for `auto` (or nothing)."""
+    word = text.strip().lower()
+    if word in ("", "auto"):
+        return None
+    if word in _TRUE | _FALSE:
+        return word in _TRUE
+    raise ValueError(f"{text!r} is not auto, true or false")
 
 
 def _switch(text: str) -> bool:

@@ -7,6 +7,7 @@ import argparse
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Final, NoReturn
 
 from meshlet.init import guard
@@ -48,6 +49,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         _exit(EX_CONFIG, f"bad configuration, nothing was changed:{problems}")
     if settings.simulate and not cleanup:
         print("\n".join(plan(settings.config).lines()))
+        if settings.ipv6 is not False:
+            where = "" if settings.ipv6 else " (where the network namespace has IPv6)"
+            print(f"# ip6tables{where}:")
+            print("\n".join(plan(settings.config, ipv6=True).lines()))
         return
     if not settings.force and not settings.simulate:
         config = settings.config
@@ -56,21 +61,42 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
         if refused:
             _exit(EX_REFUSED, refused)
-    try:
-        applier = _applier(settings.mode)
-        state = applier.state()
-        steps = cleanup_steps(state) if cleanup else apply_steps(plan(settings.config), state)
-        if settings.simulate:
-            print(f"# meshlet-init cleanup would change the nat table ({applier.name}):")
-            print("\n".join(restore_lines(steps)))
-            return
+    ipv6 = ipv6_on() if settings.ipv6 is None else settings.ipv6
+    for family in (False, True) if ipv6 else (False,):
+        table = "IPv6 nat table" if family else "nat table"
+        try:
+            applier = _applier(settings.mode, family)
+            state = applier.state()
+            steps = (
+                cleanup_steps(state)
+                if cleanup
+                else apply_steps(plan(settings.config, family), state)
+            )
+            if settings.simulate:
+                print(f"# meshlet-init cleanup would change the {table} ({applier.name}):")
+                print("\n".join(restore_lines(steps)))
+                continue
+            if steps:
+                applier.carry_out(steps)
+        except ApplyError as exc:
+            done = " (the IPv4 table is done: run it again)" if family else ""
+            _exit(EX_FAILED, f"{exc}{done}")
+        print(
+            f"# meshlet-init {args.command}: {len(steps)} changes to the {table} ({applier.name})"
+        )
         if steps:
-            applier.carry_out(steps)
-    except ApplyError as exc:
-        _exit(EX_FAILED, str(exc))
-    print(f"# meshlet-init {args.command}: {len(steps)} changes to the nat table ({applier.name})")
-    if steps:
-        print("\n".join(restore_lines(steps)))
+            print("\n".join(restore_lines(steps)))
+    if not ipv6 and not settings.simulate:
+        why = "IPv6 is off in this network namespace" if settings.ipv6 is None else "--ipv6=false"
+        print(f"# {why}: the IPv6 nat table is left as it is")
+
+
+def ipv6_on() -> bool:
+    """Whether this network namespace has IPv6 (its /proc/sys/net is the namespace's own)."""
+    try:
+        return Path("/proc/sys/net/ipv6/conf/all/disable_ipv6").read_text().strip() == "0"
+    except OSError:
+        return False
 
 
 def parser() -> argparse.ArgumentParser:
@@ -96,11 +122,15 @@ def parser() -> argparse.ArgumentParser:
     return result
 
 
-def _applier(mode: Mode) -> Applier:
-    if mode is Mode.NFT:
+def _applier(mode: Mode, ipv6: bool = False) -> Applier:
+    """The applier of one family's nat table. IPv6's legacy table goes through
+    ip6tables-legacy-restore: python-iptables keeps its xtables extensions per process for the
+    first family it opened, so the same process cannot build IPv6 rules after IPv4's."""
+    if mode is Mode.NFT or ipv6:
         from meshlet.init.restore import RestoreApplier
 
-        return RestoreApplier("iptables-nft-save", "iptables-nft-restore")
+        tool = "ip6tables" if ipv6 else "iptables"
+        return RestoreApplier(f"{tool}-{mode.value}-save", f"{tool}-{mode.value}-restore")
     from meshlet.init.legacy import IptcApplier
 
     return IptcApplier()

@@ -1,17 +1,19 @@
 """The iptables plan (pure): which nat rules route a pod's TCP through its proxy.
 
 A `Plan` is the content meshlet-init wants in the nat table: its two chains with their rules, and
-one jump into each from a built-in chain. Every rule is a typed `Rule` commented
-`meshlet-init/<purpose>`; `Plan.lines()` renders it as `iptables-restore` input, in the form
-`iptables-save` prints it back (what --simulate shows and the golden files hold). `changes.py`
-turns a plan into the steps that bring a live table there; the appliers carry them out.
+one jump into each from a built-in chain. IPv4 and IPv6 get the same plan, each in its own nat
+table (iptables and ip6tables), except for the ignored networks, each in its family's. Every rule
+is a typed `Rule` commented `meshlet-init/<purpose>`; `Plan.lines()` renders it as
+`iptables-restore` input, in the form `iptables-save` prints it back (what --simulate shows and the
+golden files hold). `changes.py` turns a plan into the steps that bring a live table there; the
+appliers carry them out.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from ipaddress import IPv4Network
+from ipaddress import IPv4Network, IPv6Network
 from typing import Final
 
 from meshlet.api import wellknown
@@ -41,7 +43,7 @@ class InitConfig:
     skip_inbound_ports: PortRanges = ALWAYS_SKIPPED_INBOUND
     # Outgoing destination ports and networks not redirected to the proxy.
     skip_outbound_ports: PortRanges = NO_PORTS
-    skip_subnets: tuple[IPv4Network, ...] = ()
+    skip_subnets: tuple[IPv4Network | IPv6Network, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +62,7 @@ class Rule:
     purpose: str
     target: str
     target_options: tuple[tuple[str, str], ...] = ()
-    destination: IPv4Network | None = None
+    destination: IPv4Network | IPv6Network | None = None
     out_interface: str | None = None
     protocol: str | None = None
     matches: tuple[Match, ...] = ()
@@ -101,10 +103,11 @@ class Plan:
         ]
 
 
-def plan(config: InitConfig) -> Plan:
+def plan(config: InitConfig, ipv6: bool = False) -> Plan:
     """The rules of DESIGN §7: inbound TCP to the proxy's inbound port except the skipped ports;
     outbound TCP to its outbound port except the proxy's own, loopback, skipped networks and
-    skipped ports."""
+    skipped ports. `ipv6`: the plan of the IPv6 table (its family's skipped networks only)."""
+    version = 6 if ipv6 else 4
     redirect = (
         *_skips(REDIRECT_CHAIN, config.skip_inbound_ports, "inbound"),
         Rule(
@@ -122,6 +125,7 @@ def plan(config: InitConfig) -> Plan:
     output += (
         Rule(OUTPUT_CHAIN, f"ignore-subnet-{subnet}", "RETURN", destination=subnet)
         for subnet in config.skip_subnets
+        if subnet.version == version
     )
     output += _skips(OUTPUT_CHAIN, config.skip_outbound_ports, "outbound")
     output.append(

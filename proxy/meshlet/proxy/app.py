@@ -8,6 +8,7 @@ share (engines, pools, the relay, counting).
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import signal
 import socket
@@ -109,8 +110,10 @@ class Proxy:
         cfg = self.config
         bound: list[socket.socket] = []
         try:
-            bound.append(_bind(cfg.outbound_listen_addr, "outbound"))
-            bound.append(_bind(cfg.inbound_listen_addr, "inbound"))
+            outbound_socks = _bind_all(cfg.outbound_addrs, "outbound")
+            bound += outbound_socks
+            inbound_socks = _bind_all(cfg.inbound_addrs, "inbound")
+            bound += inbound_socks
             try:
                 _, self.admin_port = await self._admin.start(*cfg.admin_listen_addr)
             except OSError as exc:
@@ -119,7 +122,6 @@ class Proxy:
             for sock in bound:
                 sock.close()
             raise
-        outbound_sock, inbound_sock = bound
         if self.identity is not None:  # tap is served over mTLS: without identity, it is off
             try:
                 self._tap = _tap_server(cfg, self.identity, self.metrics)
@@ -130,7 +132,7 @@ class Proxy:
                 raise
         # Ports as bound (a configured port 0 is ephemeral): none of them is ever a target.
         own = SelfTargets(
-            [Addr(*outbound_sock.getsockname()[:2]), Addr(*inbound_sock.getsockname()[:2]),
+            [*(Addr(*sock.getsockname()[:2]) for sock in bound),
              Addr(cfg.admin_listen_addr.host, self.admin_port), cfg.control_listen_addr]
         )  # fmt: skip
         self.outbound = OutboundStack(
@@ -140,14 +142,14 @@ class Proxy:
             policies=self.outbound_policies,
         )  # fmt: skip
         self.inbound = InboundStack(
-            self.connections, self.identity, port=inbound_sock.getsockname()[1],
+            self.connections, self.identity, port=inbound_socks[0].getsockname()[1],
             self_targets=own, detect_timeout=cfg.inbound_detect_timeout,
             opaque_ports=cfg.inbound_ports_disable_protocol_detection,
             require_identity=cfg.inbound_ports_require_identity, policy=self.policy,
         )  # fmt: skip
         self.listeners = [
-            Listener(outbound_sock, self.outbound.handle, "outbound"),
-            Listener(inbound_sock, self.inbound.handle, "inbound"),
+            *(Listener(sock, self.outbound.handle, "outbound") for sock in outbound_socks),
+            *(Listener(sock, self.inbound.handle, "inbound") for sock in inbound_socks),
         ]
         essentials = [(f"the {lst.name} listener", lst.serve()) for lst in self.listeners]
         if self.identity is not None:
@@ -159,7 +161,9 @@ class Proxy:
         self._supervisor = asyncio.create_task(self._supervise(essentials))
         log.info(
             "proxy listening: outbound %s, inbound %s, admin :%d",
-            self.listeners[0].address, self.listeners[1].address, self.admin_port,
+            " ".join(str(lst.address) for lst in self.listeners if lst.name == "outbound"),
+            " ".join(str(lst.address) for lst in self.listeners if lst.name == "inbound"),
+            self.admin_port,
         )  # fmt: skip
 
     async def _supervise(self, essentials: list[tuple[str, Coroutine[Any, Any, None]]]) -> None:
@@ -298,6 +302,30 @@ class ListenError(OSError):
     def __init__(self, addr: Addr, name: str, cause: OSError) -> None:
         why = cause.strerror or str(cause)
         super().__init__(f"cannot listen on {addr} ({name}): {why}")
+        self.cause = cause
+
+
+def _bind_all(addrs: tuple[Addr, ...], name: str) -> list[socket.socket]:
+    """A listener's sockets, one per address. An IPv6 address beside others is left out, with a
+    warning, where the network namespace has no IPv6 (meshlet-init then programs no IPv6 rules
+    either), so one environment serves IPv4-only and dual-stack pods alike."""
+    socks: list[socket.socket] = []
+    try:
+        for addr in addrs:
+            try:
+                socks.append(_bind(addr, name))
+            except ListenError as exc:
+                no_ipv6 = exc.cause.errno in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL)
+                if not (no_ipv6 and ":" in addr.host and len(addrs) > 1):
+                    raise
+                log.warning("%s listener: not on %s (no IPv6 here: %s)", name, addr, exc.cause)
+    except ListenError:
+        for sock in socks:
+            sock.close()
+        raise
+    if not socks:
+        raise ListenError(addrs[0], name, OSError(errno.EADDRNOTAVAIL, "no address could bind"))
+    return socks
 
 
 def _bind(addr: Addr, name: str) -> socket.socket:

@@ -35,6 +35,16 @@ def parse_addr(text: str) -> Addr:
     return parse_hostport(text, names=False, port_zero=True)
 
 
+def parse_addrs(text: str) -> tuple[Addr, ...]:
+    """A listener's addresses, comma-separated (`0.0.0.0:4143,[::]:4143`), all on one port."""
+    addrs = tuple(dict.fromkeys(parse_addr(item) for item in text.split(",") if item.strip()))
+    if not addrs:
+        raise ValueError("expected one or more ip:port, comma-separated")
+    if len({addr.port for addr in addrs}) > 1:
+        raise ValueError("every address of a listener has the same port")
+    return addrs
+
+
 def parse_svc_addr(text: str) -> Addr:
     """A service's `host:port` or `[v6]:port`, where host may be a DNS name."""
     return parse_hostport(text)
@@ -178,6 +188,8 @@ class PolicySettings:
 class ProxyConfig:
     inbound_listen_addr: Addr = HostPort("0.0.0.0", wellknown.PROXY_INBOUND_PORT)
     outbound_listen_addr: Addr = HostPort("127.0.0.1", wellknown.PROXY_OUTBOUND_PORT)
+    inbound_listen_addrs: tuple[Addr, ...] = ()  # when set: every inbound address, instead
+    outbound_listen_addrs: tuple[Addr, ...] = ()
     admin_listen_addr: Addr = HostPort("0.0.0.0", wellknown.PROXY_ADMIN_PORT)
     control_listen_addr: Addr = HostPort("0.0.0.0", wellknown.PROXY_CONTROL_PORT)
     destination_svc_addr: str = ""
@@ -230,6 +242,15 @@ class ProxyConfig:
     identity: IdentitySettings | None = None
     destination: DestinationSettings | None = None
     policy: PolicySettings | None = None
+
+    @property
+    def inbound_addrs(self) -> tuple[Addr, ...]:
+        """Where the inbound listener listens: INBOUND_LISTEN_ADDRS, else INBOUND_LISTEN_ADDR."""
+        return self.inbound_listen_addrs or (self.inbound_listen_addr,)
+
+    @property
+    def outbound_addrs(self) -> tuple[Addr, ...]:
+        return self.outbound_listen_addrs or (self.outbound_listen_addr,)
 
 
 def _log_format(text: str) -> str:
@@ -286,6 +307,8 @@ E = wellknown.ProxyEnv
 _TABLE: Final[dict[wellknown.ProxyEnv, tuple[str, Callable[[str], Any]]]] = {
     E.INBOUND_LISTEN_ADDR: ("inbound_listen_addr", parse_addr),
     E.OUTBOUND_LISTEN_ADDR: ("outbound_listen_addr", parse_addr),
+    E.INBOUND_LISTEN_ADDRS: ("inbound_listen_addrs", parse_addrs),
+    E.OUTBOUND_LISTEN_ADDRS: ("outbound_listen_addrs", parse_addrs),
     E.ADMIN_LISTEN_ADDR: ("admin_listen_addr", parse_addr),
     E.CONTROL_LISTEN_ADDR: ("control_listen_addr", parse_addr),
     E.DESTINATION_SVC_ADDR: ("destination_svc_addr", _text),

@@ -112,8 +112,12 @@ def proxy_env(
     workload = '{"ns":"$(_pod_ns)","pod":"$(_pod_name)"}'
     values: list[tuple[str, str]] = [
         (wk.ProxyEnv.LOG, settings.log_level),
-        (wk.ProxyEnv.INBOUND_LISTEN_ADDR, f"0.0.0.0:{wk.PROXY_INBOUND_PORT}"),
-        (wk.ProxyEnv.OUTBOUND_LISTEN_ADDR, f"127.0.0.1:{wk.PROXY_OUTBOUND_PORT}"),
+        # both families: a dual-stack pod's IPv6 is redirected too (meshlet-init --ipv6 auto);
+        # where the pod has no IPv6, the proxy leaves the IPv6 addresses out
+        (wk.ProxyEnv.INBOUND_LISTEN_ADDRS,
+         f"0.0.0.0:{wk.PROXY_INBOUND_PORT},[::]:{wk.PROXY_INBOUND_PORT}"),
+        (wk.ProxyEnv.OUTBOUND_LISTEN_ADDRS,
+         f"127.0.0.1:{wk.PROXY_OUTBOUND_PORT},[::1]:{wk.PROXY_OUTBOUND_PORT}"),
         (wk.ProxyEnv.ADMIN_LISTEN_ADDR, f"0.0.0.0:{wk.PROXY_ADMIN_PORT}"),
         (wk.ProxyEnv.CONTROL_LISTEN_ADDR, f"0.0.0.0:{wk.PROXY_CONTROL_PORT}"),
         (wk.ProxyEnv.DESTINATION_SVC_ADDR,

@@ -67,6 +67,8 @@ def bind(addr: Addr, backlog: int = 1024) -> socket.socket:
     family = socket.AF_INET6 if ":" in addr[0] else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if family == socket.AF_INET6:  # IPv6 only, so that [::]:4143 and 0.0.0.0:4143 both bind
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
     sock.bind(addr)
     sock.listen(backlog)
     sock.setblocking(False)
