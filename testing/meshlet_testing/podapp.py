@@ -145,7 +145,7 @@ async def main(pod: str, host: str) -> None:
     service, method = ECHO[1:].split("/")
     rpc.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
         service, {method: grpc.unary_unary_rpc_method_handler(unary)}),))  # fmt: skip
-    rpc.add_insecure_port(f"{host}:{GRPC_PORT}")
+    rpc.add_insecure_port(f"{host or '[::]'}:{GRPC_PORT}")
     await rpc.start()
     stdlib = serve_stdlib(pod, host)
     stop = asyncio.Event()
@@ -163,6 +163,6 @@ async def main(pod: str, host: str) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pod", required=True)
-    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--host", default="0.0.0.0", help='"": IPv4 and IPv6')
     args = parser.parse_args()
     asyncio.run(main(args.pod, args.host))

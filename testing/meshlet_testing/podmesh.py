@@ -100,7 +100,9 @@ class PodMesh:
         *,
         cluster_networks: str,
         annotations: Mapping[str, Mapping[str, str]] | None = None,
+        ipv6: bool = False,
     ) -> None:
+        self.ipv6 = ipv6  # dual stack: each pod also has `ip6(pod)`, as a dual-stack cluster's
         self.root = root
         self.layout = layout
         self.specs = {spec.pod.name: spec for spec in specs}
@@ -151,6 +153,9 @@ class PodMesh:
         self.record.netns = [m.netns for m in members]
         self.sup = Supervisor(self.record)
         network.apply(network.plan(layout, NAMES))
+        if self.ipv6:  # `nodad`: usable at once, without duplicate address detection
+            network.apply([("ip", "-n", self.netns(name), "addr", "add", f"{self.ip6(name)}/64",
+                            "dev", "eth0", "nodad") for name in self.specs])  # fmt: skip
         self._start_control_plane()
         self._start_pods(anchors_pem)
 
@@ -214,8 +219,9 @@ class PodMesh:
             sup.start(f"proxy-{name}", command("meshlet-proxy"), env=env, netns=netns,
                       gid=wellknown.PROXY_GID)  # fmt: skip
             if spec.app:
+                host = ["--host", ""] if self.ipv6 else []  # "": both families
                 sup.start(f"app-{name}", [sys.executable, "-m", "meshlet_testing.podapp",
-                                          "--pod", name],
+                                          "--pod", name, *host],
                           env={"PYTHONPATH": str(TESTING)}, netns=netns)  # fmt: skip
         for name, spec in self.specs.items():
             if spec.meshed:
@@ -236,6 +242,14 @@ class PodMesh:
         opaque = set(wellknown.DEFAULT_OPAQUE_PORTS) | set(spec.opaque_ports)
         env[f"{p}INBOUND_PORTS_DISABLE_PROTOCOL_DETECTION"] = ",".join(map(str, sorted(opaque)))
         env[f"{p}LOG"] = "info"
+        if self.ipv6:  # as the injector writes them
+            for direction, any_, port in (("INBOUND", "0.0.0.0,[::]", wellknown.PROXY_INBOUND_PORT),
+                                          ("OUTBOUND", "127.0.0.1,[::1]",
+                                           wellknown.PROXY_OUTBOUND_PORT)):  # fmt: skip
+                env.pop(f"{p}{direction}_LISTEN_ADDR", None)
+                env[f"{p}{direction}_LISTEN_ADDRS"] = ",".join(
+                    f"{host}:{port}" for host in any_.split(",")
+                )
         env[f"{p}IDENTITY_LOCAL_NAME"] = spec.identity
         context = {"ns": spec.namespace, "nodeName": "local", "pod": spec.pod.name}
         env[f"{p}DESTINATION_CONTEXT"] = json.dumps(context, separators=(",", ":"))
@@ -256,11 +270,14 @@ class PodMesh:
         if spec.opaque_ports:
             annotations[wellknown.OPAQUE_PORTS_ANNOTATION] = ",".join(map(str, spec.opaque_ports))
         ports = [(f"p{port}", port) for port in spec.policy_ports]
-        return objects.pod(
+        pod = objects.pod(
             name, spec.pod.ip, spec.namespace, app=spec.pod.workload, sa=spec.pod.workload,
             annotations=annotations, container_ports=ports,
             owner=("ReplicaSet", f"{spec.pod.workload}-1"),
         )  # fmt: skip
+        if self.ipv6:
+            pod["status"]["podIPs"] = [{"ip": spec.pod.ip}, {"ip": self.ip6(name)}]
+        return pod
 
     def _wait_ready(self, name: str, url: str) -> None:
         assert self.sup is not None
@@ -291,6 +308,11 @@ class PodMesh:
 
     def netns(self, pod: str) -> str:
         return NAMES.netns_prefix + pod
+
+    def ip6(self, pod: str) -> str:
+        """The pod's IPv6 address (with `ipv6`): fd00:78:: and the two last bytes of its IPv4."""
+        *_, third, fourth = (int(b) for b in self.specs[pod].pod.ip.split("."))
+        return f"fd00:78::{third * 256 + fourth:x}"
 
     def ip(self, pod: str) -> str:
         return self.specs[pod].pod.ip

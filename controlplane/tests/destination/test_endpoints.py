@@ -189,3 +189,26 @@ def test_malformed_objects_are_ignored() -> None:
     state.apply(Upsert(Kind.SERVICE, bad))
     [message] = first(publisher)
     assert message.no_endpoints.exists is True
+
+
+def test_a_dual_stack_pod_is_found_by_each_of_its_addresses() -> None:
+    """A client proxy that dials a dual-stack pod's IPv6 address asks for that address: the
+    profile names the pod's identity, so the connection is mTLS as on IPv4; once the pod is
+    gone, neither address answers for it."""
+    import ipaddress
+
+    from meshlet.controlplane.destination.paths import IPPort
+    from meshlet.controlplane.destination.publisher import ProfilePublisher
+
+    pod = objects.pod("web-1", "10.0.0.1")
+    pod["status"]["podIPs"] = [{"ip": "10.0.0.1"}, {"ip": "fd00:10:0:0::1"}]
+    state, _ = state_with(pod)
+    for ip in ("10.0.0.1", "fd00:10::1"):
+        profile = ProfilePublisher(IPPort(ipaddress.ip_address(ip), 8080), state).current
+        endpoint = profile.endpoint
+        assert str(addr.tcp_from_proto(endpoint.addr)[0]) == ip
+        assert endpoint.tls_identity.dns_like_identity.name == (
+            "web.emojivoto.serviceaccount.identity.meshlet.cluster.local"
+        ), ip
+    state.apply(Delete(Kind.POD, pod))
+    assert state.pod_at("fd00:10::1") is None and state.pod_at("10.0.0.1") is None

@@ -9,7 +9,8 @@ its proxy, which follows the four ports' policies; `alpha` and `beta` are meshed
 namespace demo, `gamma` a meshed client in namespace edge whose address is outside the cluster
 networks (10.78.0.0/25); `plain` is an unmeshed client inside them. Every client has its own
 address, so the server's proxy sees who calls: on loopback every client would be 127.0.0.1,
-which a controller's policy allows.
+which a controller's policy allows. The pods are dual stack (an IPv6 address each beside the
+IPv4 one, both in the pod's status), as a dual-stack cluster's.
 
 Each test writes the policy objects (one file, replaced in one step) and the server pod's
 default-policy annotation, waits until the server's proxy has logged the new policy of each
@@ -103,7 +104,7 @@ def mesh(netns_available: None, tmp_path_factory: pytest.TempPathFactory) -> Ite
                     host_ip="10.78.0.1", prefix=24)  # fmt: skip
     root = tmp_path_factory.mktemp("podmesh")
     built = PodMesh(root, layout, pods, cluster_networks=CLUSTER,
-                    annotations={SERVER: {ANN: START}})  # fmt: skip
+                    annotations={SERVER: {ANN: START}}, ipv6=True)  # fmt: skip
     with running(built):
         yield built
 
@@ -568,3 +569,37 @@ def test_the_pods_own_address_and_loopback_bypass_the_proxy_as_in_linkerd(
                  "inbound_tcp_authz_allow_total", "inbound_tcp_authz_deny_total"):  # fmt: skip
         assert metric(after, name) == metric(before, name), name
     assert status(mesh, ALPHA) == 403  # while from another pod, deny stands
+
+
+def test_ipv6_is_redirected_authenticated_and_authorized_as_ipv4(
+    mesh: PodMesh, policy: Policy
+) -> None:
+    """The server's IPv6 address: the client's proxy gets the request through meshlet-init's
+    ip6tables rules, learns the server's identity from the destination by that address, and
+    speaks mTLS to the server's proxy, which applies the same policy: the named client is
+    admitted (its identity the one the app sees), another meshed client and an unmeshed one
+    (whose connection the server's ip6tables rules also send to its proxy) are refused."""
+    policy.set(res("MeshTLSAuthentication", "v6", {"identities": [identity(ALPHA)]}),
+               *servers_for("v6", ref("MeshTLSAuthentication", "v6")))  # fmt: skip
+    target = f"http://[{mesh.ip6(SERVER)}]:{HTTP}/hello"
+    before, alpha_before = mesh.metrics(SERVER), mesh.metrics(ALPHA)
+    ok = mesh.curl(ALPHA, target, "-g")
+    assert ok.status == 200, ok
+    assert ok.json()["meshlet-client-id"] == [identity(ALPHA)]
+    assert mesh.curl(BETA, target, "-g").status == 403
+    assert mesh.curl(PLAIN, target, "-g").status == 403
+    after, alpha_after = mesh.metrics(SERVER), mesh.metrics(ALPHA)
+
+    def delta(name: str, **labels: str) -> float:
+        return metric(after, name, **labels) - metric(before, name, **labels)
+
+    name = f"v6-{HTTP}"
+    assert delta("inbound_http_authz_allow_total", srv_name=name, client_id=identity(ALPHA),
+                 tls="true") == 1  # fmt: skip
+    assert delta("inbound_http_authz_deny_total", srv_name=name, client_id=identity(BETA),
+                 tls="true") == 1  # fmt: skip
+    assert delta("inbound_http_authz_deny_total", srv_name=name, tls="no_identity") == 1
+    # alpha's proxy: one request to the server's IPv6 address, over mTLS to its identity
+    sent = {"direction": "outbound", "tls": "true", "server_id": identity(SERVER)}
+    assert metric(alpha_after, "request_total", **sent) - metric(
+        alpha_before, "request_total", **sent) == 1  # fmt: skip

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -106,6 +107,9 @@ class Pod:
     opaque_ports: PortRanges
     container_ports: tuple[tuple[str, int], ...]  # named ports
     terminating: bool
+    # every address of the pod (status.podIPs: a dual-stack pod has an IPv4 and an IPv6 one),
+    # the primary `ip` first, in the canonical text ipaddress prints
+    ips: tuple[str, ...] = ()
 
     @property
     def key(self) -> tuple[str, str]:
@@ -160,7 +164,21 @@ def parse_pod(obj: Mapping[str, Any]) -> Pod:
         container_ports=tuple(named),
         terminating=bool(meta.get("deletionTimestamp"))
         or status.get("phase") in ("Succeeded", "Failed"),
+        ips=_pod_ips(status),
     )
+
+
+def _pod_ips(status: Mapping[str, Any]) -> tuple[str, ...]:
+    """status.podIP and each status.podIPs[].ip, canonical, without repeats; what does not
+    parse as an IP address is left out."""
+    found: list[str] = []
+    listed = [item.get("ip") for item in status.get("podIPs") or [] if isinstance(item, Mapping)]
+    for raw in (status.get("podIP"), *listed):
+        try:
+            found.append(ipaddress.ip_address(str(raw)).compressed)
+        except ValueError:
+            continue
+    return tuple(dict.fromkeys(found))
 
 
 @dataclass(frozen=True, slots=True)

@@ -145,8 +145,9 @@ class ClusterState:
         pod = model.parse_pod(obj)
         self.pods[pod.key] = pod
         self._pods_by_namespace[pod.namespace].add(pod.key)
-        if pod.ip and not pod.terminating:
-            self._pods_by_ip[pod.ip] = pod.key
+        if not pod.terminating:
+            for ip in pod.ips:
+                self._pods_by_ip[ip] = pod.key
 
     def _add_profile(self, obj: Object) -> None:
         key = _key(obj)
@@ -174,8 +175,9 @@ class ClusterState:
             pod = self.pods.pop(key, None)
             if pod is not None:
                 self._pods_by_namespace[key[0]].discard(key)
-                if pod.ip and self._pods_by_ip.get(pod.ip) == key:
-                    del self._pods_by_ip[pod.ip]
+                for ip in pod.ips:
+                    if self._pods_by_ip.get(ip) == key:
+                        del self._pods_by_ip[ip]
         else:
             self.profiles.pop(key, None)
 
