@@ -183,7 +183,7 @@ def test_a_paused_load_generator_counts_its_missed_calls_late_not_dropped(tmp_pa
     stats = tmp_path / "load.json"
     proc = subprocess.Popen(
         [sys.executable, "-m", "meshlet.cli.main", "demo", "app", "load",
-         "--target", f"127.0.0.1:{server.server_address[1]}", "--rate", "50",
+         "--target", f"127.0.0.1:{server.server_address[1]}", "--rate", "20",
          "--stats", str(stats)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
@@ -200,7 +200,7 @@ def test_a_paused_load_generator_counts_its_missed_calls_late_not_dropped(tmp_pa
         time.sleep(3.0)
         proc.send_signal(signal.SIGCONT)
         before = seen()["sent"]
-        while seen()["sent"] < before + 50:  # a second of calls after the pause
+        while seen()["sent"] < before + 20:  # a second of calls after the pause
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
             time.sleep(0.05)
     finally:
@@ -211,7 +211,9 @@ def test_a_paused_load_generator_counts_its_missed_calls_late_not_dropped(tmp_pa
     assert proc.returncode == 0, out
     final = seen()
     assert final["dropped"] == 0 and final["failed"] == {}, final
-    # 3 s paused at 50/s: the calls more than LATE_AFTER (1 s) overdue, about 100, are late
-    assert 70 <= final["late"] <= 130, final
-    assert final["lag_max_ms"] >= 2900, final
+    # paused 3 s or more (a busy machine wakes it later): at 20/s, the calls more than
+    # LATE_AFTER (1 s) overdue when it woke are late, about 40
+    lag = final["lag_max_ms"] / 1000
+    assert lag >= 2.9, final
+    assert abs(final["late"] - 20 * (lag - 1)) <= 3, final
     assert final["ok"] == final["sent"], final
