@@ -16,9 +16,10 @@ def refs(text: str) -> list[tuple[str, str]]:
 
 def test_every_installed_object_is_named(meshlet: Callable[..., Any]) -> None:
     """Whichever options install was given: the chart's Prometheus and dashboards too (a
-    ClusterRole of the Prometheus' was left behind on the first real cluster)."""
+    ClusterRole of the Prometheus' was left behind on the first real cluster), and --ha's
+    disruption budgets."""
     every = "prometheus.enabled=true,prometheus.scrapeConfig=true,grafana.dashboards=true"
-    installed = refs(meshlet("install", "--values", str(pki.VALUES), "--set", every).out)
+    installed = refs(meshlet("install", "--ha", "--values", str(pki.VALUES), "--set", every).out)
     removed = refs(meshlet("uninstall").out)
     assert sorted(removed) == sorted(installed)
     assert set(refs(meshlet("install", "--values", str(pki.VALUES)).out)) < set(removed)

@@ -19,7 +19,7 @@ from typing import Any
 import click
 
 from meshlet.api import inbound_pb2, meta_pb2, net_pb2
-from meshlet.cli import localmesh
+from meshlet.cli import localmesh, options
 from meshlet.cli.localmesh import NAMESPACE_HELP
 
 ALL = ("0.0.0.0/0", "::/0")
@@ -294,11 +294,9 @@ def _parse(target: str) -> Any:
 @click.argument("resource", metavar="deploy/NAME | pod/NAME")
 @click.option("-n", "--namespace", help=NAMESPACE_HELP)
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table",
-              show_default=True)  # fmt: skip
-@click.option("--control-plane-namespace", default="meshlet", show_default=True)
-@click.option("--kubeconfig", type=click.Path(dir_okay=False, path_type=Path),
-              help="Default: $KUBECONFIG, else ~/.kube/config.")  # fmt: skip
-@click.option("--context", help="The kubeconfig context to use.")
+              show_default=True, help="table, or json (one object per row).")  # fmt: skip
+@options.control_plane_namespace()
+@options.cluster
 def authz(
     resource: str,
     namespace: str | None,

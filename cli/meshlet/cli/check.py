@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from meshlet.api import wellknown as wk
+from meshlet.cli import options
 from meshlet.cli.checks import (
     CONTROLLERS,
     POLICY_CRDS,
@@ -22,6 +23,7 @@ from meshlet.cli.checks import (
     Status,
     evaluate,
 )
+from meshlet.cli.cluster import unreachable
 
 SYMBOLS = {
     Status.SUCCESS: ("✓", "green"),
@@ -44,7 +46,7 @@ def _reader(errors: dict[str, str]) -> Callable[..., Any]:
             if exc.status != 404:
                 errors[key] = f"{exc.status} {exc.reason}"
         except (HTTPError, OSError, ValueError) as exc:
-            errors[key] = f"cannot reach the Kubernetes API: {exc}"
+            errors[key] = unreachable(exc)
         return None
 
     return read
@@ -87,7 +89,7 @@ def _admin_ready(api: Any, pods: list[Obj], port: int) -> dict[str, str]:
         except ApiException as exc:
             out[name] = f"/ready: {status_reason(exc)}"
         except (HTTPError, OSError) as exc:
-            out[name] = f"cannot reach the Kubernetes API: {exc}"
+            out[name] = unreachable(exc)
     return out
 
 
@@ -211,20 +213,17 @@ def print_text(results: list[Result], console: Any) -> None:
 @click.command()
 @click.option("--pre", is_flag=True, help="Check that the cluster is ready for meshlet install.")
 @click.option("-o", "--output", type=click.Choice(["basic", "json"]), default="basic",
-              show_default=True)  # fmt: skip
+              show_default=True, help="basic: lines; json: linkerd check's JSON.")  # fmt: skip
 @click.option("--fail-on-warning", is_flag=True, help="Exit non-zero on warnings too.")
-@click.option("--kubeconfig", type=click.Path(dir_okay=False, path_type=Path),
-              help="Default: $KUBECONFIG or ~/.kube/config.")  # fmt: skip
-@click.option("--context", help="The kubeconfig context to use.")
-@click.option("--namespace", default=wk.CONTROL_PLANE_NAMESPACE, show_default=True,
-              help="The control plane's namespace.")  # fmt: skip
+@options.cluster
+@options.control_plane_namespace(was_namespace=True)
 def check(
     pre: bool,
     output: str,
     fail_on_warning: bool,
     kubeconfig: Path | None,
     context: str | None,
-    namespace: str,
+    control_plane_namespace: str,
 ) -> None:
     """Check that meshlet is installed and healthy (like `linkerd check`).
 
@@ -235,9 +234,9 @@ def check(
     console = Console(file=sys.stdout, width=100, soft_wrap=True)
     if output == "basic" and console.is_terminal:
         with console.status("reading the cluster…"):
-            state = snapshot(kubeconfig, context, namespace)
+            state = snapshot(kubeconfig, context, control_plane_namespace)
     else:
-        state = snapshot(kubeconfig, context, namespace)
+        state = snapshot(kubeconfig, context, control_plane_namespace)
     results = list(evaluate(state, dt.datetime.now(dt.UTC), pre=pre))
     if output == "json":
         sys.stdout.write(as_json(results))

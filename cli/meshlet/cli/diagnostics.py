@@ -12,6 +12,7 @@ import click
 
 from meshlet.api import wellknown as wk
 from meshlet.api.hostport import HostPort
+from meshlet.cli import options
 
 KUBECONFIG_HELP = "Default: $KUBECONFIG or ~/.kube/config."
 
@@ -50,8 +51,7 @@ def _target_pods(api: Any, target: str, namespace: str) -> list[Any]:
 @diagnostics.command("proxy-metrics")
 @click.argument("resource", metavar="POD | po/POD | deploy/NAME")
 @click.option("-n", "--namespace", help="Default: the kubeconfig context's, else default.")
-@click.option("--kubeconfig", type=click.Path(dir_okay=False, path_type=Path), help=KUBECONFIG_HELP)
-@click.option("--context", help="The kubeconfig context to use.")
+@options.cluster
 def proxy_metrics(
     resource: str, namespace: str | None, kubeconfig: Path | None, context: str | None
 ) -> None:
@@ -109,12 +109,12 @@ def proxy_metrics(
     help="With --destination-ca: the identity its certificate must carry.",
 )  # fmt: skip
 @click.option("--destination-pod", help="Which destination pod to port-forward to.")
-@click.option("--control-plane-namespace", default=wk.CONTROL_PLANE_NAMESPACE, show_default=True)
-@click.option("--cluster-domain", default=wk.CLUSTER_DOMAIN, show_default=True)
+@options.control_plane_namespace()
+@click.option("--cluster-domain", default=wk.CLUSTER_DOMAIN, show_default=True,
+              help="The suffix of the names asked for.")  # fmt: skip
 @click.option("--token", default="", help="The context token to send, as proxies do (JSON).")
 @click.option("--timeout", default="5s", show_default=True, help="For each answer.")
-@click.option("--kubeconfig", type=click.Path(dir_okay=False, path_type=Path), help=KUBECONFIG_HELP)
-@click.option("--context", help="The kubeconfig context to use.")
+@options.cluster
 def endpoints(
     authorities: tuple[str, ...],
     namespace: str | None,
@@ -238,7 +238,7 @@ def _component_pod(api: Any, namespace: str, component: str, wanted: str | None)
               help="The outbound policy of this Service's port (as `svc/SVC PORT`).")  # fmt: skip
 @click.option("-n", "--namespace", help="The pod's. Default: the kubeconfig context's.")
 @click.option("-o", "--output", type=click.Choice(["json", "yaml"]), default="json",
-              show_default=True)  # fmt: skip
+              show_default=True, help="The policy as JSON or YAML.")  # fmt: skip
 @click.option(
     "--policy-addr", metavar="HOST:PORT",
     help="Ask this policy controller directly instead of a port-forward to its pod; the pod"
@@ -253,10 +253,9 @@ def _component_pod(api: Any, namespace: str, component: str, wanted: str | None)
     help="With --policy-ca: the identity its certificate must carry.",
 )  # fmt: skip
 @click.option("--policy-pod", help="Which policy controller pod to port-forward to.")
-@click.option("--control-plane-namespace", default=wk.CONTROL_PLANE_NAMESPACE, show_default=True)
+@options.control_plane_namespace()
 @click.option("--timeout", default="5s", show_default=True, help="For the answer.")
-@click.option("--kubeconfig", type=click.Path(dir_okay=False, path_type=Path), help=KUBECONFIG_HELP)
-@click.option("--context", help="The kubeconfig context to use.")
+@options.cluster
 def policy(
     pod: str | None,
     port: int | None,

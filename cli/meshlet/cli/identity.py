@@ -34,8 +34,10 @@ def ca_group() -> None:
     required=True,
     help="Folder to write into (must not hold a CA already).",
 )
-@click.option("--anchor-days", type=click.IntRange(min=1), default=365, show_default=True)
-@click.option("--issuer-days", type=click.IntRange(min=1), default=365, show_default=True)
+@click.option("--anchor-days", type=click.IntRange(min=1), default=365, show_default=True,
+              help="How long the trust anchor is valid.")  # fmt: skip
+@click.option("--issuer-days", type=click.IntRange(min=1), default=365, show_default=True,
+              help="How long the issuer certificate is valid.")  # fmt: skip
 def ca_create(out: Path, anchor_days: int, issuer_days: int) -> None:
     """Create a trust anchor and an issuer signed by it.
 
@@ -79,7 +81,8 @@ def issuer_group() -> None:
     required=True,
     help="Folder for crt.pem and key.pem (replaced atomically, for rotation).",
 )
-@click.option("--days", type=click.IntRange(min=1), default=365, show_default=True)
+@click.option("--days", type=click.IntRange(min=1), default=365, show_default=True,
+              help="How long the issuer certificate is valid.")  # fmt: skip
 def issuer_create(ca_dir: Path, out: Path, days: int) -> None:
     """Create a new issuer from the trust anchor, e.g. to rotate the running one."""
     from cryptography import x509

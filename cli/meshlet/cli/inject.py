@@ -15,7 +15,7 @@ import click
 import yaml
 
 from meshlet.api import wellknown as wk
-from meshlet.cli import injecting
+from meshlet.cli import injecting, options
 from meshlet.cli.injecting import Result, annotate, injectable
 from meshlet.cli.manifests import dump
 from meshlet.controlplane.injector.config import InjectConfig
@@ -93,11 +93,11 @@ def offline_config(
         raise click.UsageError("; ".join(exc.problems)) from None
 
 
-def cluster_config(kubeconfig: Path | None, namespace: str) -> InjectConfig:
+def cluster_config(kubeconfig: Path | None, context: str | None, namespace: str) -> InjectConfig:
     from meshlet.cli.cluster import ClusterError, api_client, read_config_map
     from meshlet.controlplane.injector.config import ConfigError, load
 
-    client = api_client(kubeconfig)
+    client = api_client(kubeconfig, context)
     values = read_config_map(client, namespace, wk.CONFIG_CONFIGMAP).get(wk.CONFIG_KEY, "")
     roots = read_config_map(client, namespace, wk.TRUST_ROOTS_CONFIGMAP)
     try:
@@ -132,9 +132,8 @@ def cluster_config(kubeconfig: Path | None, namespace: str) -> InjectConfig:
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="With --ignore-cluster: chart values files.",
 )
-@click.option("--kubeconfig", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--namespace", default=wk.CONTROL_PLANE_NAMESPACE, show_default=True,
-              help="The control plane's namespace.")  # fmt: skip
+@options.cluster
+@options.control_plane_namespace(was_namespace=True)
 def inject(
     source: Any,
     manual: bool,
@@ -143,7 +142,8 @@ def inject(
     sets: tuple[str, ...],
     values_files: tuple[Path, ...],
     kubeconfig: Path | None,
-    namespace: str,
+    context: str | None,
+    control_plane_namespace: str,
 ) -> None:
     """Mesh the workloads in SOURCE (a file, or - for standard input) and print the result.
 
@@ -168,9 +168,11 @@ def inject(
         if ignore_cluster:
             if identity_trust_anchors_file is None:
                 raise click.UsageError("--ignore-cluster needs --identity-trust-anchors-file")
-            config = offline_config(identity_trust_anchors_file, values_files, sets, namespace)
+            config = offline_config(
+                identity_trust_anchors_file, values_files, sets, control_plane_namespace
+            )
         else:
-            config = cluster_config(kubeconfig, namespace)
+            config = cluster_config(kubeconfig, context, control_plane_namespace)
         one = functools.partial(injecting.manual, config=config)
     out, notes = inject_text(text, one)
     sys.stdout.write(out)

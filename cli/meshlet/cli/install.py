@@ -16,8 +16,9 @@ import click
 import yaml
 
 from meshlet.api import wellknown as wk
-from meshlet.cli import charts
+from meshlet.cli import charts, options
 from meshlet.cli.charts import ChartError, Manifest
+from meshlet.cli.cluster import unreachable
 from meshlet.cli.manifests import stream
 
 
@@ -251,7 +252,7 @@ def _read_gateway_crds(kubeconfig: Path | None) -> list[Mapping[str, Any] | None
                 raise ClusterError(f"reading CRD {name}: {exc.status} {exc.reason}") from None
             out.append(None)
         except (HTTPError, OSError, ValueError) as exc:
-            raise ClusterError(f"cannot reach the Kubernetes API: {exc}") from None
+            raise ClusterError(unreachable(exc)) from None
     return out
 
 
@@ -320,19 +321,8 @@ def _install_gateway_api(values: Mapping[str, Any], kubeconfig: Path | None) -> 
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="PEM issuer key (issuer/key.pem).",
 )
-@click.option(
-    "--namespace",
-    default=wk.CONTROL_PLANE_NAMESPACE,
-    show_default=True,
-    help="The control plane's namespace.",
-)
-@click.option(
-    "--kubeconfig",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="The cluster asked whether meshlet is installed already (with --crds: whether it has"
-    " the Gateway API CRDs). Default: $KUBECONFIG or ~/.kube/config.",
-)
-@click.option("--context", help="The kubeconfig context to use.")
+@options.control_plane_namespace(was_namespace=True)
+@options.cluster
 @click.option(
     "--ha",
     is_flag=True,
@@ -352,7 +342,7 @@ def install(
     identity_trust_anchors_file: Path | None,
     identity_issuer_certificate_file: Path | None,
     identity_issuer_key_file: Path | None,
-    namespace: str,
+    control_plane_namespace: str,
     kubeconfig: Path | None,
     context: str | None,
     ha: bool,
@@ -376,11 +366,11 @@ def install(
         if crds:
             values = user_values(values_files, sets)
             values = merge(values, {"installGatewayAPI": _install_gateway_api(values, kubeconfig)})
-            manifests = charts.render(charts.CRDS, values, namespace)
+            manifests = charts.render(charts.CRDS, values, control_plane_namespace)
         else:
             given = user_values(values_files, sets, ha)
             if not ignore_cluster:
-                _refuse_reinstall(kubeconfig, context, namespace)
+                _refuse_reinstall(kubeconfig, context, control_plane_namespace)
             values = merge(
                 given,
                 _identity_files(
@@ -389,7 +379,7 @@ def install(
                     identity_issuer_key_file,
                 ),
             )
-            manifests = control_plane(values, given, namespace)
+            manifests = control_plane(values, given, control_plane_namespace)
     except ChartError as exc:
         raise click.UsageError(str(exc)) from None
     sys.stdout.write(stream((m.source, m.doc) for m in manifests))

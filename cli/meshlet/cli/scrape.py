@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Final
 
+from meshlet.cli.cluster import unreachable
 from meshlet.cli.workloads import Pod
 
 TIMEOUT: Final = 10.0  # seconds for one scrape
@@ -62,7 +63,7 @@ def scrape(
     except ApiException as exc:
         return Failure(pod, status_reason(exc))
     except (HTTPError, OSError) as exc:
-        return Failure(pod, f"cannot reach the Kubernetes API: {exc}")
+        return Failure(pod, unreachable(exc))
     return Metrics(pod, text, clock())
 
 

@@ -15,7 +15,7 @@ from typing import Any, Final
 
 import click
 
-from meshlet.cli import stats, tables
+from meshlet.cli import options, stats, tables
 from meshlet.cli.scrape import Failure, Metrics
 from meshlet.cli.workloads import Kind, Pod, Workload, parse_resources
 
@@ -221,9 +221,7 @@ def _scrape_twice(
 @click.option("-o", "--output", type=click.Choice(["table", "json", "wide"]), default="table",
               show_default=True, help="wide adds read and write bytes per second.")  # fmt: skip
 @click.option("--unmeshed", is_flag=True, help="Also list workloads without meshed pods.")
-@click.option("--kubeconfig", type=click.Path(dir_okay=False, path_type=Path),
-              help="Default: $KUBECONFIG or ~/.kube/config.")  # fmt: skip
-@click.option("--context", help="The kubeconfig context to use.")
+@options.cluster
 def stat(
     resources: tuple[str, ...],
     namespace: str | None,

@@ -7,22 +7,22 @@ import sys
 
 import click
 
-from meshlet.api import wellknown as wk
-from meshlet.cli import charts
+from meshlet.cli import charts, options
 from meshlet.cli.manifests import stream
 
 # The chart's optional parts, all on: their objects are named whether or not installed.
 EVERY_OPTION = {
     "prometheus": {"enabled": True, "scrapeConfig": True},
     "grafana": {"dashboards": True},
+    "enablePodDisruptionBudget": True,  # --ha's
 }
 
 
 @click.command()
-@click.option("--namespace", default=wk.CONTROL_PLANE_NAMESPACE, show_default=True)
+@options.control_plane_namespace(was_namespace=True)
 @click.option("--crds", is_flag=True, help="Also the CustomResourceDefinitions (and so every "
               "ServiceProfile).")  # fmt: skip
-def uninstall(namespace: str, crds: bool) -> None:
+def uninstall(control_plane_namespace: str, crds: bool) -> None:
     """Print references to every object `meshlet install` creates, with any of its options
     (the chart's Prometheus and dashboards included: absent ones are not found).
 
@@ -33,12 +33,12 @@ def uninstall(namespace: str, crds: bool) -> None:
     """
     from meshlet.cli.install import generated
 
-    values = generated({}, namespace, dt.datetime.now(dt.UTC), quiet=True)
+    values = generated({}, control_plane_namespace, dt.datetime.now(dt.UTC), quiet=True)
     values.update(EVERY_OPTION)
     try:
-        manifests = charts.render(charts.CONTROL_PLANE, values, namespace)
+        manifests = charts.render(charts.CONTROL_PLANE, values, control_plane_namespace)
         if crds:
-            manifests += charts.render(charts.CRDS, {}, namespace)
+            manifests += charts.render(charts.CRDS, {}, control_plane_namespace)
     except charts.ChartError as exc:
         raise click.UsageError(str(exc)) from None
     refs = []

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import click
 
-from meshlet.api import wellknown as wk
-from meshlet.cli import charts
+from meshlet.cli import charts, options
 from meshlet.cli.charts import ChartError
 from meshlet.cli.manifests import stream
 
@@ -22,11 +21,8 @@ from meshlet.cli.manifests import stream
 @click.option("--values", "-f", "values_files", multiple=True,
               type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="A YAML file of chart values over those given before (repeatable).")  # fmt: skip
-@click.option("--namespace", default=wk.CONTROL_PLANE_NAMESPACE, show_default=True,
-              help="The control plane's namespace.")  # fmt: skip
-@click.option("--kubeconfig", type=click.Path(dir_okay=False, path_type=Path),
-              help="Default: $KUBECONFIG or ~/.kube/config.")  # fmt: skip
-@click.option("--context", help="The kubeconfig context to use.")
+@options.control_plane_namespace(was_namespace=True)
+@options.cluster
 @click.option("--ha", is_flag=True,
               help="Turn high availability on (the chart's values-ha.yaml over the values given"
               " before, under --values and --set); it stays on in later upgrades.")  # fmt: skip
@@ -34,7 +30,7 @@ def upgrade(
     crds: bool,
     sets: tuple[str, ...],
     values_files: tuple[Path, ...],
-    namespace: str,
+    control_plane_namespace: str,
     kubeconfig: Path | None,
     context: str | None,
     ha: bool,
@@ -59,19 +55,21 @@ def upgrade(
     if api is None:
         raise ClusterError("meshlet upgrade reads the installed control plane from the cluster:"
                            " give --kubeconfig or set KUBECONFIG")  # fmt: skip
-    found = read(api, namespace)
+    found = read(api, control_plane_namespace)
     if found is None:
-        raise ClusterError(f"meshlet is not installed in namespace {namespace}: meshlet install"
-                           " | kubectl apply -f - installs it")  # fmt: skip
+        raise ClusterError(f"meshlet is not installed in namespace {control_plane_namespace}:"
+                           " meshlet install | kubectl apply -f - installs it")  # fmt: skip
     try:
         given = merge(found.user_values, user_values(values_files, sets, ha))
         if crds:
             values = merge(given, {"installGatewayAPI": _install_gateway_api(given, kubeconfig)})
-            manifests = charts.render(charts.CRDS, values, namespace)
+            manifests = charts.render(charts.CRDS, values, control_plane_namespace)
         else:
-            manifests = control_plane(merge(given, found.kept), given, namespace, quiet=True)
+            manifests = control_plane(
+                merge(given, found.kept), given, control_plane_namespace, quiet=True
+            )
     except ChartError as exc:
         raise click.UsageError(str(exc)) from None
-    click.echo(f"meshlet upgrade: {found.version} in namespace {namespace}; its trust anchors,"
-               " issuer and webhook certificate kept", err=True)  # fmt: skip
+    click.echo(f"meshlet upgrade: {found.version} in namespace {control_plane_namespace}; its"
+               " trust anchors, issuer and webhook certificate kept", err=True)  # fmt: skip
     sys.stdout.write(stream((m.source, m.doc) for m in manifests))

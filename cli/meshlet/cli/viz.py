@@ -10,12 +10,12 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Final
+from typing import Any, Final, NamedTuple
 
 import click
 
 from meshlet.api import wellknown as wk
-from meshlet.cli import localmesh, tables, vizmetrics
+from meshlet.cli import localmesh, options, tables, vizmetrics
 from meshlet.cli.vizmetrics import MetricsError, Prometheus, StatRow, Target
 
 EX_UNAVAILABLE: Final = 1
@@ -77,27 +77,29 @@ def _kept_proxies(kept: localmesh.Kept | None) -> list[vizmetrics.Proxy]:
             for p in layout.pods]  # fmt: skip
 
 
-def _source(url: str | None) -> tuple[str | None, localmesh.Kept | None]:
+def _source(url: str | None, cluster: Cluster) -> tuple[str | None, localmesh.Kept | None]:
     """The Prometheus a query verb reads: --prometheus-url, else a kept local mesh's (then
-    the mesh is returned too: its namespace is the default), else the cluster's (the chart's
-    meshlet-prometheus, through a port-forward held while the command runs)."""
+    the mesh is returned too: its namespace is the default) when no cluster is named, else the
+    cluster's (the chart's meshlet-prometheus, through a port-forward held while the command
+    runs)."""
     if url is not None:
         return url, None
-    kept = localmesh.kept()
+    named = localmesh.cluster_named(cluster.kubeconfig, cluster.context)
+    kept = None if cluster.kubeconfig or cluster.context else localmesh.kept()
     if kept is not None and "prometheus" in kept.urls:
         return kept.urls["prometheus"], kept
-    if localmesh.cluster_named():
-        return _cluster_prometheus(), None
+    if named:
+        return _cluster_prometheus(cluster), None
     return None, None
 
 
-def _cluster_prometheus() -> str:
+def _cluster_prometheus(cluster: Cluster) -> str:
     from meshlet.cli.cluster import api_client
     from meshlet.cli.diagnostics import _component_pod
     from meshlet.cli.portforward import PortForward
 
-    api = api_client(None)
-    ns = wk.CONTROL_PLANE_NAMESPACE
+    api = api_client(cluster.kubeconfig, cluster.context)
+    ns = cluster.control_plane_namespace
     pod = _component_pod(api, ns, "prometheus", None)
     host, port = click.get_current_context().with_resource(
         PortForward(api, ns, pod, wk.PROMETHEUS_PORT)
@@ -147,7 +149,21 @@ _url = click.option(
     help="A Prometheus scraping the proxies (default: a kept demo's, else the cluster's "
     "meshlet-prometheus through a port-forward).",
 )
-_out = click.option("-o", "--output", type=_OUTPUT, default="table", show_default=True)
+_out = click.option("-o", "--output", type=_OUTPUT, default="table", show_default=True,
+                    help="table, or json (one object per row).")  # fmt: skip
+
+
+def _cluster(command: Any) -> Any:
+    """Where the cluster's Prometheus is: --kubeconfig, --context, -L."""
+    return options.control_plane_namespace()(options.cluster(command))
+
+
+class Cluster(NamedTuple):
+    kubeconfig: Path | None
+    context: str | None
+    control_plane_namespace: str
+
+
 _win = click.option("-t", "--time-window", "window", default="1m", show_default=True,
                     help="The range the rates cover: 30s, 1m, 1h.")  # fmt: skip
 
@@ -172,9 +188,10 @@ def viz() -> None:
 @_win
 @_url
 @_out
+@_cluster
 def stat(resource: str, to: str | None, src: str | None, to_namespace: str | None,
          from_namespace: str | None, direct: bool, namespace: str | None, all_namespaces: bool,
-         window: str, prometheus_url: str | None, output: str) -> None:  # fmt: skip
+         window: str, prometheus_url: str | None, output: str, **cluster: Any) -> None:  # fmt: skip
     """Success rate, RPS, latency, TCP connections and mTLS of deploy, po, ns, svc or authority.
 
     Rows are what the resources' proxies received (inbound); with --to, what they sent to it;
@@ -184,9 +201,11 @@ def stat(resource: str, to: str | None, src: str | None, to_namespace: str | Non
     meshlet viz stat deploy -n demo --prometheus-url http://localhost:9090
     meshlet viz stat deploy/web --to deploy/api -n demo -o json
     """
+    where = Cluster(**cluster)
     kept = localmesh.kept() if direct else None
-    url, local = (None, kept) if direct else _source(prometheus_url)
-    ns = None if all_namespaces else localmesh.namespace(namespace, local)
+    url, local = (None, kept) if direct else _source(prometheus_url, where)
+    ns = None if all_namespaces else localmesh.namespace(namespace, local, where.kubeconfig,
+                                                          where.context)  # fmt: skip
     t = _target(resource, ns, "TYPE[/NAME]")
     assert t is not None
     to_t = _target(to, to_namespace or ns, "--to")
@@ -228,8 +247,9 @@ def _direct(t: Target, window_text: str, kept: localmesh.Kept | None) -> list[St
 @_win
 @_url
 @_out
+@_cluster
 def edges(kind: str, namespace: str | None, all_namespaces: bool, window: str,
-          prometheus_url: str | None, output: str) -> None:  # fmt: skip
+          prometheus_url: str | None, output: str, **cluster: Any) -> None:  # fmt: skip
     """Who calls whom (deploy or po), with the identities each side proved and whether the
     traffic went over mutual TLS: HTTP requests and TCP connections (opaque ones included)."""
     t = _target(kind, None, "TYPE")
@@ -237,8 +257,10 @@ def edges(kind: str, namespace: str | None, all_namespaces: bool, window: str,
     if t.kind not in ("deployment", "pod"):
         raise click.BadParameter("edges are between deploy or po", param_hint="TYPE")
     seconds = _window(window)
-    url, local = _source(prometheus_url)
-    ns = None if all_namespaces else localmesh.namespace(namespace, local)
+    where = Cluster(**cluster)
+    url, local = _source(prometheus_url, where)
+    ns = None if all_namespaces else localmesh.namespace(namespace, local, where.kubeconfig,
+                                                          where.context)  # fmt: skip
     prom = _prometheus(url)
     try:
         rows = vizmetrics.edges(prom, t.kind, seconds, ns)
@@ -248,9 +270,9 @@ def edges(kind: str, namespace: str | None, all_namespaces: bool, window: str,
 
 
 def _routes(resource: str, to: str | None, namespace: str | None, window: str,
-            prometheus_url: str | None, output: str) -> None:  # fmt: skip
-    url, local = _source(prometheus_url)
-    ns = localmesh.namespace(namespace, local)
+            prometheus_url: str | None, output: str, where: Cluster) -> None:  # fmt: skip
+    url, local = _source(prometheus_url, where)
+    ns = localmesh.namespace(namespace, local, where.kubeconfig, where.context)
     t = _target(resource, ns, "TYPE[/NAME]")
     assert t is not None
     to_t = _target(to, ns, "--to")
@@ -274,11 +296,12 @@ def _routes(resource: str, to: str | None, namespace: str | None, window: str,
 @_win
 @_url
 @_out
+@_cluster
 def routes(resource: str, to: str | None, namespace: str | None, window: str,
-           prometheus_url: str | None, output: str) -> None:  # fmt: skip
+           prometheus_url: str | None, output: str, **cluster: Any) -> None:  # fmt: skip
     """Per-route success, RPS and latency (the route_* metrics): of the resource's inbound
     routes, or with --to of its outbound ones."""
-    _routes(resource, to, namespace, window, prometheus_url, output)
+    _routes(resource, to, namespace, window, prometheus_url, output, Cluster(**cluster))
 
 
 DASHBOARD_PORT: Final = 50750  # Linkerd's `viz dashboard` local port
@@ -300,10 +323,8 @@ DASHBOARD_PORT: Final = 50750  # Linkerd's `viz dashboard` local port
     help="url: print the address; browser: also open it in the default browser.",
 )
 @click.option("--web-pod", help="Which tap pod (its web container) to port-forward to.")
-@click.option("--control-plane-namespace", default=wk.CONTROL_PLANE_NAMESPACE, show_default=True)
-@click.option("--kubeconfig", type=click.Path(dir_okay=False, path_type=Path),
-              help="Default: $KUBECONFIG or ~/.kube/config.")  # fmt: skip
-@click.option("--context", help="The kubeconfig context to use.")
+@options.control_plane_namespace()
+@options.cluster
 def dashboard(port: int, show: str, web_pod: str | None, control_plane_namespace: str,
               kubeconfig: Path | None, context: str | None) -> None:  # fmt: skip
     """The web dashboard: a port-forward to its container in the tap pod, held until Ctrl-C,

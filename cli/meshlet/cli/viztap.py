@@ -13,7 +13,7 @@ import click
 
 from meshlet.api import wellknown as wk
 from meshlet.api.hostport import HostPort
-from meshlet.cli import localmesh
+from meshlet.cli import localmesh, options
 from meshlet.cli.localmesh import NAMESPACE_HELP
 
 KUBECONFIG_HELP = "Default: $KUBECONFIG or ~/.kube/config."
@@ -33,11 +33,8 @@ def source_options(command: Any) -> Any:
         click.option("--tap-addr", metavar="HOST:PORT",
                      help="Ask this tap controller directly instead of a port-forward."),
         click.option("--tap-pod", help="Which tap controller pod to port-forward to."),
-        click.option("--control-plane-namespace", default=wk.CONTROL_PLANE_NAMESPACE,
-                     show_default=True),
-        click.option("--kubeconfig", type=click.Path(dir_okay=False, path_type=Path),
-                     help=KUBECONFIG_HELP),
-        click.option("--context", help="The kubeconfig context to use."),
+        options.control_plane_namespace(),
+        options.cluster,
     ]):  # fmt: skip
         command = option(command)
     return command

@@ -84,7 +84,7 @@ def screenful(top: Any, limit: int, width: int, height: int) -> Any:
 @click.option("--limit", type=click.IntRange(min=1, max=10_000), default=20, show_default=True,
               help="Rows shown, the busiest first.")  # fmt: skip
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table",
-              show_default=True)  # fmt: skip
+              show_default=True, help="table (redrawn live), or json at the end.")  # fmt: skip
 def top(resource: str, hide_sources: bool, duration: float, limit: int, output: str,
         **source: Any) -> None:  # fmt: skip
     """The busiest paths of RESOURCE's requests, live (deploy/NAME, pod/NAME, ns/NAME).

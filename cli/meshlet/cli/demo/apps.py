@@ -57,9 +57,9 @@ def app() -> None:
 
 
 @app.command()
-@click.option("--listen", required=True)
-@click.option("--pod", required=True)
-@click.option("--delay", type=float, default=0.0)
+@click.option("--listen", required=True, help="ip:port to serve on.")
+@click.option("--pod", required=True, help="The pod's name, in every answer.")
+@click.option("--delay", type=float, default=0.0, help="Seconds each answer waits.")
 @click.option("--fail-flag", type=click.Path(path_type=Path), default=None,
               help="while this file exists, answer every call with INTERNAL")  # fmt: skip
 def api(listen: str, pod: str, delay: float, fail_flag: Path | None) -> None:
@@ -107,8 +107,8 @@ async def _api(listen: str, pod: str, delay: float, fail_flag: Path | None = Non
 
 
 @app.command()
-@click.option("--listen", required=True)
-@click.option("--pod", required=True)
+@click.option("--listen", required=True, help="ip:port to serve on.")
+@click.option("--pod", required=True, help="The pod's name, in every answer.")
 def store(listen: str, pod: str) -> None:
     """TCP, server speaks first: a banner, then GET <key> → VALUE <key> <pod>."""
     asyncio.run(_store(listen, pod))
@@ -133,8 +133,8 @@ async def _store(listen: str, pod: str) -> None:
 
 
 @app.command()
-@click.option("--listen", required=True)
-@click.option("--pod", required=True)
+@click.option("--listen", required=True, help="ip:port to serve on.")
+@click.option("--pod", required=True, help="The pod's name, in every answer.")
 @click.option("--api", "api_addr", required=True, help="api's service address (name:port)")
 @click.option("--store", "store_addr", required=True, help="store's address (name:port)")
 @click.option("--via-proxy", default="", help="send HTTP and gRPC through this proxy")
@@ -266,7 +266,8 @@ class _Stats:
 @app.command()
 @click.option("--target", required=True, help="web's service address (name:port)")
 @click.option("--rate", type=float, default=20.0, help="calls per second")
-@click.option("--stats", "stats_file", required=True, type=click.Path(path_type=Path))
+@click.option("--stats", "stats_file", required=True, type=click.Path(path_type=Path),
+              help="The JSON file of counts, rewritten every second.")  # fmt: skip
 @click.option("--via-proxy", default="", help="send the calls through this proxy")
 def load(target: str, rate: float, stats_file: Path, via_proxy: str) -> None:
     """Calls web at a fixed rate, writing what it saw to --stats every second."""
@@ -382,7 +383,8 @@ def store_attempt(banner: bytes | None, error: BaseException | None) -> str:
 @click.option("--target", required=True, help="store's service address (name:port)")
 @click.option("--rate", type=click.FloatRange(min=0.1, max=100), default=5.0,
               help="attempts per second")  # fmt: skip
-@click.option("--stats", "stats_file", required=True, type=click.Path(path_type=Path))
+@click.option("--stats", "stats_file", required=True, type=click.Path(path_type=Path),
+              help="The JSON file of counts, rewritten every second.")  # fmt: skip
 def intruder(target: str, rate: float, stats_file: Path) -> None:
     """Connects to the store at a fixed rate, writing how each attempt ended to --stats."""
     asyncio.run(_intruder(target, rate, stats_file))

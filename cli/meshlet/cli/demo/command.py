@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Final
 import click
 from rich.console import Console
 
-from meshlet.api.wellknown import CONTROL_PLANE_NAMESPACE
+from meshlet.cli import options
 from meshlet.cli.demo import drills, lock, topology
 from meshlet.cli.demo.apps import app
 from meshlet.cli.demo.topology import Mode
@@ -100,8 +100,8 @@ def choose_mode(requested: str) -> tuple[Mode, str]:
     help="With --cluster: the demo apps' image (default: the installed controller's, with"
     " demo for controller).",
 )
-@click.option("--control-plane-namespace", default=CONTROL_PLANE_NAMESPACE, show_default=True,
-              help="With --cluster: where meshlet is installed.")  # fmt: skip
+@options.control_plane_namespace(help="With --cluster: where meshlet is installed"
+                                       f" (${options.NAMESPACE_ENV}).")  # fmt: skip
 @click.pass_context
 def demo(
     ctx: click.Context,

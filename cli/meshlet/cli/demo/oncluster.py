@@ -31,6 +31,7 @@ from rich.console import Console
 from meshlet.api import wellknown
 from meshlet.cli import scrape as kscrape
 from meshlet.cli import workloads
+from meshlet.cli.cluster import unreachable
 from meshlet.cli.demo import drills, kube, topology
 from meshlet.cli.demo.apps import SLOW_DRILL_DELAY
 from meshlet.cli.demo.drills import Step
@@ -562,7 +563,7 @@ def delete_namespace(api: Any) -> list[str]:
             return []
         return [f"namespace {NAMESPACE}: {kscrape.status_reason(exc)}"]
     except (HTTPError, OSError) as exc:
-        return [f"namespace {NAMESPACE}: cannot reach the Kubernetes API: {_reason(exc)}"]
+        return [f"namespace {NAMESPACE}: {unreachable(exc)}"]
     deadline = time.monotonic() + DELETED_WITHIN
     while time.monotonic() < deadline:
         try:
@@ -583,14 +584,8 @@ def _raw(call: Callable[..., Any], *args: Any) -> Any:
     try:
         response = call(*args, _preload_content=False, _request_timeout=10)
     except (HTTPError, OSError) as exc:
-        raise DemoError(f"cannot reach the Kubernetes API: {_reason(exc)}") from None
+        raise DemoError(unreachable(exc)) from None
     return json.loads(response.data)
-
-
-def _reason(exc: BaseException) -> str:
-    """urllib3's retry error says what failed last, at the end of a long message."""
-    reason = getattr(exc, "reason", None)
-    return str(reason if reason is not None else exc)
 
 
 def _pod(name: str, pod: Mapping[str, Any]) -> Pod:
