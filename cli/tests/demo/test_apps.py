@@ -210,10 +210,12 @@ def test_a_paused_load_generator_counts_its_missed_calls_late_not_dropped(tmp_pa
         server.server_close()
     assert proc.returncode == 0, out
     final = seen()
-    assert final["dropped"] == 0 and final["failed"] == {}, final
+    # (a call in flight when the process stopped may outlive its 5 s budget: one timeout)
+    assert final["dropped"] == 0 and set(final["failed"]) <= {"timeout"}, final
+    assert final["failed"].get("timeout", 0) <= 1, final
     # paused 3 s or more (a busy machine wakes it later): at 20/s, the calls more than
     # LATE_AFTER (1 s) overdue when it woke are late, about 40
     lag = final["lag_max_ms"] / 1000
     assert lag >= 2.9, final
     assert abs(final["late"] - 20 * (lag - 1)) <= 3, final
-    assert final["ok"] == final["sent"], final
+    assert final["ok"] + final["failed"].get("timeout", 0) == final["sent"], final
