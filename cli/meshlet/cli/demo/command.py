@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 import click
-from rich.console import Console
 
 from meshlet.cli import options
 from meshlet.cli.demo import drills, lock, topology
@@ -18,6 +17,8 @@ from meshlet.cli.demo.apps import app
 from meshlet.cli.demo.topology import Mode
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from meshlet.cli.demo.run import Demo, Options
 
 # Seconds a demo waits for the lock held by a test of the machine's network, or by another demo
@@ -199,6 +200,8 @@ def demo(
 
 
 def _console() -> Console:
+    from rich.console import Console
+
     # Not a terminal (`make demo | tee log`): rich would assume 80 columns and fold the tables.
     return Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160)
 
