@@ -49,10 +49,13 @@ annotations:
   {{- /* Proxies must reach the control plane whatever the mesh's default inbound policy. */}}
   config.meshlet.io/default-inbound-policy: all-unauthenticated
   {{- if eq $component "identity" }}
-  {{- /* Its proxy is certified by the container next to it: it must not hold it back. And it
-  serves TLS itself, to proxies that have no certificate yet: its port is not redirected (its
-  proxy would terminate TLS addressed to the identity it shares). */}}
+  {{- /* Its proxy is certified by the container next to it: it must not hold it back, nor
+  wait for it (a classic sidecar's postStart hook would wait for a certificate only the
+  container after it can issue). And it serves TLS itself, to proxies that have no
+  certificate yet: its port is not redirected (its proxy would terminate TLS addressed to the
+  identity it shares). */}}
   config.meshlet.io/proxy-native-sidecar: "false"
+  config.meshlet.io/proxy-await: disabled
   config.meshlet.io/skip-inbound-ports: "8080"
   {{- end }}
 {{- end -}}

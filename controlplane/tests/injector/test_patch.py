@@ -186,6 +186,13 @@ def test_classic_sidecar_is_the_first_container(config: InjectConfig) -> None:
     assert [c["name"] for c in meshed["spec"]["containers"]] == [wk.PROXY_CONTAINER, "web"]
     assert "restartPolicy" not in meshed["spec"]["containers"][0]
     assert meshed["metadata"]["annotations"]["kubectl.kubernetes.io/default-container"] == "web"
+    # Linkerd's proxy.await: the kubelet starts "web" once the proxy is ready
+    hook = meshed["spec"]["containers"][0]["lifecycle"]["postStart"]["exec"]["command"]
+    assert hook == ["meshlet-proxy-await", "--timeout=120"]
+    off = pod({**ENABLED, wk.PROXY_NATIVE_SIDECAR_ANNOTATION: "false",
+               wk.PROXY_AWAIT_ANNOTATION: "disabled"})  # fmt: skip
+    meshed = patched(copy.deepcopy(off), mesh(off, ns, config))
+    assert "lifecycle" not in meshed["spec"]["containers"][0]
 
 
 def test_labels_token_and_admin_port(config: InjectConfig) -> None:

@@ -64,6 +64,8 @@ PROXY_CPU_REQUEST_ANNOTATION: Final = CONFIG_ANNOTATION_PREFIX + "proxy-cpu-requ
 PROXY_MEMORY_REQUEST_ANNOTATION: Final = CONFIG_ANNOTATION_PREFIX + "proxy-memory-request"
 PROXY_IMAGE_ANNOTATION: Final = CONFIG_ANNOTATION_PREFIX + "proxy-image"
 PROXY_NATIVE_SIDECAR_ANNOTATION: Final = CONFIG_ANNOTATION_PREFIX + "proxy-native-sidecar"
+# enabled (the default) / disabled: a classic sidecar holds the app back until it is ready
+PROXY_AWAIT_ANNOTATION: Final = CONFIG_ANNOTATION_PREFIX + "proxy-await"
 REQUIRE_IDENTITY_PORTS_ANNOTATION: Final = (
     CONFIG_ANNOTATION_PREFIX + "proxy-require-identity-inbound-ports"
 )

@@ -71,6 +71,7 @@ class Container(TypedDict):
     startupProbe: NotRequired[Probe]
     resources: NotRequired[Obj]
     restartPolicy: NotRequired[Literal["Always"]]
+    lifecycle: NotRequired[Obj]
     securityContext: Obj
     terminationMessagePolicy: str
     volumeMounts: list[VolumeMount]

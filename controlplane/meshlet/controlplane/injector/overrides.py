@@ -47,6 +47,7 @@ SETTINGS: Final = (
         wellknown.ProxyEnv.INBOUND_DEFAULT_POLICY,
     ),
     Setting(wellknown.PROXY_NATIVE_SIDECAR_ANNOTATION, "native_sidecar", grammar.flag),
+    Setting(wellknown.PROXY_AWAIT_ANNOTATION, "proxy_await", grammar.flag),
     Setting(
         wellknown.OPAQUE_PORTS_ANNOTATION,
         "opaque_ports",
@@ -117,6 +118,7 @@ class ProxySettings:
     log_level: str
     default_inbound_policy: str
     native_sidecar: bool
+    proxy_await: bool  # a classic sidecar's postStart waits for the proxy to be ready
     opaque_ports: str
     skip_inbound_ports: str
     skip_outbound_ports: str
@@ -155,6 +157,7 @@ def resolve(
         "log_level": defaults.log_level,
         "default_inbound_policy": defaults.default_inbound_policy,
         "native_sidecar": defaults.native_sidecar,
+        "proxy_await": True,
         "opaque_ports": defaults.opaque_ports,
         "skip_inbound_ports": defaults.ignore_inbound_ports,
         "skip_outbound_ports": defaults.ignore_outbound_ports,

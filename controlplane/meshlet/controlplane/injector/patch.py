@@ -29,6 +29,8 @@ from meshlet.controlplane.injector.owner import Owner, valid_label_value
 DEFAULT_CONTAINER_ANNOTATION: Final = "kubectl.kubernetes.io/default-container"
 TOKEN_LIFETIME_SECONDS: Final = 86400
 XTABLES_VOLUME: Final = "meshlet-init-xtables-lock"
+# Linkerd's proxy.await: the classic sidecar's postStart hook (meshlet.proxy.readiness)
+AWAIT_COMMAND: Final = ["meshlet-proxy-await", "--timeout=120"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +224,8 @@ def proxy_container(
     if settings.native_sidecar:
         container["restartPolicy"] = "Always"
         container["startupProbe"] = _probe("/ready", periodSeconds=1, failureThreshold=120)
+    elif settings.proxy_await:  # the kubelet starts the app once this hook returns
+        container["lifecycle"] = {"postStart": {"exec": {"command": AWAIT_COMMAND}}}
     return container
 
 
