@@ -121,3 +121,24 @@ def test_no_cluster(meshlet: Callable[..., Any], unreachable_kubeconfig: Path) -
     run = meshlet("inject", "--manual", "--kubeconfig", str(kubeconfig), str(APP))
     assert run.code == 1
     assert "cannot reach the Kubernetes API" in run.err and "Traceback" not in run.err
+
+
+def test_uninject_gives_back_the_workloads_as_they_were(
+    meshlet: Callable[..., Any], tmp_path: Path
+) -> None:
+    """`meshlet uninject` of what `inject --manual` made: every document as it was before
+    injection (containers, volumes, labels, annotations), other documents untouched; a second
+    uninject changes nothing; a namespace-level annotation is the user's to remove."""
+    meshed = tmp_path / "meshed.yaml"
+    meshed.write_text(meshlet("inject", *OFFLINE, str(APP)).out)
+    run = meshlet("uninject", str(meshed))
+    assert run.code == 0, run.err
+    assert [d for d in yaml.safe_load_all(run.out)] == [
+        d for d in yaml.safe_load_all(APP.read_text())
+    ]
+    assert 'deployment "web" uninjected' in run.err
+    again = tmp_path / "plain.yaml"
+    again.write_text(run.out)
+    run = meshlet("uninject", str(again))
+    assert run.code == 0 and run.out == again.read_text()
+    assert 'deployment "web" not meshed: left as it is' in run.err

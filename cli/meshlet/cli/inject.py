@@ -178,3 +178,21 @@ def inject(
     sys.stdout.write(out)
     for note in notes:
         click.echo(note, err=True)
+
+
+@click.command()
+@click.argument("source", type=click.File("r", encoding="utf-8"))
+def uninject(source: Any) -> None:
+    """Take the mesh out of the workloads in SOURCE (a file, or - for standard input) and print
+    the result: the proxy and init containers, their volumes, the injector's labels and
+    annotations and the inject annotation go; the rest stays as it was.
+
+    \b
+    kubectl get deploy -n emojivoto -o yaml | meshlet uninject - | kubectl apply -f -
+
+    A namespace annotated for injection still meshes new pods: remove its annotation too.
+    """
+    out, notes = inject_text(source.read(), injecting.uninject)
+    sys.stdout.write(out)
+    for note in notes:
+        click.echo(note, err=True)

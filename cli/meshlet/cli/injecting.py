@@ -11,6 +11,7 @@ from meshlet.api import wellknown as wk
 from meshlet.controlplane.injector import review
 from meshlet.controlplane.injector.config import InjectConfig
 from meshlet.controlplane.injector.model import POD_TEMPLATE_PATHS
+from meshlet.controlplane.injector.patch import XTABLES_VOLUME
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,3 +77,67 @@ def manual(doc: dict[str, Any], config: InjectConfig) -> Result:
 
     meshed: dict[str, Any] = jsonpatch.apply_patch(source, list(outcome.patch))
     return Result(meshed, True, f"{_name(doc)} injected")
+
+
+def _template(doc: dict[str, Any]) -> dict[str, Any] | None:
+    node: Any = doc
+    for part in filter(None, POD_TEMPLATE_PATHS[str(doc["kind"])].split("/")):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node if isinstance(node, dict) else None
+
+
+def uninject(doc: dict[str, Any]) -> Result:
+    """Takes out what `manual` (or the webhook) put in the pod template: the init and proxy
+    containers, their volumes, the injector's labels and annotations, and the inject
+    annotation, so that the workload runs unmeshed; the user's own settings stay."""
+    out = copy.deepcopy(doc)
+    template = _template(out)
+    if template is None:
+        return Result(doc, False, f"{_name(doc)} skipped: no pod template")
+    removed = False
+    spec = template.get("spec")
+    if isinstance(spec, dict):
+        for field, names in (("initContainers", INJECTED_CONTAINERS),
+                             ("containers", INJECTED_CONTAINERS),
+                             ("volumes", INJECTED_VOLUMES)):  # fmt: skip
+            items = spec.get(field)
+            if not isinstance(items, list):
+                continue
+            kept = [i for i in items if not (isinstance(i, dict) and i.get("name") in names)]
+            if len(kept) != len(items):
+                removed = True
+                if kept or field == "containers":
+                    spec[field] = kept
+                else:
+                    del spec[field]
+    meta = template.get("metadata")
+    if isinstance(meta, dict):
+        for field, injected in (("annotations", _injected_annotation),
+                                ("labels", _injected_label)):  # fmt: skip
+            entries = meta.get(field)
+            if isinstance(entries, dict) and any(injected(k, v) for k, v in entries.items()):
+                meta[field] = {k: v for k, v in entries.items() if not injected(k, v)}
+                if not meta[field]:
+                    del meta[field]
+                removed = True
+    if not removed:
+        return Result(doc, False, f"{_name(doc)} not meshed: left as it is")
+    return Result(out, True, f"{_name(doc)} uninjected")
+
+
+INJECTED_CONTAINERS = frozenset({wk.INIT_CONTAINER, wk.PROXY_CONTAINER})
+INJECTED_VOLUMES = frozenset({XTABLES_VOLUME, wk.IDENTITY_DIR_VOLUME, wk.TOKEN_VOLUME})
+
+
+def _injected_annotation(key: str, value: Any) -> bool:
+    """The injector's own annotations, and `meshlet.io/inject: enabled` (a `disabled` is the
+    user's opt-out, kept)."""
+    if key == wk.INJECT_ANNOTATION:
+        return bool(value == wk.INJECT_ENABLED)
+    return key in (wk.PROXY_VERSION_ANNOTATION, wk.TRUST_ROOT_SHA256_ANNOTATION)
+
+
+def _injected_label(key: str, value: Any) -> bool:
+    return key in (wk.CONTROL_PLANE_NS_LABEL, wk.WORKLOAD_NS_LABEL) or key.startswith(
+        wk.PROXY_OWNER_LABEL_PREFIX
+    )

@@ -12,7 +12,7 @@ from meshlet.cli.completion import completion
 from meshlet.cli.demo.command import demo
 from meshlet.cli.diagnostics import diagnostics
 from meshlet.cli.identity import identity
-from meshlet.cli.inject import inject
+from meshlet.cli.inject import inject, uninject
 from meshlet.cli.install import install
 from meshlet.cli.stat import stat
 from meshlet.cli.uninstall import uninstall
@@ -38,6 +38,7 @@ cli.add_command(identity)
 cli.add_command(demo)
 cli.add_command(install)
 cli.add_command(inject)
+cli.add_command(uninject)
 cli.add_command(check)
 cli.add_command(stat)
 viz.add_command(tap)
