@@ -342,3 +342,18 @@ def test_a_route_shadowed_by_a_service_profile_warns() -> None:
 def test_routes_that_cannot_be_listed_warn_with_the_reason() -> None:
     found = outcome(snapshot(errors={"routes": "403 Forbidden"}))
     assert found[ACCEPTED] == (Status.WARNING, "403 Forbidden")
+
+
+def test_an_issuer_in_a_cert_manager_secret_is_checked_as_one_in_meshlets() -> None:
+    """identity.issuer.scheme kubernetes.io/tls: the issuer's certificate in tls.crt."""
+    secret = {
+        "type": "kubernetes.io/tls",
+        "data": {"tls.crt": b64(pki.ISSUER_CRT.read_text()),
+                 "tls.key": b64(pki.ISSUER_KEY.read_text())},
+    }  # fmt: skip
+    result = outcome(snapshot(issuer_secret=secret))
+    assert result["issuer certificate is issued by the trust anchors"] == (Status.SUCCESS, "")
+    missing = outcome(snapshot(issuer_secret=None))[
+        "issuer certificate is issued by the trust anchors"
+    ]
+    assert missing[0] is Status.ERROR and "has cert-manager issued its Certificate?" in missing[1]

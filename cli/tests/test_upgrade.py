@@ -145,3 +145,37 @@ def test_upgrade_ha_turns_high_availability_on_and_it_stays_on(
     assert hook["webhooks"][0]["failurePolicy"] == "Fail"
     assert again[("Deployment", "meshlet-policy")]["spec"]["replicas"] == 3
     assert ("PodDisruptionBudget", "meshlet-tap") in again
+
+
+def test_an_external_issuer_is_neither_made_nor_kept_and_stays_external(
+    meshlet: Run, api: FakeKubeAPI, kubeconfig: str, tmp_path: Path
+) -> None:
+    """`--identity-external-issuer` (cert-manager's issuer): install renders neither the issuer
+    Secret nor tap's, needs the anchors the issuer chains to and refuses issuer files; the
+    identity service reads the kubernetes.io/tls scheme; an upgrade keeps it so, with the
+    anchors byte for byte, whatever cert-manager's Secret holds."""
+    assert meshlet("identity", "ca", "create", "--out", str(tmp_path / "ca")).code == 0
+    anchors = str(tmp_path / "ca" / "trust-anchors.pem")
+    no_anchors = meshlet("install", "--kubeconfig", kubeconfig, "--identity-external-issuer")
+    assert no_anchors.code == 64 and "give --identity-trust-anchors-file" in no_anchors.err
+    with_files = meshlet("install", "--kubeconfig", kubeconfig, "--identity-external-issuer",
+                         "--identity-trust-anchors-file", anchors,
+                         "--identity-issuer-certificate-file", anchors,
+                         "--identity-issuer-key-file", anchors)  # fmt: skip
+    assert with_files.code == 64 and "give only --identity-trust-anchors-file" in with_files.err
+    run = meshlet("install", "--kubeconfig", kubeconfig, "--identity-external-issuer",
+                  "--identity-trust-anchors-file", anchors)  # fmt: skip
+    assert run.code == 0, run.err
+    assert "the issuer is cert-manager's" in run.err
+    installed = applied(api, run.out)
+    assert ("Secret", "meshlet-identity-issuer") not in installed
+    assert ("Secret", "meshlet-tap-k8s-tls") not in installed
+    args = installed[("Deployment", "meshlet-identity")]["spec"]["template"]["spec"]
+    identity_args = next(c for c in args["containers"] if c["name"] == "identity")["args"]
+    assert "--issuer-scheme=kubernetes.io/tls" in identity_args
+    assert config(installed)["install"] == {"identity": {"issuer": {"scheme": "kubernetes.io/tls"}}}
+
+    upgraded = docs(meshlet("upgrade", "--kubeconfig", kubeconfig).out)
+    assert ("Secret", "meshlet-identity-issuer") not in upgraded
+    assert (upgraded[("ConfigMap", "meshlet-identity-trust-roots")]["data"]
+            == installed[("ConfigMap", "meshlet-identity-trust-roots")]["data"])  # fmt: skip

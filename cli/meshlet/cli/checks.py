@@ -148,9 +148,21 @@ def _secret(obj: Obj | None, key: str, name: str) -> str:
         raise _Fail(f"Secret {name} key {key} is not base64 PEM") from None
 
 
+def _issuer_pem(s: Snapshot) -> tuple[str, str]:
+    """The issuer's certificate and key: crt.pem and key.pem, or tls.crt and tls.key in a
+    kubernetes.io/tls Secret (the scheme of an issuer cert-manager owns)."""
+    if s.issuer_secret is None and not s.errors.get("issuer"):
+        raise _Fail(f"Secret {wk.ISSUER_SECRET} not found (with an external issuer: has"
+                    " cert-manager issued its Certificate?)")  # fmt: skip
+    tls = (s.issuer_secret or {}).get("type") == wk.ISSUER_SCHEME_KUBERNETES
+    cert, key = wk.ISSUER_KEYS[wk.ISSUER_SCHEME_KUBERNETES if tls else wk.ISSUER_SCHEME_MESHLET]
+    return _secret(s.issuer_secret, cert, wk.ISSUER_SECRET), _secret(
+        s.issuer_secret, key, wk.ISSUER_SECRET
+    )
+
+
 def _issuer(s: Snapshot) -> list[Any]:
-    return _load_certs(_secret(s.issuer_secret, wk.ISSUER_CERT_KEY, wk.ISSUER_SECRET),
-                       "issuer certificates")  # fmt: skip
+    return _load_certs(_issuer_pem(s)[0], "issuer certificates")
 
 
 # -- the checks -------------------------------------------------------------------------------
@@ -244,8 +256,7 @@ def anchors_not_expiring(s: Snapshot, now: dt.datetime) -> None:
 def issuer_chains(s: Snapshot, now: dt.datetime) -> None:
     from meshlet.controlplane.identity import ca
 
-    cert = _secret(s.issuer_secret, wk.ISSUER_CERT_KEY, wk.ISSUER_SECRET)
-    key = _secret(s.issuer_secret, wk.ISSUER_KEY_KEY, wk.ISSUER_SECRET)
+    cert, key = _issuer_pem(s)
     try:
         ca.load_issuer(cert.encode(), key.encode(), _anchors(s).encode())
     except ca.IssuerError as exc:

@@ -19,6 +19,7 @@ from meshlet.api import wellknown as wk
 from meshlet.cli import charts, options
 from meshlet.cli.charts import ChartError, Manifest
 from meshlet.cli.cluster import unreachable
+from meshlet.cli.installed import external_issuer
 from meshlet.cli.manifests import stream
 
 
@@ -64,13 +65,18 @@ def user_values(
 
 
 def _identity_files(
-    anchors: Path | None, issuer_cert: Path | None, issuer_key: Path | None
+    anchors: Path | None, issuer_cert: Path | None, issuer_key: Path | None, external: bool
 ) -> dict[str, Any]:
     given = {
         "--identity-trust-anchors-file": anchors,
         "--identity-issuer-certificate-file": issuer_cert,
         "--identity-issuer-key-file": issuer_key,
     }
+    if external:
+        if issuer_cert is not None or issuer_key is not None:
+            raise click.UsageError("an external issuer is cert-manager's: give only"
+                                   " --identity-trust-anchors-file")  # fmt: skip
+        return {} if anchors is None else {"identityTrustAnchorsPEM": anchors.read_text()}
     if all(v is None for v in given.values()):
         return {}
     missing = [flag for flag, v in given.items() if v is None]
@@ -116,7 +122,8 @@ def generated(
 
     out: dict[str, Any] = {}
     issuer = (values.get("identity") or {}).get("issuer", {}).get("tls", {})
-    if not values.get("identityTrustAnchorsPEM") and not issuer.get("crtPEM"):
+    external = external_issuer(values)
+    if not values.get("identityTrustAnchorsPEM") and not issuer.get("crtPEM") and not external:
         anchor, anchor_key = ca.create_trust_anchor(now)
         cert, key = ca.create_issuer(anchor, anchor_key, now)
         out["identityTrustAnchorsPEM"] = ca.cert_pem(anchor).decode()
@@ -136,7 +143,8 @@ def generated(
     mesh = merge(values, out)
     issuer_tls = (mesh.get("identity") or {}).get("issuer", {}).get("tls", {})
     anchors = mesh.get("identityTrustAnchorsPEM")
-    if not (tap.get("crtPEM") and tap.get("keyPEM")) and issuer_tls.get("crtPEM") and anchors:
+    if (not external and not (tap.get("crtPEM") and tap.get("keyPEM"))
+            and issuer_tls.get("crtPEM") and anchors):  # fmt: skip
         with contextlib.suppress(ca.IssuerError, KeyError):  # _check_identity says what's wrong
             domain = str(mesh.get("identityTrustDomain") or wk.TRUST_DOMAIN)
             out["tap"] = tap_certificate(issuer_tls, str(anchors), namespace, now, domain)
@@ -321,6 +329,13 @@ def _install_gateway_api(values: Mapping[str, Any], kubeconfig: Path | None) -> 
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="PEM issuer key (issuer/key.pem).",
 )
+@click.option(
+    "--identity-external-issuer",
+    is_flag=True,
+    help="The issuer is cert-manager's (identity.issuer.scheme=kubernetes.io/tls): Secrets"
+    " meshlet-identity-issuer and meshlet-tap-k8s-tls come from Certificates you apply; give"
+    " the anchors they chain to with --identity-trust-anchors-file (docs/identity.md).",
+)
 @options.control_plane_namespace(was_namespace=True)
 @options.cluster
 @click.option(
@@ -342,6 +357,7 @@ def install(
     identity_trust_anchors_file: Path | None,
     identity_issuer_certificate_file: Path | None,
     identity_issuer_key_file: Path | None,
+    identity_external_issuer: bool,
     control_plane_namespace: str,
     kubeconfig: Path | None,
     context: str | None,
@@ -369,6 +385,9 @@ def install(
             manifests = charts.render(charts.CRDS, values, control_plane_namespace)
         else:
             given = user_values(values_files, sets, ha)
+            if identity_external_issuer:
+                scheme = {"identity": {"issuer": {"scheme": wk.ISSUER_SCHEME_KUBERNETES}}}
+                given = merge(given, scheme)
             if not ignore_cluster:
                 _refuse_reinstall(kubeconfig, context, control_plane_namespace)
             values = merge(
@@ -377,8 +396,12 @@ def install(
                     identity_trust_anchors_file,
                     identity_issuer_certificate_file,
                     identity_issuer_key_file,
+                    external_issuer(given),
                 ),
             )
+            if external_issuer(values) and not values.get("identityTrustAnchorsPEM"):
+                raise click.UsageError("an external issuer chains to trust anchors of yours:"
+                                       " give --identity-trust-anchors-file")  # fmt: skip
             manifests = control_plane(values, given, control_plane_namespace)
     except ChartError as exc:
         raise click.UsageError(str(exc)) from None
@@ -442,6 +465,13 @@ def control_plane(
     kept = yaml.safe_dump(public, sort_keys=True) if public else ""
     values = merge(values, {"installValues": kept})
     values = merge(values, generated(values, namespace, now, quiet=quiet))
-    _check_identity(values, now)
+    if external_issuer(values):
+        if not quiet:
+            click.echo(f"meshlet install: the issuer is cert-manager's: apply the Certificates"
+                       f" that make Secrets {namespace}/{wk.ISSUER_SECRET} and"
+                       f" {namespace}/{wk.TAP_TLS_SECRET} (docs/identity.md)",
+                       err=True)  # fmt: skip
+    else:
+        _check_identity(values, now)
     manifests = charts.render(charts.CONTROL_PLANE, values, namespace)
     return mesh_control_plane(manifests, namespace)

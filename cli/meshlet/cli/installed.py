@@ -6,12 +6,14 @@ whether there is one."""
 from __future__ import annotations
 
 import base64
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 import yaml
 
+from meshlet.api import wellknown as wk
 from meshlet.cli.cluster import ClusterError, NotFound, api_client, read_json
 
 CONFIG: Final = "meshlet-config"
@@ -20,7 +22,14 @@ TRUST_ROOTS: Final = "meshlet-identity-trust-roots"
 ISSUER: Final = "meshlet-identity-issuer"
 INJECTOR_TLS: Final = "meshlet-proxy-injector-k8s-tls"
 INJECTOR_WEBHOOK: Final = "meshlet-proxy-injector-webhook-config"
-TAP_TLS: Final = "meshlet-tap-k8s-tls"
+TAP_TLS: Final = wk.TAP_TLS_SECRET
+
+
+def external_issuer(values: Mapping[str, Any]) -> bool:
+    """Whether the issuer is cert-manager's (identity.issuer.scheme kubernetes.io/tls): then
+    meshlet makes and checks no issuer and no tap certificate."""
+    issuer = (values.get("identity") or {}).get("issuer") or {}
+    return bool(issuer.get("scheme") == wk.ISSUER_SCHEME_KUBERNETES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +80,6 @@ def read(api: Any, namespace: str) -> Installed | None:
 
     roots = read_json(f"ConfigMap {namespace}/{TRUST_ROOTS}", core.read_namespaced_config_map,
                       TRUST_ROOTS, namespace).get("data") or {}  # fmt: skip
-    issuer, injector, tap = secret(ISSUER), secret(INJECTOR_TLS), secret(TAP_TLS)
     webhook = read_json(f"MutatingWebhookConfiguration {INJECTOR_WEBHOOK}",
                         admission.read_mutating_webhook_configuration,
                         INJECTOR_WEBHOOK)  # fmt: skip
@@ -81,9 +89,14 @@ def read(api: Any, namespace: str) -> Installed | None:
         version = str((yaml.safe_load(config.get("values") or "{}") or {}).get("version", "?"))
     except yaml.YAMLError as exc:
         raise ClusterError(f"ConfigMap {namespace}/{CONFIG} does not parse: {exc}") from None
+    user = dict(user) if isinstance(user, dict) else {}
+    external = external_issuer(user)  # cert-manager's issuer and tap Secrets: not kept
+    injector = secret(INJECTOR_TLS)
+    issuer, tap = ({}, {}) if external else (secret(ISSUER), secret(TAP_TLS))
     missing = [name for name, have in (
         (f"{TRUST_ROOTS} ca-bundle.crt", roots.get("ca-bundle.crt")),
-        (f"{ISSUER} crt.pem", issuer.get("crt.pem")), (f"{ISSUER} key.pem", issuer.get("key.pem")),
+        *(() if external else ((f"{ISSUER} crt.pem", issuer.get("crt.pem")),
+                               (f"{ISSUER} key.pem", issuer.get("key.pem")))),
         (f"{INJECTOR_TLS} tls.crt", injector.get("tls.crt")),
         (f"{INJECTOR_WEBHOOK} caBundle", bundles and bundles[0]),
     ) if not have]  # fmt: skip
@@ -91,14 +104,15 @@ def read(api: Any, namespace: str) -> Installed | None:
         raise ClusterError(f"the control plane in {namespace} lacks {', '.join(missing)}")
     kept: dict[str, Any] = {
         "identityTrustAnchorsPEM": roots["ca-bundle.crt"],
-        "identity": {"issuer": {"tls": {"crtPEM": issuer["crt.pem"],
-                                        "keyPEM": issuer["key.pem"]}}},
         "proxyInjector": {"caBundle": base64.b64decode(str(bundles[0])).decode(),
                           "crtPEM": injector["tls.crt"], "keyPEM": injector["tls.key"]},
     }  # fmt: skip
-    if tap.get("tls.crt") and tap.get("tls.key"):
-        kept["tap"] = {"crtPEM": tap["tls.crt"], "keyPEM": tap["tls.key"]}
-    return Installed(namespace, version, dict(user) if isinstance(user, dict) else {}, kept)
+    if not external:
+        kept["identity"] = {"issuer": {"tls": {"crtPEM": issuer["crt.pem"],
+                                               "keyPEM": issuer["key.pem"]}}}  # fmt: skip
+        if tap.get("tls.crt") and tap.get("tls.key"):
+            kept["tap"] = {"crtPEM": tap["tls.crt"], "keyPEM": tap["tls.key"]}
+    return Installed(namespace, version, user, kept)
 
 
 def refuse_reinstall(api: Any, namespace: str) -> None:

@@ -47,6 +47,14 @@ def cli() -> None:
     " meshlet-identity-issuer).",
 )
 @option(
+    "--issuer-scheme",
+    type=click.Choice(sorted(wellknown.ISSUER_KEYS)),
+    default=wellknown.ISSUER_SCHEME_MESHLET,
+    show_default=True,
+    help="Which keys hold the issuer: crt.pem and key.pem, or tls.crt and tls.key"
+    " (kubernetes.io/tls: a Secret cert-manager owns and renews).",
+)
+@option(
     "--tokens-file",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="YAML map token → {namespace, serviceaccount} (the local mesh); default: TokenReview.",
@@ -79,6 +87,7 @@ def identity(
     admin_addr: HostPort,
     trust_anchors: Path | None,
     issuer_dir: Path | None,
+    issuer_scheme: str,
     tokens_file: Path | None,
     kubeconfig: Path | None,
     in_cluster: bool,
@@ -118,6 +127,7 @@ def identity(
         trust_domain=trust_domain,
         reload_interval=reload_interval,
         issuance_lifetime=dt.timedelta(seconds=issuance_lifetime),
+        issuer_scheme=issuer_scheme,
     )
     _run(serve(config))
 

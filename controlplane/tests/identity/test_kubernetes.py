@@ -196,3 +196,53 @@ def test_an_unreachable_api_server_keeps_the_issuer_in_force(
         assert holder.reload() is False
     assert "cannot reach the Kubernetes API server" in (holder.last_error or "")
     assert holder.issuer is loaded
+
+
+async def test_a_cert_manager_issuer_secret_is_used_and_its_renewal_followed(
+    kube: FakeKubeAPI, test_ca: Any, tmp_path: Path
+) -> None:
+    """--issuer-scheme kubernetes.io/tls (the chart's identity.issuer.scheme): the issuer in a
+    kubernetes.io/tls Secret as cert-manager writes it (tls.crt, tls.key, ca.crt); when
+    cert-manager renews it with a new issuer under the same anchor, the next certificates are
+    signed by the new one, with no restart."""
+
+    def cert_manager_secret() -> dict[str, Any]:
+        files = {"tls.crt": test_ca.issuer_dir / wellknown.ISSUER_CERT_KEY,
+                 "tls.key": test_ca.issuer_dir / wellknown.ISSUER_KEY_KEY,
+                 "ca.crt": test_ca.anchors_path}  # fmt: skip
+        return {
+            "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+            "metadata": {"name": wellknown.ISSUER_SECRET, "namespace": "meshlet"},
+            "data": {k: base64.b64encode(f.read_bytes()).decode() for k, f in files.items()},
+        }  # fmt: skip
+
+    kube.apply(cert_manager_secret())
+    kube.apply(_issuer_objects(test_ca)[1])  # the trust roots ConfigMap
+    anchors = test_ca.anchors_path.read_bytes()
+    with client.ApiClient(kube.client_configuration()) as api_client:
+        srv = IdentityServer(
+            IdentityConfig(
+                addr=HostPort("127.0.0.1", 0), admin_addr=HostPort("127.0.0.1", 0),
+                trust_anchors=None, issuer_dir=None, tokens_file=None, kube_api=api_client,
+                reload_interval=0.1, issuer_scheme=wellknown.ISSUER_SCHEME_KUBERNETES,
+            )
+        )  # fmt: skip
+        await srv.start()
+        try:
+            first = await certify(srv, anchors, b"tok-web", tmp_path / "first")
+            current = (test_ca.issuer_dir / wellknown.ISSUER_CERT_KEY).read_bytes()
+            current_der = x509.load_pem_x509_certificate(current).public_bytes(
+                serialization.Encoding.DER
+            )
+            assert list(first.intermediate_certificates) == [current_der]
+            renewed = test_ca.rotate_issuer().public_bytes(serialization.Encoding.DER)
+            kube.apply(cert_manager_secret())
+            for attempt in range(50):
+                response = await certify(srv, anchors, b"tok-web", tmp_path / str(attempt))
+                if list(response.intermediate_certificates) == [renewed]:
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                pytest.fail("the renewed issuer in the cert-manager Secret was never used")
+        finally:
+            await srv.stop(grace=0)

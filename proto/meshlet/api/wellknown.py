@@ -44,6 +44,14 @@ TOKEN_AUDIENCE: Final = "identity.meshlet.io"
 ISSUER_SECRET: Final = "meshlet-identity-issuer"
 ISSUER_CERT_KEY: Final = "crt.pem"
 ISSUER_KEY_KEY: Final = "key.pem"
+# Linkerd's identity.issuer.scheme: the issuer Secret as the chart writes it (crt.pem, key.pem),
+# or a kubernetes.io/tls Secret (tls.crt, tls.key) that cert-manager owns and renews
+ISSUER_SCHEME_MESHLET: Final = "meshlet.io/tls"
+ISSUER_SCHEME_KUBERNETES: Final = "kubernetes.io/tls"
+ISSUER_KEYS: Final = {
+    ISSUER_SCHEME_MESHLET: (ISSUER_CERT_KEY, ISSUER_KEY_KEY),
+    ISSUER_SCHEME_KUBERNETES: ("tls.crt", "tls.key"),
+}
 TRUST_ROOTS_CONFIGMAP: Final = "meshlet-identity-trust-roots"
 TRUST_ROOTS_KEY: Final = "ca-bundle.crt"
 
@@ -207,6 +215,7 @@ POLICY_API_GROUP: Final = "policy.meshlet.io"
 # linkerd.io/policy-controller).
 POLICY_CONTROLLER_NAME: Final = "meshlet.io/policy-controller"
 TAP_NAME: Final = "meshlet-tap"  # the tap controller's ServiceAccount (its identity)
+TAP_TLS_SECRET: Final = "meshlet-tap-k8s-tls"  # its certificate and key (kubernetes.io/tls)
 WEB_NAME: Final = "meshlet-web"  # the dashboard's name (its container, the Host names it accepts)
 
 # What the injector adds to a pod.

@@ -53,6 +53,7 @@ class IdentityConfig:
     trust_domain: str = wellknown.TRUST_DOMAIN
     reload_interval: float = 5.0
     issuance_lifetime: dt.timedelta = LEAF_LIFETIME  # of the leaves it signs (plus clock skew)
+    issuer_scheme: str = wellknown.ISSUER_SCHEME_MESHLET  # which keys hold the issuer
 
 
 class IdentityServer:
@@ -147,10 +148,11 @@ def _issuer_source(cfg: IdentityConfig) -> IssuerSource:
     if cfg.issuer_dir is not None:
         if cfg.trust_anchors is None:
             raise ValueError("--issuer-dir needs --trust-anchors")
-        return FileIssuerSource(cfg.issuer_dir, cfg.trust_anchors)
+        return FileIssuerSource(cfg.issuer_dir, cfg.trust_anchors, cfg.issuer_scheme)
     if cfg.kube_api is None:
         raise ValueError("give --issuer-dir, or Kubernetes access to read the issuer Secret")
-    return KubernetesIssuerSource(cfg.kube_api, cfg.control_ns, cfg.trust_anchors)
+    return KubernetesIssuerSource(cfg.kube_api, cfg.control_ns, cfg.trust_anchors,
+                                  cfg.issuer_scheme)  # fmt: skip
 
 
 def _token_validator(cfg: IdentityConfig) -> TokenValidator:

@@ -32,29 +32,40 @@ class IssuerSource(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class FileIssuerSource:
-    """`<issuer_dir>/crt.pem`, `<issuer_dir>/key.pem` and a trust anchors PEM file."""
+    """`<issuer_dir>/crt.pem` and `key.pem` (or `tls.crt` and `tls.key`: the scheme
+    `kubernetes.io/tls`, a mounted cert-manager Secret) and a trust anchors PEM file."""
 
     issuer_dir: Path
     anchors_file: Path
+    scheme: str = wellknown.ISSUER_SCHEME_MESHLET
 
     def read(self) -> IssuerMaterial:
+        cert, key = wellknown.ISSUER_KEYS[self.scheme]
         return IssuerMaterial(
-            cert_pem=(self.issuer_dir / wellknown.ISSUER_CERT_KEY).read_bytes(),
-            key_pem=(self.issuer_dir / wellknown.ISSUER_KEY_KEY).read_bytes(),
+            cert_pem=(self.issuer_dir / cert).read_bytes(),
+            key_pem=(self.issuer_dir / key).read_bytes(),
             anchors_pem=self.anchors_file.read_bytes(),
         )
 
 
 class KubernetesIssuerSource:
-    """Secret `meshlet-identity-issuer` and ConfigMap `meshlet-identity-trust-roots`; a
-    trust anchors file, when given, replaces the ConfigMap."""
+    """Secret `meshlet-identity-issuer` (its keys by the scheme: `crt.pem` and `key.pem`, or
+    `tls.crt` and `tls.key` of a cert-manager Certificate's Secret) and ConfigMap
+    `meshlet-identity-trust-roots`; a trust anchors file, when given, replaces the ConfigMap."""
 
-    def __init__(self, api_client: Any, namespace: str, anchors_file: Path | None = None) -> None:
+    def __init__(
+        self,
+        api_client: Any,
+        namespace: str,
+        anchors_file: Path | None = None,
+        scheme: str = wellknown.ISSUER_SCHEME_MESHLET,
+    ) -> None:
         from kubernetes import client
 
         self._core = client.CoreV1Api(api_client)
         self._namespace = namespace
         self._anchors_file = anchors_file
+        self._keys = wellknown.ISSUER_KEYS[scheme]
 
     def read(self) -> IssuerMaterial:
         import urllib3
@@ -76,10 +87,11 @@ class KubernetesIssuerSource:
         except urllib3.exceptions.HTTPError as exc:  # unreachable: keep the issuer in force
             raise IssuerError(f"cannot reach the Kubernetes API server: {exc}") from exc
         data = secret.data or {}
+        cert, key = self._keys
         try:
             return IssuerMaterial(
-                cert_pem=base64.b64decode(data[wellknown.ISSUER_CERT_KEY]),
-                key_pem=base64.b64decode(data[wellknown.ISSUER_KEY_KEY]),
+                cert_pem=base64.b64decode(data[cert]),
+                key_pem=base64.b64decode(data[key]),
                 anchors_pem=anchors,
             )
         except KeyError as exc:
