@@ -8,11 +8,14 @@ every Certify, handshake and file write is real.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import json
 import random
+import socket
 import ssl
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -197,12 +200,16 @@ async def test_first_certificate_makes_both_proxies_ready_for_mutual_tls13(
         assert emoji.server_context() is emoji.server_context()
 
         seen: dict[str, Any] = {}
+        served = asyncio.Event()
 
         async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             seen["client"] = contexts.peer_identity(writer.get_extra_info("ssl_object"))
             writer.write(await reader.readexactly(4))
             await writer.drain()
             writer.close()
+            with contextlib.suppress(ConnectionError, ssl.SSLError):
+                await writer.wait_closed()
+            served.set()
 
         listener = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=emoji.server_context())
         async with listener:
@@ -218,16 +225,33 @@ async def test_first_certificate_makes_both_proxies_ready_for_mutual_tls13(
             assert await reader.readexactly(4) == b"ping"
             writer.close()
             await writer.wait_closed()
+            # the server's side closed too: the loop never ends with a transport open
+            await asyncio.wait_for(served.wait(), 10)
         assert seen["client"] == WEB
 
-        # The client context verifies the server by name: web is not emoji.
-        listener = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=web.server_context())
-        async with listener:
-            port = listener.sockets[0].getsockname()[1]
+        # The client context verifies the server by name: web is not emoji. (The server is a
+        # thread with a blocking socket: the side of a refused handshake is closed when the
+        # test's loop ends, whatever the machine's pace.)
+        with socket.create_server(("127.0.0.1", 0)) as plain:
+            port = plain.getsockname()[1]
+
+            def accept_one() -> None:
+                conn, _ = plain.accept()
+                with (
+                    contextlib.suppress(OSError),
+                    web.server_context().wrap_socket(conn, server_side=True) as tls_conn,
+                ):
+                    tls_conn.recv(1)
+                conn.close()
+
+            server = threading.Thread(target=accept_one)
+            server.start()
             with pytest.raises(ssl.SSLCertVerificationError, match="Hostname mismatch"):
                 await asyncio.open_connection(
                     "127.0.0.1", port, ssl=emoji.client_context(), server_hostname=EMOJI
                 )
+            await asyncio.to_thread(server.join, 10)
+            assert not server.is_alive()
 
 
 SHM = Path("/dev/shm")

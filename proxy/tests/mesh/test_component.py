@@ -1087,16 +1087,25 @@ async def test_a_retry_goes_to_another_replica(mesh: Mesh) -> None:
     """Under /sick/ one replica fails every attempt and the others answer. A retry is sent
     to another replica than the one its request failed on: every request succeeds and none
     is tried on the sick replica twice."""
+
+    def on_sick() -> list[int]:
+        return [n for (pod, _), n in mesh.faults.visits.items() if pod == mesh.faults.sick]
+
     client = await H1Client.connect(mesh.pods["vote-bot"].outbound)
+    statuses: list[int] = []
     try:
         await profiled(mesh, client, route("GET /sick", "/sick/.*", isRetryable=True))
-        statuses = [(await client.get(WEB, path=f"/sick/{i}"))[0] for i in range(150)]
+        # until the sick replica got 10 first attempts (retries were needed): the balancer
+        # sends it fewer the more it fails, and how many fewer depends on the machine's pace
+        while len(on_sick()) < 10 and len(statuses) < 1000:
+            first = len(statuses)
+            statuses += [(await client.get(WEB, path=f"/sick/{i}"))[0]
+                         for i in range(first, first + 50)]  # fmt: skip
     finally:
         await client.close()
-    assert statuses == [200] * 150
-    on_sick = [n for (pod, _), n in mesh.faults.visits.items() if pod == mesh.faults.sick]
-    assert len(on_sick) >= 10  # the sick replica got first attempts: retries were needed
-    assert max(on_sick) == 1
+    assert statuses == [200] * len(statuses)
+    assert len(on_sick()) >= 10, len(statuses)
+    assert max(on_sick()) == 1
     bot = mesh.pods["vote-bot"]
     assert bot.metric("retry_skipped_total", rt_route="GET /sick") == 0
 
