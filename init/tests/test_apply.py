@@ -215,6 +215,6 @@ def test_help_lists_every_flag_with_its_environment_variable() -> None:
         text = " ".join(blocks[flag.option].split())
         assert " ".join(flag.help.split()) in text
         assert f"[env {flag.env}; default: {flag.default or 'none'}]" in text
-    assert "{apply,cleanup}" in result.stdout
+    assert "{apply,cleanup,check}" in result.stdout
     assert "77  refused: this is the machine's own network namespace" in result.stdout
     assert "64  bad flags or environment" in result.stdout

@@ -147,3 +147,20 @@ def restore_lines(steps: Sequence[Step]) -> list[str]:
 def _deletions(jumps: Sequence[Jump]) -> list[DeleteRule]:
     ordered = sorted(jumps, key=lambda j: (j.chain, -j.number))
     return [DeleteRule(jump.chain, jump.number) for jump in ordered]
+
+
+def differences(plan: Plan, saved: Mapping[str, Sequence[str]]) -> list[str]:
+    """How a table read back (`iptables-save` rules by chain) differs from `plan`: [] when it
+    holds the plan's chains with exactly its rules and one jump into each."""
+    problems: list[str] = []
+    for chain in plan.chains:
+        wanted = [rule.render() for rule in plan.rules if rule.chain == chain]
+        if chain not in saved:
+            problems.append(f"chain {chain} is missing")
+        elif list(saved[chain]) != wanted:
+            problems.append(f"chain {chain} does not hold the planned rules")
+    for jump in plan.jumps:
+        count = list(saved.get(jump.chain, ())).count(jump.render())
+        if count != 1:
+            problems.append(f"{jump.chain} jumps to {jump.target} {count} times, not once")
+    return problems

@@ -12,7 +12,7 @@ from typing import Final, NoReturn
 
 from meshlet.init import guard
 from meshlet.init.changes import Applier, ApplyError, apply_steps, cleanup_steps, restore_lines
-from meshlet.init.config import FLAGS, ConfigError, Mode, load
+from meshlet.init.config import FLAGS, ConfigError, Mode, Settings, load
 from meshlet.init.plan import plan
 
 EX_OK: Final = 0
@@ -47,6 +47,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ConfigError as exc:
         problems = "".join(f"\n  {problem}" for problem in exc.problems)
         _exit(EX_CONFIG, f"bad configuration, nothing was changed:{problems}")
+    if args.command == "check":
+        _check(settings)
+        return
     if settings.simulate and not cleanup:
         print("\n".join(plan(settings.config).lines()))
         if settings.ipv6 is not False:
@@ -91,6 +94,28 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"# {why}: the IPv6 nat table is left as it is")
 
 
+def _check(settings: Settings) -> None:
+    """Reads the nat tables back (`iptables-save`, `ip6tables-save` where IPv6 is on) and
+    compares them with the plan: what the CNI plugin's CHECK asks."""
+    from meshlet.init.changes import differences
+    from meshlet.init.restore import RestoreApplier
+    from meshlet.init.save import parse_save
+
+    ipv6 = ipv6_on() if settings.ipv6 is None else settings.ipv6
+    problems = []
+    for family in (False, True) if ipv6 else (False,):
+        tool = f"{'ip6tables' if family else 'iptables'}-{settings.mode.value}-save"
+        try:
+            saved = parse_save(RestoreApplier(tool, "")._run([tool, "-t", "nat"], None))
+        except (ApplyError, ValueError) as exc:
+            _exit(EX_FAILED, str(exc))
+        table = "IPv6 nat table" if family else "nat table"
+        problems += [f"{table}: {p}" for p in differences(plan(settings.config, family), saved)]
+    if problems:
+        _exit(EX_FAILED, "the rules are not as planned: " + "; ".join(problems))
+    print("# meshlet-init check: the rules are as planned")
+
+
 def ipv6_on() -> bool:
     """Whether this network namespace has IPv6 (its /proc/sys/net is the namespace's own)."""
     try:
@@ -109,9 +134,10 @@ def parser() -> argparse.ArgumentParser:
     result.add_argument(
         "command",
         nargs="?",
-        choices=("apply", "cleanup"),
+        choices=("apply", "cleanup", "check"),
         default="apply",
-        help="apply (the default) programs the rules; cleanup removes them",
+        help="apply (the default) programs the rules; cleanup removes them; check exits 1,"
+        " naming what differs, unless the tables hold the rules",
     )
     for flag in FLAGS:
         text = f"{flag.help} [env {flag.env}; default: {flag.default or 'none'}]"
