@@ -209,16 +209,13 @@ class ClusterDemo(Demo):
 
     def _deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         from kubernetes import client as k8s
-        from kubernetes.client.exceptions import ApiException
 
         try:
             found: dict[str, Any] = _raw(
                 k8s.AppsV1Api(self.api).read_namespaced_deployment, name, namespace
             )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise DemoError(f"reading deployment {name}: {kscrape.status_reason(exc)}") from None
+        except _Missing:
+            return None
         return found
 
     def _relist(self, pods: Sequence[Mapping[str, Any]]) -> None:
@@ -577,15 +574,22 @@ def delete_namespace(api: Any) -> list[str]:
     return [f"namespace {NAMESPACE} still terminating after {DELETED_WITHIN:g} s"]
 
 
-def _raw(call: Callable[..., Any], *args: Any) -> Any:
-    """A read or list as JSON; DemoError when the API server cannot be reached."""
-    from urllib3.exceptions import HTTPError
+class _Missing(DemoError):
+    """The object read does not exist."""
 
+
+def _raw(call: Callable[..., Any], *args: Any) -> Any:
+    """`meshlet.cli.cluster.read_json`, its errors as the demo's: _Missing for a 404, a
+    DemoError for any other failure."""
+    from meshlet.cli.cluster import ClusterError, NotFound, read_json
+
+    what = " ".join(str(a) for a in args) or call.__name__
     try:
-        response = call(*args, _preload_content=False, _request_timeout=10)
-    except (HTTPError, OSError) as exc:
-        raise DemoError(unreachable(exc)) from None
-    return json.loads(response.data)
+        return read_json(what, call, *args)
+    except NotFound as exc:
+        raise _Missing(exc.message) from None
+    except ClusterError as exc:
+        raise DemoError(exc.message) from None
 
 
 def _pod(name: str, pod: Mapping[str, Any]) -> Pod:
