@@ -179,3 +179,36 @@ def test_an_external_issuer_is_neither_made_nor_kept_and_stays_external(
     assert ("Secret", "meshlet-identity-issuer") not in upgraded
     assert (upgraded[("ConfigMap", "meshlet-identity-trust-roots")]["data"]
             == installed[("ConfigMap", "meshlet-identity-trust-roots")]["data"])  # fmt: skip
+
+
+def test_prune_names_what_the_current_manifests_no_longer_have(
+    meshlet: Run, api: FakeKubeAPI, kubeconfig: str
+) -> None:
+    """After an upgrade, objects of the control plane (by its labels) that the new manifests
+    lack are listed for `kubectl delete -f -`; what the manifests still have, objects without
+    the labels and another control plane's are not."""
+    installed = applied(api, meshlet("install", "--kubeconfig", kubeconfig).out)
+    labels = installed[("ConfigMap", "meshlet-config")]["metadata"]["labels"]
+    left = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "meshlet-retired", "namespace": "meshlet", "labels": labels},
+    }
+    unlabelled = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "users-own", "namespace": "meshlet"},
+    }
+    account = {"apiVersion": "v1", "kind": "ServiceAccount",
+               "metadata": {"name": "meshlet-old-controller", "namespace": "meshlet",
+                            "labels": labels}}  # fmt: skip
+    for obj in (left, unlabelled, account):
+        api.apply(obj)
+    run = meshlet("prune", "--kubeconfig", kubeconfig)
+    assert run.code == 0, run.err
+    assert {(d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(run.out) if d} == {
+        ("ConfigMap", "meshlet-retired"), ("ServiceAccount", "meshlet-old-controller"),
+    }  # fmt: skip
+    assert "2 object(s)" in run.err
+    not_there = meshlet("prune", "--kubeconfig", kubeconfig, "-L", "elsewhere")
+    assert not_there.code == 1 and "not installed in namespace elsewhere" in not_there.err

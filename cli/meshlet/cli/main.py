@@ -14,6 +14,7 @@ from meshlet.cli.diagnostics import diagnostics
 from meshlet.cli.identity import identity
 from meshlet.cli.inject import inject, uninject
 from meshlet.cli.install import install
+from meshlet.cli.prune import prune
 from meshlet.cli.stat import stat
 from meshlet.cli.uninstall import uninstall
 from meshlet.cli.upgrade import upgrade
@@ -48,6 +49,7 @@ cli.add_command(authz)
 cli.add_command(diagnostics)
 cli.add_command(uninstall)
 cli.add_command(upgrade)
+cli.add_command(prune)
 cli.add_command(version)
 cli.add_command(completion)
 

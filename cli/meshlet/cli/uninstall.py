@@ -9,6 +9,7 @@ import click
 
 from meshlet.cli import charts, options
 from meshlet.cli.manifests import stream
+from meshlet.cli.prune import reference
 
 # The chart's optional parts, all on: their objects are named whether or not installed.
 EVERY_OPTION = {
@@ -41,11 +42,6 @@ def uninstall(control_plane_namespace: str, crds: bool) -> None:
             manifests += charts.render(charts.CRDS, {}, control_plane_namespace)
     except charts.ChartError as exc:
         raise click.UsageError(str(exc)) from None
-    refs = []
-    for m in reversed(manifests):  # dependents first, the namespace last
-        meta = {"name": m.doc["metadata"]["name"]}
-        if "namespace" in m.doc["metadata"]:
-            meta["namespace"] = m.doc["metadata"]["namespace"]
-        refs.append((m.source, {"apiVersion": m.doc["apiVersion"], "kind": m.doc["kind"],
-                                "metadata": meta}))  # fmt: skip
+    refs = [(m.source, reference(m.doc["apiVersion"], m.doc["kind"], m.doc["metadata"]))
+            for m in reversed(manifests)]  # dependents first, the namespace last  # fmt: skip
     sys.stdout.write(stream(refs))
