@@ -1095,16 +1095,17 @@ async def test_a_retry_goes_to_another_replica(mesh: Mesh) -> None:
     statuses: list[int] = []
     try:
         await profiled(mesh, client, route("GET /sick", "/sick/.*", isRetryable=True))
-        # until the sick replica got 10 first attempts (retries were needed): the balancer
+        # until the sick replica got first attempts (so retries were needed): the balancer
         # sends it fewer the more it fails, and how many fewer depends on the machine's pace
-        while len(on_sick()) < 10 and len(statuses) < 1000:
+        # (10 in 150 requests on a quiet machine; fewer than 10 in 1,000 on a busy CI run)
+        while len(on_sick()) < 3 and len(statuses) < 1000:
             first = len(statuses)
             statuses += [(await client.get(WEB, path=f"/sick/{i}"))[0]
                          for i in range(first, first + 50)]  # fmt: skip
     finally:
         await client.close()
     assert statuses == [200] * len(statuses)
-    assert len(on_sick()) >= 10, len(statuses)
+    assert on_sick(), len(statuses)  # retries were needed: the test is not vacuous
     assert max(on_sick()) == 1
     bot = mesh.pods["vote-bot"]
     assert bot.metric("retry_skipped_total", rt_route="GET /sick") == 0
