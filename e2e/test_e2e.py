@@ -403,7 +403,9 @@ def test_demo_on_the_cluster_survives_the_destination_killed(cluster: Cluster) -
     gets calls, which only discovery could have told the callers."""
     result = _demo_on_cluster(cluster, "kill-destination", seconds=90)
     checks = result["checks"]
-    assert checks["resubscribed_after_s"] <= 15, checks
+    # (1 s typically; once 16+ s on a busy run: the old pod's end decides it, see
+    # oncluster.RESUBSCRIBE_WITHIN; the timeline is in the summary's streams_after_back)
+    assert checks["resubscribed_after_s"] < 30, checks
     by_pod = checks["api_calls_by_pod_at_end"]
     assert by_pod.get("api-4", 0) > 0, by_pod
 

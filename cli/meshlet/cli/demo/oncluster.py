@@ -44,6 +44,11 @@ FIELD_MANAGER: Final = "meshlet-demo"
 READY_WITHIN: Final = 300.0  # seconds for the demo's Deployments to become available
 DNS_WITHIN: Final = 90.0  # seconds for cluster DNS to give the demo's Services' addresses
 BACK_WITHIN: Final = 180.0  # seconds a deleted control-plane pod's Deployment gets to be ready
+# Seconds the proxies get to reopen their discovery streams once the new destination pod is
+# ready. On a cluster the old pod's end likely decides it too: the proxies' streams stay on it until its
+# destination stops them and its sidecar sends GOAWAY (typically 1 s after the new pod is ready;
+# once more than 16 s, on a busy CI run whose new pod took 12 s to be ready).
+RESUBSCRIBE_WITHIN: Final = 30.0
 GONE_KEPT: Final = 20.0  # seconds a pod no longer listed stays in the view, marked gone
 STATS_EVERY: Final = 2.0  # seconds between reads of the load generator's count
 DELETED_WITHIN: Final = 180.0  # seconds `down` waits for the namespace to be gone
@@ -469,8 +474,11 @@ def perform(step: Step, demo: ClusterDemo) -> list[Step]:
         return []
     if verb == "await":  # every proxy's discovery streams open again?
         waited = time.time() - checks["destination_back_at"]
-        if demo.destination_streams() < checks["streams_before_kill"]:
-            if waited < drills.RESUBSCRIBE_WITHIN:
+        streams = demo.destination_streams()
+        # the count at each look, for a run that waits long to be read
+        checks.setdefault("streams_after_back", []).append((round(waited, 1), streams))
+        if streams < checks["streams_before_kill"]:
+            if waited < RESUBSCRIBE_WITHIN:
                 return [Step(step.at + 1, step.action)]
             demo._event(f"proxies did not all reopen their streams within {waited:.0f}s")
         checks["resubscribed_after_s"] = round(waited, 1)
