@@ -45,9 +45,9 @@ READY_WITHIN: Final = 300.0  # seconds for the demo's Deployments to become avai
 DNS_WITHIN: Final = 90.0  # seconds for cluster DNS to give the demo's Services' addresses
 BACK_WITHIN: Final = 180.0  # seconds a deleted control-plane pod's Deployment gets to be ready
 # Seconds the proxies get to reopen their discovery streams once the new destination pod is
-# ready. On a cluster the old pod's end likely decides it too: the proxies' streams stay on it until its
-# destination stops them and its sidecar sends GOAWAY (typically 1 s after the new pod is ready;
-# once more than 16 s, on a busy CI run whose new pod took 12 s to be ready).
+# ready. On a cluster the old pod's end likely decides it too: the proxies' streams stay on it
+# until its destination stops them and its sidecar sends GOAWAY (typically 1 s after the new pod
+# is ready; once more than 16 s, on a busy CI run whose new pod took 12 s to be ready).
 RESUBSCRIBE_WITHIN: Final = 30.0
 GONE_KEPT: Final = 20.0  # seconds a pod no longer listed stays in the view, marked gone
 STATS_EVERY: Final = 2.0  # seconds between reads of the load generator's count
