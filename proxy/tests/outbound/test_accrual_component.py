@@ -347,6 +347,7 @@ async def test_http1_responses_cut_mid_body_count_as_failures(service: Service) 
     connection cut, and after three in a row the replica is ejected."""
     service.sick.failing, service.sick.cutting = False, True
     cut = 0
+    seen = []  # the balancer's endpoints after each request
     async with outbound(service, QUICK) as (proxy, metrics):
         for _ in range(40):
             reader, writer = await asyncio.open_connection(proxy.host, proxy.port)
@@ -357,5 +358,9 @@ async def test_http1_responses_cut_mid_body_count_as_failures(service: Service) 
             except (asyncio.IncompleteReadError, ConnectionError):
                 cut += 1
             writer.close()
-        assert endpoints(metrics, "http/1") == {"ready": 2, "pending": 1}
-    assert 3 <= cut <= 4  # three in a row, and a probe if one fell due
+            seen.append(endpoints(metrics, "http/1"))
+    # ejected after the third cut (on a busy machine the short penalty may be over, and the
+    # replica up for a probe again, by the last request: the state is read after each one)
+    assert {"ready": 2, "pending": 1} in seen, seen
+    # three in a row, then only probes (one each time a penalty is over): each one cut
+    assert cut >= 3 and cut == service.sick.served["http/1"], (cut, service.sick.served)
