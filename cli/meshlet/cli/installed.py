@@ -115,6 +115,22 @@ def read(api: Any, namespace: str) -> Installed | None:
     return Installed(namespace, version, user, kept)
 
 
+def require(
+    kubeconfig: Path | None, context: str | None, namespace: str, why: str
+) -> tuple[Any, Installed]:
+    """The cluster's client and the control plane installed in `namespace`; a ClusterError
+    saying `why` the verb needs a cluster when none is named, and how to install when meshlet
+    is not installed there."""
+    api = configured_client(kubeconfig, context)
+    if api is None:
+        raise ClusterError(f"{why}: give --kubeconfig or set KUBECONFIG")
+    found = read(api, namespace)
+    if found is None:
+        raise ClusterError(f"meshlet is not installed in namespace {namespace}: meshlet install"
+                           " | kubectl apply -f - installs it")  # fmt: skip
+    return api, found
+
+
 def refuse_reinstall(api: Any, namespace: str) -> None:
     """ClusterError when meshlet is installed in `namespace` already."""
     config = find(api, namespace)

@@ -68,18 +68,13 @@ def prune(control_plane_namespace: str, kubeconfig: Path | None, context: str | 
 
     from meshlet.api import wellknown as wk
     from meshlet.cli.charts import ChartError
-    from meshlet.cli.cluster import ClusterError, NotFound, read_json
+    from meshlet.cli.cluster import NotFound, read_json
     from meshlet.cli.install import control_plane, merge
-    from meshlet.cli.installed import configured_client, read
+    from meshlet.cli.installed import require
 
     ns = control_plane_namespace
-    api = configured_client(kubeconfig, context)
-    if api is None:
-        raise ClusterError("meshlet prune compares the cluster with the current manifests: give"
-                           " --kubeconfig or set KUBECONFIG")  # fmt: skip
-    found = read(api, ns)
-    if found is None:
-        raise ClusterError(f"meshlet is not installed in namespace {ns}")
+    why = "meshlet prune compares the cluster with the current manifests"
+    api, found = require(kubeconfig, context, ns, why)
     try:
         rendered = control_plane(merge(found.user_values, found.kept), found.user_values, ns,
                                  quiet=True)  # fmt: skip

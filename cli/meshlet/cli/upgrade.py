@@ -47,18 +47,11 @@ def upgrade(
     the roll; the values given to `meshlet install` (or the last upgrade) are applied again,
     with --values files and --set over them.
     """
-    from meshlet.cli.cluster import ClusterError
     from meshlet.cli.install import _install_gateway_api, control_plane, merge, user_values
-    from meshlet.cli.installed import configured_client, read
+    from meshlet.cli.installed import require
 
-    api = configured_client(kubeconfig, context)
-    if api is None:
-        raise ClusterError("meshlet upgrade reads the installed control plane from the cluster:"
-                           " give --kubeconfig or set KUBECONFIG")  # fmt: skip
-    found = read(api, control_plane_namespace)
-    if found is None:
-        raise ClusterError(f"meshlet is not installed in namespace {control_plane_namespace}:"
-                           " meshlet install | kubectl apply -f - installs it")  # fmt: skip
+    why = "meshlet upgrade reads the installed control plane from the cluster"
+    _, found = require(kubeconfig, context, control_plane_namespace, why)
     try:
         given = merge(found.user_values, user_values(values_files, sets, ha))
         if crds:
