@@ -86,6 +86,11 @@ def _template(doc: dict[str, Any]) -> dict[str, Any] | None:
     return node if isinstance(node, dict) else None
 
 
+# What the injector adds to a pod template, by name
+INJECTED_CONTAINERS = frozenset({wk.INIT_CONTAINER, wk.PROXY_CONTAINER})
+INJECTED_VOLUMES = frozenset({XTABLES_VOLUME, wk.IDENTITY_DIR_VOLUME, wk.TOKEN_VOLUME})
+
+
 def uninject(doc: dict[str, Any]) -> Result:
     """Takes out what `manual` (or the webhook) put in the pod template: the init and proxy
     containers, their volumes, the injector's labels and annotations, and the inject
@@ -123,10 +128,6 @@ def uninject(doc: dict[str, Any]) -> Result:
     if not removed:
         return Result(doc, False, f"{_name(doc)} not meshed: left as it is")
     return Result(out, True, f"{_name(doc)} uninjected")
-
-
-INJECTED_CONTAINERS = frozenset({wk.INIT_CONTAINER, wk.PROXY_CONTAINER})
-INJECTED_VOLUMES = frozenset({XTABLES_VOLUME, wk.IDENTITY_DIR_VOLUME, wk.TOKEN_VOLUME})
 
 
 def _injected_annotation(key: str, value: Any) -> bool:

@@ -104,9 +104,9 @@ def _check(settings: Settings) -> None:
     ipv6 = ipv6_on() if settings.ipv6 is None else settings.ipv6
     problems = []
     for family in (False, True) if ipv6 else (False,):
-        tool = f"{'ip6tables' if family else 'iptables'}-{settings.mode.value}-save"
+        tool = f"{'ip6tables' if family else 'iptables'}-{settings.mode.value}"
         try:
-            saved = parse_save(RestoreApplier(tool, "")._run([tool, "-t", "nat"], None))
+            saved = parse_save(RestoreApplier(f"{tool}-save", f"{tool}-restore").saved())
         except (ApplyError, ValueError) as exc:
             _exit(EX_FAILED, str(exc))
         table = "IPv6 nat table" if family else "nat table"

@@ -19,10 +19,13 @@ class RestoreApplier:
         self._save = save
         self._restore = restore
 
+    def saved(self) -> str:
+        """The nat table as `<tool>-save -t nat` prints it."""
+        return self._run([self._save, "-t", "nat"], None)
+
     def state(self) -> NatState:
-        saved = self._run([self._save, "-t", "nat"], None)
         try:
-            chains = parse_save(saved)
+            chains = parse_save(self.saved())
             return nat_state({chain: [target(r) for r in rules] for chain, rules in chains.items()})
         except ValueError as exc:
             raise ApplyError(f"{self._save}: {exc}") from exc
