@@ -1,5 +1,7 @@
-"""The loop every control-plane stream of the proxy shares (`watch.follow`), against a real
-grpclib server on 127.0.0.1, at the instant a shutdown's cancel meets a lost connection.
+"""The loop every control-plane stream of the proxy shares (`watch.follow`), against real
+grpclib servers on 127.0.0.1: at the instant a shutdown's cancel meets a lost connection, and
+when the peer of its connection answers UNAVAILABLE for good (a terminating pod's proxy whose
+controller is gone) while the service's address already leads elsewhere.
 
 grpclib wakes a task blocked on a stream whose connection was lost by cancelling it, then raises
 StreamTerminatedError in place of the CancelledError; when the loop's owner cancels it in that
@@ -10,6 +12,7 @@ lost connection alone must be reopened without leaving a cancel request on the c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import socket
@@ -27,7 +30,8 @@ from grpclib.server import Server
 from meshlet.api import destination_grpc, destination_pb2
 from meshlet.api.backoff import Backoff
 from meshlet.proxy.discovery.decode import decode_update
-from meshlet.proxy.discovery.watch import StreamStats, Watch, follow
+from meshlet.proxy.discovery.watch import ControlChannel, StreamStats, Watch, follow
+from meshlet_testing.polling import eventually
 
 WEB = "web.emojivoto.svc.cluster.local:80"
 UPDATE = destination_pb2.Update(no_endpoints=destination_pb2.NoEndpoints(exists=True))
@@ -47,7 +51,7 @@ class Holding(destination_grpc.DestinationBase):
 
 @dataclass
 class Following:
-    channel: Channel
+    control: ControlChannel
     task: asyncio.Task[None]  # the consumer: the task the loop runs in
     firsts: asyncio.Queue[int]  # at each stream's first message: the task's pending cancels
     stats: StreamStats
@@ -55,7 +59,7 @@ class Following:
     def lose_the_connection(self, then: Callable[[], object] = lambda: None) -> None:
         """Resets the client's connection, as when the controller dies; `then` runs in the same
         callback as grpclib's connection_lost (which wakes the loop), before the loop runs."""
-        protocol: Any = self.channel._protocol
+        protocol: Any = self.control.channel()._protocol
         lost = protocol.connection_lost
 
         def connection_lost(exc: BaseException | None) -> None:
@@ -70,16 +74,18 @@ class Following:
             return await self.firsts.get()
 
 
+def _get(channel: Channel) -> Any:
+    return destination_grpc.DestinationStub(channel).Get.open()
+
+
 @asynccontextmanager
 async def following() -> AsyncIterator[Following]:
     """A grpclib server holding Get streams open, and a task following one through `follow`."""
     server = Server([Holding()])
     sock = socket.create_server(("127.0.0.1", 0))
     await server.start(sock=sock)
-    channel = Channel("127.0.0.1", sock.getsockname()[1])
-    stub = destination_grpc.DestinationStub(channel)
-    request = destination_pb2.GetDestination(path=WEB)
-    watch = Watch(stub.Get.open, request, f"Get {WEB}", "the test's server",
+    control = ControlChannel(("127.0.0.1", sock.getsockname()[1]), None, None, "the test's server")
+    watch = Watch(control, _get, destination_pb2.GetDestination(path=WEB), f"Get {WEB}",
                   logging.getLogger(__name__))  # fmt: skip
     stats = StreamStats()
     firsts: asyncio.Queue[int] = asyncio.Queue()
@@ -94,11 +100,11 @@ async def following() -> AsyncIterator[Following]:
 
     task = asyncio.create_task(consume())
     try:
-        yield Following(channel, task, firsts, stats)
+        yield Following(control, task, firsts, stats)
     finally:
         task.cancel()
         await asyncio.wait({task}, timeout=5)
-        channel.close()
+        control.close()
         server.close()
         await server.wait_closed()
 
@@ -135,3 +141,143 @@ async def test_a_lost_connection_alone_is_reopened_and_leaves_no_cancel_request(
         f.task.cancel()  # the loop still ends at its owner's first cancel
         await asyncio.wait({f.task}, timeout=2)
         assert f.task.cancelled()
+
+
+class Refusing(destination_grpc.DestinationBase):
+    """Answers each Get with `status` at once and keeps the connection: for UNAVAILABLE, what a
+    terminating pod's proxy answers once its controller is gone (a trailers-only grpc-status
+    14, h2headers)."""
+
+    def __init__(self, status: Status, path: str | None = None) -> None:
+        self.status, self.path = status, path  # path: only this path is refused
+
+    async def Get(self, stream: Any) -> None:
+        request = await stream.recv_message()
+        if self.path is not None and request.path != self.path:
+            await Holding().Get(_Replayed(stream, request))
+        raise GRPCError(self.status, "upstream connection refused")
+
+    async def GetProfile(self, stream: Any) -> None:
+        raise GRPCError(Status.UNIMPLEMENTED)
+
+
+@dataclass
+class _Replayed:
+    """A server stream whose request was read already."""
+
+    stream: Any
+    request: Any
+
+    async def recv_message(self) -> Any:
+        return self.request
+
+    async def send_message(self, message: Any) -> None:
+        await self.stream.send_message(message)
+
+
+class Address:
+    """A service's address, as kube-proxy makes one: each new connection is relayed to the
+    backend of the moment (`lead_to`); connections made keep their backend."""
+
+    def __init__(self, backend: int) -> None:
+        self.backend = backend
+        self.dialed: list[int] = []  # each connection's backend, in order
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    async def start(self) -> tuple[asyncio.Server, int]:
+        server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        return server, server.sockets[0].getsockname()[1]
+
+    def lead_to(self, backend: int) -> None:
+        self.backend = backend
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.dialed.append(self.backend)
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.backend)
+
+        async def pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError):
+                while data := await source.read(65536):
+                    sink.write(data)
+            sink.close()
+
+        await asyncio.gather(pump(reader, up_writer), pump(up_reader, writer))
+
+
+@asynccontextmanager
+async def grpc_server(*handlers: Any) -> AsyncIterator[int]:
+    server = Server(list(handlers))
+    sock = socket.create_server(("127.0.0.1", 0))
+    await server.start(sock=sock)
+    try:
+        yield sock.getsockname()[1]
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_stream_answered_unavailable_dials_the_address_again() -> None:
+    """The drill that showed it: a destination pod deleted, its proxy outliving its controller
+    (a native sidecar stops after the app) keeps the connection and answers UNAVAILABLE, while
+    the Service already leads to the new pod. Each retry dials the address again, so the stream
+    is back as soon as the address leads somewhere that serves (on the old connection it would
+    stay refused for as long as that proxy lives)."""
+    async with grpc_server(Refusing(Status.UNAVAILABLE)) as old, grpc_server(Holding()) as new:
+        address = Address(old)
+        relay, port = await address.start()
+        control = ControlChannel(("127.0.0.1", port), None, None, "the destination")
+        watch = Watch(control, _get, destination_pb2.GetDestination(path=WEB), f"Get {WEB}",
+                      logging.getLogger(__name__))  # fmt: skip
+        stats = StreamStats()
+        received: asyncio.Queue[Any] = asyncio.Queue()
+
+        async def consume() -> None:
+            async for message in follow(watch, decode_update, Backoff(0.01, 0.05, random.Random(1)),
+                                        stats):  # fmt: skip
+                received.put_nowait(message)
+
+        task = asyncio.create_task(consume())
+        try:
+            await eventually(lambda: stats.failures >= 3)
+            assert address.dialed[:3] == [old, old, old]  # a new connection for each retry
+            address.lead_to(new)
+            async with asyncio.timeout(2):
+                assert (await received.get()).first
+            assert address.dialed[-1] == new
+        finally:
+            task.cancel()
+            await asyncio.wait({task}, timeout=5)
+            control.close()
+            relay.close()
+
+
+async def test_a_refusal_of_the_request_itself_keeps_the_connection_and_its_other_streams() -> None:
+    """NOT_FOUND is about the request (a pod the controller does not know yet): the stream asks
+    again on the same connection, and the other streams on it are left alone."""
+    other = "api.emojivoto.svc.cluster.local:8080"
+    async with grpc_server(Refusing(Status.NOT_FOUND, path=other)) as backend:
+        address = Address(backend)
+        relay, port = await address.start()
+        control = ControlChannel(("127.0.0.1", port), None, None, "the destination")
+        stats = StreamStats()
+        firsts: list[str] = []
+
+        async def consume(path: str) -> None:
+            watch = Watch(control, _get, destination_pb2.GetDestination(path=path),
+                          f"Get {path}", logging.getLogger(__name__))  # fmt: skip
+            backoff = Backoff(0.01, 0.05, random.Random(1))
+            async for message in follow(watch, decode_update, backoff, stats):
+                if message.first:
+                    firsts.append(path)
+
+        tasks = [asyncio.create_task(consume(path)) for path in (WEB, other)]
+        try:
+            await eventually(lambda: stats.failures >= 5)
+            assert firsts == [WEB]  # never reopened
+            assert address.dialed == [backend]
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.wait(tasks, timeout=5)
+            control.close()
+            relay.close()

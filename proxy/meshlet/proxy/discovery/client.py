@@ -20,6 +20,7 @@ import random
 from collections.abc import AsyncGenerator, Callable
 from typing import Any, TypeVar
 
+from grpclib.client import Channel
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
@@ -96,15 +97,15 @@ class DestinationClient:
     async def aclose(self) -> None:
         self._control.close()
 
-    def _method(self, name: str) -> Any:
-        return getattr(destination_grpc.DestinationStub(self._control.channel()), name)
-
     def _follow(
         self, method: str, path: str, decode: Callable[[Any], T]
     ) -> AsyncGenerator[Received[T], None]:
         request = destination_pb2.GetDestination(path=path, context_token=self._context_token)
-        watch = Watch(lambda: self._method(method).open(), request, f"{method} {path}",
-                      self._control.source, log)  # fmt: skip
+
+        def open_on(channel: Channel) -> Any:
+            return getattr(destination_grpc.DestinationStub(channel), method).open()
+
+        watch = Watch(self._control, open_on, request, f"{method} {path}", log)
         backoff = Backoff(*self._backoff, self._rng)
 
         def refuse(exc: GRPCError) -> Exception | None:

@@ -19,6 +19,8 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
+from grpclib.client import Channel
+
 from meshlet.api import inbound_grpc, inbound_pb2
 from meshlet.api.backoff import Backoff
 from meshlet.api.hostport import HostPort
@@ -87,18 +89,16 @@ class PolicyWatcher:
         return self.stats.last_error
 
     async def run(self) -> None:
-        stub = inbound_grpc.InboundServerPoliciesStub(self._control.channel())
         try:
             async with asyncio.TaskGroup() as tasks:
                 for port in self.ports:
-                    tasks.create_task(self._follow(stub, port), name=f"policy watch :{port}")
+                    tasks.create_task(self._follow(port), name=f"policy watch :{port}")
         finally:
             self._control.close()
 
-    async def _follow(self, stub: Any, port: int) -> None:
+    async def _follow(self, port: int) -> None:
         request = inbound_pb2.PortSpec(workload=self.workload, port=port)
-        watch = Watch(stub.WatchPort.open, request, f"WatchPort :{port}", self._control.source,
-                      log)  # fmt: skip
+        watch = Watch(self._control, _watch_port, request, f"WatchPort :{port}", log)
         backoff = Backoff(*self._backoff, self._rng)
         async for received in follow(watch, decode_server, backoff, self.stats):
             self._apply(port, received.value)
@@ -110,3 +110,7 @@ class PolicyWatcher:
             return
         self.policies.set(port, policy)
         log.info("port %d: policy %s (%s)", port, policy.meta, policy.protocol.value)
+
+
+def _watch_port(channel: Channel) -> Any:
+    return inbound_grpc.InboundServerPoliciesStub(channel).WatchPort.open()

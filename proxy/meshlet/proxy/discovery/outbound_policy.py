@@ -20,6 +20,8 @@ import random
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
+from grpclib.client import Channel
+
 from meshlet.api import addr, outbound_grpc, outbound_pb2
 from meshlet.api.backoff import Backoff
 from meshlet.api.hostport import HostPort
@@ -71,14 +73,15 @@ class WatchOutbound:
         what = f"outbound policy Watch {target}"
         spec = traffic_spec(self.workload, target)
         backoff = Backoff(*self._backoff, self._rng)
-        watch = Watch(self._open, spec, what, self._control.source, log)
+        watch = Watch(self._control, _open, spec, what, log)
         return follow(watch, decode_outbound, backoff, self.stats, failed=failed)
 
     async def aclose(self) -> None:
         self._control.close()
 
-    def _open(self) -> Any:
-        return outbound_grpc.OutboundPoliciesStub(self._control.channel()).Watch.open()
+
+def _open(channel: Channel) -> Any:
+    return outbound_grpc.OutboundPoliciesStub(channel).Watch.open()
 
 
 class Followed:

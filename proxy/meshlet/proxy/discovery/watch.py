@@ -11,6 +11,10 @@ Only a status the caller names as final (`refuse`) ends the loop, by the excepti
 and so does the consumer's cancellation, whatever grpclib made of it: each grpclib call is
 awaited `isolated` and the loop checks its task's own cancellation before retrying
 (`meshlet.api.cancellation`), so a shutdown that breaks the streams it cancels still ends.
+A stream that broke, or that was answered UNAVAILABLE, gives up its connection
+(`ControlChannel.failed`): the next stream dials the service's address again rather than ask
+the same peer, which may be a terminating pod's proxy whose controller is gone (it keeps its
+connections open and answers every stream UNAVAILABLE until it exits itself).
 The consumer's logger is used, so that each client's lines stay under its own name.
 """
 
@@ -26,6 +30,7 @@ from typing import Any, Final, Generic, TypeVar
 import h2.exceptions
 from grpclib.client import Channel
 from grpclib.config import Configuration
+from grpclib.const import Status
 from grpclib.exceptions import GRPCError, ProtocolError, StreamTerminatedError
 
 from meshlet.api.backoff import Backoff
@@ -37,6 +42,9 @@ from meshlet.proxy.tls.contexts import control_client_context
 T = TypeVar("T")
 _IGNORED = "ignoring a message of %s from %s: %s; keeping what it last said"
 BROKEN = (StreamTerminatedError, ProtocolError, OSError, h2.exceptions.H2Error)
+# Answers that say nothing about the stream asked for but about the server behind the
+# connection: the next stream dials again (a NOT_FOUND, say, is the request's own and keeps it).
+RECONNECT_ON: Final = frozenset({Status.UNAVAILABLE})
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +121,14 @@ class ControlChannel:
             self._channel = Channel(*self.addr, ssl=self._ssl, config=config)
         return self._channel
 
+    def failed(self, channel: Channel) -> None:
+        """A stream on `channel` failed as a dead peer's would: the next stream opens a new
+        connection, and the streams still on this one end and reopen there. Once per
+        connection: the streams that end with it find it replaced already."""
+        if self._channel is channel:
+            self._channel = None
+            channel.close()
+
     def close(self) -> None:
         self._closed = True
         if self._channel is not None:
@@ -122,15 +138,20 @@ class ControlChannel:
 
 @dataclass(frozen=True, slots=True)
 class Watch:
-    """Where the messages come from and how they are reported. `open` is a grpclib method's
-    `.open` (a new stream per call); `what` names the call in log lines ("WatchPort :8080"),
-    `source` the server ("the policy controller at 10.0.0.1:8090")."""
+    """Where the messages come from and how they are reported. `open` opens the method's
+    stream on a channel of `control` (a grpclib method's `.open`); `what` names the call in
+    log lines ("WatchPort :8080")."""
 
-    open: Callable[[], AbstractAsyncContextManager[Any]]
+    control: ControlChannel
+    open: Callable[[Channel], AbstractAsyncContextManager[Any]]
     request: Any
     what: str
-    source: str
     log: logging.Logger
+
+    @property
+    def source(self) -> str:
+        """The server, for log lines: "the policy controller at 10.0.0.1:8090"."""
+        return self.control.source
 
 
 async def follow(
@@ -146,8 +167,9 @@ async def follow(
     own = OwnCancellation()
     while True:
         first = True
+        channel = watch.control.channel()
         try:
-            async with watch.open() as stream:
+            async with watch.open(channel) as stream:
                 await isolated(stream.send_message(watch.request, end=True))
                 stats.active += 1
                 try:
@@ -172,9 +194,12 @@ async def follow(
             if final is not None:
                 raise final from None
             problem = f"{exc.status.name}: {exc.message}"
+            if exc.status in RECONNECT_ON:
+                watch.control.failed(channel)
         except BROKEN as exc:
             own.check()  # a shutdown's cancel that grpclib turned into a broken stream
             problem = f"{type(exc).__name__}: {exc}"
+            watch.control.failed(channel)
         own.check()
         stats.failures += 1
         stats.last_error = problem
