@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PROTO_DIR := proto
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup test lint proto proto-check demo bench images cluster cluster-down e2e clean
+.PHONY: setup test lint proto proto-check demo bench soak images cluster cluster-down e2e clean
 
 setup: $(STAMP)
 
@@ -82,6 +82,13 @@ bench: $(STAMP) $(BENCH_STAMP)
 	$(BIN)/python -m bench.policy_regex
 	$(BIN)/python -m bench.policy_routes
 	$(BIN)/python -m bench.proxy $(BENCH_ARGS)
+
+# The local mesh under steady load for MINUTES (60), a fault every minute in turn: failed calls,
+# the slowest call per fault, every process's RSS and open files (bench/soak.py; the
+# network-namespace mesh as root). SOAK_ARGS go to it, e.g. SOAK_ARGS="--json soak.json".
+MINUTES ?= 60
+soak: $(STAMP)
+	$(BIN)/python -m bench.soak --minutes $(MINUTES) $(SOAK_ARGS)
 
 # The controller, proxy and demo images (images/build): with Docker where an engine answers,
 # else with podman on a base made here from Debian's packages; nothing is pulled.

@@ -46,6 +46,7 @@ MAX_IN_FLIGHT: Final = 64  # load: calls past this are counted as dropped, not q
 # mistaken for the mesh holding calls (a burst of catch-up calls would count as dropped)
 LATE_AFTER: Final = 1.0
 CALL_TIMEOUT: Final = 5.0
+SLOWEST_KEPT: Final = 120  # seconds of the load's slowest call per second kept in its stats
 
 
 @click.group(hidden=True)
@@ -225,6 +226,8 @@ class _Stats:
         self.store_first_byte_max = 0.0
         self.store_first_byte = [0] * (len(LATENCY_BUCKETS_MS) + 1)
         self.recent: list[tuple[float, str, str]] = []  # (time, outcome, api pod), last 30 s
+        # the slowest call that ended in each second (Unix time), the last SLOWEST_KEPT of them
+        self.slowest: dict[int, float] = {}
 
     def observe(self, ms: float, buckets: list[int]) -> None:
         for i, bound in enumerate(LATENCY_BUCKETS_MS):
@@ -248,6 +251,10 @@ class _Stats:
             if body is not None and isinstance(body.get("error"), str):
                 self.why[_reason(body["error"])] += 1
         self.recent.append((now, outcome, str(body.get("api")) if outcome == "ok" and body else ""))
+        second = int(now)
+        self.slowest[second] = max(self.slowest.get(second, 0.0), ms)
+        if len(self.slowest) > SLOWEST_KEPT:
+            del self.slowest[min(self.slowest)]
         while self.recent and self.recent[0][0] < now - 30:
             self.recent.pop(0)
 
@@ -260,6 +267,7 @@ class _Stats:
             "by_api": dict(self.by_api), "by_store": dict(self.by_store),
             "store_first_byte_max_ms": round(self.store_first_byte_max, 2),
             "store_first_byte": self.store_first_byte, "recent": self.recent,
+            "slowest": [[second, round(ms, 2)] for second, ms in sorted(self.slowest.items())],
         }  # fmt: skip
 
 
@@ -310,11 +318,11 @@ async def _load(target: str, rate: float, stats_file: Path, via_proxy: str) -> N
                 stats.record(f"http {status}", ms, said if isinstance(said, dict) else None)
             idle.append(conn)
         except TimeoutError:
-            stats.record("timeout", 0.0, None)
+            stats.record("timeout", (time.perf_counter() - started) * 1000, None)
             if conn is not None:
                 conn[1].transport.abort()
         except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
-            stats.record(type(exc).__name__, 0.0, None)
+            stats.record(type(exc).__name__, (time.perf_counter() - started) * 1000, None)
             if conn is not None:
                 conn[1].transport.abort()
         finally:
