@@ -199,14 +199,15 @@ class Soak:
             if got is not None:
                 current.rss_mib[name], current.open_files[name] = round(got[0], 1), got[1]
 
-    def renewals(self) -> int:
-        total = 0.0
+    def renewals(self) -> dict[str, float]:
+        """Each proxy's certificate renewals so far, by pod."""
+        counts: dict[str, float] = {}
         for scrape in self.demo._scrape_pods():
             if isinstance(scrape, Scrape):
-                total += sum(v for (n, labels), v in scrape.series.items()
-                             if n == "identity_cert_refresh_total"
-                             and ("result", "ok") in labels)  # fmt: skip
-        return int(total)
+                counts[scrape.pod] = sum(v for (n, labels), v in scrape.series.items()
+                                         if n == "identity_cert_refresh_total"
+                                         and ("result", "ok") in labels)  # fmt: skip
+        return counts
 
     def run(self, minutes: float) -> list[Period]:
         periods = max(1, round(minutes * 60 / self.period))
@@ -227,8 +228,13 @@ class Soak:
                                           current.ended).items():  # fmt: skip
                 setattr(current, key, value)
             stats = now_stats
-            total = self.renewals()
-            current.renewals, renewed = total - renewed, total
+            counts = self.renewals()
+            # a proxy started again in the period counts from 0: all of its count is new
+            current.renewals = int(sum(
+                n - renewed[pod] if n >= renewed.get(pod, 0) and pod in renewed else n
+                for pod, n in counts.items()
+            ))  # fmt: skip
+            renewed = counts
             self.usage(current)
             self.periods.append(current)
             self.say(line(current))
@@ -315,7 +321,12 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 console.print(f"soak: {args.minutes:g} min, a fault every {args.period:g} s,"
                               f" {args.rate:g} calls/s ({mode.value} mode)")  # fmt: skip
-                periods = Soak(demo, args.period, _progress).run(args.minutes)
+                soak = Soak(demo, args.period, _progress)
+                try:
+                    periods = soak.run(args.minutes)
+                except KeyboardInterrupt:  # Ctrl-C: the report of the periods so far
+                    periods = soak.periods
+                    _progress("interrupted")
             finally:
                 problems = demo.down()
     except (DemoError, StartError, lock.LockBusy) as exc:
