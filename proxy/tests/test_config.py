@@ -111,6 +111,7 @@ def test_identity_settings_from_the_environment(tmp_path: Path, test_ca: Any) ->
             E.IDENTITY_LOCAL_NAME: WEB,
             E.IDENTITY_TOKEN_FILE: "/var/run/secrets/tokens/meshlet-identity-token",
             E.IDENTITY_TRUST_ANCHORS: test_ca.anchors_pem,
+            E.IDENTITY_TRUST_ANCHORS_FILE: "/var/run/meshlet/trust-roots/ca-bundle.crt",
             E.IDENTITY_DIR: "/var/run/meshlet/identity",
             E.DESTINATION_SVC_ADDR: "[fd00::10]:8086",
             E.DESTINATION_SVC_NAME: wellknown.DESTINATION_SERVICE_NAME,
@@ -123,6 +124,7 @@ def test_identity_settings_from_the_environment(tmp_path: Path, test_ca: Any) ->
         token_file=Path("/var/run/secrets/tokens/meshlet-identity-token"),
         trust_anchors_pem=test_ca.anchors_pem,
         directory=Path("/var/run/meshlet/identity"),
+        trust_anchors_file=Path("/var/run/meshlet/trust-roots/ca-bundle.crt"),
     )
     assert config.destination is not None
     assert config.destination.svc_addr == ("fd00::10", 8086)

@@ -64,6 +64,29 @@ class TestCA:
         self.write()
         return self.issuer
 
+    def new_anchor(self) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+        """Another trust anchor (not written, not in force): the next one of a rotation, with
+        the same name as the first, as a rotation by Linkerd's procedure makes it."""
+        return ca.create_trust_anchor(dt.datetime.now(dt.UTC))
+
+    def write_anchors(self, *anchors: x509.Certificate) -> str:
+        """The bundle of `anchors` written as the anchors file; its PEM."""
+        pem = ca.cert_pem(*anchors)
+        self.anchors_path.write_bytes(pem)
+        return pem.decode()
+
+    def issue_from(self, anchor: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> None:
+        """A new issuer signed by `anchor`, written over the old one; `anchor` becomes this
+        CA's anchor (the anchors file is left as it is: write_anchors says what is trusted)."""
+        now = dt.datetime.now(dt.UTC)
+        self.anchor, self.anchor_key = anchor, key
+        self.issuer, self.issuer_key = ca.create_issuer(
+            anchor, key, now, ca.ISSUER_LIFETIME, name=f"issuer-{now.timestamp()}"
+        )
+        self.issuer_dir.mkdir(parents=True, exist_ok=True)
+        (self.issuer_dir / wellknown.ISSUER_CERT_KEY).write_bytes(ca.cert_pem(self.issuer))
+        (self.issuer_dir / wellknown.ISSUER_KEY_KEY).write_bytes(ca.key_pem(self.issuer_key))
+
 
 def make_ca(root: Path) -> TestCA:
     now = dt.datetime.now(dt.UTC)

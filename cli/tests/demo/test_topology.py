@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,10 +20,13 @@ def test_every_proxy_environment_loads_with_the_proxys_own_loader(mode: Mode, te
     layout = topology.layout(mode)
     for pod in layout.pods:
         env = topology.proxy_env(
-            layout, pod, token_file="/t", identity_dir="/d", anchors_pem=test_ca.anchors_pem
-        )
+            layout, pod, token_file="/t", identity_dir="/d", anchors_pem=test_ca.anchors_pem,
+            anchors_file="/ca/trust-anchors.pem",
+        )  # fmt: skip
         config = load(env)
         assert config.identity_local_name == pod.identity
+        assert config.identity is not None
+        assert config.identity.trust_anchors_file == Path("/ca/trust-anchors.pem")
         assert config.destination_svc_addr == f"{layout.control_ip}:{wellknown.DESTINATION_PORT}"
         opaque = topology.STORE_PORT in config.inbound_ports_disable_protocol_detection
         assert opaque == (pod.workload == "store")  # what the injector writes from the annotation

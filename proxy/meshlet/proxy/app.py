@@ -26,6 +26,7 @@ from meshlet.proxy.core.authz import Network, default_policy
 from meshlet.proxy.core.loops import SelfTargets
 from meshlet.proxy.core.pressure import PressureLimits
 from meshlet.proxy.http.contract import Addr, HttpLimits
+from meshlet.proxy.identity.anchors import TrustAnchors
 from meshlet.proxy.inbound.authz import InboundPolicy
 from meshlet.proxy.inbound.stack import InboundStack
 from meshlet.proxy.io.connect import tcp_connector
@@ -61,10 +62,13 @@ class Proxy:
         )
         self.closing = asyncio.Event()
         self.stopped = asyncio.Event()
-        self.identity = _identity(config, self.metrics)
-        self.router = _router(config, self.identity, self.metrics)
-        self.policy, self.policy_watcher = _inbound_policy(config, self.metrics)
-        self.outbound_policies = _outbound_policies(config) if self.router is not None else None
+        self.anchors = _anchors(config, self.metrics)
+        self.identity = _identity(config, self.metrics, self.anchors)
+        self.router = _router(config, self.identity, self.metrics, self.anchors)
+        self.policy, self.policy_watcher = _inbound_policy(config, self.metrics, self.anchors)
+        self.outbound_policies = (
+            _outbound_policies(config, self.anchors) if self.router is not None else None
+        )
         self.shedder = LoadShedder(
             PressureLimits(
                 connections=config.load_shed_connections, streams=config.load_shed_streams,
@@ -154,6 +158,8 @@ class Proxy:
         essentials = [(f"the {lst.name} listener", lst.serve()) for lst in self.listeners]
         if self.identity is not None:
             essentials.append(("the identity client", self.identity.run()))
+        if self.anchors is not None and self.anchors.path is not None:
+            essentials.append(("the trust-anchor file's follower", self.anchors.follow()))
         if self.policy_watcher is not None:
             essentials.append(("the policy watch", self.policy_watcher.run()))
         if self._tap is not None:
@@ -210,12 +216,25 @@ class Proxy:
         self.stopped.set()
 
 
-def _identity(config: ProxyConfig, metrics: ProxyMetrics) -> IdentityManager | None:
+def _anchors(config: ProxyConfig, metrics: ProxyMetrics) -> TrustAnchors | None:
+    """The trust anchors, followed in their file when one is named; None without anchors."""
+    if not config.identity_trust_anchors:
+        return None
+    anchors = TrustAnchors(config.identity_trust_anchors, config.identity_trust_anchors_file,
+                           counted=metrics.identity_trust_anchors_reload_total.labels)  # fmt: skip
+    metrics.identity_trust_anchors.set(anchors.count)
+    anchors.on_change(lambda: metrics.identity_trust_anchors.set(anchors.count))
+    return anchors
+
+
+def _identity(
+    config: ProxyConfig, metrics: ProxyMetrics, anchors: TrustAnchors | None
+) -> IdentityManager | None:
     if config.identity is None:
         return None
     from meshlet.proxy.identity.manager import IdentityManager
 
-    return IdentityManager(config.identity, metrics)
+    return IdentityManager(config.identity, metrics, anchors=anchors)
 
 
 def tap_identity(config: ProxyConfig) -> str:
@@ -242,7 +261,10 @@ def _tap_server(config: ProxyConfig, identity: IdentityManager, metrics: ProxyMe
 
 
 def _router(
-    config: ProxyConfig, identity: IdentityManager | None, metrics: ProxyMetrics
+    config: ProxyConfig,
+    identity: IdentityManager | None,
+    metrics: ProxyMetrics,
+    anchors: TrustAnchors | None,
 ) -> Destinations | None:
     """Discovery and balancing, when a destination service is configured."""
     settings = config.destination
@@ -252,9 +274,7 @@ def _router(
     from meshlet.proxy.discovery.resolver import Resolver
     from meshlet.proxy.outbound.destinations import Destinations
 
-    client = DestinationClient(
-        settings.svc_addr, settings.svc_name, settings.trust_anchors_pem, settings.context
-    )
+    client = DestinationClient(settings.svc_addr, settings.svc_name, anchors, settings.context)
     return Destinations(
         client, Resolver(client), identity, metrics,
         connect_timeout=config.outbound_connect_timeout, clock=time.monotonic,
@@ -263,7 +283,7 @@ def _router(
 
 
 def _inbound_policy(
-    config: ProxyConfig, metrics: ProxyMetrics
+    config: ProxyConfig, metrics: ProxyMetrics, anchors: TrustAnchors | None
 ) -> tuple[InboundPolicy, PolicyWatcher | None]:
     """The inbound ports' policies: the default policy until the policy controller answers for
     a port (and for ports it is not asked about, or without a controller)."""
@@ -275,13 +295,15 @@ def _inbound_policy(
     watcher = None
     if settings is not None and settings.ports:
         watcher = PolicyWatcher(
-            policies, settings.svc_addr, settings.svc_name, settings.trust_anchors_pem,
-            settings.workload, settings.ports,
+            policies, settings.svc_addr, settings.svc_name, anchors, settings.workload,
+            settings.ports,
         )  # fmt: skip
     return InboundPolicy(policies.get, metrics), watcher
 
 
-def _outbound_policies(config: ProxyConfig) -> OutboundPolicies | None:
+def _outbound_policies(
+    config: ProxyConfig, anchors: TrustAnchors | None
+) -> OutboundPolicies | None:
     """The outbound policies of the services the proxy's traffic targets, when a policy
     controller is configured (else each service is routed by its ServiceProfile alone)."""
     settings = config.policy
@@ -290,9 +312,7 @@ def _outbound_policies(config: ProxyConfig) -> OutboundPolicies | None:
     from meshlet.proxy.discovery.outbound_policy import WatchOutbound
     from meshlet.proxy.outbound.policies import OutboundPolicies
 
-    client = WatchOutbound(
-        settings.svc_addr, settings.svc_name, settings.trust_anchors_pem, settings.workload
-    )
+    client = WatchOutbound(settings.svc_addr, settings.svc_name, anchors, settings.workload)
     return OutboundPolicies(client, time.monotonic)
 
 

@@ -159,6 +159,7 @@ class IdentitySettings:
     token_file: Path
     trust_anchors_pem: str
     directory: Path | None = None  # None: a private temporary folder under /dev/shm
+    trust_anchors_file: Path | None = None  # a bundle followed while the proxy runs
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +209,7 @@ class ProxyConfig:
     identity_local_name: str = ""
     identity_token_file: Path | None = None
     identity_trust_anchors: str = ""
+    identity_trust_anchors_file: Path | None = None
     identity_dir: Path | None = None
     # The tap controller's identity, the one client the tap server answers ("": the
     # `meshlet-tap` service account of the control plane this proxy's identity names).
@@ -326,6 +328,7 @@ _TABLE: Final[dict[wellknown.ProxyEnv, tuple[str, Callable[[str], Any]]]] = {
     E.IDENTITY_LOCAL_NAME: ("identity_local_name", _text),
     E.IDENTITY_TOKEN_FILE: ("identity_token_file", _path),
     E.IDENTITY_TRUST_ANCHORS: ("identity_trust_anchors", _text),
+    E.IDENTITY_TRUST_ANCHORS_FILE: ("identity_trust_anchors_file", _path),
     E.IDENTITY_DIR: ("identity_dir", _path),
     E.TAP_SVC_NAME: ("tap_svc_name", _text),
     E.INBOUND_PORTS_DISABLE_PROTOCOL_DETECTION: (
@@ -459,6 +462,7 @@ def _identity(config: ProxyConfig, problems: list[str]) -> IdentitySettings | No
         token_file=config.identity_token_file,
         trust_anchors_pem=config.identity_trust_anchors,
         directory=config.identity_dir,
+        trust_anchors_file=config.identity_trust_anchors_file,
     )
 
 

@@ -363,6 +363,15 @@ class ProxyMetrics:
             "identity_cert_refresh", "Certificate requests to the identity service, by result.",
             ["result"], registry=r,
         )  # fmt: skip
+        self.identity_trust_anchors = Gauge(
+            "identity_trust_anchors", "The trust anchors in force (certificates in the bundle).", r
+        )
+        self.identity_trust_anchors_reload_total = Counter(
+            "identity_trust_anchors_reload",
+            "Changes of the trust-anchor file seen, by result (ok: now in force; invalid: kept"
+            " the anchors in force).",
+            ["result"], registry=r,
+        )  # fmt: skip
 
     def conn(
         self, direction: str, target_addr: str, dst: tuple[str, ...] = NO_DST, **tls: str

@@ -25,6 +25,7 @@ from meshlet.controlplane.k8s import objects
 from meshlet.controlplane.k8s.manifests import ManifestsFolder, ManifestsSource
 from meshlet.proxy.core.endpoints import Add, NoEndpoints
 from meshlet.proxy.discovery.client import Backoff, DestinationClient, StreamRefused
+from meshlet.proxy.identity.anchors import TrustAnchors
 
 DEST_ID = "meshlet-destination.meshlet.serviceaccount.identity.meshlet.cluster.local"
 WEB = "web.emojivoto.svc.cluster.local:80"
@@ -143,6 +144,30 @@ async def test_a_destination_service_that_fails_verification_is_refused(
         assert client.last_error is not None
         assert "CERTIFICATE_VERIFY_FAILED" in client.last_error
         assert tls_server.limits.active == 0  # no stream ever reached the service
+    finally:
+        await client.aclose()
+
+
+async def test_new_anchors_in_the_followed_file_take_effect_on_the_next_connection(
+    tls_server: DestinationServer, test_ca: Any, tmp_path: Path
+) -> None:
+    """The anchors in force refuse the service (it is served from an anchor they lack): the
+    streams keep failing, and once the followed bundle adds that anchor they open."""
+    other, _ = ca.create_trust_anchor(dt.datetime.now(dt.UTC))
+    bundle = tmp_path / "ca-bundle.crt"
+    bundle.write_bytes(ca.cert_pem(other))
+    anchors = TrustAnchors(ca.cert_pem(other).decode(), bundle)
+    client = DestinationClient(
+        ("127.0.0.1", tls_server.grpc_port), DEST_ID, anchors, "", backoff=(0.02, 0.05)
+    )
+    try:
+        async with following(client.profiles(WEB)) as profiles:
+            await eventually(lambda: client.failures >= 2)
+            assert "CERTIFICATE_VERIFY_FAILED" in (client.last_error or "")
+            assert profiles.empty()
+            bundle.write_bytes(ca.cert_pem(other, test_ca.anchor))
+            assert anchors.check()
+            assert (await next_in(profiles)).first
     finally:
         await client.aclose()
 

@@ -28,9 +28,11 @@ from cryptography.hazmat.primitives.serialization import Encoding
 
 from meshlet.api import wellknown
 from meshlet.api.hostport import HostPort
+from meshlet.controlplane.identity import ca
 from meshlet.controlplane.identity.server import IdentityConfig, IdentityServer
 from meshlet.proxy.config import IdentitySettings
 from meshlet.proxy.core import refresh
+from meshlet.proxy.identity.anchors import TrustAnchors
 from meshlet.proxy.identity.manager import IdentityManager, NoCertificate, PrestartFailed
 from meshlet.proxy.metrics import ProxyMetrics
 from meshlet.proxy.tls import contexts
@@ -522,3 +524,138 @@ async def test_the_proxy_process_never_imports_cryptography(
 
 
 # Settings
+
+
+# Trust-anchor rotation
+
+
+async def echo(server: ssl.SSLContext, client: ssl.SSLContext) -> str | None:
+    """One TLS exchange from `client` to a server on `server` (as emoji): the identity the
+    server saw, after the bytes came back."""
+    seen: list[str | None] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(contexts.peer_identity(writer.get_extra_info("ssl_object")))
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
+            writer.write(await reader.readexactly(4))
+            await writer.drain()
+        writer.close()
+        with contextlib.suppress(ConnectionError, ssl.SSLError):
+            await writer.wait_closed()
+
+    listener = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=server)
+    async with listener:
+        port = listener.sockets[0].getsockname()[1]
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", port, ssl=client, server_hostname=EMOJI
+        )
+        writer.write(b"ping")
+        assert await reader.readexactly(4) == b"ping"
+        writer.close()
+        await writer.wait_closed()
+    return seen[0] if seen else None
+
+
+def followed(service: IdentityService, tmp_path: Path, sa: str, token: str) -> IdentitySettings:
+    """Settings whose trust anchors are followed in a file of the proxy's own (its pod's
+    ConfigMap volume), written with the anchors in force."""
+    path = tmp_path / f"{sa}-anchors" / "ca-bundle.crt"
+    path.parent.mkdir()
+    path.write_text(service.test_ca.anchors_pem)
+    return replace(settings(service, tmp_path, sa, token), trust_anchors_file=path)
+
+
+def anchors_of(settings: IdentitySettings) -> TrustAnchors:
+    return TrustAnchors(settings.trust_anchors_pem, settings.trust_anchors_file)
+
+
+async def test_a_trust_anchor_rotation_keeps_every_exchange_and_shuts_out_the_old_anchor(
+    identity: IdentityService, tmp_path: Path
+) -> None:
+    """docs/identity.md's procedure, between two proxies' managers, with an exchange at every
+    step: add the new anchor to the bundle, issue from an issuer signed by it (the proxies
+    renew at their time: here the test wakes them), remove the old anchor. No exchange fails
+    and no step restarts a manager; at the end a peer trusting only the old anchor, with a
+    certificate from the old issuer, is refused."""
+    await identity.start()
+    test_ca = identity.test_ca
+    old, old_pem = test_ca.anchor, test_ca.anchors_pem
+    # a clock each: a wake moves the clock of the manager it wakes by its ~17 h
+    steppers = {sa: Stepper(FakeClock()) for sa in ("web", "emoji")}
+    config = {sa: followed(identity, tmp_path, sa, f"tok-{sa}") for sa in steppers}
+    managers = {}
+    for sa, stepper in steppers.items():
+        managers[sa] = IdentityManager(config[sa], ProxyMetrics(), clock=stepper.clock,
+                                       sleep=stepper, anchors=anchors_of(config[sa]))  # fmt: skip
+    web, emoji = managers["web"], managers["emoji"]
+    changes: list[str] = []
+    web.on_change(lambda: changes.append("web"))
+
+    def write_bundle(*anchors: Any) -> None:
+        for sa, manager in managers.items():
+            path = config[sa].trust_anchors_file
+            assert path is not None
+            path.write_bytes(ca.cert_pem(*anchors))
+            assert manager.anchors.check()
+
+    async with running(web, emoji):
+        for stepper in steppers.values():
+            await stepper.next()
+        assert await echo(emoji.server_context(), web.client_context()) == WEB
+        old_chain = (tmp_path / "web-identity" / contexts.CHAIN_FILE).read_bytes()
+        (tmp_path / "old-chain.pem").write_bytes(old_chain)
+
+        # 1. the new anchor beside the old: contexts rebuilt on both, nobody renews
+        new, new_key = test_ca.new_anchor()
+        test_ca.write_anchors(old, new)
+        write_bundle(old, new)
+        assert changes == ["web", "web"] and web.anchors.count == 2
+        assert await echo(emoji.server_context(), web.client_context()) == WEB
+
+        # 2. an issuer signed by the new anchor; each proxy renews at its time, one at a time,
+        # so old and new leaves meet, and each side trusts both
+        test_ca.issue_from(new, new_key)
+        await asyncio.sleep(0.5)  # the identity service reads its issuer every 0.1 s here
+        for sa, stepper in steppers.items():
+            stepper.wake()
+            await stepper.next()
+            assert holds_chain_from(tmp_path / f"{sa}-identity", test_ca.issuer), sa
+            assert await echo(emoji.server_context(), web.client_context()) == WEB
+
+        # 3. the old anchor removed: every leaf chains to the new one, nobody renews
+        test_ca.write_anchors(new)
+        write_bundle(new)
+        assert await echo(emoji.server_context(), web.client_context()) == WEB
+        assert all(m.anchors.count == 1 for m in managers.values())
+
+        # a proxy left on the old anchor, with its old certificate, gets nowhere
+        key = tmp_path / "web-identity" / "key.pem"
+        stale = contexts.client_context(tmp_path / "old-chain.pem", key, old_pem)
+        with pytest.raises(ssl.SSLCertVerificationError):
+            await echo(emoji.server_context(), stale)
+        current = contexts.client_context(tmp_path / "old-chain.pem", key, test_ca.anchors_pem)
+        with pytest.raises((ssl.SSLError, ConnectionError, asyncio.IncompleteReadError)):
+            await echo(emoji.server_context(), current)  # its old leaf is refused by emoji
+
+
+async def test_a_certificate_that_no_longer_chains_to_the_anchors_is_renewed_at_once(
+    identity: IdentityService, tmp_path: Path
+) -> None:
+    """Anchors that drop the one the certificate chains to (a rotation whose last step came
+    before this proxy renewed): the manager renews now, not in its ~17 h."""
+    await identity.start()
+    test_ca = identity.test_ca
+    config = followed(identity, tmp_path, "web", "tok-web")
+    metrics = ProxyMetrics()
+    web = IdentityManager(config, metrics, anchors=anchors_of(config))
+    async with running(web):
+        await eventually(lambda: web.ready)
+        new, new_key = test_ca.new_anchor()
+        test_ca.issue_from(new, new_key)
+        test_ca.write_anchors(test_ca.anchor, new)  # the identity service's own bundle
+        await asyncio.sleep(0.5)
+        assert config.trust_anchors_file is not None
+        config.trust_anchors_file.write_bytes(ca.cert_pem(new))
+        assert web.anchors.check()
+        await eventually(lambda: refreshes(metrics, "ok") == 2)
+        assert holds_chain_from(tmp_path / "web-identity", test_ca.issuer)

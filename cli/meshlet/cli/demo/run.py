@@ -379,6 +379,7 @@ class Demo:
             env = topology.proxy_env(
                 layout, pod, token_file=str(root / "tokens" / pod.name),
                 identity_dir=str(identity_dir), anchors_pem=anchors_pem,
+                anchors_file=str(root / "ca" / "trust-anchors.pem"),
             )  # fmt: skip
             netns = topology.netns_name(pod.name) if netns_mode else None
             gid = wellknown.PROXY_GID if netns_mode else None

@@ -299,9 +299,16 @@ def tokens_file(layout: Layout) -> str:
 
 
 def proxy_env(
-    layout: Layout, pod: Pod, *, token_file: str, identity_dir: str, anchors_pem: str
+    layout: Layout,
+    pod: Pod,
+    *,
+    token_file: str,
+    identity_dir: str,
+    anchors_pem: str,
+    anchors_file: str | None = None,
 ) -> dict[str, str]:
-    """Everything `meshlet-proxy` reads, as the injector would write it for this pod."""
+    """Everything `meshlet-proxy` reads, as the injector would write it for this pod; with
+    `anchors_file`, the bundle the proxy follows (the one the identity service reads)."""
     p = wellknown.PROXY_ENV_PREFIX
     netns = layout.mode is Mode.NETNS
     bind = "0.0.0.0" if netns else pod.ip
@@ -333,6 +340,7 @@ def proxy_env(
         f"{p}IDENTITY_LOCAL_NAME": pod.identity,
         f"{p}IDENTITY_TOKEN_FILE": token_file,
         f"{p}IDENTITY_TRUST_ANCHORS": anchors_pem,
+        **({f"{p}IDENTITY_TRUST_ANCHORS_FILE": anchors_file} if anchors_file else {}),
         f"{p}IDENTITY_DIR": identity_dir,
         **policy,
         f"{p}INBOUND_PORTS_DISABLE_PROTOCOL_DETECTION": ",".join(map(str, sorted(opaque))),

@@ -38,6 +38,7 @@ from meshlet.proxy.discovery.watch import (
     Watch,
     follow,
 )
+from meshlet.proxy.identity.anchors import TrustAnchors
 
 log = logging.getLogger(__name__)
 
@@ -59,14 +60,14 @@ class DestinationClient:
         self,
         addr: HostPort,
         server_name: str | None,
-        trust_anchors_pem: str | None,
+        trust_anchors: str | TrustAnchors | None,
         context_token: str,
         *,
         backoff: tuple[float, float] = (0.1, 5.0),
         rng: random.Random | None = None,
         keepalive: tuple[float, float] = KEEPALIVE,
     ) -> None:
-        self._control = ControlChannel(addr, server_name, trust_anchors_pem,
+        self._control = ControlChannel(addr, server_name, trust_anchors,
                                        "the destination service", keepalive)  # fmt: skip
         self.addr = addr
         self._context_token = context_token

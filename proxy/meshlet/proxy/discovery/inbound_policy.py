@@ -27,6 +27,7 @@ from meshlet.api.hostport import HostPort
 from meshlet.proxy.core.authz import ServerPolicy
 from meshlet.proxy.discovery.policy_decode import decode_server
 from meshlet.proxy.discovery.watch import ControlChannel, StreamStats, Watch, follow
+from meshlet.proxy.identity.anchors import TrustAnchors
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ class PolicyWatcher:
         policies: Policies,
         addr: HostPort,
         server_name: str | None,
-        trust_anchors_pem: str | None,
+        trust_anchors: str | TrustAnchors | None,
         workload: str,
         ports: tuple[int, ...],
         *,
@@ -71,7 +72,7 @@ class PolicyWatcher:
     ) -> None:
         self.policies = policies
         self.addr = addr
-        self._control = ControlChannel(addr, server_name, trust_anchors_pem,
+        self._control = ControlChannel(addr, server_name, trust_anchors,
                                        "the policy controller")  # fmt: skip
         self.workload = workload
         self.ports = ports

@@ -28,6 +28,7 @@ from meshlet.api.hostport import HostPort
 from meshlet.proxy.core.client_policy import ClientPolicy
 from meshlet.proxy.discovery.outbound_decode import decode_outbound
 from meshlet.proxy.discovery.watch import ControlChannel, Received, StreamStats, Watch, follow
+from meshlet.proxy.identity.anchors import TrustAnchors
 
 log = logging.getLogger(__name__)
 
@@ -51,13 +52,13 @@ class WatchOutbound:
         self,
         addr: HostPort,
         server_name: str | None,
-        trust_anchors_pem: str | None,
+        trust_anchors: str | TrustAnchors | None,
         workload: str,
         *,
         backoff: tuple[float, float] = (0.1, 5.0),
         rng: random.Random | None = None,
     ) -> None:
-        self._control = ControlChannel(addr, server_name, trust_anchors_pem,
+        self._control = ControlChannel(addr, server_name, trust_anchors,
                                        "the policy controller")  # fmt: skip
         self.addr = addr
         self.workload = workload

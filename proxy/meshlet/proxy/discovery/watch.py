@@ -37,6 +37,7 @@ from meshlet.api.backoff import Backoff
 from meshlet.api.cancellation import OwnCancellation, isolated
 from meshlet.api.hostport import HostPort
 from meshlet.proxy.discovery.decode import DecodeError
+from meshlet.proxy.identity.anchors import TrustAnchors
 from meshlet.proxy.tls.contexts import control_client_context
 
 T = TypeVar("T")
@@ -75,17 +76,21 @@ class ControlChannel:
     """The channel every stream to one control-plane service shares (`what`: "the destination
     service"), opened at first use: over TLS verified as `server_name` against the trust anchors
     when a name is given, plaintext when none is. A name without anchors is refused, never
-    quietly plaintext. Its connection is kept alive by PINGs (`keepalive`: every, within)."""
+    quietly plaintext. Its connection is kept alive by PINGs (`keepalive`: every, within).
+    Anchors that are followed (`TrustAnchors`) and change take effect on a new connection: the
+    streams on the old one end and reopen."""
 
     def __init__(
         self,
         addr: HostPort,
         server_name: str | None,
-        trust_anchors_pem: str | None,
+        trust_anchors: str | TrustAnchors | None,
         what: str,
         keepalive: tuple[float, float] = KEEPALIVE,
     ) -> None:
-        if server_name and not trust_anchors_pem:
+        if isinstance(trust_anchors, str):
+            trust_anchors = TrustAnchors(trust_anchors) if trust_anchors else None
+        if server_name and trust_anchors is None:
             raise ValueError(
                 f"{what} is verified as {server_name!r} but no trust anchors are configured;"
                 " set MESHLET_PROXY_IDENTITY_TRUST_ANCHORS"
@@ -93,9 +98,10 @@ class ControlChannel:
         self.addr = addr
         self.what = what
         self.server_name = server_name or None
-        self._ssl = (
-            control_client_context(trust_anchors_pem) if server_name and trust_anchors_pem else None
-        )
+        self._anchors = trust_anchors if server_name else None
+        self._ssl = None if self._anchors is None else control_client_context(self._anchors.pem)
+        if self._anchors is not None:
+            self._anchors.on_change(self._anchors_changed)
         self._keepalive = keepalive
         self._channel: Channel | None = None
         self._closed = False
@@ -120,6 +126,12 @@ class ControlChannel:
             )
             self._channel = Channel(*self.addr, ssl=self._ssl, config=config)
         return self._channel
+
+    def _anchors_changed(self) -> None:
+        assert self._anchors is not None
+        self._ssl = control_client_context(self._anchors.pem)
+        if self._channel is not None:
+            self.failed(self._channel)
 
     def failed(self, channel: Channel) -> None:
         """A stream on `channel` failed as a dead peer's would: the next stream opens a new

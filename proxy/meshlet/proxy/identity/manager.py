@@ -24,8 +24,10 @@ API:
   `transport.l5d.io/v1`; the server verifies a client certificate when one is sent
   (CERT_OPTIONAL); the client verifies the server by name (pass `server_hostname`). Built once
   per certificate; `NoCertificate` before the first one.
-- `on_change(callback)`: `callback()` runs after each new certificate is installed, so holders
-  of contexts (connection pools) can drop the old ones.
+- `on_change(callback)`: `callback()` runs after each new certificate is installed, and after
+  new trust anchors (`anchors`, a followed `identity.anchors.TrustAnchors`) rebuilt the
+  contexts, so holders of contexts (connection pools) can drop the old ones. A certificate
+  that does not chain to new anchors is renewed at once.
 
 Each round: read the token file (Kubernetes rotates it), `Certify` with the same CSR, write the
 chain into a staging folder, check it (`identity.verify`: chain to the anchors, our name, our
@@ -61,6 +63,7 @@ from meshlet.api.cancellation import OwnCancellation
 from meshlet.proxy.config import IdentitySettings
 from meshlet.proxy.core import refresh
 from meshlet.proxy.identity import prestart
+from meshlet.proxy.identity.anchors import TrustAnchors
 from meshlet.proxy.identity.certify import Certificate, CertifyClient, CertifyFailed
 from meshlet.proxy.identity.verify import Rejected, verify
 from meshlet.proxy.metrics import ProxyMetrics
@@ -119,9 +122,14 @@ class IdentityManager:
         clock: Clock = time.time,
         rng: random.Random | None = None,
         sleep: Sleep = asyncio.sleep,
+        anchors: TrustAnchors | None = None,
     ) -> None:
         self.local_name = settings.local_name
         self._settings = settings
+        self.anchors = anchors or TrustAnchors(settings.trust_anchors_pem)
+        self.anchors.on_change(self._anchors_changed)
+        self._renew_now = asyncio.Event()
+        self._published: tuple[Path, Path] | None = None  # the chain and key in use
         self._metrics = metrics
         self._clock = clock
         self._rng = rng or random.Random()
@@ -187,7 +195,42 @@ class IdentityManager:
                     failures += 1
                     elapsed = self._clock() - started
                     delay = max(0.0, refresh.retry_in(failures, self._rng) - elapsed)
-                await self._sleep(delay)
+                await self._wait(delay)
+
+    async def _wait(self, delay: float) -> None:
+        """Sleeps `delay`, or less when new trust anchors call for a renewal now."""
+        if self._renew_now.is_set():
+            self._renew_now.clear()
+            return
+        sleeping = asyncio.ensure_future(self._sleep(delay))
+        woken = asyncio.ensure_future(self._renew_now.wait())
+        try:
+            await asyncio.wait({sleeping, woken}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (sleeping, woken):
+                task.cancel()
+            await asyncio.gather(sleeping, woken, return_exceptions=True)
+        self._renew_now.clear()
+
+    def _anchors_changed(self) -> None:
+        """New trust anchors: peers are verified against them from now on (the contexts are
+        built again and their holders told), and a certificate that does not chain to them is
+        renewed at once rather than at its time."""
+        if self._installed is None or self._published is None:
+            return
+        chain, key = self._published
+        try:
+            verify(chain, key, self.anchors.pem, self.local_name, self._clock())
+        except Rejected as exc:
+            log.warning("identity: the certificate does not chain to the new trust anchors (%s);"
+                        " renewing it now", exc.reason)  # fmt: skip
+            self._renew_now.set()
+        try:
+            self._installed = self._contexts(chain, key, self._installed.expires_at)
+        except (OSError, ssl.SSLError) as exc:
+            log.error("identity: cannot build contexts on the new trust anchors: %s", exc)
+            return
+        self._changed()
 
     @contextlib.contextmanager
     def _workdir(self) -> Iterator[Path]:
@@ -227,6 +270,7 @@ class IdentityManager:
             log.error("identity: cannot install the certificate in %s: %s", directory, exc)
             return RefreshResult.LOCAL_ERROR
         self._installed = installed
+        self._published = (directory / contexts.CHAIN_FILE, files.key)
         now = self._clock()
         self._metrics.identity_cert_expiration_timestamp_seconds.set(installed.expires_at)
         self._metrics.identity_cert_refresh_timestamp_seconds.set(now)
@@ -235,19 +279,22 @@ class IdentityManager:
             self.local_name,
             installed.expires_at - now,
         )
+        self._changed()
+        return RefreshResult.OK
+
+    def _changed(self) -> None:
         for callback in list(self._callbacks):
             try:
                 callback()
             except Exception:
                 log.exception("identity: a certificate-change callback failed")
-        return RefreshResult.OK
 
     async def _certify(self, token: bytes, csr: bytes) -> Certificate:
         settings = self._settings
         host, port = settings.svc_addr
         try:
             client = CertifyClient(
-                host, port, settings.svc_name, settings.trust_anchors_pem, timeout=CERTIFY_TIMEOUT
+                host, port, settings.svc_name, self.anchors.pem, timeout=CERTIFY_TIMEOUT
             )
         except ssl.SSLError as exc:
             raise CertifyFailed("UNAVAILABLE", f"bad trust anchors: {exc}") from exc
@@ -284,7 +331,7 @@ class IdentityManager:
         self, directory: Path, files: prestart.IdentityFiles, certificate: Certificate
     ) -> _Installed:
         """Stages, verifies, then atomically publishes the chain; contexts from it."""
-        anchors = self._settings.trust_anchors_pem
+        anchors = self.anchors.pem
         staging = directory / STAGING_DIR
         staging.mkdir(mode=0o700, exist_ok=True)
         candidate = contexts.write_chain(
@@ -297,12 +344,16 @@ class IdentityManager:
             raise
         chain = directory / contexts.CHAIN_FILE
         os.replace(candidate, chain)
+        return self._contexts(chain, files.key, min(validity.not_after, certificate.valid_until))
+
+    def _contexts(self, chain: Path, key: Path, expires_at: float) -> _Installed:
+        anchors = self.anchors.pem
         return _Installed(
-            server=contexts.server_context(chain, files.key, anchors, require_client_cert=False),
-            client=contexts.client_context(chain, files.key, anchors),
-            control=contexts.control_server_context(chain, files.key, anchors),
-            direct=contexts.direct_server_context(chain, files.key, anchors),
-            expires_at=min(validity.not_after, certificate.valid_until),
+            server=contexts.server_context(chain, key, anchors, require_client_cert=False),
+            client=contexts.client_context(chain, key, anchors),
+            control=contexts.control_server_context(chain, key, anchors),
+            direct=contexts.direct_server_context(chain, key, anchors),
+            expires_at=expires_at,
         )
 
 
