@@ -213,7 +213,15 @@ def destination(
 @option(
     "--trust-anchors",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="PEM trust anchors written into every proxy (ConfigMap meshlet-identity-trust-roots).",
+    help="PEM trust anchors written into every proxy (ConfigMap meshlet-identity-trust-roots);"
+    " re-read while it runs, so pods admitted after a rotation's step get the new bundle.",
+)
+@option(
+    "--reload-interval",
+    type=click.FloatRange(min=0.1),
+    default=10.0,
+    show_default=True,
+    help="Seconds between checks for a rotated webhook certificate or new trust anchors.",
 )
 @option(
     "--kubeconfig",
@@ -241,6 +249,7 @@ def injector(
     tls_key: Path | None,
     config_file: Path | None,
     trust_anchors: Path | None,
+    reload_interval: float,
     kubeconfig: Path | None,
     in_cluster: bool,
     answer_within: float,
@@ -284,6 +293,8 @@ def injector(
         inject=inject,
         kube_api=api_client(kubeconfig, in_cluster),
         answer_within=answer_within,
+        trust_anchors=trust_anchors,
+        reload_interval=reload_interval,
     )
     _run(serve(config))
 

@@ -19,6 +19,7 @@ import jsonpatch
 import pytest
 
 from meshlet.api import wellknown as wk
+from meshlet.controlplane.identity import ca
 from meshlet_testing import schema
 from meshlet_testing.fakeapi import FakeKubeAPI
 from meshlet_testing.injectorproc import SERVICE, Injector
@@ -36,8 +37,8 @@ def controller(*args: str) -> subprocess.Popen[str]:
     )
 
 
-@pytest.fixture
-def injector(test_ca: Any, tmp_path: Path, api: FakeKubeAPI) -> Iterator[Injector]:
+def start(test_ca: Any, tmp_path: Path, api: FakeKubeAPI, *extra: str) -> Injector:
+    """The injector with the test CA's anchors and a values file, ready."""
     api.apply(
         {
             "apiVersion": "v1",
@@ -54,9 +55,9 @@ def injector(test_ca: Any, tmp_path: Path, api: FakeKubeAPI) -> Iterator[Injecto
         "--admin-addr", f"127.0.0.1:{admin}",
         "--tls-cert", str(cert),
         "--tls-key", str(key),
-        "--trust-anchors", str(test_ca.anchors_path),
         "--config", str(config),
         "--kubeconfig", str(api.write_kubeconfig(tmp_path / "kubeconfig")),
+        *(extra or ("--trust-anchors", str(test_ca.anchors_path))),
     )  # fmt: skip
     deadline = time.monotonic() + 20
     while True:
@@ -67,10 +68,57 @@ def injector(test_ca: Any, tmp_path: Path, api: FakeKubeAPI) -> Iterator[Injecto
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "injector never ready"
             time.sleep(0.1)
-    yield Injector(proc, port, admin, test_ca.anchors_path)
-    if proc.poll() is None:
-        proc.kill()
-        proc.communicate()
+    return Injector(proc, port, admin, test_ca.anchors_path)
+
+
+@pytest.fixture
+def injector(test_ca: Any, tmp_path: Path, api: FakeKubeAPI) -> Iterator[Injector]:
+    running = start(test_ca, tmp_path, api)
+    yield running
+    if running.proc.poll() is None:
+        running.proc.kill()
+        running.proc.communicate()
+
+
+def admitted_anchors(injector: Injector) -> str:
+    """The trust anchors the injector gives a pod admitted now."""
+    status, body = injector.post(json.dumps(review(pod(None))).encode())
+    assert status == 200
+    patch = json.loads(base64.b64decode(json.loads(body)["response"]["patch"]))
+    meshed = jsonpatch.apply_patch(pod(None), patch)
+    proxy = next(c for c in meshed["spec"]["initContainers"] if c["name"] == wk.PROXY_CONTAINER)
+    env = {e["name"]: e.get("value") for e in proxy["env"]}
+    return str(env[wk.ProxyEnv.IDENTITY_TRUST_ANCHORS])
+
+
+def test_pods_admitted_after_the_anchors_change_get_the_new_bundle(
+    test_ca: Any, tmp_path: Path, api: FakeKubeAPI
+) -> None:
+    """A step of a rotation (docs/identity.md) reaches the injector's mounted ConfigMap: pods
+    admitted from then on get the new bundle, without a restart; a file that is not a bundle
+    is not taken."""
+    roots = tmp_path / "trust-roots" / "ca-bundle.crt"
+    roots.parent.mkdir()
+    roots.write_text(test_ca.anchors_pem)
+    injector = start(test_ca, tmp_path, api, "--trust-anchors", str(roots),
+                     "--reload-interval", "0.1")  # fmt: skip
+    try:
+        assert admitted_anchors(injector) == test_ca.anchors_pem
+        new, _ = test_ca.new_anchor()
+        bundle = ca.cert_pem(test_ca.anchor, new).decode()
+        roots.write_text(bundle)
+        deadline = time.monotonic() + 10
+        while admitted_anchors(injector) != bundle:
+            assert time.monotonic() < deadline, "the new bundle never reached admitted pods"
+            time.sleep(0.1)
+        roots.write_text("-----BEGIN CERTIFICATE-----\nbroken\n-----END CERTIFICATE-----\n")
+        time.sleep(0.5)
+        assert admitted_anchors(injector) == bundle
+    finally:
+        injector.proc.kill()
+        _, err = injector.proc.communicate()
+    assert "pods admitted from now on get 2 anchor(s)" in err
+    assert "not taken: not a bundle of PEM certificates" in err
 
 
 def test_answers_admission_reviews_over_tls(injector: Injector) -> None:

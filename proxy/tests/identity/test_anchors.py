@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
+from meshlet.api.bundle import problem
 from meshlet.controlplane.identity import ca
-from meshlet.proxy.identity.anchors import TrustAnchors, problem
+from meshlet.proxy.identity.anchors import TrustAnchors
 
 
 def test_the_file_wins_at_start_when_it_holds_a_bundle(test_ca: Any, tmp_path: Path) -> None:

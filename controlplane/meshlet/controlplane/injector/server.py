@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -13,6 +13,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 
+from meshlet.api import bundle
 from meshlet.api.admin import AdminServer
 from meshlet.api.hostport import HostPort
 from meshlet.controlplane.cli import serve_until_signalled
@@ -36,6 +37,8 @@ class InjectorConfig:
     inject: InjectConfig
     kube_api: Any | None  # a kubernetes ApiClient: namespace annotations are read with it
     answer_within: float = 8.0
+    trust_anchors: Path | None = None  # re-read: pods admitted after a change get the new bundle
+    reload_interval: float = CERT_CHECK_SECONDS
 
 
 def server_context(cert: Path, key: Path) -> ssl.SSLContext:
@@ -62,6 +65,8 @@ class InjectorServer:
         self._admin = AdminServer(partial(generate_latest, self.registry), ready=self.ready)
         self.supervisor = Supervisor("injector")
         self.supervisor.add("the webhook certificate watch", self._watch_certificate)
+        if config.trust_anchors is not None:
+            self.supervisor.add("the trust anchors watch", self._watch_anchors)
         self._supervising: asyncio.Task[None] | None = None
         self.port = 0
         self.admin_port = 0
@@ -91,7 +96,7 @@ class InjectorServer:
     async def _watch_certificate(self) -> None:
         """A rotated Secret shows up as new files; new connections get the new certificate."""
         while True:
-            await asyncio.sleep(CERT_CHECK_SECONDS)
+            await asyncio.sleep(self.config.reload_interval)
             try:
                 stamp = self._cert_stamp()
                 if stamp != self._stamp:
@@ -100,6 +105,32 @@ class InjectorServer:
                     log.info("webhook certificate reloaded")
             except (OSError, ssl.SSLError) as exc:
                 log.error("webhook certificate not reloaded: %s", exc)
+
+    async def _watch_anchors(self) -> None:
+        """The trust-roots ConfigMap changed (a step of a rotation, docs/identity.md): pods
+        admitted from now on get the new bundle. One that is not a bundle keeps the anchors in
+        force."""
+        path = self.config.trust_anchors
+        assert path is not None
+        refused = None
+        while True:
+            await asyncio.sleep(self.config.reload_interval)
+            try:
+                text = path.read_text()
+            except (OSError, UnicodeDecodeError) as exc:
+                log.error("trust anchors not re-read from %s: %s", path, exc)
+                continue
+            if text in (self.webhook.config.trust_anchors_pem, refused):
+                continue
+            why = bundle.problem(text)
+            if why is not None:
+                refused = text
+                log.error("trust anchors in %s not taken: %s; pods get the anchors in force",
+                          path, why)  # fmt: skip
+                continue
+            self.webhook.config = replace(self.webhook.config, trust_anchors_pem=text)
+            log.info("trust anchors reloaded from %s: pods admitted from now on get %d anchor(s)",
+                     path, bundle.count(text))  # fmt: skip
 
     async def stop(self) -> None:
         self.supervisor.stop()

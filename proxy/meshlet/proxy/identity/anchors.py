@@ -19,26 +19,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import ssl
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
+from meshlet.api import bundle
+
 log = logging.getLogger(__name__)
 
 FOLLOW_EVERY: Final = 2.0  # seconds between looks at the file
-BEGIN: Final = "-----BEGIN CERTIFICATE-----"
-
-
-def problem(pem: str) -> str | None:
-    """Why `pem` is not a bundle of trust anchors; None when it is."""
-    if BEGIN not in pem:
-        return "no PEM certificate in it"
-    try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=pem)
-    except (ssl.SSLError, ValueError) as exc:
-        return f"not a bundle of PEM certificates ({exc})"
-    return None
 
 
 def fingerprint(pem: str) -> str:
@@ -67,12 +56,12 @@ class TrustAnchors:
         self._counted = counted  # result -> a counter child: `.inc()`d per change seen
         if path is not None:
             text = _read(path)
-            if text is not None and text != pem and problem(text) is None:
+            if text is not None and text != pem and bundle.problem(text) is None:
                 self.pem = text
 
     @property
     def count(self) -> int:
-        return self.pem.count(BEGIN)
+        return bundle.count(self.pem)
 
     def on_change(self, callback: Callable[[], None]) -> None:
         self._callbacks.append(callback)
@@ -84,7 +73,7 @@ class TrustAnchors:
         text = _read(self.path)
         if text is None or text == self.pem or text == self._refused:
             return False
-        why = problem(text)
+        why = bundle.problem(text)
         if why is not None:
             self._refused = text
             self._count("invalid")
