@@ -221,6 +221,44 @@ def test_expired_issuer_fails(cluster: Cluster, tmp_path: Path) -> None:
     assert stale["result"] == "error" and "emojivoto/web-5d4f8c9b7-x2x7q" in stale["error"]
 
 
+def test_a_rotation_step_is_safe_once_every_copy_holds_the_bundle(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Step 1 of docs/identity.md's rotation: the control plane's bundle gains an anchor. The
+    meshed pods, injected with the old bundle but following their namespace's copy, are current
+    once the copy is; a copy the injector has not rewritten yet is named."""
+    cluster.install(*identity_files(tmp_path, dt.timedelta(days=365)))
+    roots = cluster.api.get("v1", "ConfigMap", wk.TRUST_ROOTS_CONFIGMAP, "meshlet")
+    assert roots is not None
+    old = roots["data"][wk.TRUST_ROOTS_KEY]
+    copy = {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": wk.TRUST_ROOTS_COPY, "namespace": "emojivoto",
+                         "labels": {wk.TRUST_ROOTS_COPY_LABEL: "copy"}},
+            "data": {wk.TRUST_ROOTS_KEY: old}}  # fmt: skip
+    cluster.api.apply(copy)
+    new, _ = ca.create_trust_anchor(dt.datetime.now(dt.UTC))
+    roots["data"] = {wk.TRUST_ROOTS_KEY: old + ca.cert_pem(new).decode()}
+    cluster.api.apply(roots)
+
+    def results() -> dict[str, Any]:  # by description, without the detail a success adds
+        return {c["description"].split(" (")[0]: c for cat in json.loads(
+                cluster.check("-o", "json").out)["categories"] for c in cat["checks"]}  # fmt: skip
+
+    before = results()
+    copies = before["every namespace's copy of the trust roots is current"]
+    assert copies["result"] == "error" and "emojivoto" in copies["error"]
+    assert before["data plane proxies use the current trust root"]["result"] == "error"
+
+    for namespace in ("emojivoto", "meshlet"):  # the injector's patch of every copy
+        current = cluster.api.get("v1", "ConfigMap", wk.TRUST_ROOTS_COPY, namespace)
+        assert current is not None
+        current["data"] = roots["data"]
+        cluster.api.apply(current)
+    after = results()
+    assert after["every namespace's copy of the trust roots is current"]["result"] == "success"
+    assert after["data plane proxies use the current trust root"]["result"] == "success"
+
+
 def test_pre(cluster: Cluster) -> None:
     """On a fresh cluster `check --pre` passes (the CRD not installed yet is a warning with
     the next step), as the install docs run it before `install --crds`."""

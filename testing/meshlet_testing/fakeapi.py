@@ -580,6 +580,22 @@ class FakeKubeAPI:
             return copy.deepcopy(current)
         return self._commit("MODIFIED", res, obj)
 
+    def _patch(self, res: Resource, ns: str, name: str, patch: Obj) -> Obj:
+        current = self._state.objects.get(_key(res, ns, name))
+        if current is None:
+            raise _not_found(res, name)
+        if not isinstance(patch, dict) or any(
+            isinstance(v, list) for v in _leaves(patch)
+        ):  # fmt: skip
+            raise _bad_request("this server patches maps only")
+        obj = _merge_patch(copy.deepcopy(current), patch)
+        for kept in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp"):
+            if kept in current["metadata"]:
+                obj["metadata"][kept] = current["metadata"][kept]
+        if obj == current:  # as the real server: an empty change writes nothing
+            return copy.deepcopy(current)
+        return self._commit("MODIFIED", res, obj)
+
     def _delete(self, res: Resource, ns: str, name: str) -> Obj:
         current = self._state.objects.get(_key(res, ns, name))
         if current is None:
@@ -646,6 +662,18 @@ class FakeKubeAPI:
         elif method == "PUT" and name is not None:
             with self._cond:
                 return 200, self._replace(res, ns, name, body)
+        elif method == "PATCH" and name is not None:
+            # a strategic merge patch is taken as a JSON merge patch: the same for maps (a
+            # ConfigMap's data, labels); lists, which it merges by key, are not patched here
+            if content not in ("application/merge-patch+json",
+                               "application/strategic-merge-patch+json"):  # fmt: skip
+                raise StatusError(
+                    415, "UnsupportedMediaType",
+                    f"the body of the request was in an unknown format ({content or 'none'});"
+                    " this server accepts merge and strategic merge patches of maps",
+                )  # fmt: skip
+            with self._cond:
+                return 200, self._patch(res, ns, name, body)
         elif method == "DELETE" and name is not None:
             with self._cond:
                 obj = self._delete(res, ns, name)
@@ -1118,3 +1146,10 @@ def _peer_closed(sock: socket.socket) -> bool:
 def _shutdown(sock: socket.socket) -> None:
     with contextlib.suppress(OSError):
         sock.shutdown(socket.SHUT_RDWR)
+
+
+def _leaves(patch: Any) -> list[Any]:
+    """Every value under a patch's maps."""
+    if not isinstance(patch, dict):
+        return [patch]
+    return [leaf for value in patch.values() for leaf in _leaves(value)]

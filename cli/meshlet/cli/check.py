@@ -164,6 +164,12 @@ def snapshot(kubeconfig: Path | None, context: str | None, namespace: str) -> Sn
         webhook_secret=read("webhook secret", core.read_namespaced_secret,
                             wk.INJECTOR_TLS_SECRET, namespace),
         data_plane=data_plane,
+        trust_root_copies={
+            item["metadata"]["namespace"]: (item.get("data") or {}).get(wk.TRUST_ROOTS_KEY, "")
+            for item in (read("trust root copies", core.list_config_map_for_all_namespaces,
+                              label_selector=f"{wk.TRUST_ROOTS_COPY_LABEL}=copy")
+                         or {}).get("items", [])
+        },
         policy_crds=policy_crds,
         policy_deployment=deployments.get(wk.POLICY_NAME),
         disruption_budgets=tuple(

@@ -92,6 +92,8 @@ class Snapshot:
     routes: tuple[Obj, ...] = ()  # of ROUTE_APIS, in every namespace
     profiles: tuple[Obj, ...] = ()  # ServiceProfiles, in every namespace
     disruption_budgets: tuple[Obj, ...] = ()  # PodDisruptionBudgets of the control plane
+    # namespace → the bundle in its copy of the trust roots (the injector's, which proxies follow)
+    trust_root_copies: Mapping[str, str] = field(default_factory=dict)
     errors: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -384,6 +386,26 @@ def proxies_ready(s: Snapshot, now: dt.datetime) -> str:
     return f"{len(s.data_plane)} meshed pods"
 
 
+def trust_root_copies(s: Snapshot, now: dt.datetime) -> str:
+    if "trust root copies" in s.errors:
+        raise _Fail(s.errors["trust root copies"])
+    current = _anchors(s)
+    stale = sorted(ns for ns, pem in s.trust_root_copies.items() if pem != current)
+    if stale:
+        raise _Fail("copies holding another bundle: " + _named(stale))
+    count = len(s.trust_root_copies)
+    return f"{count} namespace{'' if count == 1 else 's'}"
+
+
+def _follows_current_copy(s: Snapshot, pod: Obj) -> bool:
+    """The pod's proxy follows its namespace's copy of the trust roots, which holds the
+    current bundle."""
+    volumes = (pod.get("spec") or {}).get("volumes") or []
+    mounted = any(v.get("name") == wk.TRUST_ROOTS_VOLUME for v in volumes)
+    namespace = str((pod.get("metadata") or {}).get("namespace", ""))
+    return mounted and s.trust_root_copies.get(namespace) == _anchors(s)
+
+
 def proxies_trust_root(s: Snapshot, now: dt.datetime) -> None:
     from meshlet.controlplane.injector.patch import trust_root_sha256
 
@@ -392,6 +414,7 @@ def proxies_trust_root(s: Snapshot, now: dt.datetime) -> None:
         f"{p['metadata'].get('namespace')}/{p['metadata'].get('name')}"
         for p in s.data_plane
         if _meta(p, "annotations", wk.TRUST_ROOT_SHA256_ANNOTATION) != current
+        and not _follows_current_copy(s, p)
     ]
     if stale:
         raise _Fail("pods on another trust root (restart them): " + ", ".join(sorted(stale)[:10]))
@@ -643,6 +666,9 @@ INSTALLED: Final[tuple[Entry, ...]] = (
      "rotate the issuer: meshlet identity issuer create, then update the Secret"),
     ("meshlet-identity", "issuer certificate is valid for at least 60 days", issuer_not_expiring,
      "rotate the issuer soon: meshlet identity issuer create, then update the Secret"),
+    ("meshlet-identity", "every namespace's copy of the trust roots is current", trust_root_copies,
+     "the injector rewrites the copies (ConfigMap meshlet-trust-roots) within its reload"
+     " interval; kubectl -n meshlet logs deploy/meshlet-proxy-injector says why it did not"),
     ("meshlet-webhook", "proxy-injector webhook is configured", webhook_config,
      "run: meshlet install | kubectl apply -f -"),
     ("meshlet-webhook", "proxy-injector webhook certificate is valid", webhook_cert,

@@ -11,7 +11,7 @@ from meshlet.api import wellknown as wk
 from meshlet.controlplane.injector import review
 from meshlet.controlplane.injector.config import InjectConfig
 from meshlet.controlplane.injector.model import POD_TEMPLATE_PATHS
-from meshlet.controlplane.injector.patch import XTABLES_VOLUME
+from meshlet.controlplane.injector.patch import volumes
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +88,7 @@ def _template(doc: dict[str, Any]) -> dict[str, Any] | None:
 
 # What the injector adds to a pod template, by name
 INJECTED_CONTAINERS = frozenset({wk.INIT_CONTAINER, wk.PROXY_CONTAINER})
-INJECTED_VOLUMES = frozenset({XTABLES_VOLUME, wk.IDENTITY_DIR_VOLUME, wk.TOKEN_VOLUME})
+INJECTED_VOLUMES = frozenset(volume["name"] for volume in volumes())  # what inject adds
 
 
 def uninject(doc: dict[str, Any]) -> Result:

@@ -91,6 +91,34 @@ def admitted_anchors(injector: Injector) -> str:
     return str(env[wk.ProxyEnv.IDENTITY_TRUST_ANCHORS])
 
 
+def copy_in(api: FakeKubeAPI, namespace: str) -> str | None:
+    """The bundle in `namespace`'s copy of the trust roots; None without one."""
+    copy = api.get("v1", "ConfigMap", wk.TRUST_ROOTS_COPY, namespace)
+    if copy is None:
+        return None
+    assert copy["metadata"]["labels"] == {wk.TRUST_ROOTS_COPY_LABEL: "copy"}
+    return str(copy["data"][wk.TRUST_ROOTS_KEY])
+
+
+def test_a_dry_run_writes_no_copy_and_someone_else_s_configmap_is_left_alone(
+    injector: Injector, api: FakeKubeAPI
+) -> None:
+    request = review(pod({wk.INJECT_ANNOTATION: "enabled"}), namespace="dry")
+    request["request"]["dryRun"] = True
+    status, body = injector.post(json.dumps(request).encode())
+    assert status == 200 and json.loads(body)["response"]["patch"]  # meshed all the same
+    assert copy_in(api, "dry") is None
+    api.apply({"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": wk.TRUST_ROOTS_COPY, "namespace": "emojivoto"},
+               "data": {"mine": "yes"}})  # fmt: skip
+    status, body = injector.post(json.dumps(review(pod(None))).encode())
+    response = json.loads(body)["response"]
+    assert status == 200 and response["patch"]
+    assert any("not meshlet's copy" in w for w in response["warnings"]), response
+    mine = api.get("v1", "ConfigMap", wk.TRUST_ROOTS_COPY, "emojivoto")
+    assert mine is not None and mine["data"] == {"mine": "yes"}
+
+
 def test_pods_admitted_after_the_anchors_change_get_the_new_bundle(
     test_ca: Any, tmp_path: Path, api: FakeKubeAPI
 ) -> None:
@@ -104,16 +132,17 @@ def test_pods_admitted_after_the_anchors_change_get_the_new_bundle(
                      "--reload-interval", "0.1")  # fmt: skip
     try:
         assert admitted_anchors(injector) == test_ca.anchors_pem
+        assert copy_in(api, "emojivoto") == test_ca.anchors_pem  # made before the answer
         new, _ = test_ca.new_anchor()
         bundle = ca.cert_pem(test_ca.anchor, new).decode()
         roots.write_text(bundle)
         deadline = time.monotonic() + 10
-        while admitted_anchors(injector) != bundle:
+        while admitted_anchors(injector) != bundle or copy_in(api, "emojivoto") != bundle:
             assert time.monotonic() < deadline, "the new bundle never reached admitted pods"
             time.sleep(0.1)
         roots.write_text("-----BEGIN CERTIFICATE-----\nbroken\n-----END CERTIFICATE-----\n")
         time.sleep(0.5)
-        assert admitted_anchors(injector) == bundle
+        assert admitted_anchors(injector) == bundle and copy_in(api, "emojivoto") == bundle
     finally:
         injector.proc.kill()
         _, err = injector.proc.communicate()

@@ -227,6 +227,13 @@ ADMIN_PORT_NAME: Final = "meshlet-admin"
 IDENTITY_DIR_VOLUME: Final = "meshlet-identity-end-entity"
 IDENTITY_DIR_PATH: Final = "/var/run/meshlet/identity/end-entity"
 TOKEN_VOLUME: Final = "meshlet-identity-token"
+# The trust-roots bundle's copy in each namespace with meshed pods (the injector keeps it), the
+# volume that mounts it into the proxy (optional: a proxy starts on its environment's anchors
+# without it) and where the proxy follows it.
+TRUST_ROOTS_COPY: Final = "meshlet-trust-roots"
+TRUST_ROOTS_COPY_LABEL: Final = "meshlet.io/trust-roots"  # value: "copy"
+TRUST_ROOTS_VOLUME: Final = "meshlet-trust-roots"
+TRUST_ROOTS_PATH: Final = "/var/run/meshlet/trust-roots"
 TOKEN_DIR_PATH: Final = "/var/run/secrets/tokens"
 TOKEN_FILE: Final = "meshlet-identity-token"
 

@@ -81,3 +81,4 @@ class Volume(TypedDict):
     name: str
     emptyDir: NotRequired[Obj]
     projected: NotRequired[Obj]
+    configMap: NotRequired[Obj]

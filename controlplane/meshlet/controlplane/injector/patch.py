@@ -144,6 +144,7 @@ def proxy_env(
         (wk.ProxyEnv.IDENTITY_LOCAL_NAME, local_name),
         (wk.ProxyEnv.IDENTITY_TOKEN_FILE, f"{wk.TOKEN_DIR_PATH}/{wk.TOKEN_FILE}"),
         (wk.ProxyEnv.IDENTITY_TRUST_ANCHORS, config.trust_anchors_pem),
+        (wk.ProxyEnv.IDENTITY_TRUST_ANCHORS_FILE, f"{wk.TRUST_ROOTS_PATH}/{wk.TRUST_ROOTS_KEY}"),
         (wk.ProxyEnv.IDENTITY_DIR, wk.IDENTITY_DIR_PATH),
         (wk.ProxyEnv.INBOUND_PORTS_DISABLE_PROTOCOL_DETECTION, settings.opaque_ports),
         (wk.ProxyEnv.OUTBOUND_PORTS_DISABLE_PROTOCOL_DETECTION, settings.opaque_ports),
@@ -194,6 +195,7 @@ def proxy_container(
     mounts: list[VolumeMount] = [
         {"name": wk.IDENTITY_DIR_VOLUME, "mountPath": wk.IDENTITY_DIR_PATH},
         {"name": wk.TOKEN_VOLUME, "mountPath": wk.TOKEN_DIR_PATH, "readOnly": True},
+        {"name": wk.TRUST_ROOTS_VOLUME, "mountPath": wk.TRUST_ROOTS_PATH, "readOnly": True},
     ]
     container: Container = {
         "name": wk.PROXY_CONTAINER,
@@ -273,7 +275,11 @@ def volumes() -> list[Volume]:
         {"name": XTABLES_VOLUME, "emptyDir": {}},
         {"name": wk.IDENTITY_DIR_VOLUME, "emptyDir": {"medium": "Memory"}},
         {"name": wk.TOKEN_VOLUME, "projected": {"sources": [token]}},
-    ]
+        # the namespace's copy of the trust-roots bundle, which the proxy follows; optional:
+        # without it the proxy keeps the anchors of its environment
+        {"name": wk.TRUST_ROOTS_VOLUME,
+         "configMap": {"name": wk.TRUST_ROOTS_COPY, "optional": True}},
+    ]  # fmt: skip
 
 
 def pointer(*parts: str) -> str:

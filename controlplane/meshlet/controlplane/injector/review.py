@@ -74,6 +74,7 @@ class Request:
     operation: str
     obj: Obj | None
     group: str = ""  # of the object's kind; "" is the core group
+    dry_run: bool = False  # nothing may be written for it
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +126,10 @@ def parse(body: bytes) -> Request:
     obj = req.get("object")
     if obj is not None and not isinstance(obj, dict):
         raise ReviewError("request.object must be an object")
-    return Request(uid, kind["kind"], namespace, operation, obj, kind.get("group", ""))
+    dry_run = req.get("dryRun", False)
+    if not isinstance(dry_run, bool):
+        raise ReviewError("request.dryRun must be a boolean")
+    return Request(uid, kind["kind"], namespace, operation, obj, kind.get("group", ""), dry_run)
 
 
 def _walk(obj: Obj, path: str) -> Any:

@@ -19,6 +19,7 @@ from meshlet.api.hostport import HostPort
 from meshlet.controlplane.cli import serve_until_signalled
 from meshlet.controlplane.injector.config import InjectConfig
 from meshlet.controlplane.injector.namespaces import Namespaces
+from meshlet.controlplane.injector.trustroots import CopyError, TrustRootsCopies
 from meshlet.controlplane.injector.webhook import InjectorMetrics, Webhook
 from meshlet.controlplane.listen import ListenError, bind, start_admin
 from meshlet.controlplane.supervise import Supervisor
@@ -53,11 +54,13 @@ class InjectorServer:
         self.config = config
         self.registry = registry or CollectorRegistry()
         namespaces = Namespaces(config.kube_api) if config.kube_api is not None else None
+        self.copies = TrustRootsCopies(config.kube_api) if config.kube_api is not None else None
         self.webhook = Webhook(
             config.inject,
             namespaces.annotations if namespaces is not None else None,
             InjectorMetrics(self.registry),
             config.answer_within,
+            copies=self.copies,
         )
         self._context = server_context(config.tls_cert, config.tls_key)
         self._stamp = self._cert_stamp()
@@ -113,6 +116,7 @@ class InjectorServer:
         path = self.config.trust_anchors
         assert path is not None
         refused = None
+        await self._refresh_copies()  # what changed while no injector ran
         while True:
             await asyncio.sleep(self.config.reload_interval)
             try:
@@ -131,6 +135,20 @@ class InjectorServer:
             self.webhook.config = replace(self.webhook.config, trust_anchors_pem=text)
             log.info("trust anchors reloaded from %s: pods admitted from now on get %d anchor(s)",
                      path, bundle.count(text))  # fmt: skip
+            await self._refresh_copies()
+
+    async def _refresh_copies(self) -> None:
+        """Every namespace's copy of the bundle brought up to date (proxies there follow it)."""
+        if self.copies is None:
+            return
+        try:
+            rewritten = await asyncio.to_thread(self.copies.refresh,
+                                                self.webhook.config.trust_anchors_pem)  # fmt: skip
+        except CopyError as exc:
+            log.error("trust roots' copies not brought up to date: %s", exc)
+            return
+        if rewritten:
+            log.info("trust roots brought up to date in %d namespace(s)", rewritten)
 
     async def stop(self) -> None:
         self.supervisor.stop()

@@ -24,6 +24,7 @@ from meshlet.api import wellknown
 from meshlet.controlplane.injector import review, validation
 from meshlet.controlplane.injector.config import InjectConfig
 from meshlet.controlplane.injector.namespaces import NamespaceError
+from meshlet.controlplane.injector.trustroots import CopyError, TrustRootsCopies
 from meshlet.controlplane.injector.validators import VALIDATORS, Validator
 
 log = logging.getLogger(__name__)
@@ -72,8 +73,10 @@ class Webhook:
         metrics: InjectorMetrics,
         answer_within: float = 8.0,
         validators: Mapping[tuple[str, str], Validator] = VALIDATORS,
+        copies: TrustRootsCopies | None = None,
     ) -> None:
         self.config = config
+        self._copies = copies
         self._namespaces = namespaces
         self._metrics = metrics
         self._answer_within = answer_within
@@ -169,6 +172,14 @@ class Webhook:
                 )
                 log.warning("%s", problem)
         outcome = review.admit(request, ns_annotations, self.config)
+        if outcome.patch and self._copies is not None and request.namespace and not request.dry_run:
+            try:
+                await asyncio.to_thread(self._copies.ensure, request.namespace,
+                                        self.config.trust_anchors_pem)  # fmt: skip
+            except CopyError as exc:
+                log.warning("%s", exc)
+                problem = (f"the trust roots are not in namespace {request.namespace} ({exc}):"
+                           " its proxy keeps the anchors it starts with")  # fmt: skip
         if problem is None:
             return outcome
         return review.Outcome(
