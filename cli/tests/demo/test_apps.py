@@ -4,6 +4,7 @@ process against real sockets."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import socket
@@ -219,3 +220,40 @@ def test_a_paused_load_generator_counts_its_missed_calls_late_not_dropped(tmp_pa
     assert lag >= 2.9, final
     assert abs(final["late"] - 20 * (lag - 1)) <= 3, final
     assert final["ok"] + final["failed"].get("timeout", 0) == final["sent"], final
+
+
+async def test_the_load_never_reuses_a_connection_a_server_may_have_closed_as_idle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that closes a connection idle for 0.5 s (as the proxy does after 60 s): calls a
+    second apart find their kept-alive connection closed. The load closes a connection idle past
+    KEEPALIVE_FOR (0.3 s here, 15 s in the demo) instead of reusing it, so no call meets a
+    connection's EOF in place of its answer (IncompleteReadError), as aiohttp's client avoids
+    it."""
+    from meshlet.cli.demo import apps
+
+    body = b'{"api": "api-1", "store": "store-1"}'
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(TimeoutError, ConnectionError, asyncio.IncompleteReadError):
+            while True:
+                async with asyncio.timeout(0.5):  # the server's idle timeout
+                    await reader.readuntil(b"\r\n\r\n")
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+                await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    stats = tmp_path / "load.json"
+    monkeypatch.setattr(apps, "KEEPALIVE_FOR", 0.3)
+    load = asyncio.create_task(apps._load(f"127.0.0.1:{port}", 1.0, stats, ""))
+    try:
+        await asyncio.sleep(4.5)
+    finally:
+        load.cancel()
+        await asyncio.gather(load, return_exceptions=True)
+        server.close()
+        await server.wait_closed()
+    seen = json.loads(stats.read_text())
+    assert seen["ok"] >= 3 and seen["failed"] == {}, seen

@@ -46,6 +46,7 @@ MAX_IN_FLIGHT: Final = 64  # load: calls past this are counted as dropped, not q
 # mistaken for the mesh holding calls (a burst of catch-up calls would count as dropped)
 LATE_AFTER: Final = 1.0
 CALL_TIMEOUT: Final = 5.0
+KEEPALIVE_FOR: Final = 15.0  # seconds a load connection may sit idle and still be reused
 SLOWEST_KEPT: Final = 120  # seconds of the load's slowest call per second kept in its stats
 
 
@@ -284,7 +285,10 @@ def load(target: str, rate: float, stats_file: Path, via_proxy: str) -> None:
 
 async def _load(target: str, rate: float, stats_file: Path, via_proxy: str) -> None:
     stats = _Stats()
-    idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    # kept-alive connections and when each was last used: one idle for KEEPALIVE_FOR is closed
+    # rather than reused, as aiohttp's client does, before a server's idle timeout (the proxy's
+    # is 60 s) can close it under a request (a reused connection's EOF: IncompleteReadError)
+    idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter, float]] = []
     in_flight = 0
     connect_to = parse_hostport(via_proxy or target)
     request = f"GET / HTTP/1.1\r\nHost: {target}\r\nuser-agent: meshlet-demo-load\r\n\r\n".encode()
@@ -293,7 +297,13 @@ async def _load(target: str, rate: float, stats_file: Path, via_proxy: str) -> N
         nonlocal in_flight
         in_flight += 1
         started = time.perf_counter()
-        conn = idle.pop() if idle else None
+        conn = None
+        while idle and conn is None:
+            reader, writer, since = idle.pop()
+            if started - since < KEEPALIVE_FOR:
+                conn = (reader, writer)
+            else:
+                writer.close()
         try:
             async with asyncio.timeout(CALL_TIMEOUT):
                 if conn is None:
@@ -316,7 +326,7 @@ async def _load(target: str, rate: float, stats_file: Path, via_proxy: str) -> N
                 except ValueError:
                     said = None
                 stats.record(f"http {status}", ms, said if isinstance(said, dict) else None)
-            idle.append(conn)
+            idle.append((*conn, time.perf_counter()))
         except TimeoutError:
             stats.record("timeout", (time.perf_counter() - started) * 1000, None)
             if conn is not None:
@@ -340,29 +350,33 @@ async def _load(target: str, rate: float, stats_file: Path, via_proxy: str) -> N
     tasks: set[asyncio.Task[None]] = set()
     interval = 1.0 / rate
     next_call = next_write = loop.time()
-    while not stop.is_set():
-        now = loop.time()
-        if now >= next_write:
-            write_stats()
-            next_write += 1.0
-        while next_call <= now:
-            due, next_call = next_call, next_call + interval
-            stats.lag_max = max(stats.lag_max, now - due)
-            if now - due > LATE_AFTER:
-                stats.late += 1
-                continue
-            stats.sent += 1
-            if in_flight >= MAX_IN_FLIGHT:
-                stats.dropped += 1
-                continue
-            task = loop.create_task(call())
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), max(0.0, min(next_call, next_write) - now))
-    if tasks:
-        await asyncio.wait(tasks, timeout=CALL_TIMEOUT)
-    write_stats()
+    try:
+        while not stop.is_set():
+            now = loop.time()
+            if now >= next_write:
+                write_stats()
+                next_write += 1.0
+            while next_call <= now:
+                due, next_call = next_call, next_call + interval
+                stats.lag_max = max(stats.lag_max, now - due)
+                if now - due > LATE_AFTER:
+                    stats.late += 1
+                    continue
+                stats.sent += 1
+                if in_flight >= MAX_IN_FLIGHT:
+                    stats.dropped += 1
+                    continue
+                task = loop.create_task(call())
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), max(0.0, min(next_call, next_write) - now))
+        if tasks:
+            await asyncio.wait(tasks, timeout=CALL_TIMEOUT)
+        write_stats()
+    finally:
+        for _, writer, _ in idle:
+            writer.close()
 
 
 # -- intruder ----------------------------------------------------------------------------------
