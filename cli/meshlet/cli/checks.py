@@ -393,17 +393,25 @@ def trust_root_copies(s: Snapshot, now: dt.datetime) -> str:
     stale = sorted(ns for ns, pem in s.trust_root_copies.items() if pem != current)
     if stale:
         raise _Fail("copies holding another bundle: " + _named(stale))
+    following = {str(p["metadata"].get("namespace")) for p in s.data_plane if _mounts_copy(p)}
+    missing = sorted(following - set(s.trust_root_copies))
+    if missing:  # injected offline, or the injector could not write it: they keep their anchors
+        raise _Fail("meshed pods but no copy (their proxies keep the anchors they started with)"
+                    " in: " + _named(missing), Status.WARNING)  # fmt: skip
     count = len(s.trust_root_copies)
     return f"{count} namespace{'' if count == 1 else 's'}"
+
+
+def _mounts_copy(pod: Obj) -> bool:
+    volumes = (pod.get("spec") or {}).get("volumes") or []
+    return any(v.get("name") == wk.TRUST_ROOTS_VOLUME for v in volumes)
 
 
 def _follows_current_copy(s: Snapshot, pod: Obj) -> bool:
     """The pod's proxy follows its namespace's copy of the trust roots, which holds the
     current bundle."""
-    volumes = (pod.get("spec") or {}).get("volumes") or []
-    mounted = any(v.get("name") == wk.TRUST_ROOTS_VOLUME for v in volumes)
     namespace = str((pod.get("metadata") or {}).get("namespace", ""))
-    return mounted and s.trust_root_copies.get(namespace) == _anchors(s)
+    return _mounts_copy(pod) and s.trust_root_copies.get(namespace) == _anchors(s)
 
 
 def proxies_trust_root(s: Snapshot, now: dt.datetime) -> None:

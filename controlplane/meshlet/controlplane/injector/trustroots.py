@@ -4,7 +4,8 @@ mount and follow (a pod can mount ConfigMaps of its own namespace only).
 `ensure(namespace, pem)` makes the copy (ConfigMap `meshlet-trust-roots`, key `ca-bundle.crt`,
 labelled `meshlet.io/trust-roots: copy`) or brings it up to date; the webhook calls it for each
 pod it meshes (not for a dry run), before it answers, so the pod's volume finds it. A namespace
-made current for a bundle is remembered, so a burst of pods costs one request. `refresh(pem)`
+found current is remembered for CACHE_SECONDS, so a burst of pods costs one request, and a
+namespace deleted and made again (its copy with it) gets a new copy. `refresh(pem)`
 brings every copy up to date when the control plane's bundle changes (a step of a rotation),
 and once at start. Copies are the injector's: one not labelled as a copy is left alone.
 """
@@ -12,6 +13,8 @@ and once at start. Copies are the injector's: one not labelled as a copy is left
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from typing import Any, Final
 
 from meshlet.api import wellknown as wk
@@ -19,6 +22,8 @@ from meshlet.api import wellknown as wk
 log = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT: Final = 3.0
+CACHE_SECONDS: Final = 5.0
+MAX_CACHED: Final = 10_000
 COPY_SELECTOR: Final = f"{wk.TRUST_ROOTS_COPY_LABEL}=copy"
 
 
@@ -27,21 +32,25 @@ class CopyError(Exception):
 
 
 class TrustRootsCopies:
-    def __init__(self, api_client: Any) -> None:
+    def __init__(self, api_client: Any, clock: Callable[[], float] = time.monotonic) -> None:
         from kubernetes import client
 
         self._core: Any = client.CoreV1Api(api_client)  # untyped: bodies are plain dicts
-        self._current: set[str] = set()  # namespaces whose copy holds `_pem`
+        self._clock = clock
+        self._current: dict[str, float] = {}  # namespace → when its copy was seen holding _pem
         self._pem = ""
 
     def ensure(self, namespace: str, pem: str) -> bool:
         """Makes `namespace`'s copy hold `pem`; True when it wrote one."""
+        now = self._clock()
         if pem != self._pem:
-            self._pem, self._current = pem, set()
-        if namespace in self._current:
+            self._pem, self._current = pem, {}
+        if now - self._current.get(namespace, -CACHE_SECONDS) < CACHE_SECONDS:
             return False
         wrote = self._write(namespace, pem, self._read(namespace))
-        self._current.add(namespace)
+        if len(self._current) >= MAX_CACHED:
+            self._current.clear()
+        self._current[namespace] = now
         return wrote
 
     def refresh(self, pem: str) -> int:
@@ -49,7 +58,7 @@ class TrustRootsCopies:
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
-        self._pem, self._current = pem, set()
+        self._pem, self._current = pem, {}
         try:
             copies = self._core.list_config_map_for_all_namespaces(
                 label_selector=COPY_SELECTOR, _request_timeout=REQUEST_TIMEOUT
@@ -63,7 +72,6 @@ class TrustRootsCopies:
             namespace = copy.metadata.namespace
             if self._write(namespace, pem, copy):
                 rewritten += 1
-            self._current.add(namespace)
         return rewritten
 
     def _read(self, namespace: str) -> Any | None:
