@@ -93,6 +93,17 @@ def log_level_option() -> Callable[[Any], Any]:
     )
 
 
+def reload_interval_option(default: float, reloads: str) -> Callable[[Any], Any]:
+    """`--reload-interval`: seconds between checks for new files (`reloads`: what they hold)."""
+    return option(
+        "--reload-interval",
+        type=click.FloatRange(min=0.1),
+        default=default,
+        show_default=True,
+        help=f"Seconds between checks for {reloads}.",
+    )
+
+
 def watching_options(reads: str) -> Callable[[Any], Any]:
     """The options of a controller that watches the cluster (destination, policy): where from
     (`reads`: what a manifests folder holds), TLS for its gRPC, its stream bounds and log level.

@@ -22,6 +22,7 @@ from meshlet.controlplane.cli import (
     listen_options,
     log_level_option,
     option,
+    reload_interval_option,
     setup_logging,
     watching_options,
     watching_problems,
@@ -67,13 +68,7 @@ def cli() -> None:
 @option("--in-cluster", is_flag=True, help="Reach the Kubernetes API as the pod's service account.")
 @option("--controller-namespace", default=wellknown.CONTROL_PLANE_NAMESPACE, show_default=True)
 @option("--trust-domain", default=wellknown.TRUST_DOMAIN, show_default=True)
-@option(
-    "--reload-interval",
-    type=click.FloatRange(min=0.1),
-    default=5.0,
-    show_default=True,
-    help="Seconds between checks for a rotated issuer.",
-)
+@reload_interval_option(5.0, "a rotated issuer")
 @option(
     "--issuance-lifetime",
     type=Duration(),
@@ -216,13 +211,7 @@ def destination(
     help="PEM trust anchors written into every proxy (ConfigMap meshlet-identity-trust-roots);"
     " re-read while it runs, so pods admitted after a rotation's step get the new bundle.",
 )
-@option(
-    "--reload-interval",
-    type=click.FloatRange(min=0.1),
-    default=10.0,
-    show_default=True,
-    help="Seconds between checks for a rotated webhook certificate or new trust anchors.",
-)
+@reload_interval_option(10.0, "a rotated webhook certificate or new trust anchors")
 @option(
     "--kubeconfig",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
