@@ -302,6 +302,27 @@ async def test_idleness_is_measured_on_the_injected_clock(plane: Plane, cluster:
         await resolver.aclose()
 
 
+async def test_a_destination_picked_from_by_requests_is_not_idle(
+    plane: Plane, cluster: Cluster
+) -> None:
+    """An outbound policy's backend is looked up per request (`known`, no lease): a minute of
+    requests keeps it; it was dropped and followed anew every idle timeout, each time waiting for
+    a first profile on the request path (up to 1 s when the destination service was restarting,
+    as the soak found)."""
+    now = [100.0]
+    resolver = Resolver(plane.client, idle_timeout=60.0, clock=lambda: now[0])
+    try:
+        backend = await resolver.resolve(f"{FQN}:80")
+        for _ in range(10):
+            now[0] += 30
+            assert resolver.known(f"{FQN}:80") is backend
+            assert await resolver.drop_idle() == 0
+        now[0] += 60
+        assert await resolver.drop_idle() == 1 and backend.closed
+    finally:
+        await resolver.aclose()
+
+
 # --- the control plane goes away -----------------------------------------------------------------
 
 

@@ -129,6 +129,12 @@ class Destination:
         self._users -= 1
         self._released_at = self._clock()
 
+    def _used(self) -> None:
+        """A request picked from it without a lease (an outbound policy's backend): it counts
+        as used now, so it is not dropped while requests keep coming."""
+        if not self._users:
+            self._released_at = self._clock()
+
     async def wait_profile(self) -> None:
         """Until a profile arrived (or the destination closed); bound it with asyncio.timeout."""
         await self._wait(lambda: self._profile is not None)
@@ -273,6 +279,7 @@ class Resolver:
         destination = self._destinations.get(target)
         if destination is None or destination.profile is None or self._closed:
             return None
+        destination._used()
         return destination
 
     async def resolve(self, target: str) -> Destination:
@@ -283,6 +290,7 @@ class Resolver:
             raise RuntimeError("the resolver is closed")
         destination = self._destinations.get(target)
         if destination is not None and destination.profile is not None:
+            destination._used()
             return destination  # the common case: known, nothing to wait for
         if destination is None:
             if len(self._destinations) >= self._max:
