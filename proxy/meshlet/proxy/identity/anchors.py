@@ -2,7 +2,8 @@
 
 They start as MESHLET_PROXY_IDENTITY_TRUST_ANCHORS (PEM text, as Linkerd's proxy has them) or,
 when MESHLET_PROXY_IDENTITY_TRUST_ANCHORS_FILE names a file that holds a valid bundle, as that
-file: the injector mounts the control plane's trust-roots ConfigMap there. `follow()` reads the
+file: on a cluster the injector mounts its namespace's copy of the control plane's
+trust-roots ConfigMap there. `follow()` reads the
 file every FOLLOW_EVERY seconds (a ConfigMap volume is updated by swapping a symlink, which no
 inotify watch on the file sees) and, when it holds another valid bundle, makes it current and
 tells every holder of a context built on the old one (`on_change`): the identity manager
