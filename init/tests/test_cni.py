@@ -35,15 +35,27 @@ PROXY = (
 )
 
 
-class Runtime:
-    """What a container runtime does with a configuration list (libcni's job)."""
+MESHED = {"meshlet.io/proxy-version": "0.1.0", "meshlet.io/inject": "enabled"}
+ANNOTATIONS = "io.kubernetes.cri.pod-annotations"
 
-    def __init__(self, node: str, conflist: dict[str, Any]) -> None:
-        self.node, self.conflist = node, conflist
+
+class Runtime:
+    """What a container runtime does with a configuration list (libcni's job), for a pod with
+    `annotations` (None: a runtime that passes none)."""
+
+    def __init__(
+        self,
+        node: str,
+        conflist: dict[str, Any],
+        annotations: dict[str, str] | None = MESHED,
+        binary: str = MESHLET_CNI,
+    ) -> None:
+        self.node, self.conflist, self.annotations = node, conflist, annotations
+        self.binary = binary
 
     def plugin(self, kind: str, command: str, netns: str, config: dict[str, Any],
                container: str = "pod-1") -> tuple[int, Any, str]:  # fmt: skip
-        binary = MESHLET_CNI if kind == "meshlet-cni" else str(PLUGINS / kind)
+        binary = self.binary if kind == "meshlet-cni" else str(PLUGINS / kind)
         env = {"CNI_COMMAND": command, "CNI_CONTAINERID": container, "CNI_NETNS": netns,
                "CNI_IFNAME": "eth0", "CNI_PATH": str(PLUGINS), "PATH": os.environ["PATH"],
                "CNI_ARGS": "IgnoreUnknown=1;K8S_POD_NAMESPACE=demo;K8S_POD_NAME=web-1"}  # fmt: skip
@@ -57,6 +69,10 @@ class Runtime:
         for entry in plugins if command == "ADD" else list(reversed(plugins)):
             config = {"cniVersion": self.conflist["cniVersion"], "name": self.conflist["name"],
                       **entry}  # fmt: skip
+            # libcni hands a plugin the runtime's values of the capabilities it asks for
+            asked = entry.get("capabilities") or {}
+            if asked.get(ANNOTATIONS) and self.annotations is not None:
+                config["runtimeConfig"] = {ANNOTATIONS: self.annotations}
             if previous is not None:
                 config["prevResult"] = previous
             code, out, err = self.plugin(entry["type"], command, netns, config)
@@ -88,8 +104,9 @@ def conflist(tmp_path: Path, **meshlet: Any) -> dict[str, Any]:
             {"type": "loopback"},
             {"type": "bridge", "bridge": "mcni0", "isGateway": True,
              "ipam": {"type": "host-local", "ranges": [[{"subnet": SUBNET}]],
-                      "dataDir": str(tmp_path / "ipam")}},
-            {"type": "meshlet-cni", "meshlet": {"proxy-gid": "2102", **meshlet}},
+                      "routes": [{"dst": "0.0.0.0/0"}], "dataDir": str(tmp_path / "ipam")}},
+            {"type": "meshlet-cni", "capabilities": {ANNOTATIONS: True},
+             "meshlet": {"proxy-gid": "2102", **meshlet}},
         ],
     }  # fmt: skip
 
@@ -114,7 +131,7 @@ def test_chained_after_the_standard_plugins_it_redirects_the_pod_and_del_undoes_
     assert "meshlet-init/redirect-all-incoming-to-proxy-port" in nat(pod)
     assert "--dports 4190,4191,7001" in nat(pod)
     check = {"cniVersion": "1.0.0", "name": "meshlet-test", **runtime.conflist["plugins"][2],
-             "prevResult": result}  # fmt: skip
+             "prevResult": result, "runtimeConfig": {ANNOTATIONS: MESHED}}  # fmt: skip
     assert runtime.plugin("meshlet-cni", "CHECK", netns, check)[0] == 0
 
     # the pod's TCP goes to its proxy: from the node, port 8080 of the pod reaches :4143
@@ -165,7 +182,8 @@ def test_bad_config_or_environment_is_a_cni_error_never_a_traceback(
     runtime = Runtime(node, conflist(tmp_path))
     config: dict[str, Any] = {"cniVersion": "1.0.0", "name": "meshlet-test",
                               "type": "meshlet-cni", "meshlet": {},
-                              "prevResult": {"cniVersion": "1.0.0", "ips": []}}  # fmt: skip
+                              "prevResult": {"cniVersion": "1.0.0", "ips": []},
+                              "runtimeConfig": {ANNOTATIONS: MESHED}}  # fmt: skip
     netns = str(change.pop("netns", f"/run/netns/{pod}"))
     config.update(change)
     if config.get("prevResult") is None:
@@ -188,3 +206,96 @@ def test_version_and_status(node_and_pod: tuple[str, str], tmp_path: Path) -> No
     started = time.monotonic()
     assert runtime.plugin("meshlet-cni", "STATUS", "", config)[:2] == (0, None)
     assert time.monotonic() - started < 30
+
+
+@pytest.mark.parametrize(
+    ("annotations", "why"),
+    [
+        ({"meshlet.io/inject": "enabled"}, "no meshlet.io/proxy-version annotation"),
+        (None, "the runtime passed no pod annotations"),
+    ],
+    ids=["not-meshed", "no-annotations"],
+)
+def test_a_pod_the_injector_did_not_mesh_is_passed_through_untouched(
+    node_and_pod: tuple[str, str], tmp_path: Path, annotations: dict[str, str] | None, why: str
+) -> None:
+    node, pod = node_and_pod
+    netns = f"/run/netns/{pod}"
+    runtime = Runtime(node, conflist(tmp_path), annotations)
+    before = nat(pod)
+    entry = {"cniVersion": "1.0.0", "name": "meshlet-test", **runtime.conflist["plugins"][2],
+             "prevResult": {"cniVersion": "1.0.0", "ips": []}}  # fmt: skip
+    if annotations is not None:
+        entry["runtimeConfig"] = {ANNOTATIONS: annotations}
+    code, out, err = runtime.plugin("meshlet-cni", "ADD", netns, entry)
+    assert code == 0 and out == {"cniVersion": "1.0.0", "ips": []}, (out, err)
+    assert why in err
+    assert nat(pod) == before
+    assert runtime.plugin("meshlet-cni", "CHECK", netns, entry)[0] == 0
+    assert runtime.plugin("meshlet-cni", "DEL", netns, entry)[0] == 0
+
+
+def test_a_pods_skip_annotations_replace_the_configurations_ports(
+    node_and_pod: tuple[str, str], tmp_path: Path
+) -> None:
+    node, pod = node_and_pod
+    pod_annotations = {**MESHED, "config.meshlet.io/skip-inbound-ports": "9901",
+                       "config.meshlet.io/skip-outbound-ports": "5432"}  # fmt: skip
+    runtime = Runtime(node, conflist(tmp_path, **{"inbound-ports-to-ignore": "7001"}),
+                      pod_annotations)  # fmt: skip
+    runtime.each("ADD", f"/run/netns/{pod}")
+    rules = nat(pod)
+    assert "--dports 4190,4191,9901" in rules and "7001" not in rules
+    assert "--dports 5432" in rules
+
+    bad = Runtime(node, conflist(tmp_path), {**MESHED, "config.meshlet.io/skip-inbound-ports":
+                                             "ninety"})  # fmt: skip
+    entry = {"cniVersion": "1.0.0", "name": "meshlet-test", **bad.conflist["plugins"][2],
+             "prevResult": {"cniVersion": "1.0.0", "ips": []},
+             "runtimeConfig": {ANNOTATIONS: bad.annotations}}  # fmt: skip
+    code, error, err = bad.plugin("meshlet-cni", "ADD", f"/run/netns/{pod}", entry)
+    assert code == 1 and error["code"] == 7 and "ninety" in error["details"], (error, err)
+
+
+def validator(pod: str, timeout: float = 5.0) -> subprocess.CompletedProcess[str]:
+    """meshlet-network-validator in the pod, as nobody (any user but the proxy's)."""
+    return subprocess.run(
+        ["ip", "netns", "exec", pod, "setpriv", "--reuid=65534", "--regid=65534",
+         "--clear-groups", sys.executable, "-m", "meshlet.init.validate",
+         f"--timeout={timeout}"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def test_the_launcher_runs_the_plugin_in_its_own_root_and_the_validator_sees_it(
+    node_and_pod: tuple[str, str], tmp_path: Path
+) -> None:
+    """The script the DaemonSet writes on a node, run as the runtime runs a plugin: it enters
+    the pod's namespace, mounts /proc and /dev in a root (here the machine's own, /) and runs
+    the plugin there. The unprivileged validator fails before and passes after."""
+    from meshlet.init.cni_install import launcher
+
+    node, pod = node_and_pod
+    binary = tmp_path / "meshlet-cni"
+    binary.write_text(launcher("/", sys.executable))
+    binary.chmod(0o755)
+    runtime = Runtime(node, conflist(tmp_path), MESHED, str(binary))
+    netns = f"/run/netns/{pod}"
+    before = nat(pod)
+    runtime.each("ADD", netns)
+    assert "meshlet-init/redirect-all-outgoing-to-proxy-port" in nat(pod)
+    started = time.monotonic()
+    passed = validator(pod)
+    assert passed.returncode == 0, passed.stderr
+    assert "outbound TCP is redirected to port 4140" in passed.stdout
+    assert time.monotonic() - started < 10
+
+    runtime.each("DEL", netns)
+    assert nat(pod) == before
+    failed = validator(pod, timeout=2.0)
+    assert failed.returncode == 1
+    assert "was not redirected" in failed.stderr and "meshlet-cni" in failed.stderr
+    assert "Traceback" not in failed.stderr
+    # no netns: VERSION through the launcher too
+    code, out, _ = runtime.plugin("meshlet-cni", "VERSION", "", {})
+    assert code == 0 and out["cniVersion"] == "1.1.0"

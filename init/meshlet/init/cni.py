@@ -12,6 +12,18 @@ namespace (`nsenter --net=$CNI_NETNS meshlet-init`), DEL removes it (nothing to 
 namespace is gone), CHECK exits with an error unless the tables hold it, STATUS says the plugin
 can work, VERSION lists the spec versions it speaks. Every failure is a CNI error object on
 standard output (`code`, `msg`, `details`) and exit 1, never a traceback.
+
+Only meshed pods are changed: the runtime passes the pod's annotations (the
+`io.kubernetes.cri.pod-annotations` capability, which the configuration asks for), and a pod
+without the injector's `meshlet.io/proxy-version` is passed through untouched, as is every pod
+when the runtime passes no annotations (the pod's validator then says so). A meshed pod's
+`config.meshlet.io/skip-inbound-ports` and `skip-outbound-ports` replace the configuration's
+ports to ignore, as they replace the mesh's defaults in the init container.
+
+On a node, the plugin runs through the launcher that the meshlet-cni DaemonSet writes
+(`meshlet.init.cni_install`): it enters the pod's namespace and runs this module in a root of
+its own with `--entered`, where the namespace's path is not visible and meshlet-init runs
+directly.
 """
 
 from __future__ import annotations
@@ -24,6 +36,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final, NoReturn
+
+from meshlet.api import wellknown
 
 CNI_VERSION: Final = "1.1.0"
 SUPPORTED: Final = ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
@@ -42,6 +56,13 @@ SETTINGS: Final = (
     "incoming-proxy-port", "outgoing-proxy-port", "proxy-uid", "proxy-gid",
     "inbound-ports-to-ignore", "outbound-ports-to-ignore", "subnets-to-ignore", "mode", "ipv6",
 )  # fmt: skip
+# The runtime's capability that hands a plugin the pod's annotations (containerd, CRI-O).
+ANNOTATIONS_CAPABILITY: Final = "io.kubernetes.cri.pod-annotations"
+# A pod's annotations that replace a setting of the configuration.
+POD_SETTINGS: Final = {
+    wellknown.SKIP_INBOUND_PORTS_ANNOTATION: "inbound-ports-to-ignore",
+    wellknown.SKIP_OUTBOUND_PORTS_ANNOTATION: "outbound-ports-to-ignore",
+}
 
 
 class CniError(Exception):
@@ -50,11 +71,35 @@ class CniError(Exception):
         self.code, self.msg, self.details = code, msg, details
 
 
+def pod_annotations(config: Mapping[str, Any]) -> dict[str, str] | None:
+    """The pod's annotations as the runtime passed them; None when it passed none."""
+    runtime = config.get("runtimeConfig")
+    found = runtime.get(ANNOTATIONS_CAPABILITY) if isinstance(runtime, dict) else None
+    if not isinstance(found, dict):
+        return None
+    return {str(k): v for k, v in found.items() if isinstance(v, str)}
+
+
+def meshed(config: Mapping[str, Any]) -> tuple[bool, str]:
+    """Whether the pod is one the injector meshed, and why not."""
+    annotations = pod_annotations(config)
+    if annotations is None:
+        return False, (f"the runtime passed no pod annotations ({ANNOTATIONS_CAPABILITY}):"
+                       " no pod is changed")  # fmt: skip
+    if wellknown.PROXY_VERSION_ANNOTATION not in annotations:
+        return False, f"no {wellknown.PROXY_VERSION_ANNOTATION} annotation: not a meshed pod"
+    return True, ""
+
+
 def init_argv(config: Mapping[str, Any], command: str) -> list[str]:
-    """meshlet-init's command line for the configuration's `meshlet` settings."""
+    """meshlet-init's command line for the configuration's `meshlet` settings, with the pod's
+    annotations that replace them."""
     settings = config.get("meshlet") or {}
     if not isinstance(settings, dict):
         raise CniError(INVALID_CONFIG, "the meshlet settings must be an object")
+    annotations = pod_annotations(config) or {}
+    settings = {**settings, **{name: annotations[key] for key, name in POD_SETTINGS.items()
+                               if key in annotations}}  # fmt: skip
     unknown = sorted(set(settings) - set(SETTINGS))
     if unknown:
         raise CniError(INVALID_CONFIG, f"unknown meshlet settings: {', '.join(unknown)}",
@@ -71,11 +116,15 @@ def init_argv(config: Mapping[str, Any], command: str) -> list[str]:
 
 
 def _in_netns(netns: str, argv: list[str]) -> subprocess.CompletedProcess[str]:
-    nsenter = shutil.which("nsenter") or "/usr/bin/nsenter"
-    init = [sys.executable, "-m", "meshlet.init.main", *argv]
+    """meshlet-init run in the pod's namespace; `netns` "" when this process is in it already
+    (`--entered`)."""
+    command = [sys.executable, "-m", "meshlet.init.main", *argv]
+    if netns:
+        nsenter = shutil.which("nsenter") or "/usr/bin/nsenter"
+        command = [nsenter, f"--net={netns}", "--", *command]
     try:
-        return subprocess.run([nsenter, f"--net={netns}", "--", *init], capture_output=True,
-                              text=True, timeout=TIMEOUT, check=False)  # fmt: skip
+        return subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT,
+                              check=False)  # fmt: skip
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise CniError(IO_FAILURE, "meshlet-init could not run in the pod's namespace",
                        str(exc)) from None  # fmt: skip
@@ -86,11 +135,15 @@ def _init(netns: str, argv: list[str], what: str) -> None:
     sys.stderr.write(done.stdout)
     if done.returncode != 0:
         code = INVALID_CONFIG if done.returncode == 64 else IO_FAILURE
-        raise CniError(code, f"meshlet-init {what} failed in {netns}", done.stderr.strip())
+        where = netns or "the pod's network namespace"
+        raise CniError(code, f"meshlet-init {what} failed in {where}", done.stderr.strip())
 
 
-def handle(command: str, env: Mapping[str, str], stdin: str) -> dict[str, Any] | None:
-    """What the plugin prints for `command` (None: nothing); CniError on failure."""
+def handle(
+    command: str, env: Mapping[str, str], stdin: str, entered: bool = False
+) -> dict[str, Any] | None:
+    """What the plugin prints for `command` (None: nothing); CniError on failure. `entered`:
+    this process runs in the pod's network namespace already (the node's launcher entered it)."""
     if command == "VERSION":
         return {"cniVersion": CNI_VERSION, "supportedVersions": list(SUPPORTED)}
     try:
@@ -114,30 +167,37 @@ def handle(command: str, env: Mapping[str, str], stdin: str) -> dict[str, Any] |
         raise CniError(INVALID_ENVIRONMENT, f"CNI_COMMAND {command or 'unset'} is not one of"
                        " ADD, DEL, CHECK, STATUS, VERSION")  # fmt: skip
     netns = env.get("CNI_NETNS", "")
+    present = entered or bool(netns and Path(netns).exists())
+    target = "" if entered else netns
     if command == "DEL":
-        if netns and Path(netns).exists():
-            _init(netns, init_argv(config, "cleanup"), "cleanup")
+        if present and meshed(config)[0]:
+            _init(target, init_argv(config, "cleanup"), "cleanup")
         return None  # the namespace is gone, and with it the rules
     if not env.get("CNI_CONTAINERID"):
         raise CniError(INVALID_ENVIRONMENT, "CNI_CONTAINERID is not set")
-    if not netns or not Path(netns).exists():
+    if not present:
         raise CniError(INVALID_ENVIRONMENT, f"CNI_NETNS {netns or 'unset'} is not a network"
                        " namespace")  # fmt: skip
     previous = config.get("prevResult")
     if not isinstance(previous, dict):
         raise CniError(INVALID_CONFIG, "meshlet-cni is chained after the plugins that give the"
                        " pod its network: the configuration has no prevResult")  # fmt: skip
-    if command == "CHECK":
-        _init(netns, init_argv(config, "check"), "check")
-        return None
-    _init(netns, init_argv(config, "apply"), "apply")
-    return {**previous, "cniVersion": version}
+    init_argv(config, "apply")  # a bad setting is an error for every pod, meshed or not
+    chosen, why = meshed(config)
+    what = "check" if command == "CHECK" else "apply"
+    if chosen:
+        _init(target, init_argv(config, what), what)
+    elif command == "ADD":
+        sys.stderr.write(f"meshlet-cni: pod passed through: {why}\n")
+    return None if command == "CHECK" else {**previous, "cniVersion": version}
 
 
 def main() -> NoReturn:
     command = os.environ.get("CNI_COMMAND", "")
+    entered = sys.argv[1:] == ["--entered"]
     try:
-        out = handle(command, os.environ, sys.stdin.read() if command != "VERSION" else "")
+        stdin = sys.stdin.read() if command != "VERSION" else ""
+        out = handle(command, os.environ, stdin, entered)
     except CniError as exc:
         error = {"cniVersion": CNI_VERSION, "code": exc.code, "msg": exc.msg}
         if exc.details:
