@@ -62,7 +62,7 @@ def test_every_document_is_schema_valid(args: tuple[str, ...], meshlet: Callable
         schema.validate(obj)
 
 
-@pytest.mark.parametrize("chart", [charts.CRDS, charts.CONTROL_PLANE])
+@pytest.mark.parametrize("chart", [charts.CRDS, charts.CONTROL_PLANE, charts.CNI])
 def test_helm_lint_is_clean(chart: str) -> None:
     values = yaml.safe_load(pki.VALUES.read_text()) if chart == charts.CONTROL_PLANE else {}
     assert charts.lint(chart, values, wk.CONTROL_PLANE_NAMESPACE) == []
@@ -523,3 +523,47 @@ def test_ha_renders_three_spread_replicas_a_budget_each_and_a_webhook_that_fails
     destination = find(plain, "Deployment", wk.DESTINATION_NAME)["spec"]
     assert destination["replicas"] == 1 and "strategy" not in destination
     assert "affinity" not in destination["template"]["spec"]
+
+
+def test_install_cni_renders_an_installer_per_node_with_its_settings(
+    meshlet: Callable[..., Any],
+) -> None:
+    from meshlet.init import cni, cni_install
+
+    run = meshlet("install-cni", "--set", "destCNINetDir=/var/lib/k/net.d,ignoreOutboundPorts=5432")
+    assert run.code == 0, run.err
+    objects = docs(run.out)
+    for obj in objects:
+        schema.validate(obj)
+    namespace = find(objects, "Namespace", "meshlet-cni")
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    ds = find(objects, "DaemonSet", "meshlet-cni")
+    pod_spec = ds["spec"]["template"]["spec"]
+    assert pod_spec["tolerations"] == [{"operator": "Exists"}]
+    (container,) = pod_spec["containers"]
+    assert container["image"] == "ghcr.io/meshlet/proxy:0.1.0"
+    # the flags are the installer's own, and its settings are the plugin's
+    args = cni_install.parser().parse_args(container["args"])
+    assert args.host_conf_dir == "/host/var/lib/k/net.d"
+    assert args.node_root_dir == "/opt/meshlet-cni"
+    settings = cni_install._settings(args.settings)
+    assert settings["outbound-ports-to-ignore"] == "5432" and set(settings) <= set(cni.SETTINGS)
+    assert cni.init_argv({"meshlet": settings}, "apply")  # meshlet-init's flags, by name
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert {"/host/var/lib/k/net.d", "/host/opt/cni/bin", "/host/opt/meshlet-cni"} <= mounts
+    assert container["securityContext"].get("privileged") is not True
+
+    bad = meshlet("install-cni", "--set", "iptablesMode=ebpf")
+    assert bad.code == 64 and "iptablesMode" in bad.err and "Traceback" not in bad.err
+
+
+def test_cni_enabled_meshes_the_control_plane_without_meshlet_init(
+    meshlet: Callable[..., Any],
+) -> None:
+    objects = docs(meshlet("install", *FIXED, "--set", "cniEnabled=true").out)
+    config = find(objects, "ConfigMap", "meshlet-config")
+    assert "cniEnabled: true" in config["data"]["values"]
+    for obj in objects:
+        if obj["kind"] == "Deployment":
+            names = [c["name"] for c in obj["spec"]["template"]["spec"]["initContainers"]]
+            assert wk.INIT_CONTAINER not in names and names[0] == wk.VALIDATOR_CONTAINER, names

@@ -17,6 +17,7 @@ import yaml
 
 CRDS: Final = "meshlet-crds"
 CONTROL_PLANE: Final = "meshlet-control-plane"
+CNI: Final = "meshlet-cni"
 RELEASE: Final = "meshlet"
 KUBE_VERSION: Final = "v1.33.0"
 

@@ -87,7 +87,7 @@ def _template(doc: dict[str, Any]) -> dict[str, Any] | None:
 
 
 # What the injector adds to a pod template, by name
-INJECTED_CONTAINERS = frozenset({wk.INIT_CONTAINER, wk.PROXY_CONTAINER})
+INJECTED_CONTAINERS = frozenset({wk.INIT_CONTAINER, wk.VALIDATOR_CONTAINER, wk.PROXY_CONTAINER})
 INJECTED_VOLUMES = frozenset(volume["name"] for volume in volumes())  # what inject adds
 
 

@@ -14,6 +14,7 @@ from meshlet.cli.diagnostics import diagnostics
 from meshlet.cli.identity import identity
 from meshlet.cli.inject import inject, uninject
 from meshlet.cli.install import install
+from meshlet.cli.installcni import install_cni
 from meshlet.cli.prune import prune
 from meshlet.cli.stat import stat
 from meshlet.cli.uninstall import uninstall
@@ -38,6 +39,7 @@ def cli() -> None:
 cli.add_command(identity)
 cli.add_command(demo)
 cli.add_command(install)
+cli.add_command(install_cni)
 cli.add_command(inject)
 cli.add_command(uninject)
 cli.add_command(check)

@@ -15,6 +15,7 @@ import pytest
 from meshlet.api import wellknown as wk
 from meshlet.controlplane.injector import review
 from meshlet.controlplane.injector.config import InjectConfig, ProxyDefaults, Resources
+from meshlet.controlplane.injector.patch import XTABLES_VOLUME as XTABLES
 from meshlet.controlplane.injector.patch import inbound_ports, pointer, trust_root_sha256
 from meshlet.init import main as init_main
 from meshlet.proxy import config as proxy_config
@@ -347,3 +348,76 @@ def test_access_log_and_trace_collector_annotations_reach_the_proxy(config: Inje
     meshed = as_scheduled(patched(pod(bad), mesh(pod(bad), {}, config)))
     env = kubelet.container_env(meshed, proxy_of(meshed))
     assert wk.ProxyEnv.ACCESS_LOG not in env and wk.ProxyEnv.TRACE_COLLECTOR_SVC_ADDR not in env
+
+
+# Pod Security's `restricted` level (Kubernetes 1.33), the checks a pod's spec is held to.
+RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
+                      "persistentVolumeClaim", "projected", "secret"}  # fmt: skip
+
+
+def restricted_violations(pod_obj: dict[str, Any]) -> list[str]:
+    spec = pod_obj["spec"]
+    pod_ctx = spec.get("securityContext") or {}
+    found = [f"host namespace {k}" for k in ("hostNetwork", "hostPID", "hostIPC") if spec.get(k)]
+    for volume in spec.get("volumes", []):
+        kinds = set(volume) - {"name"}
+        found += [f"volume {volume['name']}: {k}" for k in kinds - RESTRICTED_VOLUMES]
+    for c in [*spec.get("initContainers", []), *spec["containers"]]:
+        ctx, name = c.get("securityContext") or {}, c["name"]
+        caps = ctx.get("capabilities") or {}
+        if ctx.get("privileged"):
+            found.append(f"{name}: privileged")
+        if set(caps.get("add", [])) - {"NET_BIND_SERVICE"}:
+            found.append(f"{name}: adds {caps['add']}")
+        if "ALL" not in caps.get("drop", []):
+            found.append(f"{name}: does not drop ALL capabilities")
+        if ctx.get("allowPrivilegeEscalation") is not False:
+            found.append(f"{name}: allowPrivilegeEscalation")
+        if not ctx.get("runAsNonRoot", pod_ctx.get("runAsNonRoot")):
+            found.append(f"{name}: runAsNonRoot unset")
+        if ctx.get("runAsUser", pod_ctx.get("runAsUser")) == 0:
+            found.append(f"{name}: runAsUser 0")
+        seccomp = ctx.get("seccompProfile", pod_ctx.get("seccompProfile")) or {}
+        if seccomp.get("type") not in ("RuntimeDefault", "Localhost"):
+            found.append(f"{name}: no seccomp profile")
+    return found
+
+
+def test_with_meshlet_cni_the_meshed_pod_is_admitted_by_restricted(config: InjectConfig) -> None:
+    """cniEnabled: the validator replaces the privileged init container, and a pod that meets
+    `restricted` still meets it once meshed (without meshlet-cni it cannot)."""
+    app = pod(ENABLED)
+    app["spec"]["securityContext"] = {"runAsNonRoot": True, "runAsUser": 1000,
+                                      "seccompProfile": {"type": "RuntimeDefault"}}  # fmt: skip
+    for c in app["spec"]["containers"]:
+        c["securityContext"] = {"allowPrivilegeEscalation": False,
+                                "capabilities": {"drop": ["ALL"]}}  # fmt: skip
+    assert restricted_violations(app) == []
+    with_init = patched(copy.deepcopy(app), mesh(copy.deepcopy(app), {}, config))
+    assert "meshlet-init: adds ['NET_ADMIN', 'NET_RAW']" in restricted_violations(with_init)
+
+    cni = InjectConfig(**{**{f: getattr(config, f) for f in config.__dataclass_fields__},
+                          "cni_enabled": True})  # fmt: skip
+    meshed = patched(copy.deepcopy(app), mesh(copy.deepcopy(app), {}, cni))
+    schema.validate(meshed)
+    assert restricted_violations(meshed) == []
+    inits = meshed["spec"]["initContainers"]
+    assert [c["name"] for c in inits] == [wk.VALIDATOR_CONTAINER, wk.PROXY_CONTAINER]
+    validator = inits[0]
+    assert validator["command"] == ["meshlet-network-validator"]
+    assert validator["securityContext"]["runAsUser"] not in (0, wk.PROXY_UID)
+    assert validator["image"] == config.proxy.image
+    assert XTABLES not in {v["name"] for v in meshed["spec"]["volumes"]}
+    # the CNI plugin reads what marks a meshed pod, from the pod's own annotations
+    assert wk.PROXY_VERSION_ANNOTATION in meshed["metadata"]["annotations"]
+
+
+def test_the_validators_flags_are_the_validators(config: InjectConfig) -> None:
+    from meshlet.init import validate
+
+    cni = InjectConfig(**{**{f: getattr(config, f) for f in config.__dataclass_fields__},
+                          "cni_enabled": True})  # fmt: skip
+    meshed = patched(pod(ENABLED), mesh(pod(ENABLED), {}, cni))
+    validator = meshed["spec"]["initContainers"][0]
+    args = validate.parser().parse_args(validator["args"])
+    assert args.listen_addr == ("0.0.0.0", wk.PROXY_OUTBOUND_PORT)

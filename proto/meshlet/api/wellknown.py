@@ -222,6 +222,9 @@ WEB_NAME: Final = "meshlet-web"  # the dashboard's name (its container, the Host
 # What the injector adds to a pod.
 PROXY_CONTAINER: Final = "meshlet-proxy"
 INIT_CONTAINER: Final = "meshlet-init"
+# with meshlet-cni (cniEnabled), instead of meshlet-init: checks the redirection, unprivileged
+VALIDATOR_CONTAINER: Final = "meshlet-network-validator"
+VALIDATOR_UID: Final = 65534  # any user but the proxy's, whose connections are not redirected
 PROXY_PORT_NAME: Final = "meshlet-proxy"
 ADMIN_PORT_NAME: Final = "meshlet-admin"
 IDENTITY_DIR_VOLUME: Final = "meshlet-identity-end-entity"

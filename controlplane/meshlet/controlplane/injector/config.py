@@ -66,6 +66,8 @@ class InjectConfig:
     cluster_domain: str = wellknown.CLUSTER_DOMAIN
     cluster_networks: str = DEFAULT_CLUSTER_NETWORKS
     version: str = "0.1.0"
+    # meshlet-cni programs meshed pods' tables: no privileged init container, a validator
+    cni_enabled: bool = False
     proxy: ProxyDefaults = field(default_factory=ProxyDefaults)
 
 
@@ -96,6 +98,7 @@ _TOP: Final[dict[str, Callable[[str], Any]]] = {
     "clusterDomain": _dns_name,
     "clusterNetworks": grammar.networks,
     "version": str,
+    "cniEnabled": grammar.flag,
 }
 _PROXY: Final[dict[str, Callable[[str], Any]]] = {
     "image": grammar.image,
@@ -124,6 +127,7 @@ _FIELDS: Final = {
     "clusterDomain": "cluster_domain",
     "clusterNetworks": "cluster_networks",
     "version": "version",
+    "cniEnabled": "cni_enabled",
     "image": "image",
     "imagePullPolicy": "image_pull_policy",
     "logLevel": "log_level",

@@ -263,7 +263,30 @@ def init_container(settings: ProxySettings) -> Container:
     }
 
 
-def volumes() -> list[Volume]:
+def validator_container(settings: ProxySettings) -> Container:
+    """`meshlet-network-validator`, in place of `meshlet-init` where meshlet-cni programs the
+    pod's tables: no privilege at all (Pod Security's `restricted` admits it); it fails the pod
+    when its outbound TCP is not redirected."""
+    return {
+        "name": wk.VALIDATOR_CONTAINER,
+        "image": settings.init_image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": ["meshlet-network-validator"],
+        "args": [f"--listen-addr=0.0.0.0:{wk.PROXY_OUTBOUND_PORT}", "--timeout=10"],
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "runAsUser": wk.VALIDATOR_UID,
+            "runAsGroup": wk.VALIDATOR_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+
+
+def volumes(cni: bool = False) -> list[Volume]:
     token = {
         "serviceAccountToken": {
             "audience": wk.TOKEN_AUDIENCE,
@@ -271,8 +294,9 @@ def volumes() -> list[Volume]:
             "path": wk.TOKEN_FILE,
         }
     }
+    xtables: list[Volume] = [] if cni else [{"name": XTABLES_VOLUME, "emptyDir": {}}]
     return [
-        {"name": XTABLES_VOLUME, "emptyDir": {}},
+        *xtables,
         {"name": wk.IDENTITY_DIR_VOLUME, "emptyDir": {"medium": "Memory"}},
         {"name": wk.TOKEN_VOLUME, "projected": {"sources": [token]}},
         # the namespace's copy of the trust-roots bundle, which the proxy follows; optional:
@@ -370,9 +394,11 @@ def patch(
         *_merge_map(meta + "/annotations", target.metadata.get("annotations"),
                     pod_annotations(target, config, resolved)),
         *_merge_map(meta + "/labels", target.metadata.get("labels"), new_labels),
-        *_list_ops(spec + "/volumes", target.spec.get("volumes"), list(volumes()), None),
+        *_list_ops(spec + "/volumes", target.spec.get("volumes"), volumes(config.cni_enabled),
+                   None),
     ]  # fmt: skip
-    inits: list[Container] = [init_container(settings)]
+    first = validator_container(settings) if config.cni_enabled else init_container(settings)
+    inits: list[Container] = [first]
     if settings.native_sidecar:
         inits.append(proxy)
     ops += _list_ops(spec + "/initContainers", target.spec.get("initContainers"), inits, 0)
