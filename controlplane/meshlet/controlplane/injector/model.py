@@ -74,7 +74,7 @@ class Container(TypedDict):
     lifecycle: NotRequired[Obj]
     securityContext: Obj
     terminationMessagePolicy: str
-    volumeMounts: list[VolumeMount]
+    volumeMounts: NotRequired[list[VolumeMount]]
 
 
 class Volume(TypedDict):
