@@ -281,3 +281,68 @@ async def test_a_refusal_of_the_request_itself_keeps_the_connection_and_its_othe
             await asyncio.wait(tasks, timeout=5)
             control.close()
             relay.close()
+
+
+async def test_a_connection_nothing_answers_is_given_up_within_the_bound(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Service address that leads to a backend swallowing the connection (a pod just killed
+    whose Service rules still name it: the SYN, here the TLS handshake, never answered) holds
+    a stream for the bound only, not the kernel's two minutes of SYN retries or asyncio's 60 s
+    TLS handshake timeout; each retry dials again, is logged with how long it took, and once the
+    address leads to a serving controller the stream opens."""
+    from meshlet.proxy.discovery.watch import BoundedChannel
+    from meshlet.proxy.tls.contexts import direct_server_context
+    from meshlet_testing.testca import make_ca
+
+    monkeypatch.setattr(BoundedChannel, "connect_timeout", 0.3)
+    name = "meshlet-destination.meshlet.serviceaccount.identity.meshlet.cluster.local"
+    authority = make_ca(tmp_path)
+    authority.write()
+    chain, key = authority.serving_cert(name, tmp_path / "serving")
+    held: list[asyncio.StreamWriter] = []
+
+    async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)  # read nothing, answer nothing
+
+    silent = await asyncio.start_server(swallow, "127.0.0.1", 0)
+    server = Server([Holding()])
+    sock = socket.create_server(("127.0.0.1", 0))
+    await server.start(sock=sock, ssl=direct_server_context(chain, key, authority.anchors_pem))
+    address = Address(silent.sockets[0].getsockname()[1])
+    relay, port = await address.start()
+    control = ControlChannel(("127.0.0.1", port), name, authority.anchors_pem, "the destination")
+    watch = Watch(control, _get, destination_pb2.GetDestination(path=WEB), f"Get {WEB}",
+                  logging.getLogger(__name__))  # fmt: skip
+    stats = StreamStats()
+    received: asyncio.Queue[Any] = asyncio.Queue()
+
+    async def consume() -> None:
+        async for message in follow(watch, decode_update, Backoff(0.01, 0.05, random.Random(1)),
+                                    stats):  # fmt: skip
+            received.put_nowait(message)
+
+    caplog.set_level(logging.INFO, logger=__name__)
+    started = asyncio.get_running_loop().time()
+    task = asyncio.create_task(consume())
+    try:
+        await eventually(lambda: stats.failures >= 3, within=5)
+        elapsed = asyncio.get_running_loop().time() - started
+        assert 0.9 <= elapsed < 3, elapsed  # three attempts of 0.3 s each, and the backoff
+        assert "not connected within 0.3 s" in (stats.last_error or "")
+        lines = [r.getMessage() for r in caplog.records if "Get " + WEB in r.getMessage()]
+        assert len(lines) >= 3 and all("failed after 0." in line for line in lines), lines
+        assert "attempt 3" in lines[2]
+        address.lead_to(sock.getsockname()[1])
+        async with asyncio.timeout(3):
+            assert (await received.get()).first
+    finally:
+        task.cancel()
+        await asyncio.wait({task}, timeout=5)
+        control.close()
+        relay.close()
+        silent.close()
+        for writer in held:
+            writer.close()
+        server.close()
+        await server.wait_closed()

@@ -70,6 +70,23 @@ class StreamStats:
 # every stream on it waits for messages that never come. The controllers accept a PING every
 # 5 s (`streaming_server`).
 KEEPALIVE: Final = (10.0, 10.0)
+# Seconds to connect to a control-plane service and finish the TLS handshake.
+CONNECT_TIMEOUT: Final = 5.0
+
+
+class BoundedChannel(Channel):
+    """grpclib's channel with a bound on opening its connection (TCP and TLS), which its own
+    lacks: a connection to an address nothing answers (a pod just killed, still named by the
+    Service's rules) would otherwise hold every stream of the channel for the kernel's SYN
+    retries, about two minutes, before the next attempt could dial again."""
+
+    connect_timeout: float = CONNECT_TIMEOUT
+
+    async def _create_connection(self) -> Any:
+        try:
+            return await asyncio.wait_for(super()._create_connection(), self.connect_timeout)
+        except TimeoutError:
+            raise ConnectionError(f"not connected within {self.connect_timeout:g} s") from None
 
 
 class ControlChannel:
@@ -124,7 +141,7 @@ class ControlChannel:
                 # below `every`: a timer firing a hair early must not skip a PING
                 _http2_min_sent_ping_interval_without_data=every / 2,
             )
-            self._channel = Channel(*self.addr, ssl=self._ssl, config=config)
+            self._channel = BoundedChannel(*self.addr, ssl=self._ssl, config=config)
         return self._channel
 
     def _anchors_changed(self) -> None:
@@ -177,8 +194,10 @@ async def follow(
     """Every decoded message of `watch`, across reconnections, until the consumer stops;
     `failed` is told of each failed stream before the backoff."""
     own = OwnCancellation()
+    loop = asyncio.get_running_loop()
     while True:
         first = True
+        began = loop.time()
         channel = watch.control.channel()
         try:
             async with watch.open(channel) as stream:
@@ -217,7 +236,10 @@ async def follow(
         stats.last_error = problem
         failed()
         delay = backoff.next()
-        level = logging.WARNING if backoff.failures == 1 else logging.DEBUG
-        watch.log.log(level, "%s from %s failed (%s); keeping what it last said and retrying in "
-                      "%.2fs", watch.what, watch.source, problem, delay)  # fmt: skip
+        # every failure is told (a retry's at most once per backoff step): a stream that takes
+        # long to come back says why, and how long each attempt took
+        level = logging.WARNING if backoff.failures == 1 else logging.INFO
+        watch.log.log(level, "%s from %s failed after %.1fs (%s, attempt %d); keeping what it"
+                      " last said and retrying in %.2fs", watch.what, watch.source,
+                      loop.time() - began, problem, backoff.failures, delay)  # fmt: skip
         await asyncio.sleep(delay)
