@@ -357,3 +357,43 @@ def test_an_issuer_in_a_cert_manager_secret_is_checked_as_one_in_meshlets() -> N
         "issuer certificate is issued by the trust anchors"
     ]
     assert missing[0] is Status.ERROR and "has cert-manager issued its Certificate?" in missing[1]
+
+
+def _daemonset(ready: int, wanted: int) -> dict[str, Any]:
+    return {"metadata": {"namespace": "meshlet-cni", "name": "meshlet-cni"},
+            "status": {"desiredNumberScheduled": wanted, "numberReady": ready}}  # fmt: skip
+
+
+def test_the_cni_checks_run_only_with_cni_enabled_and_name_what_is_missing() -> None:
+    assert not any("meshlet-cni" in d for d in outcome(snapshot()))
+    ok = outcome(snapshot(cni_enabled=True, cni_daemonsets=(_daemonset(3, 3),)))
+    assert ok["meshlet-cni is ready on every node (3 nodes)"] == (Status.SUCCESS, "")
+    assert ok["no meshed pod is held by its network validator"] == (Status.SUCCESS, "")
+
+    missing = outcome(snapshot(cni_enabled=True))
+    status, error = missing["meshlet-cni DaemonSet exists"]
+    assert status is Status.ERROR and "fails its validator" in error
+    assert "meshlet-cni is ready on every node" not in " ".join(missing)  # the category stops
+
+    short = outcome(snapshot(cni_enabled=True, cni_daemonsets=(_daemonset(1, 2),)))
+    assert short["meshlet-cni is ready on every node"] == (
+        Status.ERROR,
+        "meshlet-cni/meshlet-cni: 1 of 2 nodes ready: pods made on the others are not redirected",
+    )
+
+
+def test_a_pod_held_by_its_validator_is_named() -> None:
+    def pod(name: str, exit_code: int, ready: bool) -> dict[str, Any]:
+        validator = {"name": wk.VALIDATOR_CONTAINER, "ready": ready,
+                     "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                     "lastState": {"terminated": {"exitCode": exit_code}}}  # fmt: skip
+        proxy = {"name": wk.PROXY_CONTAINER, "ready": True}
+        return {"metadata": {"name": name, "namespace": "shop", "annotations": {}},
+                "status": {"initContainerStatuses": [validator, proxy]}}  # fmt: skip
+
+    pods = (pod("web-1", 1, False), pod("web-2", 0, True))
+    held = outcome(snapshot(cni_enabled=True, cni_daemonsets=(_daemonset(1, 1),), data_plane=pods))
+    status, error = held["no meshed pod is held by its network validator"]
+    assert (
+        status is Status.ERROR and error == "not redirected, held by their validators: shop/web-1"
+    )

@@ -148,9 +148,16 @@ def snapshot(kubeconfig: Path | None, context: str | None, namespace: str) -> Sn
          == "policy"),
         key=lambda p: str(p["metadata"]["name"]),
     )  # fmt: skip
+    config = read("config", core.read_namespaced_config_map, wk.CONFIG_CONFIGMAP, namespace)
+    cni_enabled = _cni_enabled(config)
+    daemonsets = (read("cni daemonsets", apps.list_daemon_set_for_all_namespaces,
+                       label_selector="app.kubernetes.io/name=meshlet-cni")
+                  if cni_enabled else None) or {}  # fmt: skip
     return Snapshot(
         namespace=namespace,
         version=version,
+        cni_enabled=cni_enabled,
+        cni_daemonsets=tuple(daemonsets.get("items", [])),
         control_namespace=read("namespace", core.read_namespace, namespace),
         crd=read("crd", k8s.ApiextensionsV1Api(api).read_custom_resource_definition,
                  wk.SERVICEPROFILE_CRD),
@@ -181,6 +188,19 @@ def snapshot(kubeconfig: Path | None, context: str | None, namespace: str) -> Sn
         profiles=tuple(profiles.get("items", [])),
         errors=errors,
     )  # fmt: skip
+
+
+def _cni_enabled(config: Obj | None) -> bool:
+    """meshlet-config's cniEnabled (False when it cannot be read: the checks that read the
+    config say why)."""
+    import yaml
+
+    text = ((config or {}).get("data") or {}).get(wk.CONFIG_KEY) or ""
+    try:
+        values = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return False
+    return isinstance(values, dict) and values.get("cniEnabled") is True
 
 
 def as_json(results: list[Result]) -> str:

@@ -94,6 +94,8 @@ class Snapshot:
     disruption_budgets: tuple[Obj, ...] = ()  # PodDisruptionBudgets of the control plane
     # namespace → the bundle in its copy of the trust roots (the injector's, which proxies follow)
     trust_root_copies: Mapping[str, str] = field(default_factory=dict)
+    cni_enabled: bool = False  # meshlet-config's cniEnabled
+    cni_daemonsets: tuple[Obj, ...] = ()  # meshlet-cni's, in any namespace
     errors: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -634,6 +636,49 @@ def ha_webhook(s: Snapshot, now: dt.datetime) -> None:
                     " unmeshed", Status.WARNING)  # fmt: skip
 
 
+# -- meshlet-cni: run when the control plane has cniEnabled ------------------------------------
+
+
+def cni_daemonset(s: Snapshot, now: dt.datetime) -> None:
+    if "cni daemonsets" in s.errors:
+        raise _Fail(f"cannot list DaemonSets: {s.errors['cni daemonsets']}")
+    if not s.cni_daemonsets:
+        raise _Fail("cniEnabled is set but no meshlet-cni DaemonSet exists: every new meshed pod"
+                    " fails its validator")  # fmt: skip
+
+
+def cni_ready(s: Snapshot, now: dt.datetime) -> str:
+    short = []
+    for ds in s.cni_daemonsets:
+        status = ds.get("status") or {}
+        wanted, ready = status.get("desiredNumberScheduled", 0), status.get("numberReady", 0)
+        if ready < wanted or not wanted:
+            meta = ds.get("metadata") or {}
+            short.append(f"{meta.get('namespace')}/{meta.get('name')}: {ready} of {wanted}"
+                         " nodes ready")  # fmt: skip
+    if short:
+        raise _Fail("; ".join(short) + ": pods made on the others are not redirected")
+    return f"{sum((d.get('status') or {}).get('numberReady', 0) for d in s.cni_daemonsets)} nodes"
+
+
+def _validator_failed(pod: Obj) -> bool:
+    for status in (pod.get("status") or {}).get("initContainerStatuses") or []:
+        if status.get("name") != wk.VALIDATOR_CONTAINER:
+            continue
+        for state in (status.get("state") or {}, status.get("lastState") or {}):
+            ended = state.get("terminated") or {}
+            if ended.get("exitCode", 0) != 0:
+                return not status.get("ready")
+    return False
+
+
+def cni_validators(s: Snapshot, now: dt.datetime) -> None:
+    held = sorted(f"{p['metadata'].get('namespace')}/{p['metadata'].get('name')}"
+                  for p in s.data_plane if _validator_failed(p))  # fmt: skip
+    if held:
+        raise _Fail(f"not redirected, held by their validators: {_named(held)}")
+
+
 # (category, description, check, hint); a category stops at its first error.
 Entry = tuple[str, str, Callable[[Snapshot, dt.datetime], Any], str]
 
@@ -717,6 +762,15 @@ HA: Final[tuple[Entry, ...]] = (
      "meshlet upgrade --set webhookFailurePolicy=Fail | kubectl apply -f -"),
 )  # fmt: skip
 
+CNI: Final[tuple[Entry, ...]] = (
+    ("meshlet-cni-plugin", "meshlet-cni DaemonSet exists", cni_daemonset,
+     "meshlet install-cni | kubectl apply -f - (docs/cni.md)"),
+    ("meshlet-cni-plugin", "meshlet-cni is ready on every node", cni_ready,
+     "kubectl -n meshlet-cni get pods -o wide; kubectl -n meshlet-cni logs ds/meshlet-cni"),
+    ("meshlet-cni-plugin", "no meshed pod is held by its network validator", cni_validators,
+     "delete the pods named once meshlet-cni is ready on their nodes, so they are made again"),
+)  # fmt: skip
+
 GATES: Final = frozenset({"kubernetes-api", "meshlet-existence"})
 
 
@@ -726,7 +780,8 @@ def evaluate(snapshot: Snapshot, now: dt.datetime, pre: bool = False) -> Iterato
     skipped."""
     failed: set[str] = set()
     ha = HA if not pre and is_ha(snapshot) else ()
-    for category, description, check, hint in (*API, *(PRE if pre else INSTALLED), *ha):
+    cni = CNI if not pre and snapshot.cni_enabled else ()
+    for category, description, check, hint in (*API, *(PRE if pre else INSTALLED), *cni, *ha):
         if category in failed or failed & GATES:
             continue
         try:
