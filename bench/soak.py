@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
 import time
 from collections import Counter
@@ -53,6 +54,28 @@ KILLED: Final = "api-2"  # kill-replica's pod
 ENDPOINTS_NOTICE: Final = 2.0  # seconds between a pod's end and its leaving the endpoints
 CONTROLLERS: Final = ("destination", "identity", "policy", "tap")
 READY_WITHIN: Final = 30.0
+# The port each demo app serves, which a restarted pod's app must listen on before the pod is
+# back in the endpoints.
+APP_PORTS: Final = {"api": topology.API_PORT, "web": topology.WEB_PORT,
+                    "store": topology.STORE_PORT}  # fmt: skip
+
+
+def wait_listening(pid: int, ip: str, port: int, within: float) -> None:
+    """Until the process's network namespace has a TCP socket listening on `ip` (or any
+    address) and `port`, read from /proc/<pid>/net/tcp (the namespace's table), or `within`
+    seconds."""
+    deadline = time.monotonic() + within
+    wanted = {f"{socket.inet_aton(a)[::-1].hex().upper()}:{port:04X}" for a in (ip, "0.0.0.0")}
+    while time.monotonic() < deadline:
+        try:
+            rows = [r.split() for r in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]]
+        except OSError:
+            return  # the process is gone: the period reports what follows
+        if any(r[1] in wanted and r[3] == "0A" for r in rows):  # 0A: LISTEN
+            return
+        time.sleep(0.05)
+
+
 LOCK_WAIT: Final = 300.0
 
 
@@ -184,11 +207,17 @@ class Soak:
         self._start_pod(pod, *procs)
 
     def _start_pod(self, pod: str, proxy: Process, app: Process) -> None:
+        """The pod's proxy, then its app, and the pod back in the endpoints once both are ready
+        (as the kubelet's readiness probes would have it)."""
         demo = self.demo
         self.sup.restart(proxy.name, proxy)
         self.sup.wait_ready(proxy.name, f"{demo.layout.admin(demo.layout.pod(pod))}/ready",
                             READY_WITHIN)  # fmt: skip
         self.sup.restart(app.name, app)
+        started = self.sup.processes[app.name].popen
+        if started is not None:
+            spec = demo.layout.pod(pod)
+            wait_listening(started.pid, spec.ip, APP_PORTS[spec.app], READY_WITHIN)
         demo._manifests().put(f"pod-{pod}", topology.pod_manifest(demo.layout.pod(pod)))
 
     # -- measuring --------------------------------------------------------------------------

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from bench.soak import Period, drift, load_window, process_usage, report
+from bench.soak import Period, drift, load_window, process_usage, report, wait_listening
 from meshlet.cli.demo import lock
 
 
@@ -85,3 +87,16 @@ def test_a_short_soak_runs_its_faults_and_measures_every_process(
     assert periods[0]["events"][1].startswith("repaired at ")
     assert "failed of" in run.stdout and "processes that ended by themselves: none" in run.stdout
     assert "could not remove" not in run.stdout
+
+
+def test_a_restarted_app_counts_as_up_once_it_listens() -> None:
+    """The harness puts a rolled pod back in the endpoints only when its app listens (a pod
+    put back while its app was starting got web's calls refused)."""
+    with socket.create_server(("127.0.0.1", 0)) as listening:
+        port = listening.getsockname()[1]
+        started = time.monotonic()
+        wait_listening(os.getpid(), "127.0.0.1", port, within=5)
+        assert time.monotonic() - started < 1
+    started = time.monotonic()
+    wait_listening(os.getpid(), "127.0.0.1", port, within=0.3)  # closed: waits it out
+    assert time.monotonic() - started >= 0.3
