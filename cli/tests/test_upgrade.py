@@ -212,3 +212,45 @@ def test_prune_names_what_the_current_manifests_no_longer_have(
     assert "2 object(s)" in run.err
     not_there = meshlet("prune", "--kubeconfig", kubeconfig, "-L", "elsewhere")
     assert not_there.code == 1 and "not installed in namespace elsewhere" in not_there.err
+
+
+def test_after_the_issuer_is_rotated_the_tap_controller_gets_a_certificate_from_the_new_one(
+    meshlet: Run, api: FakeKubeAPI, kubeconfig: str, tmp_path: Path
+) -> None:
+    """Step 2 of a trust-anchor rotation replaces the issuer Secret with one signed by the new
+    anchor; the next `meshlet upgrade` re-issues the tap controller's certificate from it (the
+    old one chains to the old anchor, which step 3 removes from every proxy's bundle). Without
+    a rotation it is kept byte for byte (the test above)."""
+    import base64
+
+    from cryptography import x509
+
+    for name in ("old", "new"):
+        assert meshlet("identity", "ca", "create", "--out", str(tmp_path / name)).code == 0
+    old, new = tmp_path / "old", tmp_path / "new"
+    run = meshlet("install", "--kubeconfig", kubeconfig,
+                  "--identity-trust-anchors-file", str(old / "trust-anchors.pem"),
+                  "--identity-issuer-certificate-file", str(old / "issuer" / "crt.pem"),
+                  "--identity-issuer-key-file", str(old / "issuer" / "key.pem"))  # fmt: skip
+    assert run.code == 0, run.err
+    installed = applied(api, run.out)
+    both = (old / "trust-anchors.pem").read_text() + (new / "trust-anchors.pem").read_text()
+    roots = installed[("ConfigMap", "meshlet-identity-trust-roots")]
+    api.apply({**roots, "data": {"ca-bundle.crt": both}})  # step 1
+    issuer = installed[("Secret", "meshlet-identity-issuer")]
+    encoded = {key: base64.b64encode((new / "issuer" / key).read_bytes()).decode()
+               for key in ("crt.pem", "key.pem")}  # fmt: skip
+    api.apply({**issuer, "data": encoded})  # step 2
+
+    upgraded = meshlet("upgrade", "--kubeconfig", kubeconfig)
+    assert upgraded.code == 0, upgraded.err
+    assert "the tap controller's certificate was issued by an earlier issuer" in upgraded.err
+    tap = docs(upgraded.out)[("Secret", "meshlet-tap-k8s-tls")]
+    text = tap.get("stringData", {}).get("tls.crt") or base64.b64decode(tap["data"]["tls.crt"])
+    leaf = x509.load_pem_x509_certificates(text.encode() if isinstance(text, str) else text)[0]
+    new_issuer = x509.load_pem_x509_certificate((new / "issuer" / "crt.pem").read_bytes())
+    leaf.verify_directly_issued_by(new_issuer)  # raises unless the new issuer signed it
+    names = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert names.get_values_for_type(x509.DNSName) == [
+        "meshlet-tap.meshlet.serviceaccount.identity.meshlet.cluster.local"
+    ]

@@ -14,6 +14,7 @@ from typing import Any, Final
 
 import click
 import yaml
+from cryptography.exceptions import InvalidSignature
 
 from meshlet.api import wellknown as wk
 from meshlet.cli import charts, options
@@ -143,11 +144,14 @@ def generated(
     mesh = merge(values, out)
     issuer_tls = (mesh.get("identity") or {}).get("issuer", {}).get("tls", {})
     anchors = mesh.get("identityTrustAnchorsPEM")
-    if (not external and not (tap.get("crtPEM") and tap.get("keyPEM"))
-            and issuer_tls.get("crtPEM") and anchors):  # fmt: skip
+    have_tap = bool(tap.get("crtPEM") and tap.get("keyPEM"))
+    stale = have_tap and not _issued_by(str(tap["crtPEM"]), str(issuer_tls.get("crtPEM") or ""))
+    if not external and (not have_tap or stale) and issuer_tls.get("crtPEM") and anchors:
         with contextlib.suppress(ca.IssuerError, KeyError):  # _check_identity says what's wrong
             domain = str(mesh.get("identityTrustDomain") or wk.TRUST_DOMAIN)
             out["tap"] = tap_certificate(issuer_tls, str(anchors), namespace, now, domain)
+            if stale:  # told whatever `quiet`: the user's Secret is replaced
+                click.echo(STALE_TAP, err=True)
     injector = values.get("proxyInjector") or {}
     if not (injector.get("caBundle") and injector.get("crtPEM") and injector.get("keyPEM")):
         webhook = tls.webhook_certificate(namespace, now)
@@ -155,6 +159,29 @@ def generated(
             "caBundle": webhook.ca_pem, "crtPEM": webhook.cert_pem, "keyPEM": webhook.key_pem
         }  # fmt: skip
     return out
+
+
+STALE_TAP: Final = (
+    "meshlet: the tap controller's certificate was issued by an earlier issuer; it gets a new"
+    " one from the current issuer (proxies that no longer trust the old anchor refuse the old one)"
+)
+
+
+def _issued_by(chain_pem: str, issuer_pem: str) -> bool:
+    """Whether the first certificate of `chain_pem` is signed by the first of `issuer_pem`
+    (True when either cannot be read: the identity checks say what is wrong)."""
+    from cryptography import x509
+
+    try:
+        leaf = x509.load_pem_x509_certificates(chain_pem.encode())[0]
+        issuer = x509.load_pem_x509_certificates(issuer_pem.encode())[0]
+    except (ValueError, IndexError):
+        return True
+    try:
+        leaf.verify_directly_issued_by(issuer)
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    return True
 
 
 def tap_certificate(
