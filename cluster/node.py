@@ -56,7 +56,13 @@ API_PORT = 6443
 ETCD_PORTS = (2379, 2380)
 PAUSE_IMAGE = "localhost/meshlet/pause:1"
 COREDNS_IMAGE = "localhost/meshlet/coredns:1"
-CNI_BIN = Path("/usr/lib/cni")
+CNI_BIN = Path("/usr/lib/cni")  # Debian's containernetworking-plugins
+CNI_PLUGINS = ("bridge", "host-local", "loopback", "portmap")
+# The runtime's CNI folders (its conf_dir and bin_dir, links to Debian's plugins), where the
+# meshlet-cni DaemonSet adds its plugin; and where it copies the plugin's root.
+CNI_CONF_DIR = DIR / "cni" / "net.d"
+CNI_BIN_DIR = DIR / "cni" / "bin"
+CNI_ROOT_DIR = DIR / "cni" / "meshlet-cni"
 CONTAINERD_SOCK = DIR / "containerd" / "containerd.sock"
 # The order processes start in; `down` stops them in reverse.
 PROCESSES = (
@@ -314,8 +320,8 @@ state = "{state}/state"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
   [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "{CNI_BIN}"
-    conf_dir = "{DIR}/cni/net.d"
+    bin_dir = "{CNI_BIN_DIR}"
+    conf_dir = "{CNI_CONF_DIR}"
 """
     path = state / "config.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -344,9 +350,13 @@ def cni_config() -> None:
             {"type": "portmap", "capabilities": {"portMappings": True}},
         ],
     }
-    folder = DIR / "cni" / "net.d"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "10-meshlet-cluster.conflist").write_text(json.dumps(conf, indent=2))
+    CNI_CONF_DIR.mkdir(parents=True, exist_ok=True)
+    (CNI_CONF_DIR / "10-meshlet-cluster.conflist").write_text(json.dumps(conf, indent=2))
+    CNI_BIN_DIR.mkdir(parents=True, exist_ok=True)
+    for plugin in CNI_PLUGINS:
+        link = CNI_BIN_DIR / plugin
+        link.unlink(missing_ok=True)
+        link.symlink_to(CNI_BIN / plugin)
 
 
 def kubelet_config(pki: Pki) -> Path:
@@ -715,11 +725,7 @@ def up() -> None:
     missing = [
         t for t in ("containerd", "runc", "ctr", "podman", "iptables") if not shutil.which(t)
     ]
-    missing += [
-        f"{CNI_BIN}/{p}"
-        for p in ("bridge", "host-local", "loopback", "portmap")
-        if not (CNI_BIN / p).exists()
-    ]
+    missing += [f"{CNI_BIN}/{p}" for p in CNI_PLUGINS if not (CNI_BIN / p).exists()]
     if missing:
         raise ClusterError(f"missing: {', '.join(missing)} (make cluster installs them)")
     if any(alive(name) for name in PROCESSES):
@@ -802,7 +808,12 @@ def up() -> None:
 
 
 def env_lines(bin: Path) -> str:
-    return f"export KUBECONFIG={DIR / 'admin.kubeconfig'}\nexport PATH={bin}:$PATH"
+    """KUBECONFIG, PATH, and the meshlet-cni chart's values for this node's CNI folders
+    (`meshlet install-cni --set "$MESHLET_CNI_SETS"`)."""
+    cni = (f"destCNINetDir={CNI_CONF_DIR},destCNIBinDir={CNI_BIN_DIR},"
+           f"destRootDir={CNI_ROOT_DIR}")  # fmt: skip
+    return (f"export KUBECONFIG={DIR / 'admin.kubeconfig'}\nexport PATH={bin}:$PATH\n"
+            f"export MESHLET_CNI_SETS={cni}")  # fmt: skip
 
 
 # -- down ----------------------------------------------------------------------------------------

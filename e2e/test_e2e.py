@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -496,6 +497,10 @@ def test_trust_anchor_rotation_under_load(cluster: Cluster, tmp_path: Any) -> No
     cluster.kubectl("patch", "secret", "-n", NS, "meshlet-identity-issuer", "--type", "merge",
                     "-p", json.dumps({"data": issuer}))  # fmt: skip
     rolled = time.time() + 10  # the identity service reads its issuer every 5 s
+    # ... and the tap controller's certificate re-issued from it (the docs' step 2)
+    upgraded = cluster.sh(_meshlet(), "upgrade", check=False)
+    assert "the tap controller's certificate was issued by an earlier issuer" in upgraded.stderr
+    cluster.kubectl("apply", "-f", "-", stdin=upgraded.stdout)
 
     def renewed() -> None:
         stale = {
@@ -537,11 +542,169 @@ def test_trust_anchor_rotation_under_load(cluster: Cluster, tmp_path: Any) -> No
         seen = cluster.kubectl("exec", "-i", "-n", DEMO, web, "-c", "web", "--", "python3", "-c",
                                probe, stdin=anchors)  # fmt: skip
         assert seen.startswith(expected), seen
+    # and tap still reaches the proxies, with its certificate from the new issuer
+    lines = _first_lines(cluster, [_meshlet(), "viz", "tap", "deploy/web", "-n", DEMO], 4,
+                         timeout=120)  # fmt: skip
+    assert any(line.startswith("rsp ") and ":status=200" in line for line in lines), lines
 
 
 def _load_ok(cluster: Cluster) -> None:
     stats = load_stats(cluster)
     assert stats.get("ok", 0) > 100, stats
+
+
+RESTRICTED = "restricted"
+# k3s's CNI folders (the k3d backend); the node backend says its own (MESHLET_CNI_SETS)
+K3S_CNI_SETS = "destCNINetDir=/var/lib/rancher/k3s/agent/etc/cni/net.d,destCNIBinDir=/bin"
+RESTRICTED_CONTEXT = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "runAsNonRoot": True,
+    "runAsUser": 1000,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+def _restricted_app(name: str, command: list[str]) -> list[dict[str, Any]]:
+    """A Deployment (and Service) whose pods meet Pod Security's `restricted` level."""
+    labels = {"app": name}
+    deploy = {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": RESTRICTED},
+        "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": {
+            "metadata": {"labels": labels},
+            "spec": {"serviceAccountName": name, "containers": [{
+                "name": name, "image": f"{REGISTRY}/demo:{TAG}",
+                "imagePullPolicy": "IfNotPresent", "command": command,
+                "ports": [{"containerPort": 8080}],
+                "securityContext": RESTRICTED_CONTEXT}]}}},
+    }  # fmt: skip
+    account = {"apiVersion": "v1", "kind": "ServiceAccount",
+               "metadata": {"name": name, "namespace": RESTRICTED}}  # fmt: skip
+    service = {"apiVersion": "v1", "kind": "Service",
+               "metadata": {"name": name, "namespace": RESTRICTED},
+               "spec": {"selector": labels, "ports": [{"port": 8080}]}}  # fmt: skip
+    return [account, deploy, service]
+
+
+def _cni_sets(cluster: Cluster) -> str:
+    return str(cluster.env.get("MESHLET_CNI_SETS") or K3S_CNI_SETS)
+
+
+def test_cni_meshes_a_restricted_namespace(cluster: Cluster, tmp_path: Any) -> None:
+    """meshlet-cni from its DaemonSet (`meshlet install-cni`), the control plane upgraded to
+    cniEnabled: in a namespace where Pod Security enforces `restricted`, the real API server
+    admits meshed pods (the validator holds no privilege), and their traffic goes through
+    their proxies, mTLS with their identities; the control plane's own pods, rolled, start
+    with the validator too. A pod on a node without meshlet-cni fails on its validator."""
+    cni = cluster.meshlet("install-cni", "--set", _cni_sets(cluster))
+    (ARTIFACTS / "install-cni.yaml").write_text(cni)
+    cluster.kubectl("apply", "-f", "-", stdin=cni)
+    cluster.kubectl("rollout", "status", "-n", "meshlet-cni", "daemonset/meshlet-cni",
+                    "--timeout=300s", timeout=320)  # fmt: skip
+    upgrade = cluster.meshlet("upgrade", "--set", "cniEnabled=true")
+    (ARTIFACTS / "upgrade-cni.yaml").write_text(upgrade)
+    cluster.kubectl("apply", "-f", "-", stdin=upgrade)
+    _controllers_available(cluster)
+    for pod in cluster.pods(NS, "meshlet.io/control-plane-component"):
+        names = [c["name"] for c in pod["spec"].get("initContainers", [])]
+        every = names + [c["name"] for c in pod["spec"]["containers"]]
+        if pod["metadata"].get("deletionTimestamp") or "meshlet-proxy" not in every:
+            continue  # a pod on its way out, or one that is not meshed (Prometheus)
+        assert names[0] == "meshlet-network-validator" and "meshlet-init" not in names, names
+
+    cluster.kubectl("create", "namespace", RESTRICTED)
+    cluster.kubectl("label", "namespace", RESTRICTED,
+                    "pod-security.kubernetes.io/enforce=restricted",
+                    "pod-security.kubernetes.io/warn=restricted")  # fmt: skip
+    cluster.kubectl("annotate", "namespace", RESTRICTED, "meshlet.io/inject=enabled")
+    apps = [*_restricted_app("server", ["python3", "-m", "http.server", "8080"]),
+            *_restricted_app("client", ["sleep", "infinity"])]  # fmt: skip
+    applied = cluster.sh("kubectl", "apply", "-f", "-", stdin=yaml.safe_dump_all(apps))
+    assert "would violate PodSecurity" not in applied.stderr, applied.stderr
+    cluster.kubectl("wait", "-n", RESTRICTED, "--for=condition=Available", "deploy", "--all",
+                    "--timeout=300s", timeout=320)  # fmt: skip
+    # the API server's verdict on one pod meshed each way (a server-side dry run)
+    spec = _restricted_app("server", ["sleep", "1"])[1]["spec"]["template"]["spec"]
+    pod_file = tmp_path / "pod.json"
+    meta = {"name": "verdict", "namespace": RESTRICTED}
+    pod_file.write_text(json.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+                                    "spec": spec}))  # fmt: skip
+    anchors = tmp_path / "anchors.pem"
+    anchors.write_text(cluster.json("get", "configmap", "-n", NS, "meshlet-identity-trust-roots")
+                       ["data"]["ca-bundle.crt"])  # fmt: skip
+    for cni_enabled, admitted in (("false", False), ("true", True)):
+        meshed = cluster.meshlet("inject", "--manual", "--ignore-cluster",
+                                 f"--identity-trust-anchors-file={anchors}",
+                                 "--set", f"cniEnabled={cni_enabled}", str(pod_file))  # fmt: skip
+        verdict = cluster.sh("kubectl", "apply", "--dry-run=server", "-f", "-", stdin=meshed,
+                             check=False)  # fmt: skip
+        assert (verdict.returncode == 0) == admitted, verdict.stdout + verdict.stderr
+        if not admitted:
+            assert 'violates PodSecurity "restricted' in verdict.stderr, verdict.stderr
+            assert 'container "meshlet-init" must not include "NET_ADMIN"' in verdict.stderr
+    server = cluster.pods(RESTRICTED, "app=server")[0]
+    inits = [c["name"] for c in server["spec"]["initContainers"]]
+    assert inits == ["meshlet-network-validator", "meshlet-proxy"], inits
+    client = cluster.pods(RESTRICTED, "app=client")[0]["metadata"]["name"]
+    fetch = ("import urllib.request\n"
+             "for _ in range(5):\n"
+             "    r = urllib.request.urlopen('http://server.restricted.svc.cluster.local:8080/',"
+             " timeout=10)\n"
+             "    print(r.status)\n")  # fmt: skip
+    out = cluster.kubectl("exec", "-n", RESTRICTED, client, "-c", "client", "--", "python3",
+                          "-c", fetch)  # fmt: skip
+    assert out.split() == ["200"] * 5, out
+    client_id = f"client.{RESTRICTED}.serviceaccount.identity.meshlet.cluster.local"
+
+    def redirected() -> float:
+        text = cluster.metrics(RESTRICTED, server["metadata"]["name"])
+        seen = counter(text, "request_total", direction="inbound", tls="true",
+                       client_id=client_id)  # fmt: skip
+        assert seen >= 5, text
+        return seen
+
+    eventually("the client's calls through both proxies, mTLS", redirected, timeout=60)
+
+    # a pod made while meshlet-cni is missing from the node's configuration: its validator
+    # fails it, naming the cause (the DaemonSet's pods gone, meshlet-cni taken out)
+    nowhere = {"spec": {"template": {"spec": {"nodeSelector": {"meshlet.io/none": "x"}}}}}
+    cluster.kubectl("patch", "daemonset", "-n", "meshlet-cni", "meshlet-cni", "--type=merge",
+                    "-p", json.dumps(nowhere))  # fmt: skip
+    eventually("the installer gone", lambda: _assert_empty(cluster.pods("meshlet-cni")),
+               timeout=120)  # fmt: skip
+    try:
+        cluster.kubectl("run", "-n", RESTRICTED, "bare", f"--image={REGISTRY}/demo:{TAG}",
+                        "--image-pull-policy=IfNotPresent",
+                        f"--overrides={json.dumps(_overrides())}", "--command", "--", "sleep",
+                        "3600")  # fmt: skip
+
+        def refused() -> str:
+            pod = cluster.json("get", "pod", "-n", RESTRICTED, "bare")
+            states = pod["status"].get("initContainerStatuses") or []
+            validator = next(s for s in states if s["name"] == "meshlet-network-validator")
+            ended = validator.get("lastState", {}).get("terminated") or validator["state"].get(
+                "terminated") or {}  # fmt: skip
+            assert ended.get("exitCode") == 1, validator
+            return str(ended.get("message", ""))
+
+        message = eventually("the validator failing the pod", refused, timeout=120)
+        assert "was not redirected" in message and "meshlet-cni" in message, message
+    finally:
+        cluster.kubectl("delete", "pod", "-n", RESTRICTED, "bare", "--ignore-not-found",
+                        "--wait=false")  # fmt: skip
+        back = [{"op": "remove", "path": "/spec/template/spec/nodeSelector/meshlet.io~1none"}]
+        cluster.kubectl("patch", "daemonset", "-n", "meshlet-cni", "meshlet-cni", "--type=json",
+                        "-p", json.dumps(back))  # fmt: skip
+        cluster.kubectl("rollout", "status", "-n", "meshlet-cni", "daemonset/meshlet-cni",
+                        "--timeout=300s", timeout=320)  # fmt: skip
+
+
+def _overrides() -> dict[str, Any]:
+    """`kubectl run`'s pod, made to meet `restricted`."""
+    return {"apiVersion": "v1", "spec": {"containers": [{
+        "name": "bare", "image": f"{REGISTRY}/demo:{TAG}", "imagePullPolicy": "IfNotPresent",
+        "command": ["sleep", "3600"], "securityContext": RESTRICTED_CONTEXT}]}}  # fmt: skip
 
 
 CONTROLLERS = ("destination", "identity", "proxy-injector", "policy", "tap")
@@ -635,8 +798,17 @@ def _assert_empty(items: list[Any]) -> None:
 
 
 def test_uninstall_leaves_nothing(cluster: Cluster) -> None:
-    cluster.kubectl("delete", "namespace", DEMO, "plain", "ha-probe", "--ignore-not-found",
-                    "--wait=true", timeout=300)  # fmt: skip
+    cluster.kubectl("delete", "namespace", DEMO, "plain", "ha-probe", RESTRICTED,
+                    "--ignore-not-found", "--wait=true", timeout=300)  # fmt: skip
+    cni = cluster.meshlet("install-cni", "--set", _cni_sets(cluster))
+    cluster.kubectl("delete", "--ignore-not-found", "--wait=true", "-f", "-", stdin=cni,
+                    timeout=300)  # fmt: skip
+    sets = dict(item.split("=", 1) for item in _cni_sets(cluster).split(","))
+    if cluster.kind == "node":  # the node's folders are this machine's: meshlet-cni is gone
+        for path in Path(sets["destCNINetDir"]).iterdir():
+            assert "meshlet-cni" not in path.read_text(), path
+        assert not (Path(sets["destCNIBinDir"]) / "meshlet-cni").exists()
+        assert list(Path(sets["destRootDir"]).iterdir()) == []
     refs = cluster.meshlet("uninstall", "--crds")
     cluster.kubectl(
         "delete", "--ignore-not-found", "--wait=true", "-f", "-", stdin=refs, timeout=300
