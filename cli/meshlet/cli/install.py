@@ -326,21 +326,7 @@ def _install_gateway_api(values: Mapping[str, Any], kubeconfig: Path | None) -> 
 
 @click.command()
 @click.option("--crds", is_flag=True, help="Render the CustomResourceDefinitions (first step).")
-@click.option(
-    "--set",
-    "sets",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="A chart value, as Helm's --set (repeatable): proxy.logLevel=debug.",
-)
-@click.option(
-    "--values",
-    "-f",
-    "values_files",
-    multiple=True,
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="A YAML file of chart values (repeatable; later files win; --set wins over files).",
-)
+@options.chart_values("proxy.logLevel=debug")
 @click.option(
     "--identity-trust-anchors-file",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),

@@ -9,7 +9,7 @@ from typing import Final
 
 import click
 
-from meshlet.cli import charts
+from meshlet.cli import charts, options
 from meshlet.cli.charts import ChartError
 from meshlet.cli.install import user_values
 from meshlet.cli.manifests import stream
@@ -18,21 +18,7 @@ CNI_NAMESPACE: Final = "meshlet-cni"
 
 
 @click.command("install-cni")
-@click.option(
-    "--set",
-    "sets",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="A chart value, as Helm's --set (repeatable): destCNINetDir=/etc/cni/net.d.",
-)
-@click.option(
-    "--values",
-    "-f",
-    "values_files",
-    multiple=True,
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="A YAML file of chart values (repeatable; later files win; --set wins over files).",
-)
+@options.chart_values("destCNINetDir=/etc/cni/net.d")
 @click.option(
     "--cni-namespace",
     default=CNI_NAMESPACE,

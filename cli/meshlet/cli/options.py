@@ -61,3 +61,22 @@ def control_plane_namespace(
         )(command)  # fmt: skip
 
     return decorate
+
+
+def chart_values(set_example: str) -> Callable[[F], F]:
+    """--set (repeatable, as Helm's) and --values/-f: the parameters `sets` and `values_files`
+    of a verb that renders a chart."""
+
+    def decorate(command: F) -> F:
+        command = click.option(
+            "--values", "-f", "values_files", multiple=True,
+            type=click.Path(exists=True, dir_okay=False, path_type=Path),
+            help="A YAML file of chart values (repeatable; later files win; --set wins over"
+            " files).",
+        )(command)  # fmt: skip
+        return click.option(
+            "--set", "sets", multiple=True, metavar="KEY=VALUE",
+            help=f"A chart value, as Helm's --set (repeatable): {set_example}.",
+        )(command)  # fmt: skip
+
+    return decorate

@@ -216,6 +216,23 @@ async def grpc_server(*handlers: Any) -> AsyncIterator[int]:
         await server.wait_closed()
 
 
+def following_web(
+    control: ControlChannel,
+) -> tuple[StreamStats, asyncio.Queue[Any], asyncio.Task[None]]:
+    """A task following Get for WEB through `control`: its stats and the messages received."""
+    watch = Watch(control, _get, destination_pb2.GetDestination(path=WEB), f"Get {WEB}",
+                  logging.getLogger(__name__))  # fmt: skip
+    stats = StreamStats()
+    received: asyncio.Queue[Any] = asyncio.Queue()
+
+    async def consume() -> None:
+        async for message in follow(watch, decode_update, Backoff(0.01, 0.05, random.Random(1)),
+                                    stats):  # fmt: skip
+            received.put_nowait(message)
+
+    return stats, received, asyncio.create_task(consume())
+
+
 async def test_a_stream_answered_unavailable_dials_the_address_again() -> None:
     """The drill that showed it: a destination pod deleted, its proxy outliving its controller
     (a native sidecar stops after the app) keeps the connection and answers UNAVAILABLE, while
@@ -226,17 +243,7 @@ async def test_a_stream_answered_unavailable_dials_the_address_again() -> None:
         address = Address(old)
         relay, port = await address.start()
         control = ControlChannel(("127.0.0.1", port), None, None, "the destination")
-        watch = Watch(control, _get, destination_pb2.GetDestination(path=WEB), f"Get {WEB}",
-                      logging.getLogger(__name__))  # fmt: skip
-        stats = StreamStats()
-        received: asyncio.Queue[Any] = asyncio.Queue()
-
-        async def consume() -> None:
-            async for message in follow(watch, decode_update, Backoff(0.01, 0.05, random.Random(1)),
-                                        stats):  # fmt: skip
-                received.put_nowait(message)
-
-        task = asyncio.create_task(consume())
+        stats, received, task = following_web(control)
         try:
             await eventually(lambda: stats.failures >= 3)
             assert address.dialed[:3] == [old, old, old]  # a new connection for each retry
@@ -312,19 +319,9 @@ async def test_a_connection_nothing_answers_is_given_up_within_the_bound(
     address = Address(silent.sockets[0].getsockname()[1])
     relay, port = await address.start()
     control = ControlChannel(("127.0.0.1", port), name, authority.anchors_pem, "the destination")
-    watch = Watch(control, _get, destination_pb2.GetDestination(path=WEB), f"Get {WEB}",
-                  logging.getLogger(__name__))  # fmt: skip
-    stats = StreamStats()
-    received: asyncio.Queue[Any] = asyncio.Queue()
-
-    async def consume() -> None:
-        async for message in follow(watch, decode_update, Backoff(0.01, 0.05, random.Random(1)),
-                                    stats):  # fmt: skip
-            received.put_nowait(message)
-
     caplog.set_level(logging.INFO, logger=__name__)
     started = asyncio.get_running_loop().time()
-    task = asyncio.create_task(consume())
+    stats, received, task = following_web(control)
     try:
         await eventually(lambda: stats.failures >= 3, within=5)
         elapsed = asyncio.get_running_loop().time() - started

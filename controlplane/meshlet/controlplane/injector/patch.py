@@ -187,6 +187,19 @@ def _resources(resources: Resources) -> Obj:
     return out
 
 
+def _unprivileged(uid: int, gid: int) -> Obj:
+    """A container's security context that Pod Security's `restricted` level admits."""
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "runAsUser": uid,
+        "runAsGroup": gid,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
 def proxy_container(
     config: InjectConfig, settings: ProxySettings, identity_addr: str = "", ports: str = ""
 ) -> Container:
@@ -208,15 +221,7 @@ def proxy_container(
         ],
         "readinessProbe": _probe("/ready", initialDelaySeconds=2, timeoutSeconds=1),
         "livenessProbe": _probe("/live", initialDelaySeconds=10, timeoutSeconds=1),
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-            "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True,
-            "runAsUser": wk.PROXY_UID,
-            "runAsGroup": wk.PROXY_GID,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": _unprivileged(wk.PROXY_UID, wk.PROXY_GID),
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": mounts,
     }
@@ -273,15 +278,7 @@ def validator_container(settings: ProxySettings) -> Container:
         "imagePullPolicy": settings.image_pull_policy,
         "command": ["meshlet-network-validator"],
         "args": [f"--listen-addr=0.0.0.0:{wk.PROXY_OUTBOUND_PORT}", "--timeout=10"],
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-            "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True,
-            "runAsUser": wk.VALIDATOR_UID,
-            "runAsGroup": wk.VALIDATOR_UID,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": _unprivileged(wk.VALIDATOR_UID, wk.VALIDATOR_UID),
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
 
