@@ -65,11 +65,19 @@ def wait_listening(pid: int, ip: str, port: int, within: float) -> None:
     address) and `port`, read from /proc/<pid>/net/tcp (the namespace's table), or `within`
     seconds."""
     deadline = time.monotonic() + within
-    wanted = {f"{socket.inet_aton(a)[::-1].hex().upper()}:{port:04X}" for a in (ip, "0.0.0.0")}
+    v4 = {socket.inet_aton(a)[::-1].hex().upper() for a in (ip, "0.0.0.0")}
+    # a dual-stack socket ([::]) is in tcp6; an IPv4 address there is mapped (::ffff:a.b.c.d)
+    v6 = {"0" * 32, *(f"0000000000000000FFFF0000{a}" for a in v4)}
+    wanted = {f"{a}:{port:04X}" for a in v4 | v6}
     while time.monotonic() < deadline:
-        try:
-            rows = [r.split() for r in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]]
-        except OSError:
+        rows = []
+        for table in ("tcp", "tcp6"):
+            try:
+                text = Path(f"/proc/{pid}/net/{table}").read_text()
+            except OSError:
+                continue
+            rows += [r.split() for r in text.splitlines()[1:]]
+        if not Path(f"/proc/{pid}").exists():
             return  # the process is gone: the period reports what follows
         if any(r[1] in wanted and r[3] == "0A" for r in rows):  # 0A: LISTEN
             return

@@ -100,3 +100,8 @@ def test_a_restarted_app_counts_as_up_once_it_listens() -> None:
     started = time.monotonic()
     wait_listening(os.getpid(), "127.0.0.1", port, within=0.3)  # closed: waits it out
     assert time.monotonic() - started >= 0.3
+    # grpcio and asyncio servers given 0.0.0.0 may listen dual-stack, on [::] (tcp6)
+    with socket.create_server(("::", 0), family=socket.AF_INET6, dualstack_ipv6=True) as both:
+        started = time.monotonic()
+        wait_listening(os.getpid(), "10.77.1.21", both.getsockname()[1], within=5)
+        assert time.monotonic() - started < 1
