@@ -15,8 +15,9 @@ repaired at half of it, in turn:
 - change-policy: api's HTTPRoute reweighed 90/10 → 50/50, and back at the repair.
 - roll-upgrade: every controller restarted in turn, then api's three pods in turn as a rolling
   update does: out of the endpoints, 2 s, its proxy and app stopped (SIGTERM) and started
-  again, back in the endpoints once its proxy is ready. (The canary has one pod: a rolling
-  update starts its successor first, which the local mesh's fixed pods cannot; it is left.)
+  again, back in the endpoints once its proxy is ready and its app listens. (The canary has
+  one pod: a rolling update starts its successor first, which the local mesh's fixed pods
+  cannot; it is left.)
 
 Certificates are issued for --issuance-lifetime (90 s by default), so every proxy renews about
 once a period, under the faults. Each period reports the load's calls, failures (and why) and
