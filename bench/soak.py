@@ -44,7 +44,7 @@ from rich.console import Console
 
 from meshlet.api import wellknown
 from meshlet.cli.demo import lock, topology
-from meshlet.cli.demo.run import Demo, DemoError, Options
+from meshlet.cli.demo.run import Demo, DemoError, Options, sigterm_interrupts
 from meshlet.cli.demo.supervisor import Process, StartError
 from meshlet.cli.demo.topology import Mode
 from meshlet.cli.stats import Scrape
@@ -354,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
                       summary_json=None)  # fmt: skip
     demo = Demo(options, console)
     try:
-        with lock.held(LOCK_WAIT, busy=lambda: console.print("waiting for the demo's lock")):
+        busy = lambda: console.print("waiting for the demo's lock")  # noqa: E731
+        with sigterm_interrupts(), lock.held(LOCK_WAIT, busy=busy):
             demo.up()
             try:
                 console.print(f"soak: {args.minutes:g} min, a fault every {args.period:g} s,"

@@ -415,7 +415,7 @@ class Demo:
         deadline = time.monotonic() + options.duration if options.duration else None
         next_tick = time.monotonic()
         screen = Screen(self.console, self.events)
-        with screen, _interrupts():
+        with screen, sigterm_interrupts():
             try:
                 while deadline is None or time.monotonic() < deadline:
                     now = time.monotonic()
@@ -931,8 +931,9 @@ def _alive(pid: int) -> bool:
 
 
 @contextlib.contextmanager
-def _interrupts() -> Any:
-    """SIGTERM ends the demo as Ctrl-C does."""
+def sigterm_interrupts() -> Any:
+    """SIGTERM ends the demo (or the soak) as Ctrl-C does: KeyboardInterrupt, so that what was
+    started is taken down."""
 
     def interrupt(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
