@@ -399,13 +399,6 @@ def test_demo_on_the_cluster_survives_a_replica_killed(cluster: Cluster) -> None
     assert any("new pod api-4" in what for _, what in result["events"]), result["events"]
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known failure: in two CI runs the proxies' discovery streams stayed on the deleted "
-    "destination pod's proxy for 25-30 s after its replacement was ready (by hand 1 s); a "
-    "UNAVAILABLE stream now dials the Service again, kept expected until clean-clone runs "
-    "pass it; docs/e2e.md",
-)
 def test_demo_on_the_cluster_survives_the_destination_killed(cluster: Cluster) -> None:
     """`--drill kill-destination`: the destination's pod deleted, its Deployment starts another,
     the proxies reopen their discovery streams, then api-1's pod is replaced: the replacement

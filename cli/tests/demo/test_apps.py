@@ -257,3 +257,41 @@ async def test_the_load_never_reuses_a_connection_a_server_may_have_closed_as_id
         await server.wait_closed()
     seen = json.loads(stats.read_text())
     assert seen["ok"] >= 3 and seen["failed"] == {}, seen
+
+
+async def test_the_load_connects_afresh_after_an_error_answer(tmp_path: Path) -> None:
+    """A kept-alive connection that answered an error is not reused: a load that resolved its
+    target's name to a deleted Service's address (a DNS cache's answer) reaches the new one
+    once the name resolves again, instead of holding on to the old connection. Here the first
+    connection answers every request 404, the later ones 200: one 404, then every call ok."""
+    from meshlet.cli.demo import apps
+
+    body = b'{"api": "api-1", "store": "store-1"}'
+    connections = 0
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        status, answer = (b"404 Not Found", b"{}") if connections == 1 else (b"200 OK", body)
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            while True:
+                await reader.readuntil(b"\r\n\r\n")
+                writer.write(b"HTTP/1.1 %s\r\ncontent-length: %d\r\n\r\n%s"
+                             % (status, len(answer), answer))  # fmt: skip
+                await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    stats = tmp_path / "load.json"
+    load = asyncio.create_task(apps._load(f"127.0.0.1:{port}", 10.0, stats, ""))
+    try:
+        await asyncio.sleep(2.5)
+    finally:
+        load.cancel()
+        await asyncio.gather(load, return_exceptions=True)
+        server.close()
+        await server.wait_closed()
+    seen = json.loads(stats.read_text())
+    assert seen["failed"] == {"http 404": 1} and seen["ok"] >= 15, seen
+    assert connections == 2, connections

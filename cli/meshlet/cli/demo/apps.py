@@ -287,7 +287,9 @@ async def _load(target: str, rate: float, stats_file: Path, via_proxy: str) -> N
     stats = _Stats()
     # kept-alive connections and when each was last used: one idle for KEEPALIVE_FOR is closed
     # rather than reused, as aiohttp's client does, before a server's idle timeout (the proxy's
-    # is 60 s) can close it under a request (a reused connection's EOF: IncompleteReadError)
+    # is 60 s) can close it under a request (a reused connection's EOF: IncompleteReadError);
+    # one that answered an error is not reused: a name resolved to a Service's address just
+    # before it was deleted (a DNS cache's answer, for up to its TTL) is looked up again
     idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter, float]] = []
     in_flight = 0
     connect_to = parse_hostport(via_proxy or target)
@@ -326,7 +328,10 @@ async def _load(target: str, rate: float, stats_file: Path, via_proxy: str) -> N
                 except ValueError:
                     said = None
                 stats.record(f"http {status}", ms, said if isinstance(said, dict) else None)
-            idle.append((*conn, time.perf_counter()))
+            if status == 200:
+                idle.append((*conn, time.perf_counter()))
+            else:  # the next call connects afresh, resolving the name again
+                conn[1].close()
         except TimeoutError:
             stats.record("timeout", (time.perf_counter() - started) * 1000, None)
             if conn is not None:
