@@ -10,7 +10,10 @@ and with WARMUP + N, and the difference divided by N: start-up, imports and the 
 caches cancel out, and what is left is the instructions of one request (user space: the kernel's
 share of a request, its syscalls, is not counted). With `--baseline REV` the same is measured
 for revision REV's proxy (bench/proxy_baseline.py), and the table gives the ratio now/then.
-Without valgrind on the machine it says so and exits 0.
+Each row is also held to its instruction budget (bench/budget.py, bench/instructions-budget.json):
+the table marks a row more than 2 % over it. `--check` (CI) exits 1 when a row is over;
+`--record` lowers the budget of each row now below it (the budget only goes down). Without
+valgrind on the machine it says so and exits 0 (`--check`: 2, a check that cannot run).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import h2.config
 import h2.connection
 import h2.events
 
-from bench import proxy_baseline
+from bench import budget, proxy_baseline
 from bench.proxy_procs import local_proxy_env
 from meshlet_testing.sockets import free_port
 
@@ -229,10 +232,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--baseline", metavar="REV", help="also measure revision REV's proxy")
     parser.add_argument("--requests", type=int, default=REQUESTS, help="requests counted")
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 when a row is more than 2%% over its budget")  # fmt: skip
+    parser.add_argument(
+        "--record",
+        metavar="REV",
+        help="lower the budget of each row now below it, naming revision REV",
+    )
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         print("instructions per request: valgrind is not installed here; nothing measured")
-        return 0
+        return 2 if args.check else 0
     rows: list[tuple[str, float, float | None]] = []
     with upstream() as ports, _baseline(args.baseline) as base:
         for client in CLIENTS:
@@ -240,18 +250,37 @@ def main() -> int:
             now = per_request(None, client, ports, args.requests)
             then = per_request(base.pythonpath, client, ports, args.requests) if base else None
             rows.append((client, now, then))
-    name = f"meshlet@{base.short}" if base else ""
+    budgets = budget.load()
+    verdicts = {client: budget.judge(client, now, budgets) for client, now, _ in rows}
     print("\n## Instructions per request (callgrind, one hop, user space)\n")
-    if base:
-        print(f"| protocol | meshlet | {name} | now/then |\n| --- | ---: | ---: | ---: |")
-    else:
-        print("| protocol | meshlet |\n| --- | ---: |")
+    print("\n".join(table(rows, verdicts, f"meshlet@{base.short}" if base else "")))
+    if args.record:
+        changed = budget.record({client: now for client, now, _ in rows}, args.record)
+        print(f"\nbudget lowered: {', '.join(changed) or 'no row'} ({budget.FILE.name})")
+    over = [client for client, verdict in verdicts.items() if verdict.over]
+    if over:
+        print(f"\nover the instruction budget: {', '.join(over)}", file=sys.stderr)
+    unbudgeted = [client for client, verdict in verdicts.items() if verdict.budget is None]
+    if args.check and unbudgeted:
+        print(f"\nno instruction budget for: {', '.join(unbudgeted)}", file=sys.stderr)
+    return 1 if args.check and (over or unbudgeted) else 0
+
+
+def table(rows: Sequence[tuple[str, float, float | None]], verdicts: dict[str, budget.Verdict],
+          baseline: str = "") -> list[str]:  # fmt: skip
+    """The rows (protocol, now, then) as a Markdown table, each with its budget's verdict."""
+    head = ["protocol", "meshlet", "budget", "now/budget"]
+    if baseline:
+        head += [baseline, "now/then"]
+    lines = ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
     for client, now, then in rows:
-        if then is None:
-            print(f"| {client} | {now:,.0f} |")
-        else:
-            print(f"| {client} | {now:,.0f} | {then:,.0f} | **{now / then:.3f}x** |")
-    return 0
+        verdict = verdicts[client]
+        limit = f"{verdict.budget:,.0f}" if verdict.budget is not None else "-"
+        cells = [client, f"{now:,.0f}", limit, verdict.cell]
+        if baseline:
+            cells += [f"{then:,.0f}", f"**{now / then:.3f}x**"] if then else ["-", "-"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 @contextmanager

@@ -3,6 +3,9 @@ to each other directly (what they measure through the proxy is this same exchang
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from bench import instructions
@@ -27,3 +30,41 @@ def test_the_policy_table_gives_the_ratio_and_flags_over_three_percent() -> None
     lines = table([("HTTP/1.1", 1_000_000.0, 1_020_000.0), ("HTTP/2", 2_000_000.0, 2_080_000.0)])
     assert lines[-2] == "| HTTP/1.1 | 1,000,000 | 1,020,000 | **1.020x** | yes |"
     assert lines[-1] == "| HTTP/2 | 2,000,000 | 2,080,000 | **1.040x** | **no: over 1.03x** |"
+
+
+def test_a_row_over_its_budget_by_more_than_two_percent_is_marked_and_fails_the_check(
+    tmp_path: Path,
+) -> None:
+    from bench import budget
+
+    path = tmp_path / "budget.json"
+    path.write_text(json.dumps({"rows": {"HTTP/1.1": {"instructions": 100_000},
+                                         "HTTP/2 (h2c)": {"instructions": 200_000}}}))  # fmt: skip
+    budgets = budget.load(path)
+    rows: list[tuple[str, float, float | None]] = [
+        ("HTTP/1.1", 101_900.0, None), ("HTTP/2 (h2c)", 204_100.0, None), ("new", 5.0, None)
+    ]  # fmt: skip
+    verdicts = {row: budget.judge(row, now, budgets) for row, now, _ in rows}
+    assert [v.over for v in verdicts.values()] == [False, True, False]
+    lines = instructions.table(rows, verdicts)
+    assert lines[2] == "| HTTP/1.1 | 101,900 | 100,000 | 1.019x |"
+    assert lines[3] == "| HTTP/2 (h2c) | 204,100 | 200,000 | **1.020x: over by more than 2%** |"
+    assert lines[4] == "| new | 5 | - | no budget |"
+
+
+def test_recording_only_ever_lowers_the_budget(tmp_path: Path) -> None:
+    from bench import budget
+
+    path = tmp_path / "budget.json"
+    path.write_text(json.dumps({"rows": {"HTTP/1.1": {"instructions": 100_000},
+                                         "HTTP/2 (h2c)": {"instructions": 200_000}}}))  # fmt: skip
+    changed = budget.record({"HTTP/1.1": 90_000.4, "HTTP/2 (h2c)": 250_000.0}, "abc1234", path)
+    assert changed == ["HTTP/1.1"]
+    assert budget.load(path) == {"HTTP/1.1": 90_000.0, "HTTP/2 (h2c)": 200_000.0}
+    assert json.loads(path.read_text())["rows"]["HTTP/1.1"]["revision"] == "abc1234"
+
+
+def test_the_recorded_budget_names_every_row_the_count_measures() -> None:
+    from bench import budget
+
+    assert set(budget.load()) == set(instructions.CLIENTS)
