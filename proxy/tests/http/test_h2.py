@@ -1327,25 +1327,49 @@ async def test_without_a_shared_pool_the_connection_gets_its_own(
     await eventually(lambda: up.lost == 1)  # closed with the downstream connection
 
 
-async def test_upstream_concurrency_limit_is_waited_for(h2proxy, upstream, clients) -> None:
+async def test_a_full_upstream_connection_gets_another_then_requests_wait(
+    h2proxy, upstream, clients
+) -> None:
+    """An upstream allowing 2 streams per connection, 10 requests held there at once: each
+    connection that is full gets another beside it (h2pool.MAX_CONNECTIONS, 4), so 8 are served
+    at once and 2 wait (no fifth connection) until a stream ends on any connection."""
     active, peak = 0, 0
+    release = asyncio.Event()
 
-    async def counted(request: UpstreamRequest) -> None:
+    async def held(request: UpstreamRequest) -> None:
         nonlocal active, peak
         active += 1
         peak = max(peak, active)
-        await asyncio.sleep(0.02)
+        await release.wait()
         active -= 1
         request.respond(200, end=True)
 
-    up, addr = await upstream(counted)
+    up, addr = await upstream(held)
     up.settings = {SettingCodes.MAX_CONCURRENT_STREAMS: 2}
     up.preface_delay = 0.05  # requests are waiting before the limit is known
     proxy = await h2proxy(addr)
     client = await clients(proxy.port)
-    results = await asyncio.gather(*(client.get(proxy.port) for _ in range(10)))
+    calls = asyncio.gather(*(client.get(proxy.port) for _ in range(10)))
+    await eventually(lambda: active == 8)
+    await asyncio.sleep(0.2)  # the other two wait: no fifth connection, no third stream
+    assert active == 8 and len(up.conns) == 4
+    release.set()
+    results = await calls
     assert [r.status for r in results] == [200] * 10
-    assert peak == 2 and len(up.conns) == 1
+    assert peak == 8 and len(up.conns) == 4
+
+
+async def test_one_connection_serves_requests_within_the_upstream_limit(
+    h2proxy, upstream, clients
+) -> None:
+    """Requests one after the other never fill the connection: one connection serves them."""
+    up, addr = await upstream(echo)
+    up.settings = {SettingCodes.MAX_CONCURRENT_STREAMS: 1}
+    proxy = await h2proxy(addr)
+    client = await clients(proxy.port)
+    for _ in range(5):
+        assert (await client.get(proxy.port)).status == 200
+    assert len(up.conns) == 1
 
 
 async def test_informational_responses_are_relayed(h2proxy, upstream, clients) -> None:

@@ -6,6 +6,10 @@ peer that stops reading tears down this connection only (its streams get 502, or
 their response had started); a malformed response head on one stream is a 502 for that stream.
 A GOAWAY retires the connection from the pool: streams above its last stream id are retried once
 elsewhere (or refused), the others finish.
+
+A request reaches this connection as an `H2Sink`: its head, and where its response goes. That is
+all the client side knows of what serves the request downstream (`h2stream.ProxyStream` today),
+and it imports nothing of the server side.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Final
+from typing import Final, Protocol
 
 from meshlet.proxy.http.contract import Addr, HttpLimits
 from meshlet.proxy.http.h2codec import (
@@ -27,8 +31,13 @@ from meshlet.proxy.http.h2codec import (
 )
 from meshlet.proxy.http.h2conn import MAX_RTT, MIN_RTT, Peer
 from meshlet.proxy.http.h2guard import Guard, GuardLimits
-from meshlet.proxy.http.h2headers import Malformed, read_response, read_trailers
-from meshlet.proxy.http.h2stream import ProxyStream
+from meshlet.proxy.http.h2headers import (
+    Malformed,
+    Response,
+    Trailers,
+    read_response,
+    read_trailers,
+)
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +45,46 @@ log = logging.getLogger(__name__)
 GOAWAY_GRACE: Final = 10.0
 
 
-class H2Client(Peer):
+class H2Sink(Protocol):
+    """One request on an upstream stream, as the connection sees it: the request's head, then
+    the events of its response. `closed`: the request is over (a waiter for a stream passes its
+    turn); `up_id`: its stream on this connection, once `attach`ed."""
+
+    closed: bool
+    up_id: int
+
+    def head(self) -> tuple[Sequence[Header], bool]:
+        """The request's head, and whether it is the whole request (no body, no trailers)."""
+        ...
+
+    def attach(self, client: H2Client, up_id: int, headers_ended: bool) -> None: ...
+
+    def pump_request(self) -> None:
+        """Gives the connection what the request holds back (its body, its trailers)."""
+        ...
+
+    def on_informational(self, response: Response) -> None: ...
+
+    def on_response(self, response: Response, end: bool) -> None: ...
+
+    def on_response_data(self, data: bytes, flow_len: int, end: bool) -> None: ...
+
+    def on_response_trailers(self, trailers: Trailers) -> None: ...
+
+    def on_up_reset(self, code: int, reason: str = "") -> None:
+        """The upstream reset the stream (or sent what the proxy will not relay: `reason`)."""
+        ...
+
+    def up_gone(self, reason: str, unprocessed: bool) -> None:
+        """The connection failed, or went away without the stream (`unprocessed`)."""
+        ...
+
+
+class H2Client(Peer[H2Sink]):
     """One upstream HTTP/2 connection. `retire` is called once when it must take no new streams
-    (GOAWAY, failure, idle close)."""
+    (GOAWAY, failure, idle close). `peer_proxy`: the upstream is a meshed peer's proxy (reached
+    over mTLS), whose own error headers are kept. `slots`: the waiters for a stream, shared by
+    the pool's connections to one endpoint, so that a stream ending on any of them wakes them."""
 
     def __init__(
         self,
@@ -46,6 +92,8 @@ class H2Client(Peer):
         limits: HttpLimits,
         guard: GuardLimits,
         retire: Callable[[H2Client], None],
+        peer_proxy: bool = False,
+        slots: deque[asyncio.Future[None]] | None = None,
     ) -> None:
         loop = asyncio.get_running_loop()
         # The connection window is the largest allowed: a downstream client that stops reading
@@ -53,7 +101,8 @@ class H2Client(Peer):
         super().__init__(Guard(guard, loop.time()), True, limits.max_body_buffer, MAX_WINDOW,
                          limits.max_header_bytes)  # fmt: skip
         self.addr = addr
-        self.streams: dict[int, ProxyStream] = {}
+        self.peer_proxy = peer_proxy
+        self.streams: dict[int, H2Sink] = {}
         self.usable = False  # takes new streams
         # Set at the upstream's first SETTINGS (or failure): streams wait for it, so that the
         # upstream's concurrency limit is known before the first one is opened.
@@ -63,7 +112,7 @@ class H2Client(Peer):
         self._idle_seen = -1
         self._idle_timer: asyncio.TimerHandle | None = None
         self._goaway_timer: asyncio.TimerHandle | None = None
-        self._slots: deque[asyncio.Future[None]] = deque()
+        self._slots = slots if slots is not None else deque()
         self._made_at = 0.0
         # The round trip to the upstream: a client's reset sooner than this after its request
         # was sent came before the upstream could answer (h2guard).
@@ -81,7 +130,7 @@ class H2Client(Peer):
 
     # -- streams --
 
-    def open(self, stream: ProxyStream) -> bool:
+    def open(self, stream: H2Sink) -> bool:
         """Sends the request head of `stream` on a new stream; False when the upstream's
         concurrency limit is reached (wait for `slot`) or the connection is retiring."""
         h2 = self.h2
@@ -89,14 +138,13 @@ class H2Client(Peer):
             return False
         if len(self.streams) >= h2.peer_max_streams:
             return False
-        req = stream.req
-        end = req.ended and not req.chunks and req.trailers is None
+        headers, end = stream.head()
         try:
             up_id = h2.next_stream_id()
         except NoStreamIds:
             self._retire_now()
             return False
-        h2.send_headers(up_id, stream.request.headers, end)
+        h2.send_headers(up_id, headers, end)
         self.streams[up_id] = stream
         self.guard.stream_opened()
         stream.attach(self, up_id, end)
@@ -104,7 +152,8 @@ class H2Client(Peer):
         return True
 
     async def slot(self) -> None:
-        """Waits until a stream closes (or the connection retires)."""
+        """Waits until a stream closes (or a connection retires), here or on another connection
+        sharing the slots."""
         slot = self.loop.create_future()
         self._slots.append(slot)
         await slot
@@ -116,14 +165,14 @@ class H2Client(Peer):
             if not slot.done():
                 slot.set_result(None)
 
-    def forget(self, stream: ProxyStream) -> None:
+    def forget(self, stream: H2Sink) -> None:
         if self.streams.pop(stream.up_id, None) is not None:
             self.waiting.pop(stream.up_id, None)
             self._free_slot()
             if not self.streams and not self.usable:
                 self.close_transport()
 
-    def pump(self, stream: ProxyStream) -> None:
+    def pump(self, stream: H2Sink) -> None:
         stream.pump_request()
 
     # -- input --
@@ -135,8 +184,7 @@ class H2Client(Peer):
         stream = self.streams.get(sid)
         if stream is None:
             return
-        endpoint = stream.att.endpoint  # a peer proxy's own error headers are kept (inlined)
-        response = read_response(headers, endpoint is not None and endpoint.connect is not None)
+        response = read_response(headers, self.peer_proxy)
         if isinstance(response, Malformed):
             self.reset(sid, ErrorCode.PROTOCOL_ERROR)
             stream.on_up_reset(
@@ -149,7 +197,7 @@ class H2Client(Peer):
         stream = self.streams.get(sid)
         if stream is None:
             return
-        response = read_response(headers, stream.from_peer_proxy())
+        response = read_response(headers, self.peer_proxy)
         if not isinstance(response, Malformed):
             stream.on_informational(response)
 

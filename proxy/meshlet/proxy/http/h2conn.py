@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Final, cast
+from typing import Final, Generic, TypeVar, cast
 
 from meshlet.proxy.http.h2codec import (
     MAX_WINDOW,
@@ -23,9 +23,6 @@ from meshlet.proxy.http.h2codec import (
 )
 from meshlet.proxy.http.h2guard import Guard
 from meshlet.proxy.io.counters import TcpConn
-
-if TYPE_CHECKING:
-    from meshlet.proxy.http.h2stream import ProxyStream
 
 log = logging.getLogger(__name__)
 
@@ -40,12 +37,14 @@ MAX_RTT: Final = 0.02
 
 __all__ = ["MAX_WINDOW", "ErrorCode", "Peer", "error_name"]
 
+S = TypeVar("S")  # what a stream of this connection is to it (h2server's, h2client's)
 
-class Peer(asyncio.Protocol):
+
+class Peer(asyncio.Protocol, Generic[S]):
     """Transport, codec, input and write scheduling of one connection; `ProxyStream`s use it as
     the source or the sink of a body. Subclasses are the codec's handler (`h2codec.Handler`:
     the `on_*` methods), and say what a broken connection (`_broken`) and abuse (`_calm`)
-    mean."""
+    mean; `S` is what their streams are to them."""
 
     def __init__(
         self,
@@ -65,7 +64,7 @@ class Peer(asyncio.Protocol):
         self.closed = False
         # Streams holding body bytes (or their end) back for lack of flow-control credit or of
         # writability on this connection, by this connection's stream id.
-        self.waiting: dict[int, ProxyStream] = {}
+        self.waiting: dict[int, S] = {}
         self.activity = 0  # reads so far; the idle timer compares it across ticks
         self._flush_scheduled = False
         self.tcp = TcpConn.uncounted()  # the connection's counts, set by the owner
@@ -169,7 +168,7 @@ class Peer(asyncio.Protocol):
         for stream in list(self.waiting.values()):
             self.pump(stream)
 
-    def pump(self, stream: ProxyStream) -> None:
+    def pump(self, stream: S) -> None:
         """Gives `stream` a chance to send what it holds back on this connection."""
         raise NotImplementedError
 

@@ -1,9 +1,13 @@
 """Upstream HTTP/2 connections: one multiplexed connection per endpoint address, shared by every
-downstream connection of the process.
+downstream connection of the process, and more when it is full.
 
 The application makes one pool and passes it to every `serve_h2` call; the pool owns the tasks
 that connect and closes its connections when its `async with` block ends. Concurrent requests to
-an endpoint without a connection share one connect attempt.
+an endpoint without a connection share one connect attempt. When every connection to an
+endpoint has as many streams open as the upstream allows (its SETTINGS_MAX_CONCURRENT_STREAMS),
+a request opens another connection, as Envoy's pool does, up to MAX_CONNECTIONS; past that it
+waits for a stream to end on any of them. An upstream that allows no stream at all gets no
+second connection: it said it is busy.
 """
 
 from __future__ import annotations
@@ -11,19 +15,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import Callable
 from functools import partial
 from types import TracebackType
+from typing import Final
 
 from meshlet.proxy.core.failover import Failure
 from meshlet.proxy.http.attempts import Failed
 from meshlet.proxy.http.contract import Addr, Connect, Endpoint, HttpLimits, Wait
-from meshlet.proxy.http.h2client import H2Client
+from meshlet.proxy.http.h2client import H2Client, H2Sink
 from meshlet.proxy.http.h2guard import GuardLimits
-from meshlet.proxy.http.h2stream import ProxyStream
 from meshlet.proxy.io.counters import TcpConn
 
-PoolKey = tuple[Connect, Addr]  # how (the connector) and where
+# how (an endpoint's own connector, over the mesh; None: the pool's) and where
+PoolKey = tuple[Connect | None, Addr]
+
+# Connections to one endpoint when each is full (every stream its upstream allows in use).
+MAX_CONNECTIONS: Final = 4
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +48,9 @@ class H2Pool:
         self._limits = limits
         self._guard = guard or GuardLimits()
         # Keyed by how and where: an endpoint reached over the mesh has its own connector.
-        self._clients: dict[PoolKey, H2Client] = {}
+        # Usually one connection each; its waiters for a stream, shared by all of them.
+        self._clients: dict[PoolKey, list[H2Client]] = {}
+        self._slots: dict[PoolKey, deque[asyncio.Future[None]]] = {}
         self._connecting: dict[PoolKey, asyncio.Task[H2Client | Failed]] = {}
         self._keys: dict[H2Client, PoolKey] = {}
 
@@ -56,20 +67,22 @@ class H2Pool:
 
     @property
     def connections(self) -> int:
-        return len(self._clients)
+        return sum(len(clients) for clients in self._clients.values())
 
     async def aclose(self) -> None:
         connecting = list(self._connecting.values())
         for task in connecting:
             task.cancel()
         await asyncio.gather(*connecting, return_exceptions=True)
-        for client in list(self._clients.values()):
-            client.close()
+        for clients in list(self._clients.values()):
+            for client in list(clients):
+                client.close()
         self._clients.clear()
+        self._slots.clear()
         self._keys.clear()
 
     def open(
-        self, endpoint: Endpoint, stream: ProxyStream, counts: Callable[[Endpoint], TcpConn]
+        self, endpoint: Endpoint, stream: H2Sink, counts: Callable[[Endpoint], TcpConn]
     ) -> Wait | None:
         """Opens `stream` upstream on the pooled connection to `endpoint` when it is up and
         has a free stream (None); else a Wait that connects when there is no connection
@@ -77,21 +90,21 @@ class H2Pool:
         whose result is None (opened) or why it failed. A connection made for it that closes
         before the stream is opened fails like a refused one (the request's Attempts decide
         whether to try again)."""
-        key = (endpoint.connect or self._connect, endpoint.addr)
-        client = self._clients.get(key)
-        if client is not None and client.open(stream):
-            return None
+        key = (endpoint.connect, endpoint.addr)
+        clients = self._clients.get(key)
+        if clients is not None:
+            for client in clients:
+                if client.open(stream):
+                    return None
         return Wait(self._open, (key, stream, partial(counts, endpoint)))
 
-    async def _open(
-        self, args: tuple[PoolKey, ProxyStream, Callable[[], TcpConn]]
-    ) -> Failed | None:
+    async def _open(self, args: tuple[PoolKey, H2Sink, Callable[[], TcpConn]]) -> Failed | None:
         key, stream, tcp = args
         addr = key[1]
         dialed = False
         while not stream.closed:
-            client = self._clients.get(key)
-            if client is None or not client.usable:
+            clients = [client for client in self._clients.get(key, ()) if client.usable]
+            if not clients:
                 if dialed:
                     why = f"the connection to {addr} closed at once"
                     return Failed(Failure.CONNECT, why)
@@ -100,10 +113,17 @@ class H2Pool:
                 if isinstance(got, Failed):
                     return got
                 continue
-            if client.open(stream):
+            if any(client.open(stream) for client in clients):
                 break
-            if client.usable and client.h2.peer_max_streams > 0:
-                await client.slot()  # the upstream's concurrency: wait for a stream to end
+            client = clients[0]
+            if any(client.h2.peer_max_streams > 0 for client in clients):
+                # every stream the upstream allows is in use: another connection, or a wait
+                # for a stream to end on any of them
+                if len(clients) < MAX_CONNECTIONS:
+                    got = await self._client(key, tcp)
+                    if not isinstance(got, Failed):
+                        continue
+                await client.slot()
                 continue
             # It allows no stream at all: it may raise its limit soon, but no request waits
             # longer than a connect would have.
@@ -134,12 +154,14 @@ class H2Pool:
 
     async def _handshake(self, key: PoolKey, tcp: TcpConn) -> H2Client | Failed:
         """Connects, then waits for the upstream's SETTINGS (its stream limit, its windows)."""
-        connect, addr = key
+        own, addr = key
+        connect = own or self._connect
         limits, guard = self._limits, self._guard
         where = str(addr)
 
         def client() -> H2Client:
-            made = H2Client(addr, limits, guard, self._retire)
+            made = H2Client(addr, limits, guard, self._retire, peer_proxy=own is not None,
+                            slots=self._slots.setdefault(key, deque()))  # fmt: skip
             made.tcp = tcp
             return made
 
@@ -161,11 +183,17 @@ class H2Pool:
             return Failed(Failure.CONNECT_TIMEOUT, why)
         if not protocol.usable:
             return Failed(Failure.CONNECT, f"connection to {where} failed at once")
-        self._clients[key] = protocol
+        self._clients.setdefault(key, []).append(protocol)
         self._keys[protocol] = key
         return protocol
 
     def _retire(self, client: H2Client) -> None:
         key = self._keys.pop(client, None)
-        if key is not None and self._clients.get(key) is client:
-            del self._clients[key]
+        if key is None:
+            return
+        clients = self._clients.get(key)
+        if clients is not None and client in clients:
+            clients.remove(client)
+            if not clients:
+                del self._clients[key]
+                self._slots.pop(key, None)  # its waiters are woken by the retiring client

@@ -83,7 +83,7 @@ async def _serve(conn: HttpConn, pool: H2Pool, guard: GuardLimits) -> None:
             server.abort()
 
 
-class H2Server(Peer):
+class H2Server(Peer[ProxyStream]):
     def __init__(
         self, conn: HttpConn, pool: H2Pool, tasks: asyncio.TaskGroup, guard: GuardLimits
     ) -> None:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from meshlet.proxy.core.failover import Failure
 from meshlet.proxy.http.attempts import PASS, REFUSE, Answer, Attempts, Step
@@ -77,7 +77,7 @@ class Pipe:
         """Something (bytes or the end) is waiting for the sink."""
         return bool(self.chunks) or (self.ended and not self.done)
 
-    def give(self, sink: Peer, stream_id: int) -> int:
+    def give(self, sink: Peer[Any], stream_id: int) -> int:
         """Gives the sink what its flow-control windows and its transport allow, then the end
         of the body (trailers or END_STREAM) once everything is given. Returns the bytes given.
         Raises StreamClosed when the sink's stream is already closed."""
@@ -212,11 +212,6 @@ class ProxyStream:
             self.timer = self.server.loop.call_at(due, self._timed_out)
             self.timer_at = due
 
-    def from_peer_proxy(self) -> bool:
-        """Whether the upstream is a meshed peer's proxy (reached over mTLS)."""
-        endpoint = self.att.endpoint
-        return endpoint is not None and endpoint.connect is not None
-
     # -- downstream events (H2Server) --
 
     def on_request_data(self, data: bytes, flow_len: int, end: bool) -> None:
@@ -269,7 +264,11 @@ class ProxyStream:
         """The downstream connection is gone."""
         self.on_down_reset(ErrorCode.CANCEL)
 
-    # -- upstream side (H2Client) --
+    # -- upstream side (h2client.H2Sink) --
+
+    def head(self) -> tuple[Sequence[Header], bool]:
+        req = self.req
+        return self.request.headers, req.ended and not req.chunks and req.trailers is None
 
     def attach(self, client: H2Client, up_id: int, headers_ended: bool) -> None:
         self.client = client

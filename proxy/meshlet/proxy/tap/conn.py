@@ -115,7 +115,7 @@ class Call:
         self.scheduled = False  # a pump is due on the loop
 
 
-class TapConnection(Peer):
+class TapConnection(Peer[Call]):
     """One client's connection: serves its calls, or refuses them (module docstring)."""
 
     def __init__(self, calls: Calls, allowed: str, limits: TapLimits, counts: Refusals) -> None:
