@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from meshlet.api import wellknown
 from meshlet.api.admin import AdminServer
 from meshlet.api.target import EscapedSlashes
-from meshlet.proxy import logs
+from meshlet.proxy import logs, memory
 from meshlet.proxy.config import ProxyConfig
 from meshlet.proxy.connections import Connections
 from meshlet.proxy.core.authz import Network, default_policy
@@ -164,6 +164,9 @@ class Proxy:
             essentials.append(("the policy watch", self.policy_watcher.run()))
         if self._tap is not None:
             essentials.append(("the tap server", self._tap.run()))
+        trim = memory.malloc_trim()
+        if trim is not None:
+            essentials.append(("the heap trimmer", memory.trim_forever(trim)))
         self._supervisor = asyncio.create_task(self._supervise(essentials))
         log.info(
             "proxy listening: outbound %s, inbound %s, admin :%d",
