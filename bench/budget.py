@@ -66,3 +66,14 @@ def record(counts: Mapping[str, float], revision: str, path: Path = FILE) -> lis
     if changed:
         path.write_text(json.dumps(data, indent=2) + "\n")
     return changed
+
+
+def section(counts: Mapping[str, float], path: Path = FILE) -> list[str]:
+    """`counts` (row → instructions per request) held to their budgets, as a Markdown table."""
+    budgets = load(path)
+    lines = ["| row | instructions | budget | now/budget |", "| --- | ---: | ---: | ---: |"]
+    for row, count in counts.items():
+        verdict = judge(row, count, budgets)
+        limit = f"{verdict.budget:,.0f}" if verdict.budget is not None else "-"
+        lines.append(f"| {row} | {count:,.0f} | {limit} | {verdict.cell} |")
+    return lines

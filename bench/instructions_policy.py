@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Final
 
 from bench import (
+    budget,
     instructions,
     instructions_mesh,
     proxy_evidence,
@@ -118,6 +119,11 @@ def table(rows: list[tuple[str, float, float]]) -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=REQUESTS, help="requests counted")
+    parser.add_argument(
+        "--record",
+        metavar="REV",
+        help="lower the budget of each row now below it, naming revision REV",
+    )
     args = parser.parse_args()
     title = "## Instructions per request, the meshed pair's server-side proxy (callgrind)"
     if shutil.which("valgrind") is None:
@@ -137,6 +143,15 @@ def main() -> int:
           "after the other), without an AuthorizationPolicy (the built-in default) and with one "
           "admitting the client pod's identity; user space only.\n")  # fmt: skip
     print("\n".join(table(rows)))
+    counts = {}
+    for client, without, with_ in rows:
+        counts[f"meshed server side, {client}"] = without
+        counts[f"meshed server side, {client}, with an AuthorizationPolicy"] = with_
+    print("\nHeld to the instruction budget (bench/instructions-budget.json, docs/bench.md):\n")
+    print("\n".join(budget.section(counts)))
+    if args.record:
+        changed = budget.record(counts, args.record)
+        print(f"\nbudget lowered: {', '.join(changed) or 'no row'}")
     return 0
 
 

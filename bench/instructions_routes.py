@@ -15,8 +15,9 @@ policy). The rows:
 
 - *no HTTPRoute*: the policy's default route (the proxy matches nothing);
 - *100 HTTPRoutes*, and *10,000*: routes of the usual kinds (path prefixes, exact paths with a
-  method, header matches for a canary, a regex in fifty), each with one rule and no backendRefs
-  (the parent Service), the request hitting the one in the middle (`route_for`).
+  method, header matches for a canary, a regex in fifty up to the regex budget), each with one
+  rule and no backendRefs (the parent Service), the request hitting the one in the middle
+  (`route_for`).
 
 Once a row's routes are written, a proxy outside valgrind asks until the policy controller
 routes by them (`Mesh.settle`: it polls the folder, and may read it half written). The proxy
@@ -56,8 +57,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from bench import instructions, proxy_mesh
+from bench import budget, instructions, proxy_mesh
 from bench.proxy_procs import Processes, local_proxy_env, wait_for_ready
+from meshlet.api.pathregex import MAX_REGEXES
 from meshlet.api.wellknown import ProxyEnv
 from meshlet.cli.stats import parse
 from meshlet.controlplane.k8s import objects
@@ -75,6 +77,9 @@ LIMIT: Final = 1.05  # the issue: 100 routes cost at most 5 % more per request t
 WARMUP: Final = instructions.WARMUP
 REQUESTS: Final = instructions.REQUESTS
 START_TIMEOUT: Final = instructions.START_TIMEOUT
+# Routes among which one in fifty has a regex: the proxy refuses a policy with more than
+# MAX_REGEXES distinct ones (its regex budget), so 10,000 routes hold 128, not 200.
+REGEX_ROUTES: Final = 50 * MAX_REGEXES
 POLICY_TIMEOUT: Final = 600.0  # seconds for a proxy under valgrind to decode 10,000 routes
 POLL: Final = 0.01  # seconds between requests while waiting for an edit
 EDITS: Final = 3
@@ -94,11 +99,12 @@ def route_name(i: int) -> str:
 
 
 def http_route(i: int, edit: int = 0) -> objects.Obj:
-    """HTTPRoute `i` of a table: a regex in fifty, a canary header match in ten, an exact path
-    with a method in four, else a path prefix. `edit` > 0 adds a response header saying so."""
+    """HTTPRoute `i` of a table: a regex in fifty (among the first REGEX_ROUTES: a policy holds at
+    most MAX_REGEXES), a canary header match in ten, an exact path with a method in four, else a
+    path prefix. `edit` > 0 adds a response header saying so."""
     seg = f"/svc{i:05d}"
     match: dict[str, Any]
-    if i % 50 == 17:
+    if _is_regex(i):
         match = {"path": {"type": "RegularExpression", "value": f"{seg}/items/[0-9]+"}}
     elif i % 10 == 3:
         match = {"path": {"type": "PathPrefix", "value": seg},
@@ -127,8 +133,12 @@ def target(routes: int) -> tuple[int, str]:
     return i, f"/svc{i:05d}/api/orders/17?page=2"
 
 
+def _is_regex(i: int) -> bool:
+    return i % 50 == 17 and i < REGEX_ROUTES
+
+
 def is_prefix(i: int) -> bool:
-    return i % 50 != 17 and i % 10 != 3 and i % 4 != 1
+    return not _is_regex(i) and i % 10 != 3 and i % 4 != 1
 
 
 class Mesh:
@@ -377,6 +387,11 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=REQUESTS, help="requests counted")
     parser.add_argument("--many", type=int, default=MANY, help="routes of the hostile row")
     parser.add_argument("--smoke", action="store_true", help="checks only, no valgrind (JSON)")
+    parser.add_argument(
+        "--record",
+        metavar="REV",
+        help="lower the budget of each row now below it, naming revision REV",
+    )
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="meshlet-instructions-routes-"))
     try:
@@ -387,12 +402,12 @@ def main() -> int:
         if shutil.which("valgrind") is None:
             print(f"{title}: valgrind is not installed here; nothing measured")
             return 0
-        return _measure(scratch, title, args.requests, args.many)
+        return _measure(scratch, title, args.requests, args.many, args.record)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _measure(scratch: Path, title: str, requests: int, many: int) -> int:
+def _measure(scratch: Path, title: str, requests: int, many: int, record: str | None) -> int:
     rows: dict[str, dict[int, float]] = {}
     with ExitStack() as stack:
         mesh = Mesh(stack, scratch)
@@ -415,6 +430,16 @@ def _measure(scratch: Path, title: str, requests: int, many: int) -> int:
           f"{big.rss / mib:.1f} MiB (with no HTTPRoute {big.rss_none / mib:.1f} MiB, "
           f"+{(big.rss - big.rss_none) / mib:.1f} MiB); a route edit first used after "
           f"{updates} (the controller polls the folder every 0.5 s).")  # fmt: skip
+    counts = {
+        f"client side, {client}, {routes:,} HTTPRoutes": count
+        for client, by_routes in rows.items()
+        for routes, count in by_routes.items()
+    }
+    print("\nHeld to the instruction budget (bench/instructions-budget.json, docs/bench.md):\n")
+    print("\n".join(budget.section(counts)))
+    if record:
+        changed = budget.record(counts, record)
+        print(f"\nbudget lowered: {', '.join(changed) or 'no row'}")
     return 0
 
 

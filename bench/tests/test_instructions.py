@@ -64,7 +64,17 @@ def test_recording_only_ever_lowers_the_budget(tmp_path: Path) -> None:
     assert json.loads(path.read_text())["rows"]["HTTP/1.1"]["revision"] == "abc1234"
 
 
-def test_the_recorded_budget_names_every_row_the_count_measures() -> None:
+def test_the_recorded_budget_names_every_row_the_ci_check_measures() -> None:
     from bench import budget
 
-    assert set(budget.load()) == set(instructions.CLIENTS)
+    assert set(instructions.CLIENTS) <= set(budget.load())
+
+
+def test_a_benchmarks_rows_are_shown_against_their_budgets(tmp_path: Path) -> None:
+    from bench import budget
+
+    path = tmp_path / "budget.json"
+    path.write_text(json.dumps({"rows": {"a": {"instructions": 1_000}}}))
+    lines = budget.section({"a": 1_030.0, "b": 7.0}, path)
+    assert lines[2:] == ["| a | 1,030 | 1,000 | **1.030x: over by more than 2%** |",
+                         "| b | 7 | - | no budget |"]  # fmt: skip
