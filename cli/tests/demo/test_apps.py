@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -243,20 +243,33 @@ async def test_the_load_never_reuses_a_connection_a_server_may_have_closed_as_id
                 await writer.drain()
         writer.close()
 
+    monkeypatch.setattr(apps, "KEEPALIVE_FOR", 0.3)
+    seen = await _load_against(serve, 1.0, 4.5, tmp_path)
+    assert seen["ok"] >= 3 and seen["failed"] == {}, seen
+
+
+async def _load_against(
+    serve: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+    rate: float,
+    seconds: float,
+    tmp_path: Path,
+) -> dict[str, Any]:
+    """The load generator's stats after `seconds` of calls at `rate` to a server running
+    `serve` for each connection."""
+    from meshlet.cli.demo import apps
+
     server = await asyncio.start_server(serve, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     stats = tmp_path / "load.json"
-    monkeypatch.setattr(apps, "KEEPALIVE_FOR", 0.3)
-    load = asyncio.create_task(apps._load(f"127.0.0.1:{port}", 1.0, stats, ""))
+    load = asyncio.create_task(apps._load(f"127.0.0.1:{port}", rate, stats, ""))
     try:
-        await asyncio.sleep(4.5)
+        await asyncio.sleep(seconds)
     finally:
         load.cancel()
         await asyncio.gather(load, return_exceptions=True)
         server.close()
         await server.wait_closed()
-    seen = json.loads(stats.read_text())
-    assert seen["ok"] >= 3 and seen["failed"] == {}, seen
+    return dict(json.loads(stats.read_text()))
 
 
 async def test_the_load_connects_afresh_after_an_error_answer(tmp_path: Path) -> None:
@@ -264,7 +277,6 @@ async def test_the_load_connects_afresh_after_an_error_answer(tmp_path: Path) ->
     target's name to a deleted Service's address (a DNS cache's answer) reaches the new one
     once the name resolves again, instead of holding on to the old connection. Here the first
     connection answers every request 404, the later ones 200: one 404, then every call ok."""
-    from meshlet.cli.demo import apps
 
     body = b'{"api": "api-1", "store": "store-1"}'
     connections = 0
@@ -281,17 +293,6 @@ async def test_the_load_connects_afresh_after_an_error_answer(tmp_path: Path) ->
                 await writer.drain()
         writer.close()
 
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    stats = tmp_path / "load.json"
-    load = asyncio.create_task(apps._load(f"127.0.0.1:{port}", 10.0, stats, ""))
-    try:
-        await asyncio.sleep(2.5)
-    finally:
-        load.cancel()
-        await asyncio.gather(load, return_exceptions=True)
-        server.close()
-        await server.wait_closed()
-    seen = json.loads(stats.read_text())
+    seen = await _load_against(serve, 10.0, 2.5, tmp_path)
     assert seen["failed"] == {"http 404": 1} and seen["ok"] >= 15, seen
     assert connections == 2, connections
