@@ -343,3 +343,38 @@ async def test_a_connection_nothing_answers_is_given_up_within_the_bound(
             writer.close()
         server.close()
         await server.wait_closed()
+
+
+async def test_a_channel_closed_while_it_connects_keeps_no_connection() -> None:
+    """A stream on the channel failed (`ControlChannel.failed` closes it) while another was
+    connecting: the connection that completes after the close is closed at once, and the
+    connecting stream fails as on a refused connection; nothing is left open for the garbage
+    collector to find (grpclib itself would store it and warn `Unclosed connection`)."""
+    from meshlet.proxy.discovery.watch import BoundedChannel
+
+    peers: list[asyncio.StreamReader] = []
+    writers: list[asyncio.StreamWriter] = []
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peers.append(reader)
+        writers.append(writer)
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    channel = BoundedChannel("127.0.0.1", server.sockets[0].getsockname()[1])
+    try:
+        connecting = asyncio.ensure_future(channel.__connect__())
+        await asyncio.sleep(0)  # the connect is under way
+        channel.close()
+        with pytest.raises(ConnectionError, match="closed while it connected"):
+            await connecting
+        assert channel._protocol is None
+        await eventually(lambda: len(peers) == 1)
+        async with asyncio.timeout(5):
+            while await peers[0].read(65536):  # the client's preface, then its FIN
+                pass
+    finally:
+        channel.close()
+        for writer in writers:
+            writer.close()
+        server.close()
+        await server.wait_closed()

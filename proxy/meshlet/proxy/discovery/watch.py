@@ -78,15 +78,28 @@ class BoundedChannel(Channel):
     """grpclib's channel with a bound on opening its connection (TCP and TLS), which its own
     lacks: a connection to an address nothing answers (a pod just killed, still named by the
     Service's rules) would otherwise hold every stream of the channel for the kernel's SYN
-    retries, about two minutes, before the next attempt could dial again."""
+    retries, about two minutes, before the next attempt could dial again.
+
+    A channel closed while its connection is being made (a stream on it failed, and another was
+    connecting) closes that connection when it comes, instead of keeping it for no one: grpclib
+    stores a connection that completes after `close()` and leaves it open."""
 
     connect_timeout: float = CONNECT_TIMEOUT
+    _shut = False
+
+    def close(self) -> None:
+        self._shut = True
+        super().close()
 
     async def _create_connection(self) -> Any:
         try:
-            return await asyncio.wait_for(super()._create_connection(), self.connect_timeout)
+            protocol = await asyncio.wait_for(super()._create_connection(), self.connect_timeout)
         except TimeoutError:
             raise ConnectionError(f"not connected within {self.connect_timeout:g} s") from None
+        if self._shut:
+            protocol.processor.close()
+            raise ConnectionError("the channel was closed while it connected")
+        return protocol
 
 
 class ControlChannel:
