@@ -116,7 +116,7 @@ class H2Pool:
             if any(client.open(stream) for client in clients):
                 break
             client = clients[0]
-            if any(client.h2.peer_max_streams > 0 for client in clients):
+            if any(each.h2.peer_max_streams > 0 for each in clients):
                 # every stream the upstream allows is in use: another connection, or a wait
                 # for a stream to end on any of them
                 if len(clients) < MAX_CONNECTIONS:
