@@ -62,10 +62,11 @@ async def engine_proxy() -> AsyncIterator[Callable[..., Awaitable[EngineProxy]]]
 
     async def start(
         engine: Engine, upstream: tuple[str, int] | None, limits: HttpLimits | None = None,
-        waits: bool = False, **conn: Any,
+        waits: bool = False, h2: bool = False, **conn: Any,
     ) -> EngineProxy:  # fmt: skip
         """`waits`: routing and picking answer only when awaited (as while discovery has
-        not answered), so the engine takes its slower path for every request."""
+        not answered), so the engine takes its slower path for every request. `h2`: the
+        upstream is a peer proxy that takes HTTP/2 (`Endpoint.h2`, over plain TCP)."""
         metrics = ProxyMetrics()
         closing = asyncio.Event()
         proxy: EngineProxy
@@ -94,6 +95,8 @@ async def engine_proxy() -> AsyncIterator[Callable[..., Awaitable[EngineProxy]]]
                 if upstream is not None:
                     addr = HostPort(*upstream)
                     endpoint = Endpoint(addr, str(addr))
+                    if h2:  # a peer proxy: its own error headers are relayed
+                        endpoint = Endpoint(addr, str(addr), connect, h2=connect)
                 elif not authority:
                     return RouteError(400, "no authority")
                 else:
@@ -104,12 +107,14 @@ async def engine_proxy() -> AsyncIterator[Callable[..., Awaitable[EngineProxy]]]
                 picker = Picker(endpoint) if waits else FixedPicker(endpoint)
                 return RouteTarget(endpoint.authority_label, DEFAULT_ROUTE, None, picker)
 
+        connect = tcp_connector((limits or HttpLimits()).connect_timeout)
+
         async def handle(accepted: Accepted) -> None:
             await engine(
                 HttpConn(
                     sock=accepted.sock,
                     router=Router(),
-                    connect=tcp_connector((limits or HttpLimits()).connect_timeout),
+                    connect=connect,
                     metrics=metrics,
                     labels=metrics.conn("outbound", str(accepted.local)),
                     limits=limits or HttpLimits(),

@@ -175,6 +175,8 @@ class ProxyEnv(enum.StrEnum):
     INBOUND_DETECT_TIMEOUT = PROXY_ENV_PREFIX + "INBOUND_DETECT_TIMEOUT"
     OUTBOUND_DETECT_TIMEOUT = PROXY_ENV_PREFIX + "OUTBOUND_DETECT_TIMEOUT"
     OUTBOUND_CONNECT_TIMEOUT = PROXY_ENV_PREFIX + "OUTBOUND_CONNECT_TIMEOUT"
+    # `false`: HTTP/1.1 requests to a meshed proxy that takes HTTP/2 stay HTTP/1.1 connections
+    OUTBOUND_HTTP1_OVER_H2 = PROXY_ENV_PREFIX + "OUTBOUND_HTTP1_OVER_H2"
     HTTP1_POOL_IDLE_TIMEOUT = PROXY_ENV_PREFIX + "HTTP1_POOL_IDLE_TIMEOUT"
     HTTP1_HEADER_READ_TIMEOUT = PROXY_ENV_PREFIX + "HTTP1_HEADER_READ_TIMEOUT"
     HTTP_IDLE_TIMEOUT = PROXY_ENV_PREFIX + "HTTP_IDLE_TIMEOUT"
@@ -248,6 +250,10 @@ PROXY_ERROR_HEADER: Final = "meshlet-proxy-error"
 # proxy strips them as it strips its own.
 LINKERD_CLIENT_ID_HEADER: Final = "l5d-client-id"
 LINKERD_PROXY_ERROR_HEADER: Final = "l5d-proxy-error"
+# On an HTTP/2 request from a peer proxy: the request was HTTP/1.1 (`HTTP/1.1`), and its proxy
+# sent it to the app as such (Linkerd's `l5d-orig-proto`, also stripped from clients).
+ORIG_PROTO_HEADER: Final = "meshlet-orig-proto"
+LINKERD_ORIG_PROTO_HEADER: Final = "l5d-orig-proto"
 
 # Identity issuance.
 LEAF_LIFETIME_SECONDS: Final = 24 * 3600

@@ -282,6 +282,7 @@ def _router(
         client, Resolver(client), identity, metrics,
         connect_timeout=config.outbound_connect_timeout, clock=time.monotonic,
         profile_suffixes=settings.profile_suffixes,
+        http1_over_h2=config.outbound_http1_over_h2,
     )  # fmt: skip
 
 

@@ -220,6 +220,8 @@ class ProxyConfig:
     inbound_detect_timeout: float = wellknown.DETECT_TIMEOUT_SECONDS
     outbound_detect_timeout: float = wellknown.DETECT_TIMEOUT_SECONDS
     outbound_connect_timeout: float = 1.0
+    # HTTP/1.1 requests to a meshed proxy that takes HTTP/2 go as its streams (orig_proto.py).
+    outbound_http1_over_h2: bool = True
     http1_pool_idle_timeout: float = 3.0
     http1_header_read_timeout: float = 10.0
     http_idle_timeout: float = 60.0
@@ -343,6 +345,7 @@ _TABLE: Final[dict[wellknown.ProxyEnv, tuple[str, Callable[[str], Any]]]] = {
     E.INBOUND_DETECT_TIMEOUT: ("inbound_detect_timeout", parse_duration),
     E.OUTBOUND_DETECT_TIMEOUT: ("outbound_detect_timeout", parse_duration),
     E.OUTBOUND_CONNECT_TIMEOUT: ("outbound_connect_timeout", parse_duration),
+    E.OUTBOUND_HTTP1_OVER_H2: ("outbound_http1_over_h2", _flag),
     E.HTTP1_POOL_IDLE_TIMEOUT: ("http1_pool_idle_timeout", parse_duration),
     E.HTTP1_HEADER_READ_TIMEOUT: ("http1_header_read_timeout", parse_duration),
     E.HTTP_IDLE_TIMEOUT: ("http_idle_timeout", parse_duration),

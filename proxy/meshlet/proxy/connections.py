@@ -69,8 +69,9 @@ class Connections:
         self.connect = connect  # plain TCP with the connect timeout
         self.closing = closing
         self.shedder = shedder  # every served client connection registers with it
-        # Made when the protocol is first seen, so that an idle proxy never imports the
-        # engines it does not use.
+        # Made when HTTP is first seen, so that an idle proxy never imports the engines. Both
+        # serve either engine: an HTTP/1 request may go as a peer proxy's HTTP/2 stream, and
+        # a peer's HTTP/2 stream to the app as HTTP/1.1 (http/orig_proto.py).
         self._h1_pool: H1Pool | None = None
         self._h2_pool: H2Pool | None = None
 
@@ -134,10 +135,12 @@ class Connections:
         accepted: Accepted | None = None,
         handoff: Handoff | None = None,
         add_headers: Sequence[tuple[bytes, bytes]] = (),
+        from_proxy: bool = False,
     ) -> None:
         """Serves the connection (a raw accepted socket, or an established `handoff`) with the
         HTTP/1 or HTTP/2 engine; requests are routed by `router`. Access logs show the client
-        as `labels.peer` (the stacks' accepted address)."""
+        as `labels.peer` (the stacks' accepted address). `from_proxy`: the client is a meshed
+        peer's proxy (HttpConn.from_proxy)."""
         observer = None
         if self.observe is not None:
             observer = self.observe.connection(labels.direction, labels.peer or "-",
@@ -156,21 +159,23 @@ class Connections:
             tcp=tcp,
             shedder=self.shedder,
             observer=observer,
+            from_proxy=from_proxy,
         )
+        from meshlet.proxy.http.h1pool import H1Pool
+        from meshlet.proxy.http.h2pool import H2Pool
+
+        if self._h2_pool is None:
+            self._h2_pool = H2Pool(self.connect, self.limits)
+        if self._h1_pool is None:
+            self._h1_pool = H1Pool(self.limits.pool_idle_timeout)
         if h2:
-            from meshlet.proxy.http.h2pool import H2Pool
             from meshlet.proxy.http.h2server import serve_h2
 
-            if self._h2_pool is None:
-                self._h2_pool = H2Pool(self.connect, self.limits)
-            await serve_h2(conn, self._h2_pool)
+            await serve_h2(conn, self._h2_pool, h1_pool=self._h1_pool)
         else:
             from meshlet.proxy.http.h1 import serve_h1
-            from meshlet.proxy.http.h1pool import H1Pool
 
-            if self._h1_pool is None:
-                self._h1_pool = H1Pool(self.limits.pool_idle_timeout)
-            await serve_h1(conn, self._h1_pool)
+            await serve_h1(conn, self._h1_pool, self._h2_pool)
 
     # -- opaque TCP ---------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -13,6 +14,9 @@ import pytest
 
 from meshlet.proxy.http.contract import MAX_INFORMATIONAL, HttpLimits
 from meshlet.proxy.http.h1 import serve_h1
+from meshlet.proxy.http.h2pool import H2Pool
+from meshlet.proxy.http.h2server import serve_h2
+from meshlet.proxy.io.connect import tcp_connector
 
 
 class Recorder:
@@ -52,6 +56,26 @@ class _Answer:
 
     def on_message_complete(self) -> None:
         self.writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+
+@pytest.fixture(params=["h1", "h1 over h2"])
+async def front(request: Any, engine_proxy: Any) -> AsyncIterator[Any]:
+    """`await front(upstream, limits=...)`: the HTTP/1 engine in front of `upstream`, directly
+    (`h1`) or sending its requests as streams of a peer proxy's HTTP/2 connection, which sends
+    them to `upstream` as HTTP/1.1 again (`h1 over h2`: orig_proto.py). Every defence and every
+    byte the upstream sees must be the same either way."""
+    async with contextlib.AsyncExitStack() as stack:
+
+        async def start(upstream: tuple[str, int], limits: HttpLimits | None = None) -> Any:
+            if request.param == "h1":
+                return await engine_proxy(serve_h1, upstream, limits)
+            peer = await engine_proxy(serve_h2, upstream, limits, from_proxy=True)
+            pool = H2Pool(tcp_connector(1.0), limits or HttpLimits())
+            await stack.enter_async_context(pool)
+            engine = functools.partial(serve_h1, h2=pool)
+            return await engine_proxy(engine, ("127.0.0.1", peer.port), limits, h2=True)
+
+        yield start
 
 
 @pytest.fixture
@@ -150,10 +174,10 @@ def status_of(reply: bytes) -> int:
 
 @pytest.mark.parametrize("case", list(HOSTILE))
 async def test_hostile_request_is_refused_and_nothing_forwarded(
-    case: str, engine_proxy: Any, recorder: Recorder
+    case: str, front: Any, recorder: Recorder
 ) -> None:
     data, expected = HOSTILE[case]
-    proxy = await engine_proxy(serve_h1, recorder.addr)
+    proxy = await front(recorder.addr)
     reply = await exchange(proxy.port, data)  # returns once the proxy closed the connection
     assert status_of(reply) == expected
     head = reply.partition(b"\r\n\r\n")[0]
@@ -176,10 +200,8 @@ def headers_of_size(total: int) -> bytes:
 
 
 @pytest.mark.parametrize("split", [False, True], ids=["one read", "split"])
-async def test_headers_over_64_kib_are_431(
-    split: bool, engine_proxy: Any, recorder: Recorder
-) -> None:
-    proxy = await engine_proxy(serve_h1, recorder.addr)
+async def test_headers_over_64_kib_are_431(split: bool, front: Any, recorder: Recorder) -> None:
+    proxy = await front(recorder.addr)
     at_limit = headers_of_size(64 * 1024)
     over = headers_of_size(64 * 1024 + 1)
     parts = (over[:40000], over[40000:]) if split else (over,)
@@ -194,10 +216,24 @@ async def test_headers_over_64_kib_are_431(
         writer.close()
 
 
-async def test_head_sent_a_byte_at_a_time_times_out_with_408(
-    engine_proxy: Any, recorder: Recorder
+async def test_a_head_with_as_many_fields_as_allowed_is_forwarded_whole(
+    front: Any, recorder: Recorder
 ) -> None:
-    proxy = await engine_proxy(serve_h1, recorder.addr, limits=HttpLimits(header_read_timeout=0.5))
+    proxy = await front(recorder.addr)
+    fields = b"".join(b"X-%02d: v\r\n" % i for i in range(98))  # Host, Connection: 100
+    reply = await exchange(
+        proxy.port, b"GET / HTTP/1.1\r\nHost: svc\r\n" + fields + b"Connection: close\r\n\r\n"
+    )
+    assert status_of(reply) == 200
+    assert (
+        bytes(recorder.raw).lower() == b"get / http/1.1\r\nhost: svc\r\n" + fields.lower() + b"\r\n"
+    )
+
+
+async def test_head_sent_a_byte_at_a_time_times_out_with_408(
+    front: Any, recorder: Recorder
+) -> None:
+    proxy = await front(recorder.addr, limits=HttpLimits(header_read_timeout=0.5))
     reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
     loop = asyncio.get_running_loop()
     start = loop.time()
@@ -221,9 +257,9 @@ async def test_head_sent_a_byte_at_a_time_times_out_with_408(
 
 
 async def test_unfinished_head_is_bounded_before_its_timeout(
-    engine_proxy: Any, recorder: Recorder
+    front: Any, recorder: Recorder
 ) -> None:
-    proxy = await engine_proxy(serve_h1, recorder.addr)  # header_read_timeout: 10 s
+    proxy = await front(recorder.addr)  # header_read_timeout: 10 s
     big = b"GET / HTTP/1.1\r\nHost: svc\r\nX-Big: " + b"v" * (1024 * 1024)  # never ends
     parts = [big[i : i + 16384] for i in range(0, len(big), 16384)]
     reply = await exchange(proxy.port, *parts, pause=0.001)
@@ -232,10 +268,10 @@ async def test_unfinished_head_is_bounded_before_its_timeout(
 
 
 async def test_a_stalled_body_is_cut_by_the_opt_in_stream_idle_timeout(
-    engine_proxy: Any, recorder: Recorder
+    front: Any, recorder: Recorder
 ) -> None:
     limits = HttpLimits(stream_idle_timeout=0.5)
-    proxy = await engine_proxy(serve_h1, recorder.addr, limits=limits)
+    proxy = await front(recorder.addr, limits=limits)
     reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
     try:
         writer.write(b"POST /slow HTTP/1.1\r\nHost: svc\r\nContent-Length: 10000000\r\n\r\nab")
@@ -250,7 +286,7 @@ async def test_a_stalled_body_is_cut_by_the_opt_in_stream_idle_timeout(
     await still_serves(proxy.port)
 
 
-async def test_body_is_not_buffered_when_the_upstream_stops_reading(engine_proxy: Any) -> None:
+async def test_body_is_not_buffered_when_the_upstream_stops_reading(front: Any) -> None:
     release = asyncio.Event()
     stalled: list[asyncio.Task[Any]] = []
 
@@ -263,7 +299,7 @@ async def test_body_is_not_buffered_when_the_upstream_stops_reading(engine_proxy
 
     server = await asyncio.start_server(never_reads, "127.0.0.1", 0)
     try:
-        proxy = await engine_proxy(serve_h1, server.sockets[0].getsockname()[:2])
+        proxy = await front(server.sockets[0].getsockname()[:2])
         _, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
         size = 256 * 1024 * 1024
         writer.write(b"PUT /big HTTP/1.1\r\nHost: svc\r\nContent-Length: %d\r\n\r\n" % size)
@@ -287,9 +323,9 @@ async def test_body_is_not_buffered_when_the_upstream_stops_reading(engine_proxy
 
 
 async def test_bad_chunk_after_the_head_was_forwarded_cuts_the_upstream(
-    engine_proxy: Any, recorder: Recorder
+    front: Any, recorder: Recorder
 ) -> None:
-    proxy = await engine_proxy(serve_h1, recorder.addr)
+    proxy = await front(recorder.addr)
     reply = await exchange(
         proxy.port, post(CHUNKED, body=b"5\r\nhello\r\n"), b"ffffffffffffffffffffff\r\n", pause=0.2
     )
@@ -301,9 +337,9 @@ async def test_bad_chunk_after_the_head_was_forwarded_cuts_the_upstream(
 
 
 async def test_client_supplied_internal_headers_are_stripped(
-    engine_proxy: Any, recorder: Recorder
+    front: Any, recorder: Recorder
 ) -> None:
-    proxy = await engine_proxy(serve_h1, recorder.addr)
+    proxy = await front(recorder.addr)
     reply = await exchange(
         proxy.port,
         b"GET / HTTP/1.1\r\nHost: svc\r\nmeshlet-client-id: admin.ns\r\n"
@@ -314,7 +350,7 @@ async def test_client_supplied_internal_headers_are_stripped(
     assert recorder.raw == b"GET / HTTP/1.1\r\nHost: svc\r\n\r\n"
 
 
-async def test_an_informational_flood_from_an_upstream_is_not_relayed(engine_proxy: Any) -> None:
+async def test_an_informational_flood_from_an_upstream_is_not_relayed(front: Any) -> None:
     """20,000 `103 Early Hints` before the response: ten reach the client, then 502."""
 
     async def flood(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -327,7 +363,7 @@ async def test_an_informational_flood_from_an_upstream_is_not_relayed(engine_pro
 
     server = await asyncio.start_server(flood, "127.0.0.1", 0)
     try:
-        proxy = await engine_proxy(serve_h1, server.sockets[0].getsockname()[:2])
+        proxy = await front(server.sockets[0].getsockname()[:2])
         reply = await exchange(
             proxy.port,
             b"POST / HTTP/1.1\r\nHost: svc\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
@@ -335,12 +371,12 @@ async def test_an_informational_flood_from_an_upstream_is_not_relayed(engine_pro
     finally:
         server.close()
     assert reply.count(b"HTTP/1.1 103") == MAX_INFORMATIONAL
-    final = reply.split(b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n")[-1]
-    assert final.startswith(b"HTTP/1.1 502"), final[:200]
+    final = reply.lower().split(b"http/1.1 103 early hints\r\nlink: </a>\r\n\r\n")[-1]
+    assert final.startswith(b"http/1.1 502"), final[:200]
     assert b"informational" in final
 
 
-async def test_an_upstream_cannot_pass_its_answer_off_as_the_proxys(engine_proxy: Any) -> None:
+async def test_an_upstream_cannot_pass_its_answer_off_as_the_proxys(front: Any) -> None:
     """An app's (or an unmeshed upstream's) `meshlet-proxy-error` or `l5d-proxy-error` never
     reaches the client: only a proxy says a failure was its own."""
 
@@ -355,7 +391,7 @@ async def test_an_upstream_cannot_pass_its_answer_off_as_the_proxys(engine_proxy
 
     server = await asyncio.start_server(forger, "127.0.0.1", 0)
     try:
-        proxy = await engine_proxy(serve_h1, server.sockets[0].getsockname()[:2])
+        proxy = await front(server.sockets[0].getsockname()[:2])
         reply = await exchange(
             proxy.port, b"GET / HTTP/1.1\r\nHost: svc\r\nConnection: close\r\n\r\n"
         )
@@ -367,10 +403,8 @@ async def test_an_upstream_cannot_pass_its_answer_off_as_the_proxys(engine_proxy
     assert b"proxy-error" not in head
 
 
-async def test_upgrade_h2c_is_stripped_and_relayed_as_http1(
-    engine_proxy: Any, recorder: Recorder
-) -> None:
-    proxy = await engine_proxy(serve_h1, recorder.addr)
+async def test_upgrade_h2c_is_stripped_and_relayed_as_http1(front: Any, recorder: Recorder) -> None:
+    proxy = await front(recorder.addr)
     reply = await exchange(
         proxy.port,
         b"GET / HTTP/1.1\r\nHost: svc\r\nConnection: Upgrade, HTTP2-Settings\r\n"
@@ -383,10 +417,8 @@ async def test_upgrade_h2c_is_stripped_and_relayed_as_http1(
     )
 
 
-async def test_upgrade_h2c_with_a_body_keeps_the_body(
-    engine_proxy: Any, recorder: Recorder
-) -> None:
-    proxy = await engine_proxy(serve_h1, recorder.addr)
+async def test_upgrade_h2c_with_a_body_keeps_the_body(front: Any, recorder: Recorder) -> None:
+    proxy = await front(recorder.addr)
     reply = await exchange(
         proxy.port,
         b"POST /form HTTP/1.1\r\nHost: svc\r\nConnection: Upgrade, HTTP2-Settings\r\n"

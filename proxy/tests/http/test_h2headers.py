@@ -49,6 +49,33 @@ def test_a_valid_request_is_rewritten_for_the_upstream() -> None:
     assert isinstance(authorization, NeverIndexedHeaderTuple)  # kept out of HPACK tables
 
 
+@pytest.mark.parametrize("from_proxy", [False, True], ids=["a client", "a peer proxy"])
+def test_the_orig_proto_mark_is_read_from_a_peer_proxy_only_and_never_forwarded(
+    from_proxy: bool,
+) -> None:
+    block = [*GET, (b"meshlet-orig-proto", b"HTTP/1.1"), (b"l5d-orig-proto", b"HTTP/1.1")]
+    request = read_request(block, [], max_headers=100, from_proxy=from_proxy)
+    assert isinstance(request, Request)
+    assert request.orig_proto is from_proxy
+    assert request.headers == GET
+    other = read_request([*GET, (b"meshlet-orig-proto", b"HTTP/1.0")], [], 100, from_proxy=True)
+    assert isinstance(other, Request) and not other.orig_proto
+
+
+def test_a_request_http1_cannot_carry_is_refused_before_it_is_downgraded() -> None:
+    from meshlet.proxy.http.orig_proto import refusal
+
+    def read(*fields: tuple[bytes, bytes]) -> Request:
+        request = read_request([*GET, *fields], [], 100, from_proxy=True)
+        assert isinstance(request, Request)
+        return request
+
+    assert refusal(read((b"x-ok", b"a\tb \x80"))) is None
+    for field in ((b"x(y)", b"v"), (b"x-a", b"b\x01c"), (b"x/y", b"v"), (b"x-a", b"\x7f")):
+        refused = refusal(read(field))
+        assert isinstance(refused, Malformed) and refused.status == 400 and refused.answer
+
+
 def test_a_routes_filters_change_the_request_but_not_the_proxys_own_headers() -> None:
     block = [*GET, (b"x-tenant", b"blue"), (b"x-debug", b"1"), (b"meshlet-client-id", b"forged")]
     read = read_request(block, [(b"meshlet-client-id", b"web.ns")], max_headers=100)

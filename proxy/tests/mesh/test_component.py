@@ -34,6 +34,7 @@ import h2.config
 import h2.connection
 import h2.errors
 import h2.events
+import httptools
 import pytest
 import yaml
 
@@ -229,6 +230,10 @@ class App:
                 pairs = [_field(line) for line in lines[1:] if line]
                 self.heads.append(pairs)
                 fields = dict(pairs)
+                if lines[0].split()[1].startswith("/raw/"):
+                    await self._raw(head, fields, reader, writer)
+                    head = await reader.readuntil(b"\r\n\r\n")
+                    continue
                 await reader.readexactly(int(fields.get("content-length", "0")))
                 await asyncio.sleep(self.delay)
                 path = lines[0].split()[1]
@@ -246,6 +251,33 @@ class App:
                 writer.write(head + b"content-length: %d\r\n\r\n%s" % (len(body), body))
                 head = await reader.readuntil(b"\r\n\r\n")
         writer.close()
+
+    async def _raw(
+        self,
+        head: bytes,
+        fields: dict[str, str],
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        """Answers with the request exactly as it arrived (its head and its framed body), in a
+        chunked response with a trailer, after `delay`."""
+        request = head
+        if fields.get("transfer-encoding") == "chunked":
+            while True:
+                size_line = await reader.readuntil(b"\r\n")
+                request += size_line
+                size = int(size_line.split(b";")[0], 16)
+                if size == 0:
+                    request += await reader.readuntil(b"\r\n\r\n")
+                    break
+                request += await reader.readexactly(size + 2)
+        else:
+            request += await reader.readexactly(int(fields.get("content-length", "0")))
+        await asyncio.sleep(self.delay)
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nX-Mixed-Case: Yes\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"%x\r\n%s\r\n0\r\nX-Trailer: t\r\n\r\n" % (len(request), request)
+        )
 
     async def _watch(self, quiet: float, writer: asyncio.StreamWriter) -> None:
         """A watch's response: its head and a first event, nothing for `quiet` seconds, then a
@@ -594,6 +626,106 @@ async def test_http1_across_mtls_is_balanced_per_request_and_carries_the_callers
     # The server side labels requests by their authority too (not by the pod's address).
     assert mesh.replicas_metric("request_total", direction="inbound", tls="true",
                                 client_id=BOT_ID, authority=f"{FQN}:{HTTP_PORT}") == 30  # fmt: skip
+
+
+class _Parsed:
+    """An HTTP/1.1 response as httptools reads it."""
+
+    def __init__(self) -> None:
+        self.fields: list[tuple[bytes, bytes]] = []
+        self.body = b""
+        self.done = False
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.fields.append((name, value))
+
+    def on_body(self, body: bytes) -> None:
+        self.body += body
+
+    def on_message_complete(self) -> None:
+        self.done = True
+
+
+async def raw_exchange(addr: tuple[str, int], request: bytes) -> tuple[int, _Parsed]:
+    """Sends `request` as it is, reads one response (status, fields with trailers, body)."""
+    reader, writer = await asyncio.open_connection(*addr)
+    parsed = _Parsed()
+    parser = httptools.HttpResponseParser(parsed)
+    try:
+        writer.write(request)
+        async with asyncio.timeout(10):
+            while not parsed.done:
+                data = await reader.read(65536)
+                assert data, "the proxy closed the connection"
+                parser.feed_data(data)
+        return parser.get_status_code(), parsed
+    finally:
+        await closed(writer)
+
+
+async def test_http1_across_mtls_goes_as_streams_of_one_http2_connection_per_replica(
+    mesh: Mesh,
+) -> None:
+    """Six HTTP/1.1 requests in flight at once, from six client connections: over the mesh
+    they are streams of the client proxy's HTTP/2 connections (one per replica: a plain
+    HTTP/1.1 hop needs a connection per request in flight), and each app gets them as the
+    HTTP/1.1 requests they were."""
+    bot = mesh.pods["vote-bot"]
+    for replica in REPLICAS:
+        app = mesh.pods[replica].app
+        assert app is not None
+        app.delay = 0.3
+    opened = bot.metric("tcp_open_total", peer="dst", tls="true")
+    authority = f"{FQN}:{HTTP_PORT}".encode()
+    request = b"GET /raw/x HTTP/1.1\r\nHost: %s\r\nX-First: 1\r\nAccept: */*\r\n\r\n" % authority
+    answers = await asyncio.gather(
+        *(raw_exchange(bot.outbound, request) for _ in range(6))
+    )  # fmt: skip
+    assert bot.metric("tcp_open_total", peer="dst", tls="true") - opened <= len(REPLICAS)
+    assert bot.metric("request_total", direction="outbound", tls="true", server_id=WEB_ID) >= 6
+    for status, answer in answers:
+        assert status == 200
+        # The app's response: its fields (names in lower case across HTTP/2), chunked, with
+        # its trailer.
+        assert (b"x-mixed-case", b"Yes") in answer.fields
+        assert (b"x-trailer", b"t") in answer.fields
+        assert answer.body == (
+            b"GET /raw/x HTTP/1.1\r\nHost: %s\r\nx-first: 1\r\naccept: */*\r\n"
+            b"meshlet-client-id: %s\r\n\r\n" % (authority, BOT_ID.encode())
+        )
+
+    # A body with a length, and a chunked one with trailers: framed as the client framed them.
+    for app in (mesh.pods[replica].app for replica in REPLICAS):
+        assert app is not None
+        app.delay = 0.0
+    sized = b"POST /raw/sized HTTP/1.1\r\nHost: %s\r\nContent-Length: 5\r\n\r\nhello" % authority
+    status, answer = await raw_exchange(bot.outbound, sized)
+    assert status == 200
+    assert answer.body == (
+        b"POST /raw/sized HTTP/1.1\r\nHost: %s\r\nContent-Length: 5\r\n"
+        b"meshlet-client-id: %s\r\n\r\nhello" % (authority, BOT_ID.encode())
+    )
+    chunked = (
+        b"POST /raw/chunked HTTP/1.1\r\nHost: %s\r\nTransfer-Encoding: chunked\r\n"
+        b"TE: trailers\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\nX-Sum: 11\r\n\r\n" % authority
+    )
+    status, answer = await raw_exchange(bot.outbound, chunked)
+    assert status == 200
+    assert answer.body == (
+        b"POST /raw/chunked HTTP/1.1\r\nHost: %s\r\nTransfer-Encoding: chunked\r\n"
+        b"TE: trailers\r\nmeshlet-client-id: %s\r\n\r\n"
+        b"5\r\nhello\r\n6\r\n world\r\n0\r\nx-sum: 11\r\n\r\n" % (authority, BOT_ID.encode())
+    )
+    # HTTP/1.0 is not sent over HTTP/2: the app sees its fields as the client spelt them.
+    reader, writer = await asyncio.open_connection(*bot.outbound)
+    try:
+        writer.write(b"GET /raw/old HTTP/1.0\r\nHost: %s\r\nX-Case: K\r\n\r\n" % authority)
+        async with asyncio.timeout(10):
+            reply = await reader.read()  # delimited by the close, for an HTTP/1.0 client
+    finally:
+        await closed(writer)
+    assert reply.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert b"\r\nX-Case: K\r\n" in reply
 
 
 async def test_http2_across_mtls(mesh: Mesh) -> None:

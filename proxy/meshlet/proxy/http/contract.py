@@ -70,6 +70,10 @@ class Endpoint(NamedTuple):
     # The request's metric labels when they are not the client connection's: an outbound
     # endpoint's own `target_addr`, `tls` and `server_id` (ConnLabels.values()).
     labels: Values | None = None
+    # How to reach it with an HTTP/2 session, set for a meshed endpoint whose proxy takes
+    # HTTP/2 (the destination's protocol hint): HTTP/1.1 requests then go as streams on one
+    # multiplexed connection (`meshlet-orig-proto`, http/orig_proto.py).
+    h2: Connect | None = None
 
 
 class RouteError(NamedTuple):
@@ -331,6 +335,7 @@ MAX_INFORMATIONAL: Final = 10
 
 PROXY_ERROR_HEADER: Final = wellknown.PROXY_ERROR_HEADER.encode()
 CLIENT_ID_HEADER: Final = wellknown.CLIENT_ID_HEADER.encode()
+ORIG_PROTO_HEADER: Final = wellknown.ORIG_PROTO_HEADER.encode()
 # Headers only a proxy may put on a response (its own errors): removed from every response
 # that did not come from a peer proxy over mTLS (an app's, an unmeshed upstream's).
 PROXY_RESPONSE_HEADERS: Final = frozenset(
@@ -342,6 +347,8 @@ INTERNAL_HEADERS: Final = frozenset(
         CLIENT_ID_HEADER,
         wellknown.LINKERD_CLIENT_ID_HEADER.encode(),
         *PROXY_RESPONSE_HEADERS,
+        ORIG_PROTO_HEADER,
+        wellknown.LINKERD_ORIG_PROTO_HEADER.encode(),
         b"l5d-dst-canonical",
     }
 )
@@ -393,6 +400,9 @@ class HttpConn:
     shedder: Shedder | None = None
     # Access logs and spans of its requests (None: neither, the default).
     observer: ConnObserver | None = None
+    # The client is a meshed peer's proxy (a verified mTLS session): its HTTP/2 requests
+    # marked `meshlet-orig-proto` go to the app as the HTTP/1.1 requests they were.
+    from_proxy: bool = False
 
 
 def location_value(location: str) -> bytes:

@@ -37,12 +37,13 @@ import logging
 import socket
 from typing import Any, cast
 
-from meshlet.proxy.core.failover import Failure
 from meshlet.proxy.http.attempts import Answer, Failed, Sending, Step, advance
-from meshlet.proxy.http.contract import Endpoint, HttpConn, RouteTarget, Wait
-from meshlet.proxy.http.h1client import H1Upstream
+from meshlet.proxy.http.contract import Connect, Endpoint, HttpConn, RouteTarget, Wait, settle
+from meshlet.proxy.http.h1client import H1Upstream, UpstreamConn
 from meshlet.proxy.http.h1exchange import Exchange, H1Machine
 from meshlet.proxy.http.h1pool import H1Pool, PoolKey
+from meshlet.proxy.http.h2pool import H2Pool
+from meshlet.proxy.http.orig_proto import Upgrade, upgradable
 from meshlet.proxy.http.recorder import Recorder
 from meshlet.proxy.io import relay
 from meshlet.proxy.io.counters import TcpConn
@@ -56,16 +57,18 @@ log = logging.getLogger(__name__)
 _Event = tuple[Exchange, Step | None] | asyncio.Future[None] | None
 
 
-async def serve_h1(conn: HttpConn, pool: H1Pool | None = None) -> None:
+async def serve_h1(conn: HttpConn, pool: H1Pool | None = None, h2: H2Pool | None = None) -> None:
     """Serves HTTP/1.1 on `conn.sock` (or `conn.handoff`) until the connection closes.
 
     Upstream connections come from `pool` (share one per listener to reuse them across client
-    connections); without one, a pool private to this connection is used and closed with it."""
+    connections); without one, a pool private to this connection is used and closed with it.
+    With `h2` (the process's HTTP/2 pool), requests for an endpoint whose proxy takes HTTP/2
+    (`Endpoint.h2`) go as streams of its connections (orig_proto.py)."""
     loop = asyncio.get_running_loop()
     private = pool is None
     if pool is None:
         pool = H1Pool(conn.limits.pool_idle_timeout)
-    shell = H1Shell(conn, pool)
+    shell = H1Shell(conn, pool, h2)
     sock = cast(socket.socket, conn.sock)
     try:
         if conn.handoff is not None:
@@ -98,9 +101,10 @@ class H1Shell(asyncio.Protocol):
     """The client connection's Protocol, the machine's `Io`, the routing task, and the
     `attempts.Upstream` of the exchange in flight (one at a time)."""
 
-    def __init__(self, conn: HttpConn, pool: H1Pool) -> None:
+    def __init__(self, conn: HttpConn, pool: H1Pool, h2: H2Pool | None = None) -> None:
         self._conn = conn
         self._pool = pool
+        self._h2 = h2
         self._loop = asyncio.get_running_loop()
         self._transport = cast(asyncio.Transport, None)  # set by connection_made
         self.machine: H1Machine | None = None
@@ -168,6 +172,8 @@ class H1Shell(asyncio.Protocol):
     def send(self, endpoint: Endpoint, fresh: bool) -> Wait | None:
         ex, machine = self._ex, self.machine
         assert ex is not None and machine is not None
+        if endpoint.h2 is not None and self._h2 is not None and upgradable(ex.head):
+            return self._upgrade(ex, endpoint, endpoint.h2, self._h2)
         key = (endpoint.connect or self._conn.connect, endpoint.addr)
         if not fresh:
             upstream = self._pool.take(key)
@@ -176,21 +182,42 @@ class H1Shell(asyncio.Protocol):
                 return None
         return Wait(self._connect, (ex, endpoint, key))
 
+    def _upgrade(self, ex: Exchange, endpoint: Endpoint, via: Connect, pool: H2Pool) -> Wait | None:
+        """Sends the exchange as a stream of the endpoint proxy's HTTP/2 connection."""
+        stream = Upgrade(ex.head, self._conn.limits)
+        opening = pool.open(endpoint._replace(connect=via), stream, self._counts)
+        if opening is None:
+            assert self.machine is not None
+            self.machine.attach(ex, stream, None)
+            return None
+        return Wait(self._upgraded, (ex, stream, opening))
+
+    async def _upgraded(self, args: tuple[Exchange, Upgrade, Wait]) -> Failed | None:
+        ex, stream, opening = args
+        failed: Failed | None = await settle(opening)
+        machine = self.machine
+        if failed is not None:
+            stream.closed = True
+            return failed
+        if machine is None or machine.abandoned(ex):
+            stream.abort()
+            return None
+        machine.attach(ex, stream, None)
+        return None
+
+    def _counts(self, endpoint: Endpoint) -> TcpConn:
+        """The counts of a new connection to `endpoint`."""
+        conn = self._conn
+        return conn.metrics.dst_conn(conn.labels.direction, endpoint.addr, endpoint.labels)
+
     async def _connect(self, args: tuple[Exchange, Endpoint, PoolKey]) -> Failed | None:
         """A new connection to the endpoint, attached to the exchange; or why it failed."""
         ex, endpoint, key = args
         machine = self.machine
         assert machine is not None
-        conn = self._conn
-        limits = conn.limits
-        try:
-            tcp = conn.metrics.dst_conn(conn.labels.direction, endpoint.addr, endpoint.labels)
-            upstream = await self._pool.open(key, limits, tcp)
-        except TimeoutError:
-            why = f"connecting to {endpoint.addr} timed out after {limits.connect_timeout}s"
-            return Failed(Failure.CONNECT_TIMEOUT, why)
-        except Exception as exc:  # refused, unreachable, TLS failure: all end here
-            return Failed(Failure.CONNECT, f"connecting to {endpoint.addr} failed: {exc}")
+        upstream = await self._pool.dial(key, self._conn.limits, self._counts(endpoint))
+        if isinstance(upstream, Failed):
+            return upstream
         if machine.abandoned(ex):
             self._pool.give(key, upstream)
             return None
@@ -339,14 +366,14 @@ class H1Shell(asyncio.Protocol):
             step = Answer(502, "routing failed in the proxy")
         self._signal((exchange, step))
 
-    def give_back(self, exchange: Exchange, upstream: H1Upstream, reusable: bool) -> None:
-        if reusable and exchange.key is not None:
+    def give_back(self, exchange: Exchange, upstream: UpstreamConn, reusable: bool) -> None:
+        if reusable and exchange.key is not None and isinstance(upstream, H1Upstream):
             upstream.detach()
             self._pool.give(exchange.key, upstream)
         else:
             upstream.close()
 
-    def tunnel(self, exchange: Exchange, upstream: H1Upstream, rest: bytes) -> None:
+    def tunnel(self, exchange: Exchange, upstream: UpstreamConn, rest: bytes) -> None:
         """Both connections are relayed as they are from now on (after a 101)."""
         server = upstream.transport
         if server is None:

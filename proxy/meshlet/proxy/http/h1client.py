@@ -49,6 +49,32 @@ class ResponseSink(Protocol):
         """End of one read from the upstream: write what was produced."""
 
 
+class UpstreamConn(Protocol):
+    """An exchange's way upstream, as the HTTP/1 engine (h1exchange) uses it: a connection to
+    the endpoint (`H1Upstream`), or a stream on a peer proxy's HTTP/2 connection
+    (orig_proto.Upgrade). The engine writes the request as it would go on the wire, head first."""
+
+    transport: asyncio.Transport | None
+    tcp: TcpConn
+    reused: bool  # a pooled connection: one that closes before answering may be stale
+
+    def begin(self, sink: ResponseSink, head_only: bool) -> None: ...
+
+    def write(self, data: bytes) -> None: ...
+
+    def writelines(self, data: Sequence[bytes]) -> None: ...
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+    def detach(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def abort(self) -> None: ...
+
+
 class H1Upstream(asyncio.Protocol):
     """One connection to an endpoint. `begin` hands it a sink for the next response."""
 

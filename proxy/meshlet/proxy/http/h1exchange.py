@@ -42,7 +42,7 @@ from meshlet.proxy.http.contract import (
     Router,
     RouteTarget,
 )
-from meshlet.proxy.http.h1client import H1Upstream
+from meshlet.proxy.http.h1client import UpstreamConn
 from meshlet.proxy.http.h1head import (
     MAX_TARGET_BYTES,
     Body,
@@ -137,10 +137,10 @@ class Io(Protocol):
         """Carry out `step` of the exchange's Attempts (None: its first, `Attempts.start`):
         route, pick and connect it, then call `routed`, `attach` or `answer`."""
 
-    def give_back(self, exchange: Exchange, upstream: H1Upstream, reusable: bool) -> None:
+    def give_back(self, exchange: Exchange, upstream: UpstreamConn, reusable: bool) -> None:
         """The exchange is done with its upstream connection: to the pool, or closed."""
 
-    def tunnel(self, exchange: Exchange, upstream: H1Upstream, rest: bytes) -> None:
+    def tunnel(self, exchange: Exchange, upstream: UpstreamConn, rest: bytes) -> None:
         """The exchange upgraded (101): relay both connections as they are from now on."""
 
 
@@ -174,7 +174,7 @@ class Exchange:
         self.replay: list[bytes] | None = None
         self.replay_size = 0
         self.key: PoolKey | None = None
-        self.upstream: H1Upstream | None = None
+        self.upstream: UpstreamConn | None = None
         self.response: ResponseHead | None = None  # the head relayed to the client
 
     @property
@@ -558,7 +558,7 @@ class H1Machine:
         self._answer(ex, status, reason)
         self.flush()
 
-    def attach(self, ex: Exchange, upstream: H1Upstream, key: PoolKey) -> None:
+    def attach(self, ex: Exchange, upstream: UpstreamConn, key: PoolKey | None) -> None:
         """`upstream` takes the request: its head and the body read so far go out."""
         ex.upstream, ex.key = upstream, key
         if ex.att.try_deadline is not None and ex is self.current:
@@ -578,7 +578,7 @@ class H1Machine:
         upstream.writelines([ex.head.head, *backlog])
         self._resume_reading(Pause.BACKLOG)
 
-    # -- the upstream's response (H1Upstream calls these: h1client.ResponseSink) -----------
+    # -- the upstream's response (its UpstreamConn calls these: h1client.ResponseSink) -----
 
     def response_informational(self, status: int, fields: list[Header]) -> None:
         ex = self.current

@@ -85,6 +85,7 @@ _NOT_TRAILERS: Final = frozenset(
 # Connection options that name no header; other options name headers dropped as hop-by-hop.
 _CONNECTION_OPTIONS: Final = frozenset({b"close", b"keep-alive", b"upgrade"})
 _FRAMING: Final = frozenset({b"host", b"content-length", b"transfer-encoding"})
+_H2_FRAMING: Final = frozenset({b"host", b"content-length"})  # written by the proxy itself
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,6 +366,78 @@ def parse_response(
         lines.append(b"Connection: keep-alive")
     lines.append(b"\r\n")
     return ResponseHead(b"\r\n".join(lines), body_in, body_out, close)
+
+
+def h2_response_fields(
+    status: int, fields: Sequence[Header], head_only: bool
+) -> tuple[list[Header], Body] | Rejection:
+    """An upstream's HTTP/1.1 response head as HTTP/2 fields (`:status` first, names in lower
+    case, hop-by-hop fields, the ones `Connection` names and the proxy's own error headers
+    dropped), and how the upstream delimits its body."""
+    kept: list[Header] = [(b":status", b"%d" % status)]
+    length: bytes | None = None
+    codings: list[bytes] | None = None
+    connection: list[bytes] = []
+    for name, value in fields:
+        name = name.lower()
+        kind = _RESPONSE_FIELDS.get(name)
+        if kind is None:
+            kept.append((name, value.strip(b" \t")))
+        elif kind == _LENGTH:
+            value = value.strip()
+            if not value.isdigit() or (length is not None and length != value):
+                return Rejection(502, "upstream sent an invalid Content-Length")
+            if length is None:
+                kept.append((name, value))
+            length = value
+        elif kind == _CODING:
+            codings = (codings or []) + _tokens(value)
+        elif kind == _CONNECTION:
+            connection += _tokens(value)
+    if connection:
+        kept = _without_options(kept, connection)
+    if head_only or status in (204, 304) or status < 200:
+        return kept, Body.NONE
+    if codings is not None:
+        if codings != [b"chunked"] or length is not None:
+            return Rejection(502, "upstream framed its body other than by chunked alone")
+        return kept, Body.CHUNKED
+    return kept, (Body.LENGTH if length is not None else Body.EOF)
+
+
+def h1_request_head(
+    method: str,
+    path: str,
+    authority: str | None,
+    headers: Sequence[Header],
+    length: int,
+    chunked: bool,
+    added: int = 0,
+) -> bytes:
+    """An HTTP/2 request's head (checked by h2headers.read_request) as the HTTP/1.1 head the
+    proxy forwards for the same request sent as HTTP/1.1 (`parse_request`): request line,
+    `Host`, the fields in their order, the framing (`length`, or `chunked`), `TE`, then the
+    last `added` fields (the proxy's own)."""
+    lines = [f"{method} {path} HTTP/1.1".encode("latin-1")]
+    if authority:
+        lines.append(b"Host: " + authority.encode("latin-1"))
+    end = len(headers) - added
+    trailers = False
+    for header in headers[:end]:
+        name = header[0]
+        if name == b"te":
+            trailers = True
+        elif name[:1] != b":" and name not in _H2_FRAMING:
+            lines.append(_FIELD_LINE(header))
+    if chunked:
+        lines.append(b"Transfer-Encoding: chunked")
+    elif length >= 0:
+        lines.append(b"Content-Length: %d" % length)
+    if trailers:
+        lines.append(b"TE: trailers")
+    lines += map(_FIELD_LINE, headers[end:])
+    lines.append(b"\r\n")
+    return b"\r\n".join(lines)
 
 
 def last_chunk(trailers: Sequence[Header]) -> bytes:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from meshlet.proxy.core.failover import Failure
+from meshlet.proxy.http.attempts import Failed
 from meshlet.proxy.http.contract import Addr, Connect, HttpLimits
 from meshlet.proxy.http.h1client import H1Upstream
 from meshlet.proxy.io.counters import TcpConn
@@ -49,6 +51,17 @@ class H1Pool:
         assert isinstance(protocol, H1Upstream)
         tcp.open()
         return protocol
+
+    async def dial(self, key: PoolKey, limits: HttpLimits, tcp: TcpConn) -> H1Upstream | Failed:
+        """`open`, with a failure said as the request's Attempts take it."""
+        addr = key[1]
+        try:
+            return await self.open(key, limits, tcp)
+        except TimeoutError:
+            why = f"connecting to {addr} timed out after {limits.connect_timeout}s"
+            return Failed(Failure.CONNECT_TIMEOUT, why)
+        except Exception as exc:  # refused, unreachable, TLS failure: all end here
+            return Failed(Failure.CONNECT, f"connecting to {addr} failed: {exc}")
 
     def give(self, key: PoolKey, upstream: H1Upstream) -> None:
         """Keeps `upstream` for the next request to the same endpoint, or closes it."""

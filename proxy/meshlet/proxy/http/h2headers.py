@@ -19,6 +19,7 @@ from meshlet.api.target import EscapedSlashes, Refused, normalize_host, normaliz
 from meshlet.proxy.core.header_modifier import HeaderModifier
 from meshlet.proxy.http.contract import (
     INTERNAL_HEADERS,
+    ORIG_PROTO_HEADER,
     PROXY_ERROR_HEADER,
     PROXY_RESPONSE_HEADERS,
     Redirection,
@@ -68,6 +69,9 @@ class Request(NamedTuple):
     method: str = "GET"
     path: str = "/"
     length: int = -1  # its content-length (-1: none): the body's DATA must add up to it
+    # An HTTP/1.1 request a peer proxy sent as this stream (`meshlet-orig-proto`): it goes to
+    # the app as HTTP/1.1 (http/orig_proto.py).
+    orig_proto: bool = False
 
 
 class Response(NamedTuple):
@@ -181,10 +185,11 @@ def _normal_authority(authority: bytes) -> bytes | Malformed:
 
 
 # What `read_request` does with a field, by name; absent: checked and kept.
-_PSEUDO, _INTERNAL, _HOST, _CONTENT_TYPE, _SENSITIVE, _LENGTH = range(6)
+_PSEUDO, _INTERNAL, _HOST, _CONTENT_TYPE, _SENSITIVE, _LENGTH, _ORIG_PROTO = range(7)
 _REQUEST_FIELDS: Final = {
     **dict.fromkeys(_REQUEST_PSEUDO, _PSEUDO),
     **dict.fromkeys(INTERNAL_HEADERS, _INTERNAL),
+    ORIG_PROTO_HEADER: _ORIG_PROTO,
     **dict.fromkeys(SENSITIVE_HEADERS, _SENSITIVE),
     b"host": _HOST,
     b"content-type": _CONTENT_TYPE,
@@ -207,10 +212,12 @@ def read_request(
     add: Sequence[Header],
     max_headers: int,
     slashes: EscapedSlashes = EscapedSlashes.KEEP,
+    from_proxy: bool = False,
 ) -> Request | Malformed:
     """Checks a request head and rewrites it for the upstream: `:path`, `:authority` and `host`
     normalized (meshlet.api.target), internal headers stripped, `add` appended, credentials marked
-    never-indexed."""
+    never-indexed. `meshlet-orig-proto: HTTP/1.1` is read only `from_proxy` (a meshed peer's
+    proxy): stripped from anyone else's request, as every internal header is."""
     if len(block) > max_headers:
         return Malformed(f"more than {max_headers} headers", 431, answer=True)
     out: list[Header] = []
@@ -220,6 +227,7 @@ def read_request(
     regular = False
     fresh = False  # a pseudo-header not known valid and normal: the target needs a look
     length = -1
+    orig_proto = False
     for header in block:
         name, value = header
         kind = _REQUEST_FIELDS.get(name)
@@ -262,6 +270,8 @@ def read_request(
                 return Malformed("an invalid content-length")
             length = declared
             out.append(header)
+        elif kind == _ORIG_PROTO:
+            orig_proto = from_proxy and value == b"HTTP/1.1"
         # _INTERNAL: dropped
     method = pseudo.get(b":method")
     if method is None:
@@ -295,7 +305,8 @@ def read_request(
                 path = normal_path
     out.extend(add)
     return Request(out, named.decode("latin-1") if named is not None else None, grpc,
-                   method.decode("latin-1"), path.decode("latin-1"), length)  # fmt: skip
+                   method.decode("latin-1"), path.decode("latin-1"), length,
+                   orig_proto)  # fmt: skip
 
 
 def modify_request(request: Request, modifier: HeaderModifier) -> Request:

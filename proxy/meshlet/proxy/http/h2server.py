@@ -18,8 +18,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from meshlet.api.hostport import format_hostport
+from meshlet.proxy.http import orig_proto
 from meshlet.proxy.http.attempts import Attempts, Step, advance, advance_now, begin
-from meshlet.proxy.http.contract import Endpoint, HttpConn
+from meshlet.proxy.http.contract import Endpoint, HttpConn, Wait
+from meshlet.proxy.http.h1pool import H1Pool
 from meshlet.proxy.http.h2codec import ErrorCode, Header, ProtocolError, error_name
 from meshlet.proxy.http.h2conn import Peer
 from meshlet.proxy.http.h2guard import Guard, GuardLimits
@@ -41,24 +43,35 @@ CALM_GRACE: Final = 10.0  # seconds streams in flight may take to finish after t
 
 
 async def serve_h2(
-    conn: HttpConn, pool: H2Pool | None = None, guard: GuardLimits | None = None
+    conn: HttpConn,
+    pool: H2Pool | None = None,
+    guard: GuardLimits | None = None,
+    h1_pool: H1Pool | None = None,
 ) -> None:
     """Serves one accepted HTTP/2 connection (`conn.sock`, or `conn.handoff`) until it closes.
 
     `pool` is the process's shared upstream pool (one connection per endpoint); the application
     makes one and passes it (e.g. `functools.partial(serve_h2, pool=pool)`). Without it the
-    connection gets a pool of its own, closed with it."""
-    if pool is None:
-        async with H2Pool(conn.connect, conn.limits, guard) as own:
-            await _serve(conn, own, guard or GuardLimits())
-    else:
-        await _serve(conn, pool, guard or GuardLimits())
+    connection gets a pool of its own, closed with it. `h1_pool` holds the HTTP/1.1 connections
+    to the app of the requests a peer proxy sent as HTTP/1.1 (`conn.from_proxy`); likewise."""
+    own_h1 = h1_pool is None
+    if h1_pool is None:
+        h1_pool = H1Pool(conn.limits.pool_idle_timeout)
+    try:
+        if pool is None:
+            async with H2Pool(conn.connect, conn.limits, guard) as own:
+                await _serve(conn, own, guard or GuardLimits(), h1_pool)
+        else:
+            await _serve(conn, pool, guard or GuardLimits(), h1_pool)
+    finally:
+        if own_h1:
+            h1_pool.close()
 
 
-async def _serve(conn: HttpConn, pool: H2Pool, guard: GuardLimits) -> None:
+async def _serve(conn: HttpConn, pool: H2Pool, guard: GuardLimits, h1_pool: H1Pool) -> None:
     loop = asyncio.get_running_loop()
     async with asyncio.TaskGroup() as tasks:
-        server = H2Server(conn, pool, tasks, guard)
+        server = H2Server(conn, pool, tasks, guard, h1_pool)
         if conn.handoff is not None:
             conn.handoff.adopt(server)
         else:
@@ -85,15 +98,29 @@ async def _serve(conn: HttpConn, pool: H2Pool, guard: GuardLimits) -> None:
 
 class H2Server(Peer[ProxyStream]):
     def __init__(
-        self, conn: HttpConn, pool: H2Pool, tasks: asyncio.TaskGroup, guard: GuardLimits
+        self,
+        conn: HttpConn,
+        pool: H2Pool,
+        tasks: asyncio.TaskGroup,
+        guard: GuardLimits,
+        h1_pool: H1Pool | None = None,
     ) -> None:
         limits = conn.limits
         loop = asyncio.get_running_loop()
+        # A peer proxy sends HTTP/1.1 heads its HTTP/1 engine took, as HTTP/2 (orig_proto.py):
+        # in HTTP/2's measure a field counts 28 bytes more, and the pseudo-headers 32 each.
+        # Its head has the 4 pseudo-headers and the mark beside the fields it was taken with.
+        max_header_bytes = limits.max_header_bytes
+        self._max_headers = limits.max_headers
+        if conn.from_proxy:
+            max_header_bytes += 28 * limits.max_headers + 4 * 32
+            self._max_headers += 5
         super().__init__(Guard(guard, loop.time()), False, limits.max_body_buffer,
-                         CONN_WINDOW_STREAMS * limits.max_body_buffer, limits.max_header_bytes,
+                         CONN_WINDOW_STREAMS * limits.max_body_buffer, max_header_bytes,
                          limits.max_concurrent_streams)  # fmt: skip
         self.conn = conn
         self.pool = pool
+        self.h1_pool = h1_pool if h1_pool is not None else H1Pool(limits.pool_idle_timeout)
         self.done: asyncio.Future[None] = loop.create_future()
         self.streams: dict[int, ProxyStream] = {}
         self._tasks = tasks
@@ -184,9 +211,12 @@ class H2Server(Peer[ProxyStream]):
         self.guard.stream_opened()
         self._last_taken = sid
         limits = self.conn.limits
+        conn = self.conn
         request = read_request(
-            headers, self.conn.add_headers, limits.max_headers, limits.escaped_slashes
+            headers, conn.add_headers, self._max_headers, limits.escaped_slashes, conn.from_proxy
         )
+        if not isinstance(request, Malformed) and request.orig_proto:
+            request = orig_proto.refusal(request) or request
         if isinstance(request, Malformed):
             log.debug("malformed request on stream %d: %s", sid, request.reason)
             self.count_error(request.status)
@@ -306,6 +336,11 @@ class H2Server(Peer[ProxyStream]):
         except Exception:
             log.exception("forwarding stream %d failed", stream.down_id)
             stream.answer(502, "proxy error")
+
+    def downgrade(self, stream: ProxyStream, endpoint: Endpoint, fresh: bool) -> Wait | None:
+        """Sends a request a peer proxy sent as HTTP/1.1 to `endpoint` as such (ProxyStream.send
+        for `request.orig_proto`)."""
+        return orig_proto.downgrade(self, self.h1_pool, stream, endpoint, fresh)
 
     def upstream_counts(self, endpoint: Endpoint) -> TcpConn:
         """The counts of a new upstream connection to `endpoint`."""

@@ -41,6 +41,7 @@ from meshlet.proxy.http.h2headers import (
 if TYPE_CHECKING:
     from meshlet.proxy.http.h2client import H2Client
     from meshlet.proxy.http.h2server import H2Server
+    from meshlet.proxy.http.orig_proto import Downgrade
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ class Pipe:
         """Something (bytes or the end) is waiting for the sink."""
         return bool(self.chunks) or (self.ended and not self.done)
 
-    def give(self, sink: Peer[Any], stream_id: int) -> int:
+    def give(self, sink: Peer[Any] | Downgrade, stream_id: int) -> int:
         """Gives the sink what its flow-control windows and its transport allow, then the end
         of the body (trailers or END_STREAM) once everything is given. Returns the bytes given.
         Raises StreamClosed when the sink's stream is already closed."""
@@ -156,7 +157,9 @@ class ProxyStream:
         self.request = request
         self.att = att
         self.started = att.arrived
-        self.client: H2Client | None = None
+        # The upstream connection it is on: HTTP/2, or HTTP/1.1 for a request a peer proxy
+        # sent as HTTP/1.1 (`request.orig_proto`: orig_proto.Downgrade).
+        self.client: H2Client | Downgrade | None = None
         self.up_id = 0
         self.req = Pipe()  # downstream → upstream
         self.resp = Pipe()  # upstream → downstream
@@ -204,6 +207,8 @@ class ProxyStream:
             due = self.att.due
             if due != self.timer_at:
                 self._arm(due)
+        if self.request.orig_proto:
+            return self.server.downgrade(self, endpoint, fresh)
         return self.server.pool.open(endpoint, self, self.server.upstream_counts)
 
     def _arm(self, due: float | None) -> None:
@@ -270,7 +275,7 @@ class ProxyStream:
         req = self.req
         return self.request.headers, req.ended and not req.chunks and req.trailers is None
 
-    def attach(self, client: H2Client, up_id: int, headers_ended: bool) -> None:
+    def attach(self, client: H2Client | Downgrade, up_id: int, headers_ended: bool) -> None:
         self.client = client
         self.up_id = up_id
         self.sent_at = client.loop.time()

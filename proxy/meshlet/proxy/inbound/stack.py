@@ -245,6 +245,7 @@ class InboundStack:
                 tcp,
                 handoff=session.terminated,
                 add_headers=headers,
+                from_proxy=client_id is not None,
             )
 
     async def _detect_session(self, session: Session) -> Forward:

@@ -26,7 +26,7 @@ from meshlet.api.hostport import format_hostport
 from meshlet.api.transport_header import SessionProtocol
 from meshlet.proxy.authority import split_authority
 from meshlet.proxy.core.accrual import FailureAccrual
-from meshlet.proxy.core.endpoints import DiscoveredEndpoint, EndpointSet, Status
+from meshlet.proxy.core.endpoints import DiscoveredEndpoint, EndpointSet, Hint, Status
 from meshlet.proxy.core.retry_budget import RetryBudget
 from meshlet.proxy.discovery.client import DestinationClient
 from meshlet.proxy.discovery.profile import DstOverride, RetryBudgetSpec
@@ -62,8 +62,10 @@ class Destinations:
         rng: random.Random | None = None,
         profile_suffixes: tuple[str, ...] = ("svc.cluster.local",),
         failure_accrual: FailureAccrual | None = None,
+        http1_over_h2: bool = True,
     ) -> None:
         self.resolver = resolver
+        self._http1_over_h2 = http1_over_h2
         self._client = client
         self._identity = identity
         self._metrics = metrics
@@ -342,7 +344,8 @@ class Destinations:
             if len(self._reaches) >= MAX_CACHED:
                 self._reaches.clear()
             reach = self._reaches[key] = self._how_to_reach(endpoint, session, authority)
-        return Endpoint(reach.addr, reach.authority_label, reach.connect, lease, reach.labels)
+        return Endpoint(reach.addr, reach.authority_label, reach.connect, lease, reach.labels,
+                        reach.h2)  # fmt: skip
 
     def _how_to_reach(
         self, endpoint: DiscoveredEndpoint, session: SessionProtocol, authority: str
@@ -360,17 +363,24 @@ class Destinations:
             return Endpoint(endpoint.addr, label, labels=labels)
         assert self._identity is not None  # `_reach` checked it
         proxy_addr = Addr(endpoint.addr.host, endpoint.opaque_transport_port)
+        context = self._identity.client_context()
         connect = self._counted(
-            mesh_connect(
-                self._identity.client_context(), identity.name, endpoint.addr[1], session,
-                authority, timeout=self._timeout,
-            )
+            mesh_connect(context, identity.name, endpoint.addr[1], session, authority,
+                         timeout=self._timeout)
         )  # fmt: skip
+        # An HTTP/1 client's requests go to a proxy that takes HTTP/2 as streams of one HTTP/2
+        # session (orig_proto.py); those HTTP/2 cannot carry still use `connect`.
+        h2 = None
+        if session is SessionProtocol.HTTP1 and endpoint.hint is Hint.H2 and self._http1_over_h2:
+            h2 = self._counted(
+                mesh_connect(context, identity.name, endpoint.addr[1], SessionProtocol.HTTP2,
+                             authority, timeout=self._timeout)
+            )  # fmt: skip
         labels = self._metrics.conn(
             "outbound", where, dst_values(endpoint.labels), tls="true", no_tls_reason="",
             server_id=identity.name,
         ).values()  # fmt: skip
-        return Endpoint(proxy_addr, label, connect, labels=labels)
+        return Endpoint(proxy_addr, label, connect, labels=labels, h2=h2)
 
     def _counted(self, connect: Connect) -> Connect:
         """`connect`, counting the connections this side refuses (the peer's certificate or
