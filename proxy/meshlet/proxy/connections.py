@@ -161,20 +161,17 @@ class Connections:
             observer=observer,
             from_proxy=from_proxy,
         )
+        from meshlet.proxy.http.h1 import serve_h1
         from meshlet.proxy.http.h1pool import H1Pool
         from meshlet.proxy.http.h2pool import H2Pool
+        from meshlet.proxy.http.h2server import serve_h2
 
-        if self._h2_pool is None:
+        if self._h2_pool is None or self._h1_pool is None:
             self._h2_pool = H2Pool(self.connect, self.limits)
-        if self._h1_pool is None:
             self._h1_pool = H1Pool(self.limits.pool_idle_timeout)
         if h2:
-            from meshlet.proxy.http.h2server import serve_h2
-
             await serve_h2(conn, self._h2_pool, h1_pool=self._h1_pool)
         else:
-            from meshlet.proxy.http.h1 import serve_h1
-
             await serve_h1(conn, self._h1_pool, self._h2_pool)
 
     # -- opaque TCP ---------------------------------------------------------------------
