@@ -220,8 +220,10 @@ class ProxyConfig:
     inbound_detect_timeout: float = wellknown.DETECT_TIMEOUT_SECONDS
     outbound_detect_timeout: float = wellknown.DETECT_TIMEOUT_SECONDS
     outbound_connect_timeout: float = 1.0
-    # HTTP/1.1 requests to a meshed proxy that takes HTTP/2 go as its streams (orig_proto.py).
-    outbound_http1_over_h2: bool = True
+    # HTTP/1.1 requests to a meshed proxy that takes HTTP/2 go as its streams (orig_proto.py):
+    # one connection instead of one per request in flight, but each request costs more CPU
+    # (docs/proxy.md, "HTTP/1.1 between proxies"), so it is asked for.
+    outbound_http1_over_h2: bool = False
     http1_pool_idle_timeout: float = 3.0
     http1_header_read_timeout: float = 10.0
     http_idle_timeout: float = 60.0

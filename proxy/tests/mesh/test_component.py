@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import grpc
 import h2.config
 import h2.connection
@@ -36,6 +37,8 @@ import h2.errors
 import h2.events
 import httptools
 import pytest
+import wsproto
+import wsproto.events
 import yaml
 
 from meshlet.api import wellknown
@@ -234,6 +237,9 @@ class App:
                     await self._raw(head, fields, reader, writer)
                     head = await reader.readuntil(b"\r\n\r\n")
                     continue
+                if fields.get("upgrade", "").lower() == "websocket":
+                    await self._websocket(head, reader, writer)
+                    break
                 await reader.readexactly(int(fields.get("content-length", "0")))
                 await asyncio.sleep(self.delay)
                 path = lines[0].split()[1]
@@ -251,6 +257,29 @@ class App:
                 writer.write(head + b"content-length: %d\r\n\r\n%s" % (len(body), body))
                 head = await reader.readuntil(b"\r\n\r\n")
         writer.close()
+
+    async def _websocket(
+        self, head: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        """Accepts the upgrade (wsproto), then answers each text message with the pod's name
+        and the message."""
+        ws = wsproto.WSConnection(wsproto.ConnectionType.SERVER)
+        ws.receive_data(head)
+        data = b""
+        while True:
+            for event in ws.events():
+                if isinstance(event, wsproto.events.Request):
+                    writer.write(ws.send(wsproto.events.AcceptConnection()))
+                elif isinstance(event, wsproto.events.TextMessage):
+                    text = f"{self.pod}:{event.data}"
+                    writer.write(ws.send(wsproto.events.Message(data=text)))
+                elif isinstance(event, wsproto.events.CloseConnection):
+                    writer.write(ws.send(event.response()))
+                    return
+            data = await reader.read(65536)
+            if not data:
+                return
+            ws.receive_data(data)
 
     async def _raw(
         self,
@@ -487,6 +516,8 @@ class Mesh:
             f"{p}IDENTITY_TOKEN_FILE": str(token),
             f"{p}IDENTITY_TRUST_ANCHORS": self.test_ca.anchors_pem,
             f"{p}SHUTDOWN_GRACE_PERIOD": "1s",
+            # Every HTTP/1.1 test of this module goes across the mesh as HTTP/2 streams.
+            f"{p}OUTBOUND_HTTP1_OVER_H2": "true",
             f"{p}INBOUND_DETECT_TIMEOUT": f"{INBOUND_DETECT_TIMEOUT}s",
             # What the injector writes from the pod's opaque-ports annotation: the inbound
             # proxy relays these ports without detection, whatever the client proxy declares.
@@ -726,6 +757,28 @@ async def test_http1_across_mtls_goes_as_streams_of_one_http2_connection_per_rep
         await closed(writer)
     assert reply.startswith(b"HTTP/1.1 200 OK\r\n")
     assert b"\r\nX-Case: K\r\n" in reply
+
+
+async def test_a_websocket_across_mtls_stays_http1_beside_requests_sent_over_http2(
+    mesh: Mesh,
+) -> None:
+    """An upgrade cannot go as an HTTP/2 stream: aiohttp's WebSocket gets its own HTTP/1.1
+    mesh connection and talks to the app, while plain requests beside it go over HTTP/2."""
+    bot = mesh.pods["vote-bot"]
+    host, port = bot.outbound
+    authority = f"{FQN}:{HTTP_PORT}"
+    async with (
+        asyncio.timeout(10),
+        aiohttp.ClientSession() as session,
+        session.ws_connect(f"http://{host}:{port}/chat", headers={"Host": authority}) as ws,
+    ):
+        for word in ("hello", "again"):
+            await ws.send_str(word)
+            answer = await ws.receive_str(timeout=5)
+            pod, _, echoed = answer.partition(":")
+            assert pod in REPLICAS and echoed == word
+        async with session.get(f"http://{host}:{port}/", headers={"Host": authority}) as r:
+            assert r.status == 200 and json.loads(await r.read())["client_id"] == BOT_ID
 
 
 async def test_http2_across_mtls(mesh: Mesh) -> None:

@@ -62,7 +62,7 @@ class Destinations:
         rng: random.Random | None = None,
         profile_suffixes: tuple[str, ...] = ("svc.cluster.local",),
         failure_accrual: FailureAccrual | None = None,
-        http1_over_h2: bool = True,
+        http1_over_h2: bool = False,
     ) -> None:
         self.resolver = resolver
         self._http1_over_h2 = http1_over_h2
