@@ -230,6 +230,43 @@ async def test_a_head_with_as_many_fields_as_allowed_is_forwarded_whole(
     )
 
 
+async def test_a_head_over_the_peer_proxys_limit_is_431_and_costs_no_other_request(
+    engine_proxy: Any,
+) -> None:
+    """A peer proxy with smaller header limits than the client side's: a request over them is
+    answered 431 by the client side, never sent on the shared HTTP/2 connection (which the peer
+    would close with a connection error, failing the request in flight beside it)."""
+    release = asyncio.Event()
+
+    async def app(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        await release.wait()
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(app, "127.0.0.1", 0)
+    small = HttpLimits(max_header_bytes=4096)
+    try:
+        peer = await engine_proxy(serve_h2, server.sockets[0].getsockname()[:2], small,
+                                  from_proxy=True)  # fmt: skip
+        async with H2Pool(tcp_connector(1.0), HttpLimits()) as pool:
+            engine = functools.partial(serve_h1, h2=pool)
+            proxy = await engine_proxy(engine, ("127.0.0.1", peer.port), h2=True)
+            first = asyncio.create_task(
+                exchange(proxy.port, b"GET /a HTTP/1.1\r\nHost: svc\r\nConnection: close\r\n\r\n")
+            )
+            await asyncio.sleep(0.2)
+            big = b"GET /b HTTP/1.1\r\nHost: svc\r\nConnection: close\r\nX-Big: %s\r\n\r\n"
+            reply = await exchange(proxy.port, big % (b"v" * 8000))
+            release.set()
+            assert status_of(reply) == 431 and b"upstream takes" in reply
+            assert status_of(await first) == 200
+            assert pool.connections == 1  # the shared connection lived
+    finally:
+        server.close()
+
+
 async def test_head_sent_a_byte_at_a_time_times_out_with_408(
     front: Any, recorder: Recorder
 ) -> None:

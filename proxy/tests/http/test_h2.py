@@ -1359,6 +1359,35 @@ async def test_a_full_upstream_connection_gets_another_then_requests_wait(
     assert peak == 8 and len(up.conns) == 4
 
 
+async def test_a_head_over_the_upstreams_header_list_limit_is_431_and_costs_no_other_stream(
+    h2proxy, upstream, clients
+) -> None:
+    """An upstream that takes header lists of at most 1,000 bytes (SETTINGS_MAX_HEADER_LIST_SIZE)
+    and treats a larger one as a connection error, as the proxy itself does: the proxy answers
+    such a request 431 without sending it, and the shared connection and the request in flight on
+    it are untouched."""
+    release = asyncio.Event()
+
+    async def held(request: UpstreamRequest) -> None:
+        await release.wait()
+        request.respond(200, end=True)
+
+    up, addr = await upstream(held)
+    up.settings = {SettingCodes.MAX_HEADER_LIST_SIZE: 1000}
+    proxy = await h2proxy(addr)
+    client = await clients(proxy.port)
+    first = client.request(request_headers(proxy.port))
+    await eventually(lambda: len(up.conns) == 1)
+    big = client.request([*request_headers(proxy.port), (b"x-big", b"v" * 1000)])
+    refused = await client.response(big)
+    assert refused.status == 431
+    assert b"upstream takes" in dict(refused.headers)[b"meshlet-proxy-error"]
+    release.set()
+    assert (await client.response(first)).status == 200
+    assert (await client.get(proxy.port)).status == 200
+    assert len(up.conns) == 1  # the one connection, never torn down
+
+
 async def test_one_connection_serves_requests_within_the_upstream_limit(
     h2proxy, upstream, clients
 ) -> None:

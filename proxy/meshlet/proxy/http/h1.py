@@ -186,15 +186,17 @@ class H1Shell(asyncio.Protocol):
         """Sends the exchange as a stream of the endpoint proxy's HTTP/2 connection."""
         stream = Upgrade(ex.head, self._conn.limits)
         opening = pool.open(endpoint._replace(connect=via), stream, self._counts)
-        if opening is None:
+        if opening is None and stream.refusal is None:
             assert self.machine is not None
             self.machine.attach(ex, stream, None)
             return None
         return Wait(self._upgraded, (ex, stream, opening))
 
-    async def _upgraded(self, args: tuple[Exchange, Upgrade, Wait]) -> Failed | None:
+    async def _upgraded(self, args: tuple[Exchange, Upgrade, Wait | None]) -> Failed | None:
+        """The stream opened (then attached to the exchange), or why not; answered here (in
+        the task: `send` may run inside a parser callback) when the connection refused it."""
         ex, stream, opening = args
-        failed: Failed | None = await settle(opening)
+        failed: Failed | None = None if opening is None else await settle(opening)
         machine = self.machine
         if failed is not None:
             stream.closed = True
@@ -202,7 +204,10 @@ class H1Shell(asyncio.Protocol):
         if machine is None or machine.abandoned(ex):
             stream.abort()
             return None
-        machine.attach(ex, stream, None)
+        if stream.refusal is not None:
+            machine.answer(ex, *stream.refusal)
+        else:
+            machine.attach(ex, stream, None)
         return None
 
     def _counts(self, endpoint: Endpoint) -> TcpConn:

@@ -23,11 +23,13 @@ from typing import Final, Protocol
 from meshlet.proxy.http.contract import Addr, HttpLimits
 from meshlet.proxy.http.h2codec import (
     MAX_WINDOW,
+    UNLIMITED,
     ErrorCode,
     Header,
     NoStreamIds,
     ProtocolError,
     error_name,
+    header_list_size,
 )
 from meshlet.proxy.http.h2conn import MAX_RTT, MIN_RTT, Peer
 from meshlet.proxy.http.h2guard import Guard, GuardLimits
@@ -58,6 +60,11 @@ class H2Sink(Protocol):
         ...
 
     def attach(self, client: H2Client, up_id: int, headers_ended: bool) -> None: ...
+
+    def refused(self, status: int, reason: str) -> None:
+        """The connection will not send the request (its head is over what the upstream said
+        it takes): answer it from the proxy with `status`."""
+        ...
 
     def pump_request(self) -> None:
         """Gives the connection what the request holds back (its body, its trailers)."""
@@ -132,13 +139,21 @@ class H2Client(Peer[H2Sink]):
 
     def open(self, stream: H2Sink) -> bool:
         """Sends the request head of `stream` on a new stream; False when the upstream's
-        concurrency limit is reached (wait for `slot`) or the connection is retiring."""
+        concurrency limit is reached (wait for `slot`) or the connection is retiring. A head
+        over the upstream's SETTINGS_MAX_HEADER_LIST_SIZE is not sent: the stream is refused
+        (431), and taken (True)."""
         h2 = self.h2
         if not self.usable:
             return False
         if len(self.streams) >= h2.peer_max_streams:
             return False
         headers, end = stream.head()
+        limit = h2.peer_max_header_list
+        if limit < UNLIMITED and header_list_size(headers) > limit:
+            # Sent, it would cost every stream of the connection: a peer may answer a list over
+            # its limit with a connection error (a meshlet proxy does).
+            stream.refused(431, f"request header fields over the {limit} bytes the upstream takes")
+            return True
         try:
             up_id = h2.next_stream_id()
         except NoStreamIds:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Sequence
 from enum import IntEnum
+from itertools import chain
 from typing import Final, NoReturn, Protocol
 
 from hpack.exceptions import HPACKError, OversizedHeaderListError
@@ -69,7 +70,7 @@ _HEAD: Final = struct.Struct(">HBBBL")  # length (24 bits as 16 + 8), type, flag
 _U32: Final = struct.Struct(">L")
 _SETTING: Final = struct.Struct(">HL")
 _GOAWAY: Final = struct.Struct(">LL")
-_UNLIMITED: Final = 2**31  # the peer's stream limit before its SETTINGS say otherwise
+UNLIMITED: Final = 2**31  # a peer's limits before its SETTINGS say otherwise
 _SELF_DEPENDENT: Final = 0x100  # not a wire flag: a HEADERS frame whose stream depends on itself
 
 
@@ -161,6 +162,12 @@ class Stream:
         self.head = False  # a final head was received: what follows is body, then trailers
 
 
+def header_list_size(headers: Sequence[Header]) -> int:
+    """A header list's size as SETTINGS_MAX_HEADER_LIST_SIZE counts it (RFC 9113 §6.5.2): its
+    names and values, and 32 bytes per field."""
+    return sum(map(len, chain.from_iterable(headers))) + 32 * len(headers)
+
+
 def frame(kind: int, flags: int, sid: int, payload: bytes = b"") -> bytes:
     n = len(payload)
     return _HEAD.pack(n >> 8, n & 0xFF, kind, flags, sid) + payload
@@ -193,7 +200,10 @@ class Codec:
         self.send_window = DEFAULT_WINDOW  # the connection's, granted by the peer
         self.peer_initial = DEFAULT_WINDOW  # the peer's SETTINGS_INITIAL_WINDOW_SIZE
         self.peer_max_frame = MIN_FRAME_SIZE
-        self.peer_max_streams = _UNLIMITED
+        self.peer_max_streams = UNLIMITED
+        # The largest header list the peer takes (SETTINGS_MAX_HEADER_LIST_SIZE, in RFC 9113's
+        # measure: `header_list_size`); unlimited until it says.
+        self.peer_max_header_list = UNLIMITED
         self.local_initial = min(stream_window, MAX_WINDOW)
         self.conn_window = min(max(conn_window, DEFAULT_WINDOW), MAX_WINDOW)
         self.recv_window = DEFAULT_WINDOW  # raised by `start`'s WINDOW_UPDATE
@@ -644,11 +654,13 @@ class Codec:
                 self.peer_max_frame = value
             elif key == MAX_CONCURRENT_STREAMS:
                 self.peer_max_streams = value
+            elif key == MAX_HEADER_LIST_SIZE:
+                self.peer_max_header_list = value
             elif key == HEADER_TABLE_SIZE:
                 self.encoder.header_table_size = value
             elif key == ENABLE_PUSH and (value > 1 or (value == 1 and self.client_side)):
                 self._fail(ErrorCode.PROTOCOL_ERROR, f"SETTINGS_ENABLE_PUSH of {value}")
-            # others (MAX_HEADER_LIST_SIZE is advisory, unknown ones) are ignored
+            # others (unknown ones) are ignored
         if initial >= 0:
             self._initial_window(initial, highest)
         self._out.append(frame(SETTINGS, ACK, 0))

@@ -284,6 +284,9 @@ class ProxyStream:
         elif self.req.holding:
             self.pump_request()
 
+    def refused(self, status: int, reason: str) -> None:
+        self.answer(status, reason)
+
     def on_informational(self, response: Response) -> None:
         self.informational += 1
         self.moved += 1

@@ -115,6 +115,7 @@ class Upgrade:
         "_unacked",
         "closed",
         "ended",
+        "refusal",
         "reused",
         "tcp",
         "transport",
@@ -128,6 +129,7 @@ class Upgrade:
         self.transport: asyncio.Transport | None = None  # none of its own
         self.tcp = TcpConn.uncounted()  # the shared connection counts itself
         self.ended = False  # the whole response was given to the engine
+        self.refusal: tuple[int, str] | None = None  # the connection would not send it
         self._client: H2Client | None = None
         self._sink: ResponseSink | None = None
         self._high = limits.max_body_buffer
@@ -189,6 +191,10 @@ class Upgrade:
             self._body.done = True
         elif self._body.holding:
             self.pump_request()
+
+    def refused(self, status: int, reason: str) -> None:
+        self.refusal = (status, reason)
+        self.closed = True
 
     def pump_request(self) -> None:
         client = self._client
