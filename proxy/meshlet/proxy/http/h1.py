@@ -35,20 +35,22 @@ import asyncio
 import collections
 import logging
 import socket
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from meshlet.proxy.http.attempts import Answer, Failed, Sending, Step, advance
 from meshlet.proxy.http.contract import Connect, Endpoint, HttpConn, RouteTarget, Wait, settle
 from meshlet.proxy.http.h1client import H1Upstream, UpstreamConn
 from meshlet.proxy.http.h1exchange import Exchange, H1Machine
 from meshlet.proxy.http.h1pool import H1Pool, PoolKey
-from meshlet.proxy.http.h2pool import H2Pool
-from meshlet.proxy.http.orig_proto import Upgrade, upgradable
 from meshlet.proxy.http.recorder import Recorder
 from meshlet.proxy.io import relay
 from meshlet.proxy.io.counters import TcpConn
 from meshlet.proxy.io.sockets import write_pieces
 from meshlet.proxy.tls.transport import tls_accept
+
+if TYPE_CHECKING:
+    from meshlet.proxy.http.h2pool import H2Pool
+    from meshlet.proxy.http.orig_proto import Upgrade
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +174,13 @@ class H1Shell(asyncio.Protocol):
     def send(self, endpoint: Endpoint, fresh: bool) -> Wait | None:
         ex, machine = self._ex, self.machine
         assert ex is not None and machine is not None
-        if endpoint.h2 is not None and self._h2 is not None and upgradable(ex.head):
+        head = ex.head
+        if (
+            endpoint.h2 is not None
+            and self._h2 is not None
+            and not head.http10
+            and not head.upgrade
+        ):
             return self._upgrade(ex, endpoint, endpoint.h2, self._h2)
         key = (endpoint.connect or self._conn.connect, endpoint.addr)
         if not fresh:
@@ -183,7 +191,10 @@ class H1Shell(asyncio.Protocol):
         return Wait(self._connect, (ex, endpoint, key))
 
     def _upgrade(self, ex: Exchange, endpoint: Endpoint, via: Connect, pool: H2Pool) -> Wait | None:
-        """Sends the exchange as a stream of the endpoint proxy's HTTP/2 connection."""
+        """Sends the exchange as a stream of the endpoint proxy's HTTP/2 connection (HTTP/1.0
+        and upgrades cannot go so)."""
+        from meshlet.proxy.http.orig_proto import Upgrade  # opt-in: imported when used
+
         stream = Upgrade(ex.head, self._conn.limits)
         opening = pool.open(endpoint._replace(connect=via), stream, self._counts)
         if opening is None and stream.refusal is None:

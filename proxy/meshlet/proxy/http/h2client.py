@@ -23,13 +23,11 @@ from typing import Final, Protocol
 from meshlet.proxy.http.contract import Addr, HttpLimits
 from meshlet.proxy.http.h2codec import (
     MAX_WINDOW,
-    UNLIMITED,
     ErrorCode,
     Header,
     NoStreamIds,
     ProtocolError,
     error_name,
-    header_list_size,
 )
 from meshlet.proxy.http.h2conn import MAX_RTT, MIN_RTT, Peer
 from meshlet.proxy.http.h2guard import Guard, GuardLimits
@@ -55,8 +53,9 @@ class H2Sink(Protocol):
     closed: bool
     up_id: int
 
-    def head(self) -> tuple[Sequence[Header], bool]:
-        """The request's head, and whether it is the whole request (no body, no trailers)."""
+    def head(self) -> tuple[Sequence[Header], bool, int]:
+        """The request's head, whether it is the whole request (no body, no trailers), and its
+        size as SETTINGS_MAX_HEADER_LIST_SIZE counts it (h2codec.header_list_size)."""
         ...
 
     def attach(self, client: H2Client, up_id: int, headers_ended: bool) -> None: ...
@@ -147,9 +146,9 @@ class H2Client(Peer[H2Sink]):
             return False
         if len(self.streams) >= h2.peer_max_streams:
             return False
-        headers, end = stream.head()
+        headers, end, size = stream.head()
         limit = h2.peer_max_header_list
-        if limit < UNLIMITED and header_list_size(headers) > limit:
+        if size > limit:
             # Sent, it would cost every stream of the connection: a peer may answer a list over
             # its limit with a connection error (a meshlet proxy does).
             stream.refused(431, f"request header fields over the {limit} bytes the upstream takes")

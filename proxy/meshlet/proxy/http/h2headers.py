@@ -26,6 +26,7 @@ from meshlet.proxy.http.contract import (
     error_reason,
     location_value,
 )
+from meshlet.proxy.http.h2codec import header_list_size
 
 Header = tuple[bytes, bytes]
 
@@ -72,6 +73,9 @@ class Request(NamedTuple):
     # An HTTP/1.1 request a peer proxy sent as this stream (`meshlet-orig-proto`): it goes to
     # the app as HTTP/1.1 (http/orig_proto.py).
     orig_proto: bool = False
+    # Its header list's size as SETTINGS_MAX_HEADER_LIST_SIZE counts it (at most: the fields it
+    # came with, and those added).
+    size: int = 0
 
 
 class Response(NamedTuple):
@@ -213,11 +217,13 @@ def read_request(
     max_headers: int,
     slashes: EscapedSlashes = EscapedSlashes.KEEP,
     from_proxy: bool = False,
+    size: int = 0,
 ) -> Request | Malformed:
     """Checks a request head and rewrites it for the upstream: `:path`, `:authority` and `host`
     normalized (meshlet.api.target), internal headers stripped, `add` appended, credentials marked
     never-indexed. `meshlet-orig-proto: HTTP/1.1` is read only `from_proxy` (a meshed peer's
-    proxy): stripped from anyone else's request, as every internal header is."""
+    proxy): stripped from anyone else's request, as every internal header is. `size`: the
+    block's header list size, when the decoder counted it (else it is counted here)."""
     if len(block) > max_headers:
         return Malformed(f"more than {max_headers} headers", 431, answer=True)
     out: list[Header] = []
@@ -303,10 +309,13 @@ def read_request(
             if normal_path is not path:
                 out = [(b":path", normal_path) if h[0] == b":path" else h for h in out]
                 path = normal_path
-    out.extend(add)
+    size = size or header_list_size(block)
+    if add:
+        out.extend(add)
+        size += header_list_size(add)
     return Request(out, named.decode("latin-1") if named is not None else None, grpc,
                    method.decode("latin-1"), path.decode("latin-1"), length,
-                   orig_proto)  # fmt: skip
+                   orig_proto, size)  # fmt: skip
 
 
 def modify_request(request: Request, modifier: HeaderModifier) -> Request:
@@ -317,7 +326,7 @@ def modify_request(request: Request, modifier: HeaderModifier) -> Request:
     headers = [h for h in request.headers if h[0] not in drop]
     headers += (NeverIndexedHeaderTuple(*h) if h[0] in SENSITIVE_HEADERS else h
                 for h in modifier.append)  # fmt: skip
-    return request._replace(headers=headers)
+    return request._replace(headers=headers, size=header_list_size(headers))
 
 
 def read_response(block: Sequence[Header], from_peer_proxy: bool = False) -> Response | Malformed:

@@ -105,6 +105,7 @@ class Decoder:
         self._entries: deque[HeaderTuple] = deque()  # newest first
         self._size = 0
         self._generation = 0  # changes with the dynamic table
+        self.last_size = 0  # the last block's header list size (RFC 9113 §6.5.2's measure)
         # block -> (table generation, header list size, headers) of blocks that left the table
         # as it was
         self._blocks: dict[bytes, tuple[int, int, tuple[HeaderTuple, ...]]] = {}
@@ -179,6 +180,7 @@ class Decoder:
                 raise OversizedHeaderListError(f"a header list larger than {limit} bytes")
             if self._max_size > self.max_allowed_table_size:
                 raise InvalidTableSizeError("the encoder did not shrink its table")
+            self.last_size = cached[1]
             return list(cached[2])
         headers: list[HeaderTuple] = []
         size = 0
@@ -232,6 +234,7 @@ class Decoder:
             if len(blocks) >= _BLOCK_CACHE_ENTRIES:
                 blocks.clear()
             blocks[data] = (generation, size, tuple(headers))
+        self.last_size = size
         return headers
 
 

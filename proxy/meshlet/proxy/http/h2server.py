@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from meshlet.api.hostport import format_hostport
-from meshlet.proxy.http import orig_proto
 from meshlet.proxy.http.attempts import Attempts, Step, advance, advance_now, begin
 from meshlet.proxy.http.contract import Endpoint, HttpConn, Wait
 from meshlet.proxy.http.h1pool import H1Pool
@@ -213,10 +212,17 @@ class H2Server(Peer[ProxyStream]):
         limits = self.conn.limits
         conn = self.conn
         request = read_request(
-            headers, conn.add_headers, self._max_headers, limits.escaped_slashes, conn.from_proxy
+            headers,
+            conn.add_headers,
+            self._max_headers,
+            limits.escaped_slashes,
+            conn.from_proxy,
+            self.h2.decoder.last_size,
         )
         if not isinstance(request, Malformed) and request.orig_proto:
-            request = orig_proto.refusal(request) or request
+            from meshlet.proxy.http.orig_proto import refusal  # a peer's opt-in: when used
+
+            request = refusal(request) or request
         if isinstance(request, Malformed):
             log.debug("malformed request on stream %d: %s", sid, request.reason)
             self.count_error(request.status)
@@ -340,7 +346,9 @@ class H2Server(Peer[ProxyStream]):
     def downgrade(self, stream: ProxyStream, endpoint: Endpoint, fresh: bool) -> Wait | None:
         """Sends a request a peer proxy sent as HTTP/1.1 to `endpoint` as such (ProxyStream.send
         for `request.orig_proto`)."""
-        return orig_proto.downgrade(self, self.h1_pool, stream, endpoint, fresh)
+        from meshlet.proxy.http.orig_proto import downgrade
+
+        return downgrade(self, self.h1_pool, stream, endpoint, fresh)
 
     def upstream_counts(self, endpoint: Endpoint) -> TcpConn:
         """The counts of a new upstream connection to `endpoint`."""

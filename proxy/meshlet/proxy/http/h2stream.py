@@ -271,9 +271,10 @@ class ProxyStream:
 
     # -- upstream side (h2client.H2Sink) --
 
-    def head(self) -> tuple[Sequence[Header], bool]:
+    def head(self) -> tuple[Sequence[Header], bool, int]:
         req = self.req
-        return self.request.headers, req.ended and not req.chunks and req.trailers is None
+        request = self.request
+        return request.headers, req.ended and not req.chunks and req.trailers is None, request.size
 
     def attach(self, client: H2Client | Downgrade, up_id: int, headers_ended: bool) -> None:
         self.client = client

@@ -50,7 +50,7 @@ from meshlet.proxy.http.h1head import (
     last_chunk,
 )
 from meshlet.proxy.http.h1pool import H1Pool, PoolKey
-from meshlet.proxy.http.h2codec import ErrorCode, StreamClosed, error_name
+from meshlet.proxy.http.h2codec import ErrorCode, StreamClosed, error_name, header_list_size
 from meshlet.proxy.http.h2conn import MAX_RTT
 from meshlet.proxy.http.h2headers import (
     SENSITIVE_HEADERS,
@@ -81,11 +81,6 @@ _TCHAR: Final = b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJK
 # A field value's control characters (HTAB is allowed): HTTP/2 refuses only NUL, CR and LF.
 _CONTROL: Final = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 _UNBOUNDED: Final = 1 << 30  # the window of an HTTP/1.1 connection: its transport pauses it
-
-
-def upgradable(head: RequestHead) -> bool:
-    """Whether an HTTP/1 request can go as a stream of a peer proxy's HTTP/2 connection."""
-    return not head.http10 and not head.upgrade
 
 
 # -- the client side: an HTTP/1.1 exchange as an HTTP/2 stream -------------------------------
@@ -180,9 +175,10 @@ class Upgrade:
 
     # -- h2client.H2Sink: the stream ------------------------------------------------------
 
-    def head(self) -> tuple[Sequence[Header], bool]:
+    def head(self) -> tuple[Sequence[Header], bool, int]:
         body = self._body
-        return self._headers, body.ended and not body.chunks and body.trailers is None
+        ended = body.ended and not body.chunks and body.trailers is None
+        return self._headers, ended, header_list_size(self._headers)
 
     def attach(self, client: H2Client, up_id: int, headers_ended: bool) -> None:
         self._client = client
@@ -440,7 +436,7 @@ class Downgrade:
     def start(self) -> None:
         stream = self._stream
         request = stream.request
-        _, end = stream.head()
+        _, end, _ = stream.head()
         self._chunked = not end and request.length < 0
         self.request_done = end
         added = len(stream.server.conn.add_headers)
