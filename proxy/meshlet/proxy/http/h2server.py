@@ -102,7 +102,7 @@ class H2Server(Peer[ProxyStream]):
         pool: H2Pool,
         tasks: asyncio.TaskGroup,
         guard: GuardLimits,
-        h1_pool: H1Pool | None = None,
+        h1_pool: H1Pool,
     ) -> None:
         limits = conn.limits
         loop = asyncio.get_running_loop()
@@ -119,7 +119,7 @@ class H2Server(Peer[ProxyStream]):
                          limits.max_concurrent_streams)  # fmt: skip
         self.conn = conn
         self.pool = pool
-        self.h1_pool = h1_pool if h1_pool is not None else H1Pool(limits.pool_idle_timeout)
+        self.h1_pool = h1_pool
         self.done: asyncio.Future[None] = loop.create_future()
         self.streams: dict[int, ProxyStream] = {}
         self._tasks = tasks

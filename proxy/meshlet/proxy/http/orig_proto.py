@@ -197,13 +197,15 @@ class Upgrade:
         if client is None:
             return
         body = self._body
+        was_done = body.done
         try:
             sent = body.give(client, self.up_id)
         except StreamClosed:
             return  # the stream is closed; its reset is on its way
         if sent:
             client.guard.data_sent(1 + sent // 16384)
-        client.flush_soon()
+        if sent or body.done != was_done:
+            client.flush_soon()
         if body.holding:
             client.waiting[self.up_id] = self
         else:
