@@ -51,6 +51,7 @@ from hyperframe.frame import (
 
 from meshlet.proxy.core.pressure import PressureLimits
 from meshlet.proxy.http.contract import MAX_INFORMATIONAL, Connect, HttpLimits
+from meshlet.proxy.http.h2client import H2Client
 from meshlet.proxy.http.h2conn import HIGH_WATER
 from meshlet.proxy.http.h2guard import GuardLimits
 from meshlet.proxy.http.h2pool import H2Pool
@@ -1357,6 +1358,82 @@ async def test_a_full_upstream_connection_gets_another_then_requests_wait(
     results = await calls
     assert [r.status for r in results] == [200] * 10
     assert peak == 8 and len(up.conns) == 4
+
+
+async def test_requests_waiting_for_a_stream_take_turns_one_wake_each(
+    h2proxy, upstream, clients, monkeypatch
+) -> None:
+    """An upstream allowing 1 stream per connection (so 4 connections) and 40 requests: 36
+    wait. The upstream answers one at a time; each stream that ends gives one waiter its turn,
+    in the order the requests came. The waits stay one per waiting request (when each end woke
+    every waiter, the 36 waited 36 + 35 + ... + 1 = 666 times)."""
+    waits = 0
+    slot = H2Client.slot
+
+    async def counted(self: H2Client, first: bool = False) -> None:
+        nonlocal waits
+        waits += 1
+        await slot(self, first)
+
+    monkeypatch.setattr(H2Client, "slot", counted)
+    held: list[asyncio.Event] = []
+    served: list[int] = []
+
+    async def one_at_a_time(request: UpstreamRequest) -> None:
+        served.append(int((request.header(b":path") or b"/-1")[1:]))
+        release = asyncio.Event()
+        held.append(release)
+        await release.wait()
+        request.respond(200, end=True)
+
+    up, addr = await upstream(one_at_a_time)
+    up.settings = {SettingCodes.MAX_CONCURRENT_STREAMS: 1}
+    proxy = await h2proxy(addr)
+    client = await clients(proxy.port)
+    sids = [client.request(request_headers(proxy.port, b"/%d" % n)) for n in range(40)]
+    await eventually(lambda: len(held) == 4 and waits == 36)
+    for left in range(39, -1, -1):
+        held.pop(0).set()
+        await eventually(partial(lambda left: len(held) == min(4, left), left))
+    assert [(await client.response(sid)).status for sid in sids] == [200] * 40
+    assert len(up.conns) == 4
+    assert sorted(served[:4]) == [0, 1, 2, 3] and served[4:] == list(range(4, 40))
+    assert waits <= 36 + 4, waits  # a few turns may be taken before their waiter runs
+
+
+async def test_a_request_reset_while_it_waits_for_a_stream_gives_up_its_place(
+    h2proxy, upstream, clients
+) -> None:
+    """4 requests held on an upstream allowing 1 stream per connection, 4 waiting; the client
+    resets the first 3 waiting: the next stream to end goes to the fourth, and none of the three
+    reaches the upstream."""
+    held: list[asyncio.Event] = []
+    served: list[bytes] = []
+
+    async def hold(request: UpstreamRequest) -> None:
+        served.append(request.header(b":path") or b"")
+        release = asyncio.Event()
+        held.append(release)
+        await release.wait()
+        request.respond(200, end=True)
+
+    up, addr = await upstream(hold)
+    up.settings = {SettingCodes.MAX_CONCURRENT_STREAMS: 1}
+    proxy = await h2proxy(addr)
+    client = await clients(proxy.port)
+    sids = [client.request(request_headers(proxy.port, b"/%d" % n)) for n in range(8)]
+    await eventually(lambda: len(held) == 4)
+    await asyncio.sleep(0.1)  # the other four wait for a stream
+    for sid in sids[4:7]:
+        client.h2.reset_stream(sid, ErrorCodes.CANCEL)
+    client.flush()
+    await asyncio.sleep(0.1)
+    held[0].set()
+    await eventually(lambda: len(held) == 5)
+    for release in held:
+        release.set()
+    assert (await client.response(sids[7])).status == 200
+    assert sorted(served) == sorted(b"/%d" % n for n in (0, 1, 2, 3, 7))
 
 
 async def test_a_head_over_the_upstreams_header_list_limit_is_431_and_costs_no_other_stream(

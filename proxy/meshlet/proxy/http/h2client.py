@@ -15,6 +15,7 @@ and it imports nothing of the server side.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -165,24 +166,38 @@ class H2Client(Peer[H2Sink]):
         self.flush_soon()
         return True
 
-    async def slot(self) -> None:
-        """Waits until a stream closes (or a connection retires), here or on another connection
-        sharing the slots."""
+    async def slot(self, first: bool = False) -> None:
+        """Waits for a turn at a free stream: a stream closing here or on another connection
+        sharing the slots wakes the longest waiter (`first`: a waiter whose turn was taken
+        before it ran goes back to the front), a new limit or a retiring connection all of
+        them. A waiter cancelled after its turn came passes it on."""
         slot = self.loop.create_future()
-        self._slots.append(slot)
-        await slot
+        if first:
+            self._slots.appendleft(slot)
+        else:
+            self._slots.append(slot)
+        try:
+            await slot
+        except asyncio.CancelledError:
+            if slot.cancelled():
+                with contextlib.suppress(ValueError):
+                    self._slots.remove(slot)
+            else:
+                wake_one(self._slots)
+            raise
 
     def _free_slot(self) -> None:
-        """Wakes every waiter: each tries again (one whose client went away passes its turn)."""
-        while self._slots:
-            slot = self._slots.popleft()
+        """A new stream limit, or no more streams here: every waiter tries again."""
+        slots = self._slots
+        while slots:
+            slot = slots.popleft()
             if not slot.done():
                 slot.set_result(None)
 
     def forget(self, stream: H2Sink) -> None:
         if self.streams.pop(stream.up_id, None) is not None:
             self.waiting.pop(stream.up_id, None)
-            self._free_slot()
+            wake_one(self._slots)  # one stream free: one turn (waking all cost O(waiters) each)
             if not self.streams and not self.usable:
                 self.close_transport()
 
@@ -328,3 +343,12 @@ class H2Client(Peer[H2Sink]):
             return
         self._idle_seen = self.activity
         self._idle_timer = self.loop.call_later(self._idle_timeout, self._idle_tick)
+
+
+def wake_one(slots: deque[asyncio.Future[None]]) -> None:
+    """Gives the longest waiter for a stream its turn."""
+    while slots:
+        slot = slots.popleft()
+        if not slot.done():
+            slot.set_result(None)
+            return

@@ -6,8 +6,9 @@ that connect and closes its connections when its `async with` block ends. Concur
 an endpoint without a connection share one connect attempt. When every connection to an
 endpoint has as many streams open as the upstream allows (its SETTINGS_MAX_CONCURRENT_STREAMS),
 a request opens another connection, as Envoy's pool does, up to MAX_CONNECTIONS; past that it
-waits for a stream to end on any of them. An upstream that allows no stream at all gets no
-second connection: it said it is busy.
+waits its turn: each stream that ends on any of them is the next waiter's, in the order they
+came (so a queue of n requests costs n wake-ups, not n² / 2). An upstream that allows no stream
+at all gets no second connection: it said it is busy.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Final
 from meshlet.proxy.core.failover import Failure
 from meshlet.proxy.http.attempts import Failed
 from meshlet.proxy.http.contract import Addr, Connect, Endpoint, HttpLimits, Wait
-from meshlet.proxy.http.h2client import H2Client, H2Sink
+from meshlet.proxy.http.h2client import H2Client, H2Sink, wake_one
 from meshlet.proxy.http.h2guard import GuardLimits
 from meshlet.proxy.io.counters import TcpConn
 
@@ -92,7 +93,7 @@ class H2Pool:
         whether to try again)."""
         key = (endpoint.connect, endpoint.addr)
         clients = self._clients.get(key)
-        if clients is not None:
+        if clients is not None and not self._slots.get(key):  # nobody waits before it
             for client in clients:
                 if client.open(stream):
                     return None
@@ -101,7 +102,8 @@ class H2Pool:
     async def _open(self, args: tuple[PoolKey, H2Sink, Callable[[], TcpConn]]) -> Failed | None:
         key, stream, tcp = args
         addr = key[1]
-        dialed = False
+        dialed = woken = False
+        turn = not self._slots.get(key)  # else it waits behind those before it
         while not stream.closed:
             clients = [client for client in self._clients.get(key, ()) if client.usable]
             if not clients:
@@ -113,17 +115,18 @@ class H2Pool:
                 if isinstance(got, Failed):
                     return got
                 continue
-            if any(client.open(stream) for client in clients):
-                break
+            if turn and any(client.open(stream) for client in clients):
+                return None
             client = clients[0]
             if any(each.h2.peer_max_streams > 0 for each in clients):
-                # every stream the upstream allows is in use: another connection, or a wait
-                # for a stream to end on any of them
-                if len(clients) < MAX_CONNECTIONS:
+                # every stream the upstream allows is in use: another connection, or a turn
+                # at the next stream to end on any of them
+                if turn and len(clients) < MAX_CONNECTIONS:
                     got = await self._client(key, tcp)
                     if not isinstance(got, Failed):
                         continue
-                await client.slot()
+                await client.slot(first=woken)  # a turn taken before it ran: still first
+                turn = woken = True
                 continue
             # It allows no stream at all: it may raise its limit soon, but no request waits
             # longer than a connect would have.
@@ -131,11 +134,15 @@ class H2Pool:
                 async with asyncio.timeout(self._limits.connect_timeout):
                     while client.usable and client.h2.peer_max_streams == 0:
                         await client.slot()
+            turn = True
             if client.usable and client.h2.peer_max_streams == 0:
                 return Failed(
                     Failure.REFUSED,
                     f"{addr} allows no HTTP/2 stream (SETTINGS_MAX_CONCURRENT_STREAMS 0)",
                 )
+        slots = self._slots.get(key)
+        if woken and slots is not None:
+            wake_one(slots)  # its request went away with the turn: the next waiter's
         return None
 
     async def _client(self, key: PoolKey, tcp: Callable[[], TcpConn]) -> H2Client | Failed:
