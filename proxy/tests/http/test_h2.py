@@ -1360,22 +1360,51 @@ async def test_a_full_upstream_connection_gets_another_then_requests_wait(
     assert peak == 8 and len(up.conns) == 4
 
 
+class Counted:
+    """What requests waiting for an upstream stream cost: the times a task waited (H2Client.slot)
+    and the tasks the proxy made."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.waits = 0
+        self.tasks: list[str] = []
+        slot = H2Client.slot
+
+        async def counted(client: H2Client, first: bool = False) -> None:
+            self.waits += 1
+            await slot(client, first)
+
+        monkeypatch.setattr(H2Client, "slot", counted)
+        loop = asyncio.get_running_loop()
+        factory = loop.get_task_factory()
+
+        def counting(
+            loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any
+        ) -> asyncio.Task[Any]:
+            self.tasks.append(coro.__qualname__)
+            return asyncio.Task(coro, loop=loop, **kwargs)
+
+        loop.set_task_factory(counting)
+        self.restore = partial(loop.set_task_factory, factory)
+
+
+@pytest.fixture
+async def counted(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Counted]:
+    got = Counted(monkeypatch)
+    yield got
+    got.restore()
+
+
+@pytest.mark.parametrize(
+    "late", [False, True], ids=["before-the-connections", "once-they-are-full"]
+)
 async def test_requests_waiting_for_a_stream_take_turns_one_wake_each(
-    h2proxy, upstream, clients, monkeypatch
+    h2proxy, upstream, clients, counted, late
 ) -> None:
     """An upstream allowing 1 stream per connection (so 4 connections) and 40 requests: 36
     wait. The upstream answers one at a time; each stream that ends gives one waiter its turn,
-    in the order the requests came. The waits stay one per waiting request (when each end woke
-    every waiter, the 36 waited 36 + 35 + ... + 1 = 666 times)."""
-    waits = 0
-    slot = H2Client.slot
-
-    async def counted(self: H2Client, first: bool = False) -> None:
-        nonlocal waits
-        waits += 1
-        await slot(self, first)
-
-    monkeypatch.setattr(H2Client, "slot", counted)
+    in the order the requests came. Requests that came before the connections were up wait in
+    tasks, each woken once (when each end woke every waiter, the 36 waited 36 + 35 + ... + 1 =
+    666 times); requests that came once they were full wait in line without a task."""
     held: list[asyncio.Event] = []
     served: list[int] = []
 
@@ -1390,19 +1419,35 @@ async def test_requests_waiting_for_a_stream_take_turns_one_wake_each(
     up.settings = {SettingCodes.MAX_CONCURRENT_STREAMS: 1}
     proxy = await h2proxy(addr)
     client = await clients(proxy.port)
-    sids = [client.request(request_headers(proxy.port, b"/%d" % n)) for n in range(40)]
-    await eventually(lambda: len(held) == 4 and waits == 36)
+    sids = [
+        client.request(request_headers(proxy.port, b"/%d" % n)) for n in range(4 if late else 40)
+    ]
+    if late:
+        await eventually(lambda: len(held) == 4)
+        tasks = len(counted.tasks)
+        sids += [client.request(request_headers(proxy.port, b"/%d" % n)) for n in range(4, 40)]
+        await asyncio.sleep(0.2)
+        assert len(held) == 4 and len(counted.tasks) == tasks and counted.waits == 0
+    else:
+        await eventually(lambda: len(held) == 4 and counted.waits == 36)
     for left in range(39, -1, -1):
         held.pop(0).set()
         await eventually(partial(lambda left: len(held) == min(4, left), left))
     assert [(await client.response(sid)).status for sid in sids] == [200] * 40
     assert len(up.conns) == 4
     assert sorted(served[:4]) == [0, 1, 2, 3] and served[4:] == list(range(4, 40))
-    assert waits <= 36 + 4, waits  # a few turns may be taken before their waiter runs
+    if late:
+        assert counted.waits == 0
+        assert counted.tasks.count("H2Server._carry") == 4  # the 4 that connected
+    else:
+        assert counted.waits <= 36 + 4, counted.waits  # a turn may go before its waiter runs
 
 
+@pytest.mark.parametrize(
+    "late", [False, True], ids=["before-the-connections", "once-they-are-full"]
+)
 async def test_a_request_reset_while_it_waits_for_a_stream_gives_up_its_place(
-    h2proxy, upstream, clients
+    h2proxy, upstream, clients, late
 ) -> None:
     """4 requests held on an upstream allowing 1 stream per connection, 4 waiting; the client
     resets the first 3 waiting: the next stream to end goes to the fourth, and none of the three
@@ -1421,8 +1466,11 @@ async def test_a_request_reset_while_it_waits_for_a_stream_gives_up_its_place(
     up.settings = {SettingCodes.MAX_CONCURRENT_STREAMS: 1}
     proxy = await h2proxy(addr)
     client = await clients(proxy.port)
-    sids = [client.request(request_headers(proxy.port, b"/%d" % n)) for n in range(8)]
+    sids = [
+        client.request(request_headers(proxy.port, b"/%d" % n)) for n in range(4 if late else 8)
+    ]
     await eventually(lambda: len(held) == 4)
+    sids += [client.request(request_headers(proxy.port, b"/%d" % n)) for n in range(len(sids), 8)]
     await asyncio.sleep(0.1)  # the other four wait for a stream
     for sid in sids[4:7]:
         client.h2.reset_stream(sid, ErrorCodes.CANCEL)
@@ -1434,6 +1482,78 @@ async def test_a_request_reset_while_it_waits_for_a_stream_gives_up_its_place(
         release.set()
     assert (await client.response(sids[7])).status == 200
     assert sorted(served) == sorted(b"/%d" % n for n in (0, 1, 2, 3, 7))
+
+
+async def test_requests_that_leave_the_line_free_their_places_before_their_turn(
+    h2proxy, upstream, clients
+) -> None:
+    """4 requests held on an upstream allowing 1 stream per connection; 200 more in line, of
+    which the clients reset 190 while no stream ends: the line is swept as they leave (it keeps
+    fewer than 50 places, not 200), and the 10 left are answered in turn."""
+    held: list[asyncio.Event] = []
+
+    async def hold(request: UpstreamRequest) -> None:
+        release = asyncio.Event()
+        held.append(release)
+        await release.wait()
+        request.respond(200, end=True)
+
+    up, addr = await upstream(hold)
+    up.settings = {SettingCodes.MAX_CONCURRENT_STREAMS: 1}
+    proxy = await h2proxy(addr)
+    first = await clients(proxy.port)
+    sent = [first.request(request_headers(proxy.port)) for _ in range(4)]
+    await eventually(lambda: len(held) == 4)
+    lines = [await clients(proxy.port) for _ in range(4)]
+    waiting = [(c, c.request(request_headers(proxy.port))) for c in lines for _ in range(50)]
+    await eventually(lambda: proxy.pool.in_line == 200)
+    for c, sid in waiting[:190]:
+        c.h2.reset_stream(sid, ErrorCodes.CANCEL)
+        c.flush()
+    await asyncio.sleep(0.2)
+    assert proxy.pool.in_line < 50
+    for _ in range(14):
+        await eventually(lambda: held)
+        held.pop(0).set()
+    assert [(await first.response(sid)).status for sid in sent] == [200] * 4
+    assert [(await c.response(sid)).status for c, sid in waiting[190:]] == [200] * 10
+    assert proxy.pool.in_line == 0
+
+
+async def test_requests_in_line_when_the_upstreams_connections_die_get_new_ones(
+    h2proxy, upstream, clients, counted
+) -> None:
+    """4 requests held on the 4 connections to an upstream allowing 1 stream each, 6 more in
+    line without a task; the upstream's connections are cut: the 6 in line go on new connections
+    (the pool dials for its line, at most 4 again) and are answered; the 4 sent, POSTs, are not
+    sent again (502)."""
+    first = True
+    held: list[asyncio.Event] = []
+
+    async def hold_the_first_four(request: UpstreamRequest) -> None:
+        if first:
+            release = asyncio.Event()
+            held.append(release)
+            await release.wait()
+        request.respond(200, end=True)
+
+    up, addr = await upstream(hold_the_first_four)
+    up.settings = {SettingCodes.MAX_CONCURRENT_STREAMS: 1}
+    proxy = await h2proxy(addr)
+    client = await clients(proxy.port)
+    post = partial(request_headers, proxy.port, method=b"POST")
+    sent = [client.request(post(b"/%d" % n), b"x") for n in range(4)]
+    await eventually(lambda: len(held) == 4)
+    tasks = counted.tasks.count("H2Server._carry")
+    waiting = [client.request(request_headers(proxy.port, b"/%d" % n)) for n in range(4, 10)]
+    await asyncio.sleep(0.1)
+    assert counted.tasks.count("H2Server._carry") == tasks
+    first = False
+    for conn in list(up.conns):
+        conn.transport.abort()
+    assert [(await client.response(sid)).status for sid in waiting] == [200] * 6
+    assert [(await client.response(sid)).status for sid in sent] == [502] * 4
+    assert 4 < len(up.conns) <= 8
 
 
 async def test_a_head_over_the_upstreams_header_list_limit_is_431_and_costs_no_other_stream(

@@ -51,7 +51,9 @@ from meshlet.proxy.core.failover import Action, Attempt, Decision, Failure, deci
 from meshlet.proxy.core.routes import RoutePolicy
 from meshlet.proxy.http import route_series
 from meshlet.proxy.http.contract import (
+    QUEUED,
     Endpoint,
+    Later,
     Recording,
     RequestTarget,
     RouteError,
@@ -109,10 +111,12 @@ class Upstream(Protocol):
     def routed(self, route: RouteTarget) -> None:
         """The request's route is known (once): its timers and replay buffer start."""
 
-    def send(self, endpoint: Endpoint, fresh: bool) -> Wait | None:
+    def send(self, endpoint: Endpoint, fresh: bool) -> Wait | Later | None:
         """Sends the request on a connection to `endpoint` that is ready (pooled, or with a
         free stream; `fresh`: a new one); else a Wait for connecting, whose result is None
-        (sent) or why the connection failed (nothing was sent)."""
+        (sent) or why the connection failed (nothing was sent); or QUEUED: the request waits
+        for a stream without a task, and the engine calls `Attempts.sent`, or `connect_failed`,
+        when it is told."""
 
     def answer(self, status: int, reason: str) -> None:
         """Answers the request from the proxy."""
@@ -564,6 +568,8 @@ def advance_now(attempts: Attempts, upstream: Upstream, step: Step) -> Step | No
         if sending is None:
             attempts.sent()
             return None
+        if sending is QUEUED:
+            return None  # the engine is told when it is sent
         return Sending(sending)
     if isinstance(step, Answer):
         upstream.answer(step.status, step.reason)

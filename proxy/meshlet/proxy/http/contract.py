@@ -12,6 +12,7 @@ behind a port the engines define). It never decides where traffic goes.
 from __future__ import annotations
 
 import asyncio
+import enum
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -136,6 +137,16 @@ class Wait(NamedTuple):
 
     call: Callable[[Any], Awaitable[Any]]
     arg: Any
+
+
+class Later(enum.Enum):
+    """`Upstream.send`'s answer for a request waiting in line without a task (h2pool.Queued):
+    the engine learns later that it was sent, or why not."""
+
+    QUEUED = "queued"
+
+
+QUEUED: Final = Later.QUEUED
 
 
 async def settle(answer: T | Wait) -> T:

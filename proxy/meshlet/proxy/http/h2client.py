@@ -19,7 +19,7 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from meshlet.proxy.http.contract import Addr, HttpLimits
 from meshlet.proxy.http.h2codec import (
@@ -39,6 +39,9 @@ from meshlet.proxy.http.h2headers import (
     read_response,
     read_trailers,
 )
+
+if TYPE_CHECKING:
+    from meshlet.proxy.http.attempts import Failed
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +90,15 @@ class H2Sink(Protocol):
         ...
 
 
+class Queueable(H2Sink, Protocol):
+    """A request that can wait in the pool's line for a stream without a task (H2Pool.open)."""
+
+    def dequeued(self, failed: Failed | None) -> None:
+        """Its turn came: it was opened (and attached), or could not be: `failed` says why
+        (nothing was sent)."""
+        ...
+
+
 class H2Client(Peer[H2Sink]):
     """One upstream HTTP/2 connection. `retire` is called once when it must take no new streams
     (GOAWAY, failure, idle close). `peer_proxy`: the upstream is a meshed peer's proxy (reached
@@ -100,7 +112,7 @@ class H2Client(Peer[H2Sink]):
         guard: GuardLimits,
         retire: Callable[[H2Client], None],
         peer_proxy: bool = False,
-        slots: deque[asyncio.Future[None]] | None = None,
+        slots: Line | None = None,
     ) -> None:
         loop = asyncio.get_running_loop()
         # The connection window is the largest allowed: a downstream client that stops reading
@@ -188,11 +200,7 @@ class H2Client(Peer[H2Sink]):
 
     def _free_slot(self) -> None:
         """A new stream limit, or no more streams here: every waiter tries again."""
-        slots = self._slots
-        while slots:
-            slot = slots.popleft()
-            if not slot.done():
-                slot.set_result(None)
+        wake_all(self._slots)
 
     def forget(self, stream: H2Sink) -> None:
         if self.streams.pop(stream.up_id, None) is not None:
@@ -345,10 +353,38 @@ class H2Client(Peer[H2Sink]):
         self._idle_timer = self.loop.call_later(self._idle_timeout, self._idle_tick)
 
 
-def wake_one(slots: deque[asyncio.Future[None]]) -> None:
+class Turn(Protocol):
+    """A request waiting in line for a stream without a task of its own (h2pool.Queued)."""
+
+    def turn(self, front: bool) -> bool:
+        """Its turn: True when it took the stream, or went back in line (at the `front`) for
+        want of one; False when it passes (its request went away)."""
+        ...
+
+
+# The requests waiting for a stream on an endpoint's connections: a task's future, or a Turn.
+Line = deque[asyncio.Future[None] | Turn]
+
+
+def wake_one(line: Line) -> None:
     """Gives the longest waiter for a stream its turn."""
-    while slots:
-        slot = slots.popleft()
-        if not slot.done():
-            slot.set_result(None)
+    while line:
+        waiter = line.popleft()
+        if isinstance(waiter, asyncio.Future):
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        elif waiter.turn(front=True):
             return
+
+
+def wake_all(line: Line) -> None:
+    """Gives every waiter a turn, in order (those finding no stream stay in line)."""
+    waiting = list(line)
+    line.clear()
+    for waiter in waiting:
+        if isinstance(waiter, asyncio.Future):
+            if not waiter.done():
+                waiter.set_result(None)
+        else:
+            waiter.turn(front=False)

@@ -16,12 +16,14 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from meshlet.proxy.core.failover import Failure
-from meshlet.proxy.http.attempts import PASS, REFUSE, Answer, Attempts, Step
+from meshlet.proxy.http.attempts import PASS, REFUSE, Answer, Attempts, Failed, Step
 from meshlet.proxy.http.contract import (
     MAX_INFORMATIONAL,
+    QUEUED,
     REPLAY_LIMIT,
     Endpoint,
     GrpcFailure,
+    Later,
     RouteTarget,
     Wait,
 )
@@ -40,6 +42,7 @@ from meshlet.proxy.http.h2headers import (
 
 if TYPE_CHECKING:
     from meshlet.proxy.http.h2client import H2Client
+    from meshlet.proxy.http.h2pool import Queued
     from meshlet.proxy.http.h2server import H2Server
     from meshlet.proxy.http.orig_proto import Downgrade
 
@@ -132,6 +135,7 @@ class ProxyStream:
         "informational",
         "moved",
         "moved_seen",
+        "queued",
         "quiet_since",
         "req",
         "req_left",
@@ -180,6 +184,7 @@ class ProxyStream:
         self.held: list[Header] | None = None
         self.closed = False
         self.task: asyncio.Task[None] | None = None  # routing and opening it upstream
+        self.queued: Queued | None = None  # waiting in line for an upstream stream
         # Body bytes moved either way so far; what the last idle check saw, and since when.
         self.moved = 0
         self.moved_seen = 0
@@ -202,14 +207,19 @@ class ProxyStream:
         self._arm(self.att.due)
         self.req.kept = []
 
-    def send(self, endpoint: Endpoint, fresh: bool) -> Wait | None:
+    def send(self, endpoint: Endpoint, fresh: bool) -> Wait | Later | None:
         if self.att.try_deadline is not None:  # this attempt's own timeout, maybe the sooner
             due = self.att.due
             if due != self.timer_at:
                 self._arm(due)
         if self.request.orig_proto:
             return self.server.downgrade(self, endpoint, fresh)
-        return self.server.pool.open(endpoint, self, self.server.upstream_counts)
+        server = self.server
+        opened = server.pool.open(endpoint, self, server.upstream_counts, queue=self)
+        if opened is None or isinstance(opened, Wait):
+            return opened
+        self.queued = opened
+        return QUEUED
 
     def _arm(self, due: float | None) -> None:
         self._stop_timer()
@@ -263,6 +273,9 @@ class ProxyStream:
             self.client.reset(self.up_id, code)
         elif self.task is not None:
             self.task.cancel()  # still routing, connecting or waiting for a slot
+        elif self.queued is not None:
+            self.queued.cancel()
+            self.queued = None
         self._close()
 
     def down_gone(self) -> None:
@@ -287,6 +300,16 @@ class ProxyStream:
 
     def refused(self, status: int, reason: str) -> None:
         self.answer(status, reason)
+
+    def dequeued(self, failed: Failed | None) -> None:
+        """Its turn in the pool's line came: opened upstream (attached already), or not."""
+        self.queued = None
+        if self.closed:
+            return
+        if failed is None:
+            self.att.sent()
+        else:
+            self.server.forward(self, self.att.connect_failed(failed))
 
     def on_informational(self, response: Response) -> None:
         self.informational += 1
@@ -520,6 +543,9 @@ class ProxyStream:
             client.flush_soon()
         elif self.task is not None:
             self.task.cancel()
+        elif self.queued is not None:
+            self.queued.cancel()
+            self.queued = None
         self._detach()
 
     def idle_timeout(self) -> float | None:
