@@ -1360,6 +1360,24 @@ async def test_a_full_upstream_connection_gets_another_then_requests_wait(
     assert peak == 8 and len(up.conns) == 4
 
 
+class Held:
+    """An upstream handler that holds each request until the test releases it (while
+    `holding`), and the paths it saw, in order."""
+
+    def __init__(self) -> None:
+        self.holding = True
+        self.releases: list[asyncio.Event] = []
+        self.paths: list[bytes] = []
+
+    async def __call__(self, request: UpstreamRequest) -> None:
+        self.paths.append(request.header(b":path") or b"")
+        if self.holding:
+            release = asyncio.Event()
+            self.releases.append(release)
+            await release.wait()
+        request.respond(200, end=True)
+
+
 class Counted:
     """What requests waiting for an upstream stream cost: the times a task waited (H2Client.slot)
     and the tasks the proxy made."""
@@ -1405,16 +1423,8 @@ async def test_requests_waiting_for_a_stream_take_turns_one_wake_each(
     in the order the requests came. Requests that came before the connections were up wait in
     tasks, each woken once (when each end woke every waiter, the 36 waited 36 + 35 + ... + 1 =
     666 times); requests that came once they were full wait in line without a task."""
-    held: list[asyncio.Event] = []
-    served: list[int] = []
-
-    async def one_at_a_time(request: UpstreamRequest) -> None:
-        served.append(int((request.header(b":path") or b"/-1")[1:]))
-        release = asyncio.Event()
-        held.append(release)
-        await release.wait()
-        request.respond(200, end=True)
-
+    one_at_a_time = Held()
+    held = one_at_a_time.releases
     up, addr = await upstream(one_at_a_time)
     up.settings = {SettingCodes.MAX_CONCURRENT_STREAMS: 1}
     proxy = await h2proxy(addr)
@@ -1435,6 +1445,7 @@ async def test_requests_waiting_for_a_stream_take_turns_one_wake_each(
         await eventually(partial(lambda left: len(held) == min(4, left), left))
     assert [(await client.response(sid)).status for sid in sids] == [200] * 40
     assert len(up.conns) == 4
+    served = [int(path[1:]) for path in one_at_a_time.paths]
     assert sorted(served[:4]) == [0, 1, 2, 3] and served[4:] == list(range(4, 40))
     if late:
         assert counted.waits == 0
@@ -1452,16 +1463,8 @@ async def test_a_request_reset_while_it_waits_for_a_stream_gives_up_its_place(
     """4 requests held on an upstream allowing 1 stream per connection, 4 waiting; the client
     resets the first 3 waiting: the next stream to end goes to the fourth, and none of the three
     reaches the upstream."""
-    held: list[asyncio.Event] = []
-    served: list[bytes] = []
-
-    async def hold(request: UpstreamRequest) -> None:
-        served.append(request.header(b":path") or b"")
-        release = asyncio.Event()
-        held.append(release)
-        await release.wait()
-        request.respond(200, end=True)
-
+    hold = Held()
+    held = hold.releases
     up, addr = await upstream(hold)
     up.settings = {SettingCodes.MAX_CONCURRENT_STREAMS: 1}
     proxy = await h2proxy(addr)
@@ -1481,7 +1484,7 @@ async def test_a_request_reset_while_it_waits_for_a_stream_gives_up_its_place(
     for release in held:
         release.set()
     assert (await client.response(sids[7])).status == 200
-    assert sorted(served) == sorted(b"/%d" % n for n in (0, 1, 2, 3, 7))
+    assert sorted(hold.paths) == sorted(b"/%d" % n for n in (0, 1, 2, 3, 7))
 
 
 async def test_requests_that_leave_the_line_free_their_places_before_their_turn(
@@ -1490,14 +1493,8 @@ async def test_requests_that_leave_the_line_free_their_places_before_their_turn(
     """4 requests held on an upstream allowing 1 stream per connection; 200 more in line, of
     which the clients reset 190 while no stream ends: the line is swept as they leave (it keeps
     fewer than 50 places, not 200), and the 10 left are answered in turn."""
-    held: list[asyncio.Event] = []
-
-    async def hold(request: UpstreamRequest) -> None:
-        release = asyncio.Event()
-        held.append(release)
-        await release.wait()
-        request.respond(200, end=True)
-
+    hold = Held()
+    held = hold.releases
     up, addr = await upstream(hold)
     up.settings = {SettingCodes.MAX_CONCURRENT_STREAMS: 1}
     proxy = await h2proxy(addr)
@@ -1527,16 +1524,8 @@ async def test_requests_in_line_when_the_upstreams_connections_die_get_new_ones(
     line without a task; the upstream's connections are cut: the 6 in line go on new connections
     (the pool dials for its line, at most 4 again) and are answered; the 4 sent, POSTs, are not
     sent again (502)."""
-    first = True
-    held: list[asyncio.Event] = []
-
-    async def hold_the_first_four(request: UpstreamRequest) -> None:
-        if first:
-            release = asyncio.Event()
-            held.append(release)
-            await release.wait()
-        request.respond(200, end=True)
-
+    hold_the_first_four = Held()
+    held = hold_the_first_four.releases
     up, addr = await upstream(hold_the_first_four)
     up.settings = {SettingCodes.MAX_CONCURRENT_STREAMS: 1}
     proxy = await h2proxy(addr)
@@ -1548,7 +1537,7 @@ async def test_requests_in_line_when_the_upstreams_connections_die_get_new_ones(
     waiting = [client.request(request_headers(proxy.port, b"/%d" % n)) for n in range(4, 10)]
     await asyncio.sleep(0.1)
     assert counted.tasks.count("H2Server._carry") == tasks
-    first = False
+    hold_the_first_four.holding = False
     for conn in list(up.conns):
         conn.transport.abort()
     assert [(await client.response(sid)).status for sid in waiting] == [200] * 6
