@@ -166,6 +166,7 @@ class Proxy:
             essentials.append(("the tap server", self._tap.run()))
         trim = memory.malloc_trim()
         if trim is not None:
+            memory.keep_pages()  # the trimmer returns what they keep
             essentials.append(("the heap trimmer", memory.trim_forever(trim)))
         self._supervisor = asyncio.create_task(self._supervise(essentials))
         log.info(
