@@ -343,16 +343,18 @@ class Codec:
         if len(reset_ids) > RESET_MEMORY:
             del reset_ids[next(iter(reset_ids))]
 
-    def acknowledge(self, sid: int, n: int) -> None:
+    def acknowledge(self, sid: int, n: int) -> bool:
         """`n` bytes received on `sid` were passed on: their credit goes back to the peer, in
-        WINDOW_UPDATEs once half a window is due."""
+        WINDOW_UPDATEs once half a window is due. True when one was queued (to be flushed)."""
         if n <= 0:
-            return
+            return False
+        queued = False
         self.conn_unacked += n
         if self.conn_unacked >= self.conn_window // 2:
             self.recv_window += self.conn_unacked
             self._out.append(frame(WINDOW_UPDATE, 0, 0, _U32.pack(self.conn_unacked)))
             self.conn_unacked = 0
+            queued = True
         stream = self.streams.get(sid)
         if stream is not None and stream.recv_open:
             stream.unacked += n
@@ -360,6 +362,8 @@ class Codec:
                 stream.recv_window += stream.unacked
                 self._out.append(frame(WINDOW_UPDATE, 0, sid, _U32.pack(stream.unacked)))
                 stream.unacked = 0
+                queued = True
+        return queued
 
     def goaway(self, last_sid: int, code: int, debug: bytes = b"") -> None:
         self._out.append(goaway_frame(last_sid, code, debug))

@@ -608,8 +608,8 @@ class ProxyStream:
             self.req_sent += sent
             client.guard.data_sent(1 + sent // 16384)
             server = self.server
-            server.h2.acknowledge(self.down_id, sent)
-            server.flush_soon()
+            if server.h2.acknowledge(self.down_id, sent):
+                server.flush_soon()
         if sent or req.done != was_done:
             client.flush_soon()
         if req.holding:
@@ -633,9 +633,8 @@ class ProxyStream:
             self.moved += sent
             self.att.resp_bytes += sent
             client = self.client
-            if client is not None:
-                client.h2.acknowledge(self.up_id, sent)
-                client.flush_soon()
+            if client is not None and client.h2.acknowledge(self.up_id, sent):
+                client.flush_soon()  # a WINDOW_UPDATE (most acknowledgements wait for more)
             server.guard.data_sent(1 + sent // 16384)
         if sent or resp.done != was_done:
             server.flush_soon()
@@ -688,8 +687,7 @@ class ProxyStream:
 
     def _drop_request_body(self) -> None:
         req = self.req
-        if req.size:
-            self.server.h2.acknowledge(self.down_id, req.size)
+        if req.size and self.server.h2.acknowledge(self.down_id, req.size):
             self.server.flush_soon()
         req.chunks.clear()
         req.size = 0

@@ -239,8 +239,7 @@ class Upgrade:
         if client is not None:
             if self._paused:
                 self._unacked += flow_len
-            else:
-                client.h2.acknowledge(self.up_id, flow_len)
+            elif client.h2.acknowledge(self.up_id, flow_len):
                 client.flush_soon()
         sink = self._sink
         if sink is None or self.ended:
@@ -310,9 +309,9 @@ class Upgrade:
         self._paused = False
         client = self._client
         if self._unacked and client is not None:
-            client.h2.acknowledge(self.up_id, self._unacked)
-            self._unacked = 0
-            client.flush_soon()
+            unacked, self._unacked = self._unacked, 0
+            if client.h2.acknowledge(self.up_id, unacked):
+                client.flush_soon()
 
     def detach(self) -> None:
         self._sink = None
@@ -333,11 +332,11 @@ class Upgrade:
             return
         if cancel:
             client.reset(self.up_id, ErrorCode.CANCEL)
-        client.forget(self)
+        client.forget(self)  # (a reset is flushed by `reset`)
         if self._unacked:
-            client.h2.acknowledge(self.up_id, self._unacked)
-            self._unacked = 0
-        client.flush_soon()
+            unacked, self._unacked = self._unacked, 0
+            if client.h2.acknowledge(self.up_id, unacked):
+                client.flush_soon()
 
 
 # -- the server side: an HTTP/2 stream as an HTTP/1.1 exchange -------------------------------
