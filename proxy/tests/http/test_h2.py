@@ -1517,6 +1517,24 @@ async def test_requests_that_leave_the_line_free_their_places_before_their_turn(
     assert proxy.pool.in_line == 0
 
 
+async def test_a_closing_pool_dials_no_more_for_its_line(h2proxy, upstream, clients) -> None:
+    """4 requests held on an upstream allowing 1 stream per connection, 6 in line: the pool
+    closes (the proxy shuts down); its connections go, and neither the line nor the 4 they
+    carried (GETs, tried again) make a new one."""
+    hold = Held()
+    up, addr = await upstream(hold)
+    up.settings = {SettingCodes.MAX_CONCURRENT_STREAMS: 1}
+    proxy = await h2proxy(addr)
+    client = await clients(proxy.port)
+    for n in range(10):
+        client.request(request_headers(proxy.port, b"/%d" % n))
+    await eventually(lambda: len(hold.releases) == 4 and proxy.pool.in_line == 6)
+    await proxy.pool.aclose()
+    await asyncio.sleep(0.2)
+    assert len(up.conns) == 4
+    assert not [t for t in asyncio.all_tasks() if "H2Pool" in repr(t.get_coro())]
+
+
 async def test_requests_in_line_when_the_upstreams_connections_die_get_new_ones(
     h2proxy, upstream, clients, counted
 ) -> None:

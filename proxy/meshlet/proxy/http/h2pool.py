@@ -55,6 +55,7 @@ class H2Pool:
         self._connecting: dict[PoolKey, asyncio.Task[H2Client | Failed]] = {}
         self._keys: dict[H2Client, PoolKey] = {}
         self._gone: dict[PoolKey, int] = {}  # requests that left each line before their turn
+        self._closing = False
 
     async def __aenter__(self) -> H2Pool:
         return self
@@ -78,6 +79,7 @@ class H2Pool:
         return sum(len(line) for line in self._slots.values())
 
     async def aclose(self) -> None:
+        self._closing = True  # what its closing connections wake dials no more
         connecting = list(self._connecting.values())
         for task in connecting:
             task.cancel()
@@ -172,6 +174,8 @@ class H2Pool:
         return None
 
     async def _client(self, key: PoolKey, tcp: Callable[[], TcpConn]) -> H2Client | Failed:
+        if self._closing:
+            return Failed(Failure.CONNECT, "the proxy is shutting down")
         # One waiter's cancellation (its client went away) must not cancel the shared attempt.
         return await asyncio.shield(self._connect_once(key, tcp))
 
@@ -229,7 +233,7 @@ class H2Pool:
         """A request in line found no stream: another connection when the pool may make one
         (the new connection's streams go to the line)."""
         usable = sum(client.usable for client in self._clients.get(key, ()))
-        if usable < MAX_CONNECTIONS:
+        if usable < MAX_CONNECTIONS and not self._closing:
             self._connect_once(key, tcp)
 
     async def _handshake(self, key: PoolKey, tcp: TcpConn) -> H2Client | Failed:
