@@ -1378,6 +1378,18 @@ class Held:
         request.respond(200, end=True)
 
 
+async def one_stream_each(
+    upstream: Any, h2proxy: Any, clients: Any
+) -> tuple[Held, Upstream, H2Proxy, Client]:
+    """An upstream allowing 1 stream per connection whose handler holds each request (Held), the
+    proxy in front of it, and a client of the proxy (from the tests' fixtures)."""
+    hold = Held()
+    up, addr = await upstream(hold)
+    up.settings = {SettingCodes.MAX_CONCURRENT_STREAMS: 1}
+    proxy = await h2proxy(addr)
+    return hold, up, proxy, await clients(proxy.port)
+
+
 class Counted:
     """What requests waiting for an upstream stream cost: the times a task waited (H2Client.slot)
     and the tasks the proxy made."""
@@ -1423,12 +1435,8 @@ async def test_requests_waiting_for_a_stream_take_turns_one_wake_each(
     in the order the requests came. Requests that came before the connections were up wait in
     tasks, each woken once (when each end woke every waiter, the 36 waited 36 + 35 + ... + 1 =
     666 times); requests that came once they were full wait in line without a task."""
-    one_at_a_time = Held()
+    one_at_a_time, up, proxy, client = await one_stream_each(upstream, h2proxy, clients)
     held = one_at_a_time.releases
-    up, addr = await upstream(one_at_a_time)
-    up.settings = {SettingCodes.MAX_CONCURRENT_STREAMS: 1}
-    proxy = await h2proxy(addr)
-    client = await clients(proxy.port)
     sids = [
         client.request(request_headers(proxy.port, b"/%d" % n)) for n in range(4 if late else 40)
     ]
@@ -1463,12 +1471,8 @@ async def test_a_request_reset_while_it_waits_for_a_stream_gives_up_its_place(
     """4 requests held on an upstream allowing 1 stream per connection, 4 waiting; the client
     resets the first 3 waiting: the next stream to end goes to the fourth, and none of the three
     reaches the upstream."""
-    hold = Held()
+    hold, _up, proxy, client = await one_stream_each(upstream, h2proxy, clients)
     held = hold.releases
-    up, addr = await upstream(hold)
-    up.settings = {SettingCodes.MAX_CONCURRENT_STREAMS: 1}
-    proxy = await h2proxy(addr)
-    client = await clients(proxy.port)
     sids = [
         client.request(request_headers(proxy.port, b"/%d" % n)) for n in range(4 if late else 8)
     ]
@@ -1493,12 +1497,8 @@ async def test_requests_that_leave_the_line_free_their_places_before_their_turn(
     """4 requests held on an upstream allowing 1 stream per connection; 200 more in line, of
     which the clients reset 190 while no stream ends: the line is swept as they leave (it keeps
     fewer than 50 places, not 200), and the 10 left are answered in turn."""
-    hold = Held()
+    hold, _up, proxy, first = await one_stream_each(upstream, h2proxy, clients)
     held = hold.releases
-    up, addr = await upstream(hold)
-    up.settings = {SettingCodes.MAX_CONCURRENT_STREAMS: 1}
-    proxy = await h2proxy(addr)
-    first = await clients(proxy.port)
     sent = [first.request(request_headers(proxy.port)) for _ in range(4)]
     await eventually(lambda: len(held) == 4)
     lines = [await clients(proxy.port) for _ in range(4)]
@@ -1521,11 +1521,7 @@ async def test_a_closing_pool_dials_no_more_for_its_line(h2proxy, upstream, clie
     """4 requests held on an upstream allowing 1 stream per connection, 6 in line: the pool
     closes (the proxy shuts down); its connections go, and neither the line nor the 4 they
     carried (GETs, tried again) make a new one."""
-    hold = Held()
-    up, addr = await upstream(hold)
-    up.settings = {SettingCodes.MAX_CONCURRENT_STREAMS: 1}
-    proxy = await h2proxy(addr)
-    client = await clients(proxy.port)
+    hold, up, proxy, client = await one_stream_each(upstream, h2proxy, clients)
     for n in range(10):
         client.request(request_headers(proxy.port, b"/%d" % n))
     await eventually(lambda: len(hold.releases) == 4 and proxy.pool.in_line == 6)
@@ -1542,12 +1538,8 @@ async def test_requests_in_line_when_the_upstreams_connections_die_get_new_ones(
     line without a task; the upstream's connections are cut: the 6 in line go on new connections
     (the pool dials for its line, at most 4 again) and are answered; the 4 sent, POSTs, are not
     sent again (502)."""
-    hold_the_first_four = Held()
+    hold_the_first_four, up, proxy, client = await one_stream_each(upstream, h2proxy, clients)
     held = hold_the_first_four.releases
-    up, addr = await upstream(hold_the_first_four)
-    up.settings = {SettingCodes.MAX_CONCURRENT_STREAMS: 1}
-    proxy = await h2proxy(addr)
-    client = await clients(proxy.port)
     post = partial(request_headers, proxy.port, method=b"POST")
     sent = [client.request(post(b"/%d" % n), b"x") for n in range(4)]
     await eventually(lambda: len(held) == 4)
