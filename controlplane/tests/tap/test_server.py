@@ -228,7 +228,10 @@ async def test_a_proxys_stream_that_ends_is_opened_again(
     proxies[1].hold = False
     lines = await read_lines(controller.url(resource="pod/web-5d8f7-b", namespace="emojivoto"), 6)
     assert [line["id"] for line in lines] == ["7:3"] * 6
-    assert len(proxies[1].asked) == 2
+    # Opened twice for the six lines, and maybe a third time already: a stream that delivered
+    # events is opened again at once.
+    assert len(proxies[1].asked) >= 2
+    assert len({str(ask) for ask in proxies[1].asked}) == 1  # the same request each time
 
 
 async def test_pods_from_the_kubernetes_api(test_ca: Any, tmp_path: Path) -> None:
