@@ -146,7 +146,7 @@ class H2Pool:
             if turn and any(client.open(stream) for client in clients):
                 return None
             client = clients[0]
-            if any(each.h2.peer_max_streams > 0 for each in clients):
+            if _allow_streams(clients):
                 # every stream the upstream allows is in use: another connection, or a turn
                 # at the next stream to end on any of them
                 if turn and len(clients) < MAX_CONNECTIONS:
@@ -293,7 +293,7 @@ def _allow_streams(clients: list[H2Client]) -> bool:
 class Queued:
     """A request waiting in an endpoint's line for a stream, without a task (H2Pool.open with
     `queue`): at its turn it is opened on a connection with a free stream, then told
-    (`H2Sink.dequeued`)."""
+    (`Queueable.dequeued`)."""
 
     __slots__ = ("_key", "_pool", "_tcp", "sink")
 
