@@ -28,6 +28,7 @@ from h2.errors import ErrorCodes
 from h2.events import (
     ConnectionTerminated,
     DataReceived,
+    PingAckReceived,
     RequestReceived,
     ResponseReceived,
     StreamEnded,
@@ -140,6 +141,7 @@ class Client:
         self.goaway: ConnectionTerminated | None = None
         self.eof = False
         self.ack = True
+        self.pongs = 0
         self._changed = asyncio.Event()
         self._reading = asyncio.Event()
         self._reading.set()
@@ -169,6 +171,13 @@ class Client:
 
     def write(self, raw: bytes) -> None:
         self.writer.write(raw)
+
+    async def round_trip(self) -> None:
+        """A PING and its ACK: the proxy has read every frame sent before it."""
+        pongs = self.pongs
+        self.h2.ping(b"meshlet!")
+        self.flush()
+        await self.until(lambda: self.pongs > pongs)
 
     def pause_reading(self) -> None:
         self._reading.clear()
@@ -224,6 +233,8 @@ class Client:
             received.reset = event.error_code
         elif isinstance(event, ConnectionTerminated):
             self.goaway = event
+        elif isinstance(event, PingAckReceived):
+            self.pongs += 1
         elif type(event).__name__ == "InformationalResponseReceived" and received is not None:
             received.informational.append(list(event.headers))
 
@@ -1444,7 +1455,7 @@ async def test_requests_waiting_for_a_stream_take_turns_one_wake_each(
         await eventually(lambda: len(held) == 4)
         tasks = len(counted.tasks)
         sids += [client.request(request_headers(proxy.port, b"/%d" % n)) for n in range(4, 40)]
-        await asyncio.sleep(0.2)
+        await client.round_trip()
         assert len(held) == 4 and len(counted.tasks) == tasks and counted.waits == 0
     else:
         await eventually(lambda: len(held) == 4 and counted.waits == 36)
@@ -1478,11 +1489,11 @@ async def test_a_request_reset_while_it_waits_for_a_stream_gives_up_its_place(
     ]
     await eventually(lambda: len(held) == 4)
     sids += [client.request(request_headers(proxy.port, b"/%d" % n)) for n in range(len(sids), 8)]
-    await asyncio.sleep(0.1)  # the other four wait for a stream
+    await client.round_trip()  # the other four wait for a stream
     for sid in sids[4:7]:
         client.h2.reset_stream(sid, ErrorCodes.CANCEL)
     client.flush()
-    await asyncio.sleep(0.1)
+    await client.round_trip()  # the resets are read
     held[0].set()
     await eventually(lambda: len(held) == 5)
     for release in held:
@@ -1507,7 +1518,8 @@ async def test_requests_that_leave_the_line_free_their_places_before_their_turn(
     for c, sid in waiting[:190]:
         c.h2.reset_stream(sid, ErrorCodes.CANCEL)
         c.flush()
-    await asyncio.sleep(0.2)
+    for c in lines:
+        await c.round_trip()  # the resets are read
     assert proxy.pool.in_line < 50
     for _ in range(14):
         await eventually(lambda: held)
@@ -1545,7 +1557,7 @@ async def test_requests_in_line_when_the_upstreams_connections_die_get_new_ones(
     await eventually(lambda: len(held) == 4)
     tasks = counted.tasks.count("H2Server._carry")
     waiting = [client.request(request_headers(proxy.port, b"/%d" % n)) for n in range(4, 10)]
-    await asyncio.sleep(0.1)
+    await eventually(lambda: proxy.pool.in_line == 6)
     assert counted.tasks.count("H2Server._carry") == tasks
     hold_the_first_four.holding = False
     for conn in list(up.conns):
