@@ -25,8 +25,9 @@ class Run:
 @pytest.fixture(autouse=True)
 def no_kubeconfig_of_the_shell(monkeypatch: pytest.MonkeyPatch) -> None:
     """Commands reach only the clusters a test names, never the one a developer's
-    `$KUBECONFIG` points at."""
+    `$KUBECONFIG` points at, and read no local mesh a developer's `$MESHLET_DEMO` names."""
     monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("MESHLET_DEMO", raising=False)
 
 
 @pytest.fixture

@@ -188,3 +188,44 @@ def test_authz_reads_a_kept_local_mesh(meshlet: Callable[..., Any], kept: StandI
     missing = meshlet("authz", "deploy/nothing")
     assert missing.code == 1 and missing.err.count("\n") == 1
     assert "deployment demo/nothing not found in the local mesh" in missing.err
+
+
+def test_with_several_kept_meshes_a_command_reads_the_one_named(
+    meshlet: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two local meshes of other names kept running, none the default: a command that reads a
+    local mesh does not guess (a usage error, 64, naming both and $MESHLET_DEMO); named, it reads
+    that mesh's Prometheus and no other."""
+    from meshlet.cli.demo import supervisor
+
+    stand_ins = {name: _stand_in() for name in ("alpha", "beta")}
+    monkeypatch.setattr(supervisor, "state_root", lambda: tmp_path / "meshlet-demo")
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.kube/config: no cluster named
+    try:
+        for slot, (name, (_, seen)) in enumerate(stand_ins.items(), 1):
+            root = tmp_path / f"meshlet-demo-{name}"
+            root.mkdir()
+            Record("netns", str(root), str(tmp_path / "shm"), processes={"tap": os.getpid()},
+                   urls={"prometheus": seen.url, "tap": seen.url}, name=name,
+                   slot=slot).save()  # fmt: skip
+        run = meshlet("viz", "stat", "deploy")
+        assert run.code == 64, run.err
+        assert "local meshes alpha, beta run" in run.err and "MESHLET_DEMO=<name>" in run.err
+        monkeypatch.setenv("MESHLET_DEMO", "beta")
+        run = meshlet("viz", "stat", "deploy")
+        assert run.code == 0, run.err
+        assert stand_ins["beta"][1].queries and not stand_ins["alpha"][1].queries
+    finally:
+        for server, _ in stand_ins.values():
+            server.shutdown()
+            server.server_close()
+
+
+@pytest.mark.parametrize("name", ["Alpha", "a_b", "-a", "a" * 21, "a/b"])
+def test_a_mesh_name_that_cannot_name_a_folder_is_a_usage_error(
+    meshlet: Callable[..., Any], name: str
+) -> None:
+    for argv in (("demo", "--name", name), ("demo", "down", "--name", name)):
+        run = meshlet(*argv)
+        assert run.code == 64, run
+        assert "a local mesh's name is up to 20 lower-case letters" in run.err

@@ -297,7 +297,7 @@ class PodMesh:
         strays = [pid for ns in self.record.netns for pid in network.pids_in(ns)]
         stop_pids(strays, grace=2.0, group=False)
         if self.record.netns or network.link_exists(NAMES.bridge):
-            problems += network.undo(network.teardown(self.record.netns, NAMES), [])
+            problems += network.undo(network.teardown(self.record.netns, NAMES.bridge), [])
         shutil.rmtree(self.record.shm, ignore_errors=True)
         if self._lock is not None:
             os.close(self._lock)  # releases the lock
@@ -439,7 +439,7 @@ def sweep() -> None:
     left = network.existing_netns(NAMES.netns_prefix)
     stop_pids([pid for ns in left for pid in network.pids_in(ns)], grace=2.0, group=False)
     if left or network.link_exists(NAMES.bridge):
-        network.undo(network.teardown(left, NAMES), [])
+        network.undo(network.teardown(left, NAMES.bridge), [])
 
 
 @contextlib.contextmanager

@@ -250,7 +250,7 @@ def local_policies(mesh: Any, namespace: str, target: str) -> list[Row]:
         raise NotFound(f"{what} not found in the local mesh ({mesh.manifests})")
     chosen = next((p for p in members if (p.get("status") or {}).get("phase") == "Running"),
                   members[0])  # fmt: skip
-    layout = topology.layout(topology.Mode(mesh.mode))
+    layout = mesh.layout
     cluster = ClusterConfig(parse_networks(layout.cluster_network),
                             default_policy=topology.DEFAULT_POLICY)  # fmt: skip
     return computed(objects, cluster, namespace, chosen)

@@ -1,7 +1,8 @@
 """A local mesh kept running (`meshlet demo --keep`) as other commands find it, and the one rule
 for which namespace a command reads when `-n` is not given.
 
-A command reads the kept local mesh when it has nowhere else to go: `viz stat|edges|routes`
+A command reads the kept local mesh when it has nowhere else to go (when several run: the one
+$MESHLET_DEMO names, else the default one, demo): `viz stat|edges|routes`
 without `--prometheus-url`; `viz tap|top|dashboard` and `authz` without an address of their own
 and with no cluster named (no `--kubeconfig` or `--context`, no `$KUBECONFIG`, no
 `~/.kube/config`). Its namespace then is the local mesh's (`demo`); otherwise, as kubectl and
@@ -14,7 +15,17 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from meshlet.cli.demo.topology import NAMESPACE
+from meshlet.cli.demo.topology import (
+    DEFAULT_NAME,
+    DEFAULT_PLACE,
+    NAMESPACE,
+    Layout,
+    Mode,
+    Place,
+    layout,
+)
+
+NAME_ENV = "MESHLET_DEMO"  # names the local mesh commands read when several run
 
 DEFAULT_NAMESPACE = "default"
 NAMESPACE_HELP = (
@@ -32,6 +43,11 @@ class Kept:
     root: Path
     urls: dict[str, str]
     namespace: str = NAMESPACE
+    place: Place = DEFAULT_PLACE
+
+    @property
+    def layout(self) -> Layout:
+        return layout(Mode(self.mode), self.place)
 
     @property
     def manifests(self) -> Path:
@@ -40,13 +56,30 @@ class Kept:
 
 
 def kept() -> Kept | None:
-    """The local mesh kept running on this machine, if any."""
-    from meshlet.cli.demo.supervisor import Record, state_root
+    """The local mesh kept running on this machine that a command reads, if any: the one
+    $MESHLET_DEMO names; else the default one (demo) when it runs, else the only one that
+    runs (UsageError when several others run and none is named)."""
+    from meshlet.cli.demo.supervisor import records
 
-    record = Record.load(state_root())
-    if record is None or not record.processes:
+    found = [r for r in records() if r.processes]
+    wanted = os.environ.get(NAME_ENV)
+    if wanted:
+        found = [r for r in found if r.name == wanted]
+    elif len(found) > 1:
+        default = [r for r in found if r.name == DEFAULT_NAME]
+        if not default:
+            import click
+
+            names = ", ".join(r.name for r in found)
+            raise click.UsageError(
+                f"local meshes {names} run: name the one to read with {NAME_ENV}=<name>"
+            )
+        found = default
+    if not found:
         return None
-    return Kept(record.mode, Path(record.root), dict(record.urls))
+    record = found[0]
+    return Kept(record.mode, Path(record.root), dict(record.urls),
+                place=Place(record.name, record.slot))  # fmt: skip
 
 
 def cluster_named(kubeconfig: Path | None = None, context: str | None = None) -> bool:

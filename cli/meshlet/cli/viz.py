@@ -68,11 +68,10 @@ def _emit(output: str, rows: Sequence[object], render: str, empty: str) -> None:
 
 def _kept_proxies(kept: localmesh.Kept | None) -> list[vizmetrics.Proxy]:
     """A kept local mesh's proxies ([]: no mesh)."""
-    from meshlet.cli.demo import topology
 
     if kept is None:
         return []
-    layout = topology.layout(topology.Mode(kept.mode))
+    layout = kept.layout
     return [vizmetrics.Proxy(p.name, p.workload, kept.namespace, layout.admin(p))
             for p in layout.pods]  # fmt: skip
 

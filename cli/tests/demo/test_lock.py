@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from meshlet.cli.demo import lock
+from meshlet.cli.demo import lock, topology
 
 HOLD = "import fcntl, sys, time; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX)"
 
@@ -134,3 +134,47 @@ def test_a_waiter_gets_the_lock_before_a_holder_that_takes_it_again_at_once(
             assert waited < 2, f"waited {waited:.1f}s through the holder's quick turns"
         finally:
             holder.kill()
+
+
+@pytest.fixture
+def lock_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The named meshes' lock files in a folder of this test's (the machine's stay untouched)."""
+    monkeypatch.setattr(lock, "name_file", lambda name: tmp_path / f"name-{name}.lock")
+    monkeypatch.setattr(lock, "slot_file", lambda slot: tmp_path / f"slot{slot}.lock")
+    monkeypatch.setattr(lock, "CLAIMS_FILE", tmp_path / "claims.lock")
+    return tmp_path
+
+
+def test_meshes_of_other_names_claim_free_slots_side_by_side(lock_files: Path) -> None:
+    """Each named mesh gets the first slot from 1 that no record reserves for another name and
+    no other process holds; its own record's slot is its to take again."""
+    reserved = {1: "old"}  # a mesh called old is recorded in slot 1 (running, or died)
+    with (
+        lock.claimed("a", 1.0, lambda: reserved) as a,
+        holding(lock_files / "slot3.lock", 30),  # another process is choosing slot 3
+        lock.claimed("b", 1.0, lambda: reserved) as b,
+        lock.claimed("c", 1.0, lambda: reserved) as c,
+    ):
+        assert (a.slot, b.slot, c.slot) == (2, 4, 5)
+        assert (a.name, b.name, c.name) == ("a", "b", "c")
+    with lock.claimed("old", 1.0, lambda: reserved) as old:
+        assert old.slot == 1  # its own leftovers are its own
+
+
+def test_a_mesh_of_a_name_being_built_is_waited_for_and_every_slot_taken_is_an_error(
+    lock_files: Path,
+) -> None:
+    with (
+        holding(lock_files / "name-a.lock", 30),
+        pytest.raises(lock.LockBusy, match=r"name-a\.lock stayed locked"),
+        lock.claimed("a", 0.2, dict),
+    ):
+        pass
+    everyone = {slot: f"m{slot}" for slot in range(1, topology.SLOTS)}
+    with (
+        pytest.raises(lock.LockBusy, match=r"every local mesh slot .* taken .*m1, m10"),
+        lock.claimed("new", 0.2, lambda: everyone),
+    ):
+        pass
+    with lock.claimed("new", 0.2, dict) as place:  # the failed claim held nothing
+        assert place.slot == 1

@@ -19,7 +19,7 @@ def test_plan(golden: Callable[[Path, str], None]) -> None:
 def test_teardown_removes_every_namespace_then_the_bridge() -> None:
     layout = topology.layout(Mode.NETNS)
     names = [m.netns for m in network.members(layout)]
-    commands = network.teardown(names)
+    commands = network.teardown(names, layout.place.bridge)
     assert commands[:-1] == [("ip", "netns", "del", name) for name in names]
     assert commands[-1] == ("ip", "link", "del", topology.BRIDGE)
     built = {argv[3] for argv in network.plan(layout) if argv[:3] == ("ip", "netns", "add")}
@@ -27,8 +27,36 @@ def test_teardown_removes_every_namespace_then_the_bridge() -> None:
 
 
 def test_interface_names_fit_the_kernel_limit() -> None:
-    for member in network.members(topology.layout(Mode.NETNS)):
-        assert len(member.veth) <= 15, member.veth
+    for slot in (0, 9, topology.SLOTS - 1):
+        place = topology.Place("m" * topology.NAME_MAX if slot else topology.DEFAULT_NAME, slot)
+        layout = topology.layout(Mode.NETNS, place)
+        for member in network.members(layout):
+            assert len(member.veth) <= 15, member.veth
+        assert len(place.bridge) <= 15
+
+
+def test_meshes_in_other_slots_share_no_name_or_address() -> None:
+    """Every slot's bridge, namespaces, veths and subnet are its own: two meshes' networks can
+    be built side by side, and removing one's touches nothing of the other's."""
+    import ipaddress
+
+    seen_names: set[str] = set()
+    seen_nets: list[ipaddress.IPv4Network] = []
+    for slot in range(topology.SLOTS):
+        place = topology.Place(f"m{slot}" if slot else topology.DEFAULT_NAME, slot)
+        layout = topology.layout(Mode.NETNS, place)
+        ours = made(network.plan(layout))
+        assert not ours & seen_names, (slot, ours & seen_names)
+        seen_names |= ours
+        net = ipaddress.ip_network(layout.cluster_network)
+        assert all(not net.overlaps(other) for other in seen_nets), (slot, net)
+        assert all(ipaddress.ip_address(p.ip) in net for p in layout.pods)
+        seen_nets.append(net)
+        netns = [m.netns for m in network.members(layout)]
+        removed = {argv[3] for argv in network.teardown(netns, place.bridge)}
+        assert removed <= ours
+    # the pod meshes of the tests (10.78.0.0/24) are outside every slot's
+    assert not any(net.overlaps(ipaddress.ip_network("10.78.0.0/24")) for net in seen_nets)
 
 
 def made(commands: list[network.Argv]) -> set[str]:
@@ -44,7 +72,7 @@ def test_a_network_of_other_names_made_beside_the_demos() -> None:
     ours = made(network.plan(layout, names))
     assert ours == {"az1br", *(f"meshlet-az1-{m}" for m in members), *(f"az1-{m}" for m in members)}
     assert not ours & made(network.plan(layout))
-    assert network.teardown(["meshlet-az1-control"], names) == [
+    assert network.teardown(["meshlet-az1-control"], names.bridge) == [
         ("ip", "netns", "del", "meshlet-az1-control"),
         ("ip", "link", "del", "az1br"),
     ]

@@ -28,12 +28,25 @@ from meshlet.cli.demo import lock, network, topology
 pytestmark = pytest.mark.demo
 
 
+def _places() -> list[topology.Place]:
+    """Every place a local mesh can take: the default's, and a named one's in each slot."""
+    return [topology.DEFAULT_PLACE,
+            *(topology.Place(f"slot{n}", n) for n in range(1, topology.SLOTS))]  # fmt: skip
+
+
 def _demo_netns() -> frozenset[str]:
-    return frozenset(m.netns for m in network.members(topology.layout(topology.Mode.NETNS)))
+    return frozenset(
+        m.netns
+        for place in _places()
+        for m in network.members(topology.layout(topology.Mode.NETNS, place))
+    )
 
 
 def _demo_link(name: str) -> bool:
-    return name == topology.BRIDGE or name.startswith(topology.VETH_PREFIX)
+    return any(name == p.bridge or name.startswith(p.veth_prefix) for p in _places())
+
+
+NETNS = topology.layout(topology.Mode.NETNS)  # the default mesh's
 
 
 @dataclass(frozen=True)
@@ -55,7 +68,7 @@ class MachineState:
             return subprocess.run(argv, capture_output=True, text=True, check=False).stdout
 
         files = {str(p) for p in Path("/dev/shm").glob("meshlet-demo*")}
-        files |= {str(p) for p in (Path("/run/meshlet-demo"),) if p.exists()}
+        files |= {str(p) for p in Path("/run").glob("meshlet-demo*")}
         return cls(
             netns=frozenset(line.split()[0] for line in out("ip", "netns", "list").splitlines())
             & _demo_netns(),
@@ -194,7 +207,7 @@ def test_keep_leaves_the_mesh_running_until_demo_down(machine_unchanged: None) -
                              capture_output=True, text=True, timeout=90, check=False)  # fmt: skip
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         assert "stop it and remove everything: meshlet demo down" in run.stdout
-        load = topology.netns_name("load-1")
+        load = NETNS.netns("load-1")
         assert f"ip netns exec {load} curl -s http://web.demo/" in run.stdout
         call = subprocess.run(["ip", "netns", "exec", load, "curl", "-s", "-m", "5",
                                "http://web.demo/"],
@@ -225,6 +238,76 @@ def test_keep_leaves_the_mesh_running_until_demo_down(machine_unchanged: None) -
                               check=False)  # fmt: skip
     assert down.returncode == 0, down.stdout + down.stderr
     assert "stopped the demo and removed everything it made" in down.stdout
+
+
+def _call_web(load_netns: str) -> dict[str, Any]:
+    """web's answer to a call by name from a mesh's load pod, through both proxies."""
+    call = subprocess.run(["ip", "netns", "exec", load_netns, "curl", "-s", "-m", "5",
+                           "http://web.demo/"],
+                          capture_output=True, text=True, timeout=20, check=False)  # fmt: skip
+    assert call.returncode == 0, call.stderr
+    answer: dict[str, Any] = json.loads(call.stdout)
+    return answer
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.netns
+def test_meshes_of_two_names_run_side_by_side_and_one_stops_alone(
+    machine_unchanged: None,
+) -> None:
+    """Two `meshlet demo --keep --name …` started at once each take a place of their own (slot,
+    addresses, bridge, namespaces, state folder) and each serves its own calls; `meshlet demo
+    down --name` of one removes all of it and leaves every process, namespace and answer of
+    the other as they were."""
+    meshlet = [sys.executable, "-m", "meshlet.cli.main", "demo"]
+    names = ("side-a", "side-b")
+    env = {k: v for k, v in os.environ.items() if k != "MESHLET_DEMO"}
+    try:
+        starts = [subprocess.Popen([*meshlet, "--mode", "netns", "--name", name, "--duration",
+                                    "2", "--keep"], stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True, env=env)
+                  for name in names]  # fmt: skip
+        outputs = [start.communicate(timeout=120)[0] for start in starts]
+        for name, start, out in zip(names, starts, outputs, strict=True):
+            assert start.returncode == 0, out[-3000:]
+            assert f"stop it and remove everything: meshlet demo down --name {name}" in out
+        records = [json.loads(Path(f"/run/meshlet-demo-{name}/state.json").read_text())
+                   for name in names]  # fmt: skip
+        places = [topology.Place(r["name"], r["slot"]) for r in records]
+        assert [p.name for p in places] == list(names)
+        assert places[0].slot != places[1].slot and 0 not in (places[0].slot, places[1].slot)
+        layouts = [topology.layout(topology.Mode.NETNS, place) for place in places]
+        loads = [layout.netns("load-1") for layout in layouts]
+        for layout, load, out in zip(layouts, loads, outputs, strict=True):
+            assert f"ip netns exec {load} curl -s http://web.demo/" in out
+            assert f"http://{layout.pod('web-1').ip}:4191/metrics" in out
+            assert _call_web(load)["web"] == "web-1"
+        assert not set(network.existing_netns(places[0].netns_prefix)) & set(
+            network.existing_netns(places[1].netns_prefix)
+        )
+
+        down = subprocess.run([*meshlet, "down", "--name", names[0]], capture_output=True,
+                              text=True, timeout=60, check=False, env=env)  # fmt: skip
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert not network.existing_netns(places[0].netns_prefix)
+        assert not network.link_exists(places[0].bridge)
+        assert not Path(records[0]["root"]).exists() and not Path(records[0]["shm"]).exists()
+        # the other: every process it recorded runs, its network is whole, and it answers
+        assert all(_alive(pid) for pid in records[1]["processes"].values())
+        assert set(network.existing_netns(places[1].netns_prefix)) == set(records[1]["netns"])
+        assert network.link_exists(places[1].bridge)
+        answer = _call_web(loads[1])
+        assert answer["web"] == "web-1" and answer["api"].startswith("api-"), answer
+    finally:
+        for name in names:
+            subprocess.run([*meshlet, "down", "--name", name], capture_output=True, text=True,
+                           timeout=60, check=False, env=env)  # fmt: skip
 
 
 @pytest.mark.netns
@@ -322,7 +405,7 @@ def test_what_an_earlier_demo_left_is_removed_before_the_mesh_is_built(run_demo:
     whose other end lives on in a namespace nobody can name (its process outlived `ip netns
     del`), with no record of either: the next demo removes them and builds (it failed at
     `ip link add mlv-load-1 ...: File exists`)."""
-    api, load = topology.netns_name("api-2"), topology.netns_name("load-1")
+    api, load = NETNS.netns("api-2"), NETNS.netns("load-1")
     veth = topology.VETH_PREFIX + "load-1"
 
     def ip(*argv: str) -> None:

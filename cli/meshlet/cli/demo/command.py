@@ -6,12 +6,13 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import click
 
-from meshlet.cli import options
+from meshlet.cli import localmesh, options
 from meshlet.cli.demo import drills, lock, topology
 from meshlet.cli.demo.apps import app
 from meshlet.cli.demo.topology import Mode
@@ -20,6 +21,25 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from meshlet.cli.demo.run import Demo, Options
+
+NAME_ENV: Final = localmesh.NAME_ENV  # the local mesh a command means without --name
+
+
+def _name(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    problem = topology.name_problem(value)
+    if problem is not None:
+        raise click.BadParameter(problem)
+    return value
+
+
+def name_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    return click.option(
+        "--name", default=topology.DEFAULT_NAME, show_default=True, envvar=NAME_ENV,
+        callback=_name,
+        help=f"{what} (${NAME_ENV}). Each local mesh has its own state folder, addresses"
+        " and network names, so meshes of different names run side by side.",
+    )  # fmt: skip
+
 
 # Seconds a demo waits for the lock held by a test of the machine's network, or by another demo
 # that is still building or removing (a running demo is an error at once).
@@ -38,7 +58,7 @@ def choose_mode(requested: str) -> tuple[Mode, str]:
     elif shutil.which("iptables-legacy-restore") is None:
         problem = "iptables is not installed"
     else:
-        probe = topology.netns_name(f"probe-{os.getpid()}")  # its own: others may probe too
+        probe = topology.NETNS_PREFIX + f"probe-{os.getpid()}"  # its own: others may probe too
         made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
         if made.returncode != 0:
             problem = f"network namespaces cannot be made here ({made.stderr.strip()})"
@@ -72,7 +92,7 @@ def choose_mode(requested: str) -> tuple[Mode, str]:
     default="auto",
     show_default=True,
     help="netns: pods as network namespaces with iptables (needs root); loopback: pods on "
-    "127.0.77.x calling their proxies explicitly; auto: netns when possible.",
+    "127.N.77.x calling their proxies explicitly; auto: netns when possible.",
 )
 @click.option(
     "--issuance-lifetime",
@@ -83,6 +103,7 @@ def choose_mode(requested: str) -> tuple[Mode, str]:
 @click.option(
     "--keep", is_flag=True, help="Leave the mesh running at the end; `meshlet demo down` stops it."
 )
+@name_option("The local mesh's name")
 @click.option(
     "--summary-json",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -112,6 +133,7 @@ def demo(
     mode: str,
     issuance_lifetime: str | None,
     keep: bool,
+    name: str,
     summary_json: Path | None,
     cluster: bool,
     kubeconfig: Path | None,
@@ -129,8 +151,12 @@ def demo(
     the api Service's annotations set a timeout, retries and failure accrual. Every call
     crosses the mesh over mutual TLS (in loopback mode the store is called directly); the
     screen shows what the proxies report, refreshed every second. Everything made is removed
-    at the end. One demo runs at a time on a machine: it holds /tmp/meshlet-demo.lock (flock)
-    while it runs, and waits for it while a test of the machine's network holds it.
+    at the end. One mesh of a name runs at a time; meshes of different names (--name) run side
+    by side, each in a place of its own (addresses 10.77.16N.0/20 or 127.N.77.0/24, bridge
+    meshletN, namespaces meshletN-<pod>, state in /run/meshlet-demo-<name>, for the first free
+    N from 1; the default mesh, demo, is N=0 with 10.77.0.0/20, 127.0.77.0/24, meshlet-<pod>
+    and /run/meshlet-demo). Each holds a lock while it builds, runs and removes
+    (/tmp/meshlet-demo.lock for the default), and waits for it while a test holds it.
 
     \b
     Drills (--drill; the fault at 30 % of --duration, the repair at 60 %):
@@ -149,8 +175,9 @@ def demo(
     from meshlet.cli.demo.run import Demo, DemoError, Options, exit_status
 
     if cluster:
-        if mode != "auto" or issuance_lifetime is not None:
-            option = "--mode" if mode != "auto" else "--issuance-lifetime"
+        local = {"--mode": mode != "auto", "--issuance-lifetime": issuance_lifetime is not None,
+                 "--name": name != topology.DEFAULT_NAME}  # fmt: skip
+        for option in (option for option, given in local.items() if given):
             raise click.UsageError(f"{option} is for the local mesh, not for --cluster")
         _on_cluster(
             Options(mode=Mode.CLUSTER, duration=duration, rate=rate, drill=drill, keep=keep,
@@ -158,9 +185,9 @@ def demo(
             kubeconfig, context, image, control_plane_namespace,
         )  # fmt: skip
         return
-    for name, value in (("--kubeconfig", kubeconfig), ("--context", context), ("--image", image)):
+    for option, value in (("--kubeconfig", kubeconfig), ("--context", context), ("--image", image)):
         if value is not None:
-            raise click.UsageError(f"{name} goes with --cluster")
+            raise click.UsageError(f"{option} goes with --cluster")
 
     if issuance_lifetime is None:
         issuance_lifetime = drills.SHORT_LIFETIME if drill == "restart-identity" else "24h"
@@ -183,9 +210,9 @@ def demo(
         mode=chosen, duration=duration, rate=rate, drill=drill, keep=keep,
         issuance_lifetime=issuance_lifetime, summary_json=summary_json,
     )  # fmt: skip
-    runner = Demo(options, console)
     try:
-        with lock.held(LOCK_WAIT, busy=lambda: _busy(console)):
+        with lock.claimed(name, LOCK_WAIT, _reserved, busy=lambda: _busy(console, name)) as place:
+            runner = Demo(options, console, place)
             logs = _run(runner, console, keep)
     except (DemoError, lock.LockBusy) as exc:
         raise click.ClickException(str(exc)) from None
@@ -241,18 +268,28 @@ def _on_cluster(
                 console.print(f"deleted namespace {topology.NAMESPACE} and everything in it")
 
 
-def _busy(console: Console) -> None:
-    """Another process holds the demo's lock: a running demo is an error at once (waiting for
-    it could take for ever); a test, or a demo still building or removing, is waited for."""
+def _busy(console: Console, name: str) -> None:
+    """Another process holds the lock of the mesh `name`: a running demo is an error at once
+    (waiting for it could take for ever); a test, or a demo still building or removing, is
+    waited for."""
     from meshlet.cli.demo.run import DemoError, running_demo
+    from meshlet.cli.demo.supervisor import state_root
 
-    running = running_demo()
+    running = running_demo(state_root(name))
     if running is not None:
         raise DemoError(running)
     console.print(
-        f"waiting for {lock.LOCK_FILE} (up to {LOCK_WAIT:g}s): another demo, or a test of this"
-        " machine's network, holds it"
+        f"waiting for {lock.name_file(name)} (up to {LOCK_WAIT:g}s): another demo of this"
+        " name, or a test, holds it"
     )
+
+
+def _reserved() -> dict[int, str]:
+    """The slot of each local mesh recorded on this machine, running or left by one that died
+    (its leftovers are its own to remove, by `meshlet demo down --name`): slot → name."""
+    from meshlet.cli.demo.supervisor import records
+
+    return {record.slot: record.name for record in records()}
 
 
 def _run(runner: Demo, console: Console, keep: bool) -> Path:
@@ -282,13 +319,18 @@ def _run(runner: Demo, console: Console, keep: bool) -> Path:
 @click.option("--kubeconfig", type=click.Path(dir_okay=False, path_type=Path),
               help="With --cluster. Default: $KUBECONFIG or ~/.kube/config.")  # fmt: skip
 @click.option("--context", help="With --cluster: the kubeconfig context to use.")
-def down(cluster: bool, kubeconfig: Path | None, context: str | None) -> None:
-    """Stop a demo left running with --keep and remove everything it made."""
+@name_option("The local mesh to stop")
+def down(cluster: bool, kubeconfig: Path | None, context: str | None, name: str) -> None:
+    """Stop a demo left running with --keep and remove everything it made; other local meshes
+    (other --name) are left alone."""
     from meshlet.cli.demo.run import undo
 
     if cluster:
         from meshlet.cli.cluster import api_client
         from meshlet.cli.demo.oncluster import delete_namespace
+
+        if name != topology.DEFAULT_NAME:
+            raise click.UsageError("--name is for a local mesh, not for --cluster")
 
         problems = delete_namespace(api_client(kubeconfig, context))
         for problem in problems:
@@ -297,11 +339,13 @@ def down(cluster: bool, kubeconfig: Path | None, context: str | None) -> None:
             sys.exit(1)
         click.echo(f"deleted namespace {topology.NAMESPACE} (or there was none)")
         return
-    from meshlet.cli.demo.supervisor import Record, state_root
+    from meshlet.cli.demo.supervisor import Record, records, state_root
 
-    record = Record.load(state_root())
+    record = Record.load(state_root(name))
     if record is None:
-        click.echo("no demo is running")
+        others = sorted(r.name for r in records())
+        more = f" (there are: {', '.join(others)})" if others else ""
+        click.echo(f"no demo called {name} is running{more}")
         return
     problems = undo(record)
     for problem in problems:

@@ -164,7 +164,7 @@ def perform(step: Step, demo: Any) -> list[Step]:
         stats = demo.root / INTRUDER_STATS
         stats.unlink(missing_ok=True)
         sup.start("intruder", [*command("meshlet"), *intruder_argv(str(stats))],
-                  netns=topology.netns_name(what))  # fmt: skip
+                  netns=demo.layout.netns(what))  # fmt: skip
         demo.notes[what] = "+ intruder → store"
         identity = demo.layout.pod(what).identity
         demo._event(f"drill: a client in {what} ({identity.split('.')[0]}'s identity) calls store")

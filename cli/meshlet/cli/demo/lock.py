@@ -1,12 +1,12 @@
-"""The demo's lock: one local mesh at a time on a machine, and no test of the machine's own
-network beside it.
+"""The demo's locks: one local mesh of a name, and one in a slot, at a time on a machine.
 
 `meshlet demo` holds an exclusive `flock` on LOCK_FILE from before it builds until it has removed
-everything it made; whatever else reads or changes the machine's network state that a demo
-changes or relies on (its fixed names and addresses, the host's iptables) holds it too: the tests
-of `meshlet-init`'s refusal to touch the host, and any demo started by a test. A shell takes it
-with `flock /tmp/meshlet-demo.lock <command>`. The kernel releases it with the process that
-held it, so a run that was killed never leaves it held.
+everything it made (or left it running, with --keep); whatever else reads or changes what the
+default mesh's place (slot 0: its names and addresses) holds it too, as any demo started by a
+test does. A shell takes it with `flock /tmp/meshlet-demo.lock <command>`. A mesh with a name of
+its own (`meshlet demo --name NAME`) holds its name's lock instead, and the lock of the slot it
+found free (`claimed`). The kernel releases a lock with the process that held it, so a run that
+was killed never leaves one held.
 """
 
 from __future__ import annotations
@@ -21,7 +21,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Final
 
+from meshlet.cli.demo.topology import SLOTS, Place
+
 LOCK_FILE: Final = Path("/tmp/meshlet-demo.lock")
+CLAIMS_FILE: Final = Path("/tmp/meshlet-demo-claims.lock")  # held while a slot is chosen
 POLL: Final = 0.05  # seconds between attempts, off the main thread, while another holds it
 
 
@@ -134,3 +137,61 @@ def _wait(fd: int, within: float, path: Path) -> None:
             if time.monotonic() >= deadline:
                 raise busy from None
             time.sleep(POLL)
+
+
+def name_file(name: str) -> Path:
+    """The lock of the local mesh called `name` (the default's is LOCK_FILE, slot 0's too)."""
+    return LOCK_FILE if Place(name).default else Path(f"/tmp/meshlet-demo-{name}.lock")
+
+
+def slot_file(slot: int) -> Path:
+    return LOCK_FILE if slot == 0 else Path(f"/tmp/meshlet-demo-slot{slot}.lock")
+
+
+@contextlib.contextmanager
+def claimed(
+    name: str,
+    within: float,
+    reserved: Callable[[], dict[int, str]],
+    busy: Callable[[], None] = lambda: None,
+) -> Iterator[Place]:
+    """The place of the local mesh `name`, held for the block: the default mesh's slot 0 under
+    LOCK_FILE, as `held`; another's under its name's lock, in the first slot from 1 that no
+    other mesh's record reserves (`reserved()`: slot → the name of the mesh recorded in it,
+    called while no one else chooses) and no other process holds. LockBusy when every slot is
+    taken, naming the meshes in them."""
+    if Place(name).default:
+        with held(within, busy):
+            yield Place(name)
+        return
+    with held(within, busy, path=name_file(name)):
+        fd = None
+        with held(within, path=CLAIMS_FILE):
+            taken = {slot: owner for slot, owner in reserved().items() if owner != name}
+            for slot in range(1, SLOTS):
+                if slot in taken:
+                    continue
+                fd = _take(slot_file(slot))
+                if fd is not None:
+                    break
+        if fd is None:
+            names = ", ".join(sorted(set(taken.values()))) or "none recorded"
+            raise LockBusy(
+                f"every local mesh slot (1-{SLOTS - 1}) is taken (meshes: {names});"
+                " stop one with `meshlet demo down --name NAME`"
+            )
+        try:
+            yield Place(name, slot)
+        finally:
+            os.close(fd)
+
+
+def _take(path: Path) -> int | None:
+    """A descriptor holding `path`'s lock, or None when another process holds it."""
+    fd = _open(path)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd

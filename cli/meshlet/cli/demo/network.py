@@ -7,8 +7,9 @@ has a veth on the bridge, its own address, and a default route through the bridg
 Deleting a namespace removes the veth in it and so its peer on the bridge: `teardown` deletes the
 namespaces, then the bridge, then the per-namespace /etc files `ip netns exec` mounts.
 
-The names of the bridge, the namespaces and the host's veths are the demo's unless a `Names` is
-given: a test's network of pods lives beside a running demo under names of its own.
+The names of the bridge, the namespaces and the host's veths are the layout's place's (each
+local mesh's its own) unless a `Names` is given: a test's network of pods lives beside running
+demos under names of its own.
 """
 
 from __future__ import annotations
@@ -21,14 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from meshlet.cli.demo.topology import (
-    BRIDGE,
-    NETNS_PREFIX,
-    VETH_PREFIX,
-    Layout,
-    hosts_file,
-    netns_name,
-)
+from meshlet.cli.demo.topology import Layout, Place, hosts_file
 
 ETC_NETNS: Final = Path("/etc/netns")
 Argv = tuple[str, ...]
@@ -49,23 +43,27 @@ class Names:
     """What the bridge is called, and what each member's namespace and veth on the bridge are
     called after the member's name (a veth's whole name fits in 15 characters)."""
 
-    bridge: str = BRIDGE
-    netns_prefix: str = NETNS_PREFIX
-    veth_prefix: str = VETH_PREFIX
+    bridge: str
+    netns_prefix: str
+    veth_prefix: str
+
+    @classmethod
+    def of(cls, place: Place) -> Names:
+        return cls(place.bridge, place.netns_prefix, place.veth_prefix)
 
 
-DEMO: Final = Names()
+def members(layout: Layout, names: Names | None = None) -> list[Member]:
+    names = names or Names.of(layout.place)
 
-
-def members(layout: Layout, names: Names = DEMO) -> list[Member]:
     def member(name: str, ip: str) -> Member:
         return Member(names.netns_prefix + name, names.veth_prefix + name, ip)
 
     return [member("control", layout.control_ip), *(member(p.name, p.ip) for p in layout.pods)]
 
 
-def plan(layout: Layout, names: Names = DEMO) -> list[Argv]:
+def plan(layout: Layout, names: Names | None = None) -> list[Argv]:
     """The commands that build the network, in order."""
+    names = names or Names.of(layout.place)
     bridge = names.bridge
     cmds: list[Argv] = [
         ("ip", "link", "add", bridge, "type", "bridge"),
@@ -87,9 +85,9 @@ def plan(layout: Layout, names: Names = DEMO) -> list[Argv]:
     return cmds
 
 
-def teardown(netns: Sequence[str], names: Names = DEMO) -> list[Argv]:
+def teardown(netns: Sequence[str], bridge: str) -> list[Argv]:
     """The commands that remove what `plan` built (each may find its object already gone)."""
-    return [*(("ip", "netns", "del", ns) for ns in netns), ("ip", "link", "del", names.bridge)]
+    return [*(("ip", "netns", "del", ns) for ns in netns), ("ip", "link", "del", bridge)]
 
 
 def write_hosts(layout: Layout) -> list[Path]:
@@ -97,7 +95,7 @@ def write_hosts(layout: Layout) -> list[Path]:
     itself first when it did not exist."""
     made = [] if ETC_NETNS.exists() else [ETC_NETNS]
     for pod in layout.pods:
-        folder = ETC_NETNS / netns_name(pod.name)
+        folder = ETC_NETNS / layout.netns(pod.name)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "hosts").write_text(hosts_file(layout))
         made.append(folder)

@@ -34,6 +34,7 @@ from rich.console import Console
 from rich.live import Live
 
 from meshlet.api import wellknown
+from meshlet.cli import localmesh
 from meshlet.cli.demo import drills, network, outbound, topology
 from meshlet.cli.demo.supervisor import (
     Process,
@@ -41,10 +42,11 @@ from meshlet.cli.demo.supervisor import (
     StartError,
     Supervisor,
     command,
+    shm_folder,
     state_root,
     stop_pids,
 )
-from meshlet.cli.demo.topology import Layout, Mode, Pod
+from meshlet.cli.demo.topology import Layout, Mode, Place, Pod
 from meshlet.cli.demo.view import Client, Outbound, Snapshot, certificates_line, fit
 from meshlet.cli.stats import QUANTILES, Scrape, Traffic, combine, parse, row, traffic
 from meshlet.cli.stats import replica_rows as make_replica_rows
@@ -82,14 +84,15 @@ class Options:
 
 
 class Demo:
-    def __init__(self, options: Options, console: Console) -> None:
+    def __init__(
+        self, options: Options, console: Console, place: Place = topology.DEFAULT_PLACE
+    ) -> None:
         self.options = options
         self.console = console
-        self.layout: Layout = topology.layout(options.mode)
-        root = state_root()
-        self.record = Record(
-            mode=options.mode.value, root=str(root), shm=f"/dev/shm/meshlet-demo-{os.getuid()}"
-        )
+        self.layout: Layout = topology.layout(options.mode, place)
+        root = state_root(place.name)
+        self.record = Record(mode=options.mode.value, root=str(root), shm=shm_folder(place.name),
+                             name=place.name, slot=place.slot)  # fmt: skip
         self.root = root
         self.sup: Supervisor | None = None
         self.started = time.monotonic()
@@ -201,7 +204,9 @@ class Demo:
         ]  # fmt: skip
         config = self.root / "prometheus.yml"
         config.write_text(prometheus.config(targets))
-        listen = prometheus.listen_address()
+        # another mesh's Prometheus may be starting beside it: a named mesh takes any free port
+        listen = prometheus.listen_address(wanted=prometheus.PORT if self.layout.place.default
+                                           else 0)  # fmt: skip
         self.sup.start("prometheus", prometheus.command(binary, config, self.root / "tsdb", listen))
         url = f"http://{listen}"
         try:
@@ -210,7 +215,7 @@ class Demo:
             self._event(f"{exc}; see {self.root / 'logs' / 'prometheus.log'}")
             return
         self.record.urls["prometheus"] = url
-        self._event(f"Prometheus at {url} (meshlet viz stat deploy -n demo)")
+        self._event(f"Prometheus at {url} ({self._env}meshlet viz stat deploy -n demo)")
         self._start_dashboard(url)
 
     def _start_dashboard(self, prometheus_url: str) -> None:
@@ -219,7 +224,9 @@ class Demo:
         from meshlet.cli.demo import prometheus
 
         assert self.sup is not None
-        web = prometheus.listen_address(wanted=wellknown.WEB_PORT)
+        web = prometheus.listen_address(
+            wanted=wellknown.WEB_PORT if self.layout.place.default else 0
+        )
         tap = f"{self.layout.control_ip}:{wellknown.TAP_PORT}"
         self.specs["web"] = Process(
             "web",
@@ -231,7 +238,13 @@ class Demo:
         # if it dies, as every other process
         self._start_spec("web")
         self.record.urls["dashboard"] = f"http://{web}"
-        self._event(f"dashboard at http://{web}/ (meshlet viz dashboard)")
+        self._event(f"dashboard at http://{web}/ ({self._env}meshlet viz dashboard)")
+
+    @property
+    def _env(self) -> str:
+        """What a command needs before it to read this mesh: nothing for the default one."""
+        place = self.layout.place
+        return "" if place.default else f"{localmesh.NAME_ENV}={place.name} "
 
     def _ca(self) -> str:
         from meshlet.controlplane.identity import ca, signer
@@ -263,7 +276,7 @@ class Demo:
     def _start_control_plane(self) -> None:
         layout, root, sup = self.layout, self.root, self.sup
         assert sup is not None
-        netns = topology.netns_name("control") if layout.mode is Mode.NETNS else None
+        netns = layout.netns("control") if layout.mode is Mode.NETNS else None
         ip = layout.control_ip
         ca = root / "ca"
         destination_cert = ca / "destination" / f"{wellknown.DESTINATION_SERVICE_NAME}"
@@ -365,7 +378,7 @@ class Demo:
                 lambda pod: sup.run_once(
                     f"init-{pod.name}",
                     [*command("meshlet-init"), "--proxy-gid", str(wellknown.PROXY_GID)],
-                    netns=topology.netns_name(pod.name),
+                    netns=layout.netns(pod.name),
                 ),
                 layout.pods,
             ))  # fmt: skip
@@ -381,7 +394,7 @@ class Demo:
                 identity_dir=str(identity_dir), anchors_pem=anchors_pem,
                 anchors_file=str(root / "ca" / "trust-anchors.pem"),
             )  # fmt: skip
-            netns = topology.netns_name(pod.name) if netns_mode else None
+            netns = layout.netns(pod.name) if netns_mode else None
             gid = wellknown.PROXY_GID if netns_mode else None
             sup.start(f"proxy-{pod.name}", command("meshlet-proxy"), env=env, netns=netns, gid=gid)
             if pod.app != "load":
@@ -402,7 +415,7 @@ class Demo:
         argv = topology.app_argv(layout, load, rate=self.options.rate, stats_file=str(stats),
                                  root=str(root))  # fmt: skip
         sup.start(f"app-{load.name}", [*command("meshlet"), *argv],
-                  netns=topology.netns_name(load.name) if netns_mode else None)  # fmt: skip
+                  netns=layout.netns(load.name) if netns_mode else None)  # fmt: skip
         self.load_started = time.monotonic()
         self._event(f"load started: {self.options.rate:g} calls/s to web")
 
@@ -761,15 +774,20 @@ def reach(layout: Layout, urls: dict[str, str], logs: Path) -> list[str]:
     load = layout.of("load")[0]
     if layout.mode is Mode.NETNS:
         web = layout.of("web")[0]
-        lines = [f"a shell in a pod:   ip netns exec {topology.netns_name(web.name)} bash",
-                 f"call web by name:   ip netns exec {topology.netns_name(load.name)} "
+        lines = [f"a shell in a pod:   ip netns exec {layout.netns(web.name)} bash",
+                 f"call web by name:   ip netns exec {layout.netns(load.name)} "
                  "curl -s http://web.demo/"]  # fmt: skip
     else:
         lines = [f"call web through load-1's proxy:   curl -s -H 'host: "
                  f"{topology.service('web').authority}' "
                  f"http://{load.ip}:{wellknown.PROXY_OUTBOUND_PORT}/"]  # fmt: skip
     lines += [f"{name}: {url}" for name, url in urls.items()]
-    return [*lines, f"logs: {logs}", "stop it and remove everything: meshlet demo down"]
+    return [*lines, f"logs: {logs}", f"stop it and remove everything: {down_command(layout.place)}"]
+
+
+def down_command(place: Place) -> str:
+    """The command that stops the local mesh at `place`."""
+    return "meshlet demo down" + ("" if place.default else f" --name {place.name}")
 
 
 class Screen:
@@ -861,7 +879,9 @@ def undo(record: Record) -> list[str]:
     stop_pids(strays, grace=2.0, group=False)
     problems = []
     if removes_network(record):
-        problems += network.undo(network.teardown(record.netns), [Path(p) for p in record.etc])
+        bridge = Place(record.name, record.slot).bridge
+        problems += network.undo(network.teardown(record.netns, bridge),
+                                 [Path(p) for p in record.etc])  # fmt: skip
     shutil.rmtree(record.shm, ignore_errors=True)
     shutil.rmtree(record.root, ignore_errors=True)
     return problems
@@ -873,10 +893,11 @@ def sweep(layout: Layout) -> list[str]:
     namespaces, the namespaces, veths on the host whose other end lives on in a namespace
     nobody can name any more, and the bridge. What it found, by name."""
     members = network.members(layout)
-    netns = set(network.existing_netns(topology.NETNS_PREFIX))
+    netns = set(network.existing_netns(layout.place.netns_prefix))
     left_netns = [m.netns for m in members if m.netns in netns]
     left_links = [m.veth for m in members if network.link_exists(m.veth)]
-    bridge = [topology.BRIDGE] if network.link_exists(topology.BRIDGE) else []
+    name = layout.place.bridge
+    bridge = [name] if network.link_exists(name) else []
     stop_pids([pid for ns in left_netns for pid in network.pids_in(ns)], 2.0, group=False)
     cmds = [*(("ip", "netns", "del", ns) for ns in left_netns)]
     cmds += [("ip", "link", "del", veth) for veth in left_links]  # one end takes the pair
@@ -902,15 +923,21 @@ def children(pid: int) -> list[int]:
 
 def running_demo(root: Path | None = None) -> str | None:
     """What to tell a user who starts a demo while the one recorded in `root` (the state
-    folder) still runs; None when none does."""
+    folder; the default mesh's when not given) still runs; None when none does."""
     root = state_root() if root is None else root
     previous = Record.load(root)
-    if previous is None or not any(_alive(pid) for pid in previous.processes.values()):
+    if previous is None or not running(previous):
         return None
+    place = Place(previous.name, previous.slot)
     return (
         f"a demo is already running ({previous.mode} mode, state in {root});"
-        " stop it with `meshlet demo down`"
+        f" stop it with `{down_command(place)}`"
     )
+
+
+def running(record: Record) -> bool:
+    """Whether any of the processes `record` names still runs."""
+    return any(_alive(pid) for pid in record.processes.values())
 
 
 def removes_network(record: Record) -> bool:

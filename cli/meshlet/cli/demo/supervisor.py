@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Final
 
+from meshlet.cli.demo.topology import DEFAULT_NAME
+
 STATE_FILE: Final = "state.json"
 STOP_GRACE: Final = 5.0
 
@@ -41,12 +43,37 @@ def command(name: str) -> list[str]:
     return [sys.executable, "-m", _MODULES[name]]
 
 
-def state_root() -> Path:
-    """Where the demo keeps its files: one demo per user at a time."""
+def state_root(name: str = DEFAULT_NAME) -> Path:
+    """Where the local mesh called `name` keeps its files: the default's /run/meshlet-demo (as
+    root), another's /run/meshlet-demo-<name>."""
+    suffix = _suffix(name)
     if os.geteuid() == 0:
-        return Path("/run/meshlet-demo")
+        return Path(f"/run/meshlet-demo{suffix}")
     runtime = os.environ.get("XDG_RUNTIME_DIR")
-    return Path(runtime, "meshlet-demo") if runtime else Path(f"/tmp/meshlet-demo-{os.getuid()}")
+    if runtime:
+        return Path(runtime, f"meshlet-demo{suffix}")
+    return Path(f"/tmp/meshlet-demo-{os.getuid()}{suffix}")
+
+
+def shm_folder(name: str = DEFAULT_NAME) -> str:
+    """The memory-backed folder of the proxies' identities (their keys) of the mesh `name`."""
+    return f"/dev/shm/meshlet-demo-{os.getuid()}{_suffix(name)}"
+
+
+def _suffix(name: str) -> str:
+    """What a mesh's name adds to the names of its folders: nothing for the default one."""
+    return "" if name == DEFAULT_NAME else f"-{name}"
+
+
+def records() -> list[Record]:
+    """The records of every local mesh of this user: the default's, then the others' by name."""
+    default = state_root()
+    found = [r for r in (Record.load(default),) if r is not None]
+    for folder in sorted(default.parent.glob(f"{default.name}-*")):
+        record = Record.load(folder)
+        if record is not None and record.root == str(folder):
+            found.append(record)
+    return found
 
 
 @dataclass
@@ -61,6 +88,8 @@ class Record:
     processes: dict[str, int] = field(default_factory=dict)  # name → pid
     started: float = field(default_factory=time.time)
     urls: dict[str, str] = field(default_factory=dict)  # what a user can reach, for --keep
+    name: str = DEFAULT_NAME  # the mesh's name and slot: its Place
+    slot: int = 0
 
     def save(self) -> None:
         path = Path(self.root, STATE_FILE)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import enum
 import ipaddress
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -66,6 +67,9 @@ FAULTS_DIR: Final = (
 BRIDGE: Final = "meshlet0"
 NETNS_PREFIX: Final = "meshlet-"
 VETH_PREFIX: Final = "mlv-"
+DEFAULT_NAME: Final = "demo"  # the local mesh `meshlet demo` builds unless named otherwise
+SLOTS: Final = 16  # places for local meshes on one machine: the default's 0, named ones 1-15
+NAME_MAX: Final = 20
 DEFAULT_POLICY: Final = "all-unauthenticated"
 STORE_SERVER: Final = "store"  # the Server, MeshTLSAuthentication and AuthorizationPolicy's name
 STORE_CLIENTS: Final = ("web",)  # the only ServiceAccounts store admits
@@ -127,6 +131,55 @@ _PODS: Final = (  # (name, workload, app, host part of the address)
 )
 
 
+def name_problem(name: str) -> str | None:
+    """Why `name` cannot name a local mesh (it names a folder and a lock file), or None."""
+    if re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name) is None or len(name) > NAME_MAX:
+        return (
+            f"{name!r}: a local mesh's name is up to {NAME_MAX} lower-case letters, digits"
+            " and '-', starting and ending with a letter or digit"
+        )
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    """Where one local mesh lives on the machine, so that several run side by side: its name
+    (its state folder's) and its slot, which gives it its addresses and the names of its
+    bridge, namespaces and veths. Slot 0 is the default mesh's (`meshlet demo`): the bridge
+    meshlet0, namespaces meshlet-<pod>, veths mlv-<pod>, 10.77.0.0/20 or 127.0.77.0/24. Slot n
+    (1-15): meshlet<n>, meshlet<n>-<pod>, mlv<n>-<pod>, 10.77.<16n>.0/20 or 127.<n>.77.0/24.
+    Every mesh's processes listen on its own addresses, so the ports are the same in each."""
+
+    name: str = DEFAULT_NAME
+    slot: int = 0
+
+    def __post_init__(self) -> None:
+        problem = name_problem(self.name)
+        if problem is not None:
+            raise ValueError(problem)
+        if not 0 <= self.slot < SLOTS:
+            raise ValueError(f"slot {self.slot}: a local mesh's slot is 0 to {SLOTS - 1}")
+
+    @property
+    def default(self) -> bool:
+        return self.name == DEFAULT_NAME
+
+    @property
+    def bridge(self) -> str:
+        return f"meshlet{self.slot}"
+
+    @property
+    def netns_prefix(self) -> str:
+        return NETNS_PREFIX if self.slot == 0 else f"meshlet{self.slot}-"
+
+    @property
+    def veth_prefix(self) -> str:
+        return VETH_PREFIX if self.slot == 0 else f"mlv{self.slot}-"
+
+
+DEFAULT_PLACE: Final = Place()
+
+
 @dataclass(frozen=True, slots=True)
 class Layout:
     mode: Mode
@@ -134,6 +187,12 @@ class Layout:
     control_ip: str  # where destination and identity listen
     host_ip: str  # the bridge's address in netns mode (what scrapes the pods), else control_ip
     prefix: int  # the pods' subnet length
+    place: Place = DEFAULT_PLACE
+
+    def netns(self, member: str) -> str:
+        """`web-1` → `meshlet-web-1` (the default mesh's); `control` for the control plane's
+        namespace."""
+        return self.place.netns_prefix + member
 
     def pod(self, name: str) -> Pod:
         return next(pod for pod in self.pods if pod.name == name)
@@ -163,14 +222,17 @@ class Layout:
         return f"http://{pod.ip}:{wellknown.PROXY_ADMIN_PORT}"
 
 
-def layout(mode: Mode) -> Layout:
+def layout(mode: Mode, place: Place = DEFAULT_PLACE) -> Layout:
     if mode is Mode.CLUSTER:  # no pods until the cluster lists them
         return Layout(mode, (), control_ip="", host_ip="", prefix=32)
     if mode is Mode.NETNS:
-        pods = tuple(Pod(n, w, f"10.77.1.{host}", app) for n, w, app, host in _PODS)
-        return Layout(mode, pods, control_ip="10.77.0.2", host_ip="10.77.0.1", prefix=16)
-    pods = tuple(Pod(n, w, f"127.0.77.{host}", app) for n, w, app, host in _PODS)
-    return Layout(mode, pods, control_ip="127.0.77.1", host_ip="127.0.77.1", prefix=8)
+        base = 16 * place.slot  # the third octet of the mesh's /20
+        pods = tuple(Pod(n, w, f"10.77.{base + 1}.{host}", app) for n, w, app, host in _PODS)
+        return Layout(mode, pods, control_ip=f"10.77.{base}.2", host_ip=f"10.77.{base}.1",
+                      prefix=20, place=place)  # fmt: skip
+    net = f"127.{place.slot}.77"
+    pods = tuple(Pod(n, w, f"{net}.{host}", app) for n, w, app, host in _PODS)
+    return Layout(mode, pods, control_ip=f"{net}.1", host_ip=f"{net}.1", prefix=8, place=place)
 
 
 def service(name: str) -> Service:
@@ -181,11 +243,6 @@ def app_port(pod: Pod) -> int | None:
     """The port the pod's app serves (the container port the injector would read); None for
     the load generator, which serves nothing."""
     return {"web": WEB_PORT, "api": API_PORT, "store": STORE_PORT}.get(pod.app)
-
-
-def netns_name(name: str) -> str:
-    """`web-1` → `meshlet-web-1`; `control` for the control plane's namespace."""
-    return NETNS_PREFIX + name
 
 
 def hosts_file(layout: Layout) -> str:
