@@ -11,9 +11,11 @@ import asyncio
 import contextlib
 import datetime as dt
 import json
+import os
 import random
 import socket
 import ssl
+import subprocess
 import sys
 import threading
 import time
@@ -33,7 +35,12 @@ from meshlet.controlplane.identity.server import IdentityConfig, IdentityServer
 from meshlet.proxy.config import IdentitySettings
 from meshlet.proxy.core import refresh
 from meshlet.proxy.identity.anchors import TrustAnchors
-from meshlet.proxy.identity.manager import IdentityManager, NoCertificate, PrestartFailed
+from meshlet.proxy.identity.manager import (
+    IdentityManager,
+    NoCertificate,
+    PrestartFailed,
+    private_dir,
+)
 from meshlet.proxy.metrics import ProxyMetrics
 from meshlet.proxy.tls import contexts
 from meshlet_testing.leaks import open_sockets, sockets_closed
@@ -295,6 +302,51 @@ async def test_without_a_directory_the_key_lives_in_a_private_memory_folder_remo
         assert (folder / "chain.pem").exists()
     assert not folder.exists()
     assert manager.ready  # the loaded contexts outlive the files
+
+
+def test_a_killed_process_s_private_folder_is_removed_by_the_next_and_no_other(
+    tmp_path: Path,
+) -> None:
+    """A process killed with SIGKILL cannot remove its folder (and the key in it); the next
+    private folder made under the same parent removes it, and leaves a running process's
+    folder, another user's, and folders of other names alone."""
+    code = (
+        "import sys, time; from pathlib import Path;"
+        " from meshlet.proxy.identity.manager import private_dir\n"
+        "with private_dir(Path(sys.argv[1]), 'meshlet-identity-') as d:\n"
+        "    (d / 'key.pem').write_text('secret'); print(d.name, flush=True); time.sleep(60)"
+    )
+
+    def holder() -> tuple[subprocess.Popen[str], Path]:
+        proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)],
+                                stdout=subprocess.PIPE, text=True)  # fmt: skip
+        assert proc.stdout is not None
+        return proc, tmp_path / proc.stdout.readline().strip()
+
+    killed, killed_dir = holder()
+    running_proc, running_dir = holder()
+    try:
+        killed.kill()
+        killed.communicate(timeout=10)
+        assert (killed_dir / "key.pem").exists()  # what SIGKILL leaves
+        others = [tmp_path / "meshlet-identity-0a1b2c3d4e5f", tmp_path / "unrelated-1-0a1b2c3d4e5f"]
+        for folder in others:
+            folder.mkdir()
+        foreign = tmp_path / f"meshlet-identity-{killed.pid}-0a1b2c3d4e5f"
+        foreign.mkdir()
+        if os.geteuid() == 0:
+            os.chown(foreign, 65534, 65534)  # another user's (nobody's): never touched
+        with private_dir(tmp_path, "meshlet-identity-") as ours:
+            assert not killed_dir.exists()
+            assert (running_dir / "key.pem").exists()
+            assert all(folder.exists() for folder in others)
+            assert foreign.exists() == (os.geteuid() == 0)
+            assert ours.name.startswith(f"meshlet-identity-{os.getpid()}-")
+        assert not ours.exists()
+    finally:
+        for proc in (killed, running_proc):
+            proc.kill()
+            proc.communicate(timeout=10)
 
 
 # Identity down, bad answers, rotated tokens

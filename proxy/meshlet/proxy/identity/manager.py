@@ -49,6 +49,7 @@ import enum
 import logging
 import os
 import random
+import re
 import ssl
 import sys
 import time
@@ -86,10 +87,14 @@ _TRANSIENT: Final = frozenset(
 @contextlib.contextmanager
 def private_dir(parent: Path, prefix: str) -> Iterator[Path]:
     """A new directory only this user can enter, under `parent`, removed with its files at the
-    end. (tempfile.TemporaryDirectory does this, but it imports shutil and with it bz2 and lzma:
-    0.4 MiB of the running proxy, for one directory of files.)"""
+    end; named `<prefix><pid>-<random>` so that the directories of processes that ended
+    without removing theirs (killed: SIGKILL, the OOM killer) are found and removed by the next
+    one, first (they hold private keys). (tempfile.TemporaryDirectory does this, but it imports
+    shutil and with it bz2 and lzma: 0.4 MiB of the running proxy, for one directory of
+    files.)"""
+    remove_orphans(parent, prefix)
     while True:
-        path = parent / f"{prefix}{os.urandom(6).hex()}"
+        path = parent / f"{prefix}{os.getpid()}-{os.urandom(6).hex()}"
         try:
             path.mkdir(mode=0o700)
             break
@@ -98,17 +103,58 @@ def private_dir(parent: Path, prefix: str) -> Iterator[Path]:
     try:
         yield path
     finally:
-        with contextlib.suppress(OSError):
-            for root, dirs, files in os.walk(path, topdown=False):
-                for name in files:
-                    os.unlink(os.path.join(root, name))
-                for name in dirs:
-                    inner = os.path.join(root, name)
-                    if os.path.islink(inner):
-                        os.unlink(inner)
-                    else:
-                        os.rmdir(inner)
-            path.rmdir()
+        _remove_tree(path)
+
+
+def remove_orphans(parent: Path, prefix: str) -> list[Path]:
+    """Removes this user's `<prefix><pid>-<random>` directories under `parent` whose process
+    no longer runs; those removed. A directory whose pid runs again (another process took the
+    number) is left: a conservative miss, never another process's files."""
+    pattern = re.compile(re.escape(prefix) + r"([0-9]+)-[0-9a-f]{12}")
+    removed: list[Path] = []
+    uid = os.geteuid()
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return removed
+    for entry in entries:
+        found = pattern.fullmatch(entry.name)
+        if found is None or _runs(int(found.group(1))):
+            continue
+        try:
+            if entry.stat(follow_symlinks=False).st_uid != uid or not entry.is_dir(
+                follow_symlinks=False
+            ):
+                continue
+        except OSError:
+            continue
+        _remove_tree(Path(entry.path))
+        removed.append(Path(entry.path))
+    return removed
+
+
+def _runs(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: it runs
+        return True
+    return True
+
+
+def _remove_tree(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        for root, dirs, files in os.walk(path, topdown=False):
+            for name in files:
+                os.unlink(os.path.join(root, name))
+            for name in dirs:
+                inner = os.path.join(root, name)
+                if os.path.islink(inner):
+                    os.unlink(inner)
+                else:
+                    os.rmdir(inner)
+        path.rmdir()
 
 
 class NoCertificate(RuntimeError):
