@@ -413,24 +413,9 @@ def metric(series: Series, name: str, **labels: str) -> float:
 
 
 def write_ca(folder: Path) -> str:
-    """A trust anchor, an issuer for the identity service and the serving certificates of the
-    destination and policy controllers; the anchors' PEM."""
-    from meshlet.controlplane.identity import ca, signer
-
-    now = dt.datetime.now(dt.UTC)
-    anchor, anchor_key = ca.create_trust_anchor(now)
-    issuer_cert, issuer_key = ca.create_issuer(anchor, anchor_key, now)
-    (folder / "issuer").mkdir(parents=True, exist_ok=True)
-    (folder / "trust-anchors.pem").write_bytes(ca.cert_pem(anchor))
-    (folder / "issuer" / wellknown.ISSUER_CERT_KEY).write_bytes(ca.cert_pem(issuer_cert))
-    key_file = folder / "issuer" / wellknown.ISSUER_KEY_KEY
-    key_file.touch(mode=0o600)
-    key_file.write_bytes(ca.key_pem(issuer_key))
-    issuer = ca.Issuer(chain=(issuer_cert,), key=issuer_key, anchors=(anchor,))
-    for name, identity in (("destination", wellknown.DESTINATION_SERVICE_NAME),
-                           ("policy", wellknown.POLICY_SERVICE_NAME)):  # fmt: skip
-        signer.write_serving_files(issuer, identity, folder / name, now, dt.timedelta(days=1))
-    return ca.cert_pem(anchor).decode()
+    """The demo's PKI, with serving certificates for the destination and policy controllers
+    (a day long); the anchors' PEM."""
+    return run.write_ca(folder, run.SERVING[:2], dt.timedelta(days=1))
 
 
 def sweep() -> None:

@@ -172,7 +172,7 @@ def demo(
     if ctx.invoked_subcommand is not None:
         return
     from meshlet.api.durations import parse_duration
-    from meshlet.cli.demo.run import Demo, DemoError, Options, exit_status
+    from meshlet.cli.demo.run import Demo, DemoError, Options, exit_status, reserved_slots
 
     if cluster:
         local = {"--mode": mode != "auto", "--issuance-lifetime": issuance_lifetime is not None,
@@ -211,7 +211,8 @@ def demo(
         issuance_lifetime=issuance_lifetime, summary_json=summary_json,
     )  # fmt: skip
     try:
-        with lock.claimed(name, LOCK_WAIT, _reserved, busy=lambda: _busy(console, name)) as place:
+        with lock.claimed(name, LOCK_WAIT, reserved_slots,
+                          busy=lambda: _busy(console, name)) as place:  # fmt: skip
             runner = Demo(options, console, place)
             logs = _run(runner, console, keep)
     except (DemoError, lock.LockBusy) as exc:
@@ -282,14 +283,6 @@ def _busy(console: Console, name: str) -> None:
         f"waiting for {lock.name_file(name)} (up to {LOCK_WAIT:g}s): another demo of this"
         " name, or a test, holds it"
     )
-
-
-def _reserved() -> dict[int, str]:
-    """The slot of each local mesh recorded on this machine, running or left by one that died
-    (its leftovers are its own to remove, by `meshlet demo down --name`): slot → name."""
-    from meshlet.cli.demo.supervisor import records
-
-    return {record.slot: record.name for record in records()}
 
 
 def _run(runner: Demo, console: Console, keep: bool) -> Path:

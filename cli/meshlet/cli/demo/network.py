@@ -90,14 +90,15 @@ def teardown(netns: Sequence[str], bridge: str) -> list[Argv]:
     return [*(("ip", "netns", "del", ns) for ns in netns), ("ip", "link", "del", bridge)]
 
 
-def write_hosts(layout: Layout) -> list[Path]:
-    """Each pod namespace's /etc/hosts (mounted by `ip netns exec`); the folders made, /etc/netns
-    itself first when it did not exist."""
+def write_hosts(layout: Layout, hosts: str | None = None) -> list[Path]:
+    """Each pod namespace's /etc/hosts (mounted by `ip netns exec`): `hosts`, else the demo's
+    services; the folders made, /etc/netns itself first when it did not exist."""
     made = [] if ETC_NETNS.exists() else [ETC_NETNS]
+    text = hosts_file(layout) if hosts is None else hosts
     for pod in layout.pods:
         folder = ETC_NETNS / layout.netns(pod.name)
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "hosts").write_text(hosts_file(layout))
+        (folder / "hosts").write_text(text)
         made.append(folder)
     return made
 

@@ -42,6 +42,8 @@ from meshlet.cli.demo.supervisor import (
     StartError,
     Supervisor,
     command,
+    pid_runs,
+    records,
     shm_folder,
     state_root,
     stop_pids,
@@ -247,24 +249,7 @@ class Demo:
         return "" if place.default else f"{localmesh.NAME_ENV}={place.name} "
 
     def _ca(self) -> str:
-        from meshlet.controlplane.identity import ca, signer
-
-        now = dt.datetime.now(dt.UTC)
-        anchor, anchor_key = ca.create_trust_anchor(now)
-        issuer_cert, issuer_key = ca.create_issuer(anchor, anchor_key, now)
-        folder = self.root / "ca"
-        (folder / "issuer").mkdir(parents=True, exist_ok=True)
-        (folder / "trust-anchors.pem").write_bytes(ca.cert_pem(anchor))
-        (folder / "issuer" / wellknown.ISSUER_CERT_KEY).write_bytes(ca.cert_pem(issuer_cert))
-        key_file = folder / "issuer" / wellknown.ISSUER_KEY_KEY
-        key_file.touch(mode=0o600)
-        key_file.write_bytes(ca.key_pem(issuer_key))
-        issuer = ca.Issuer(chain=(issuer_cert,), key=issuer_key, anchors=(anchor,))
-        for name, identity in (("destination", wellknown.DESTINATION_SERVICE_NAME),
-                               ("policy", wellknown.POLICY_SERVICE_NAME),
-                               ("tap", wellknown.TAP_SERVICE_NAME)):  # fmt: skip
-            signer.write_serving_files(issuer, identity, folder / name, now, dt.timedelta(days=30))
-        return ca.cert_pem(anchor).decode()
+        return write_ca(self.root / "ca")
 
     def _manifests(self) -> Any:
         from meshlet.controlplane.k8s.manifests import ManifestsFolder
@@ -329,41 +314,6 @@ class Demo:
             sup.wait_ready(name, f"http://{ip}:{port}/ready", READY_WITHIN)
         self._event("control plane up")
 
-    def _wait_destination_read(self, since: float) -> None:
-        """Until the destination has applied the Pod manifests written before `since` (Unix
-        time), so that the first calls find their endpoints: it re-reads the folder on change,
-        not at once."""
-        url = f"http://{self.layout.control_ip}:{wellknown.DESTINATION_ADMIN_PORT}/metrics"
-        deadline = time.monotonic() + READY_WITHIN
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=1) as r:
-                series = parse(r.read().decode())
-                applied = _value(series, "destination_source_last_event_timestamp_seconds",
-                                 kind="Pod")  # fmt: skip
-                if applied >= since:
-                    return
-            time.sleep(0.05)
-        raise StartError(f"the destination did not read the pods within {READY_WITHIN:g}s")
-
-    def _wait_policies_followed(self) -> None:
-        """Until every proxy follows its app's port's policy (one WatchPort stream each): a
-        proxy asks before its pod is in the manifests, is told NOT_FOUND and asks again with
-        backoff, and until it is answered its ports have the default policy."""
-        want = sum(1 for pod in self.layout.pods if topology.app_port(pod) is not None)
-        url = f"http://{self.layout.control_ip}:{wellknown.POLICY_ADMIN_PORT}/metrics"
-        deadline = time.monotonic() + READY_WITHIN
-        streams = 0.0
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=1) as r:
-                streams = _value(parse(r.read().decode()), "policy_watch_streams_active")
-                if streams >= want:
-                    return
-            time.sleep(0.1)
-        raise StartError(
-            f"only {streams:g} of {want} proxies follow their policies after {READY_WITHIN:g}s;"
-            f" see the proxies' logs and {self.sup.logs if self.sup else ''}/policy.log"
-        )
-
     def _start_spec(self, name: str) -> None:
         assert self.sup is not None
         spec = self.specs[name]
@@ -408,8 +358,9 @@ class Demo:
             sup.wait_ready(f"proxy-{pod.name}", f"{layout.admin(pod)}/ready", READY_WITHIN)
             manifests.put(f"pod-{pod.name}", topology.pod_manifest(pod))
         self._event("pods up: every proxy holds a certificate")
-        self._wait_destination_read(time.time())
-        self._wait_policies_followed()
+        wait_destination_read(layout.control_ip, time.time())
+        want = sum(1 for pod in layout.pods if topology.app_port(pod) is not None)
+        wait_policies_followed(layout.control_ip, want, sup.logs)
         self._event("every proxy follows its port's policy")
         load = layout.of("load")[0]
         argv = topology.app_argv(layout, load, rate=self.options.rate, stats_file=str(stats),
@@ -864,6 +815,76 @@ def _json_file(path: Path) -> dict[str, Any] | None:
     return data
 
 
+SERVING: Final = (
+    ("destination", wellknown.DESTINATION_SERVICE_NAME),
+    ("policy", wellknown.POLICY_SERVICE_NAME),
+    ("tap", wellknown.TAP_SERVICE_NAME),
+)
+
+
+def write_ca(
+    folder: Path,
+    serving: tuple[tuple[str, str], ...] = SERVING,
+    lifetime: dt.timedelta = dt.timedelta(days=30),
+) -> str:
+    """A local mesh's PKI in `folder`: a trust anchor, the identity service's issuer, and a
+    serving certificate (of `lifetime`) for each (controller, TLS identity) of `serving`, in
+    `folder/<controller>`; the anchor's PEM."""
+    from meshlet.controlplane.identity import ca, signer
+
+    now = dt.datetime.now(dt.UTC)
+    anchor, anchor_key = ca.create_trust_anchor(now)
+    issuer_cert, issuer_key = ca.create_issuer(anchor, anchor_key, now)
+    (folder / "issuer").mkdir(parents=True, exist_ok=True)
+    (folder / "trust-anchors.pem").write_bytes(ca.cert_pem(anchor))
+    (folder / "issuer" / wellknown.ISSUER_CERT_KEY).write_bytes(ca.cert_pem(issuer_cert))
+    key_file = folder / "issuer" / wellknown.ISSUER_KEY_KEY
+    key_file.touch(mode=0o600)
+    key_file.write_bytes(ca.key_pem(issuer_key))
+    issuer = ca.Issuer(chain=(issuer_cert,), key=issuer_key, anchors=(anchor,))
+    for name, identity in serving:
+        signer.write_serving_files(issuer, identity, folder / name, now, lifetime)
+    return ca.cert_pem(anchor).decode()
+
+
+def wait_destination_read(control_ip: str, since: float, within: float = READY_WITHIN) -> None:
+    """Until the destination at `control_ip` has applied the Pod manifests written before
+    `since` (Unix time), so that the first calls find their endpoints: it re-reads the folder on
+    change, not at once."""
+    url = f"http://{control_ip}:{wellknown.DESTINATION_ADMIN_PORT}/metrics"
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=1) as r:
+            series = parse(r.read().decode())
+            applied = _value(series, "destination_source_last_event_timestamp_seconds",
+                             kind="Pod")  # fmt: skip
+            if applied >= since:
+                return
+        time.sleep(0.05)
+    raise StartError(f"the destination did not read the pods within {within:g}s")
+
+
+def wait_policies_followed(
+    control_ip: str, want: int, logs: Path, within: float = READY_WITHIN
+) -> None:
+    """Until `want` proxies follow their app's ports' policies (one WatchPort stream each): a
+    proxy asks before its pod is in the manifests, is told NOT_FOUND and asks again with
+    backoff, and until it is answered its ports have the default policy."""
+    url = f"http://{control_ip}:{wellknown.POLICY_ADMIN_PORT}/metrics"
+    deadline = time.monotonic() + within
+    streams = 0.0
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=1) as r:
+            streams = _value(parse(r.read().decode()), "policy_watch_streams_active")
+            if streams >= want:
+                return
+        time.sleep(0.1)
+    raise StartError(
+        f"only {streams:g} of {want} proxies follow their policies after {within:g}s;"
+        f" see the proxies' logs and {logs}/policy.log"
+    )
+
+
 def _value(series: dict[Any, float], name: str, **labels: str) -> float:
     want = set(labels.items())
     return sum(v for (n, ls), v in series.items() if n == name and want <= ls)
@@ -933,6 +954,20 @@ def running_demo(root: Path | None = None) -> str | None:
         f"a demo is already running ({previous.mode} mode, state in {root});"
         f" stop it with `{down_command(place)}`"
     )
+
+
+def reserved_slots() -> dict[int, str]:
+    """The slots the local meshes recorded on this machine hold (slot → name), running or left
+    by one that died (its leftovers are its own to remove, by `meshlet demo down --name`);
+    a mesh whose owner process is gone (a test run killed, or timed out, before its
+    teardown) is removed first, and its slot is free."""
+    held = {}
+    for record in records():
+        if record.owner and not pid_runs(record.owner):
+            undo(record)
+            continue
+        held[record.slot] = record.name
+    return held
 
 
 def running(record: Record) -> bool:

@@ -90,6 +90,9 @@ class Record:
     urls: dict[str, str] = field(default_factory=dict)  # what a user can reach, for --keep
     name: str = DEFAULT_NAME  # the mesh's name and slot: its Place
     slot: int = 0
+    # The process the mesh lives and dies with (a test's), 0 for one that outlives its
+    # command (`meshlet demo --keep`): when it is gone, the mesh is left over.
+    owner: int = 0
 
     def save(self) -> None:
         path = Path(self.root, STATE_FILE)
@@ -246,17 +249,17 @@ def stop_pids(pids: list[int], grace: float, group: bool = True) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(_exists(pid) for pid in pids):
+    while time.monotonic() < deadline and any(pid_runs(pid) for pid in pids):
         time.sleep(0.05)
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 2.0
-    while time.monotonic() < deadline and any(_exists(pid) for pid in pids):
+    while time.monotonic() < deadline and any(pid_runs(pid) for pid in pids):
         time.sleep(0.05)
 
 
-def _exists(pid: int) -> bool:
+def pid_runs(pid: int) -> bool:
     """Whether `pid` is still a running process (not a zombie waiting for its parent)."""
     try:
         status = Path(f"/proc/{pid}/stat").read_text()

@@ -363,25 +363,34 @@ def proxy_env(
     identity_dir: str,
     anchors_pem: str,
     anchors_file: str | None = None,
+    namespace: str = NAMESPACE,
+    ports: tuple[int, ...] | None = None,
+    opaque_ports: tuple[int, ...] | None = None,
 ) -> dict[str, str]:
     """Everything `meshlet-proxy` reads, as the injector would write it for this pod; with
-    `anchors_file`, the bundle the proxy follows (the one the identity service reads)."""
+    `anchors_file`, the bundle the proxy follows (the one the identity service reads). The
+    pod's Kubernetes namespace, its containers' ports and its opaque ports are the demo's
+    unless given."""
     p = wellknown.PROXY_ENV_PREFIX
     netns = layout.mode is Mode.NETNS
     bind = "0.0.0.0" if netns else pod.ip
     opaque = set(wellknown.DEFAULT_OPAQUE_PORTS)
-    if pod.workload == "store":
+    if opaque_ports is not None:
+        opaque.update(opaque_ports)
+    elif pod.workload == "store":
         opaque.add(STORE_PORT)
-    context = {"ns": NAMESPACE, "nodeName": "local", "pod": pod.name}
-    workload = {"ns": NAMESPACE, "pod": pod.name}
-    port = app_port(pod)
+    context = {"ns": namespace, "nodeName": "local", "pod": pod.name}
+    workload = {"ns": namespace, "pod": pod.name}
+    if ports is None:
+        port = app_port(pod)
+        ports = (port,) if port is not None else ()
     policy = {  # the injector writes INBOUND_PORTS only for a pod with ports
         f"{p}POLICY_SVC_ADDR": str(layout.policy),
         f"{p}POLICY_SVC_NAME": wellknown.POLICY_SERVICE_NAME,
         f"{p}POLICY_WORKLOAD": json.dumps(workload, separators=(",", ":")),
         f"{p}POLICY_CLUSTER_NETWORKS": layout.cluster_network,
         f"{p}INBOUND_DEFAULT_POLICY": DEFAULT_POLICY,
-        **({f"{p}INBOUND_PORTS": str(port)} if port is not None else {}),
+        **({f"{p}INBOUND_PORTS": ",".join(map(str, ports))} if ports else {}),
     }
     return {
         f"{p}INBOUND_LISTEN_ADDR": f"{bind}:{wellknown.PROXY_INBOUND_PORT}",
@@ -394,7 +403,7 @@ def proxy_env(
         f"{p}DESTINATION_CONTEXT": json.dumps(context, separators=(",", ":")),
         f"{p}IDENTITY_SVC_ADDR": str(layout.identity),
         f"{p}IDENTITY_SVC_NAME": wellknown.IDENTITY_SERVICE_NAME,
-        f"{p}IDENTITY_LOCAL_NAME": pod.identity,
+        f"{p}IDENTITY_LOCAL_NAME": wellknown.identity_name(pod.workload, namespace),
         f"{p}IDENTITY_TOKEN_FILE": token_file,
         f"{p}IDENTITY_TRUST_ANCHORS": anchors_pem,
         **({f"{p}IDENTITY_TRUST_ANCHORS_FILE": anchors_file} if anchors_file else {}),
