@@ -1,0 +1,545 @@
+"""A local mesh of an application's own services, built from the demo's parts: a place of its
+own on the machine (slot, addresses, bridge and namespace names, state folder: several run side
+by side), a control plane (identity, destination, policy) in a namespace of its own, and one
+network namespace per pod with `meshlet-init`'s rules, a `meshlet-proxy` (GID 2102) and the
+service's command; plus a meshed client pod, from which `get` calls by name as any app would.
+
+The manifests folder the controllers read holds what a cluster's API server would: a Service
+per service (a cluster IP that exists only in the pods' /etc/hosts and rules), each pod once its
+proxy holds a certificate and its app listens, and the application's own policy resources
+(`apply`). Drills change the mesh as a test runs: `kill` a pod, `restart` a controller, `deny`
+one service another. `stat` reads what the proxies measured.
+
+Network namespaces need root (`MeshError` says so otherwise).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import re
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from meshlet.api import wellknown
+from meshlet.cli.demo import lock, network, run, topology
+from meshlet.cli.demo.supervisor import (
+    Process,
+    Record,
+    StartError,
+    Supervisor,
+    command,
+    shm_folder,
+    state_root,
+)
+from meshlet.cli.demo.topology import Layout, Mode, Place, Pod
+from meshlet.cli.mesh.spec import CLIENT, Service, Spec, problems
+from meshlet.cli.stats import QUANTILES, Row, Scrape, combine, parse, row, traffic
+from meshlet.controlplane.k8s import objects
+from meshlet.controlplane.k8s.manifests import ManifestsFolder
+
+READY_WITHIN: Final = 30.0
+CONTROL_PLANE: Final = tuple(
+    (name, port)
+    for name, port in run.CONTROL_PLANE
+    if name in ("identity", "destination", "policy")
+)
+_COUNTER = itertools.count(1)
+RESOLV_CONF: Final = "# the mesh's names are in /etc/hosts; no DNS server\n"
+
+
+class MeshError(Exception):
+    """The mesh could not be built or changed; the message says what and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    """What the client pod's curl got: the status (0: no response; `error` says why), the
+    response's header fields (lower-case names) and body."""
+
+    status: int
+    headers: dict[str, str]
+    body: str
+    error: str = ""
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+@dataclass(frozen=True, slots=True)
+class Stat:
+    """What the proxies of a workload's pods measured of the requests they served (inbound),
+    since they started: `meshlet viz stat`'s numbers."""
+
+    requests: float
+    success_rate: float | None  # fraction of responses classified success
+    latency_ms: dict[float, float | None]  # quantile (0.5, 0.95, 0.99) → ms
+    mtls: float | None  # fraction of requests (or, for TCP, connections) over mutual TLS
+    denied: float  # requests and connections authorization refused
+    peers: tuple[str, ...]  # the clients' identities
+
+    @classmethod
+    def of(cls, r: Row) -> Stat:
+        return cls(r.requests, r.success, dict(zip(QUANTILES, r.quantiles, strict=True)),
+                   r.mtls, r.denied, r.peers)  # fmt: skip
+
+
+class Mesh:
+    """`up()` builds it (MeshError, everything made removed, if it cannot); `down()` removes
+    all of it, whatever happened before; both are safe to call twice."""
+
+    def __init__(self, spec: Spec, *, name: str | None = None, lock_wait: float = 120.0) -> None:
+        wrong = problems(spec)
+        if wrong:
+            raise MeshError("the mesh's spec: " + "; ".join(wrong))
+        self.spec = spec
+        self.name = name or f"t{os.getpid()}-{next(_COUNTER)}"
+        problem = topology.name_problem(self.name)
+        if problem is not None:
+            raise MeshError(problem)
+        self.lock_wait = lock_wait
+        self.started_in: float | None = None  # seconds `up` took
+        self.layout: Layout | None = None
+        self.record: Record | None = None
+        self.sup: Supervisor | None = None
+        self.control: dict[str, Process] = {}
+        self._claim: contextlib.ExitStack | None = None
+        self._apps: dict[str, Process] = {}
+        self._pods: dict[str, Service | None] = {}  # pod → its service (None: the client)
+
+    # -- building it ----------------------------------------------------------------------
+
+    def up(self) -> Mesh:
+        started = time.monotonic()
+        if os.geteuid() != 0:
+            raise MeshError("a local mesh of network namespaces needs root")
+        try:
+            self._up()
+        except (StartError, network.NetworkError, lock.LockBusy, OSError) as exc:
+            self.down()
+            raise MeshError(str(exc)) from None
+        except BaseException:
+            self.down()
+            raise
+        self.started_in = time.monotonic() - started
+        return self
+
+    def _up(self) -> None:
+        self._claim = contextlib.ExitStack()
+        place = self._claim.enter_context(
+            lock.claimed(self.name, self.lock_wait, run.reserved_slots)
+        )
+        layout = self.layout = self._layout(place)
+        root = state_root(self.name)
+        previous = Record.load(root)
+        if previous is not None:
+            run.undo(previous)  # a mesh of this name that died: its processes, network, files
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.record = Record(mode=Mode.NETNS.value, root=str(root), shm=shm_folder(self.name),
+                             name=self.name, slot=place.slot, owner=os.getpid())  # fmt: skip
+        members = network.members(layout)
+        self.record.netns = [m.netns for m in members]
+        self.record.etc = [str(network.ETC_NETNS / layout.netns(pod.name)) for pod in layout.pods]
+        if not network.ETC_NETNS.exists():
+            self.record.etc.append(str(network.ETC_NETNS))
+        self.record.save()
+        run.sweep(layout)
+        self.sup = Supervisor(self.record)
+        anchors = run.write_ca(root / "ca", run.SERVING[:2])
+        (root / "tokens.yaml").write_text(self._tokens())
+        manifests = self.manifests
+        manifests.root.mkdir(exist_ok=True)
+        for svc, cluster_ip in zip(self.spec.services, self._cluster_ips(), strict=True):
+            manifests.put(f"service-{svc.name}", self._service(svc, cluster_ip))
+        network.apply(network.plan(layout))
+        for folder in network.write_hosts(layout, self._hosts()):
+            if folder != network.ETC_NETNS:
+                # No DNS server is reachable from a pod: with none named, glibc asks the pod's
+                # own loopback and fails at once, where the machine's server would time out
+                # (a reverse lookup at start-up, as Python's http.server makes, took 10 s).
+                (folder / "resolv.conf").write_text(RESOLV_CONF)
+        self._start_control_plane()
+        self._start_pods(anchors)
+        if self.spec.policy is not None:
+            self.apply(self.spec.policy)
+
+    def _layout(self, place: Place) -> Layout:
+        base = topology.layout(Mode.NETNS, place)
+        subnet = base.pods[0].ip.rsplit(".", 1)[0]  # the place's pods' /24
+        names: list[tuple[str, Service | None]] = [
+            (pod, svc) for svc in self.spec.services for pod in svc.pods()
+        ]
+        names.append((CLIENT, None))
+        pods = []
+        for host, (pod, svc) in enumerate(names, start=10):
+            workload = svc.name if svc is not None else CLIENT
+            pods.append(Pod(pod, workload, f"{subnet}.{host}", workload))
+            self._pods[pod] = svc
+        return Layout(Mode.NETNS, tuple(pods), base.control_ip, base.host_ip, base.prefix, place)
+
+    def _cluster_ips(self) -> list[str]:
+        return [f"10.96.0.{n}" for n in range(10, 10 + len(self.spec.services))]
+
+    def _service(self, svc: Service, cluster_ip: str) -> dict[str, Any]:
+        annotations = {}
+        if svc.protocol == "opaque":
+            annotations[wellknown.OPAQUE_PORTS_ANNOTATION] = str(svc.port)
+        return objects.service(svc.name, self.spec.namespace, ports=[("p", svc.port, svc.port)],
+                               cluster_ip=cluster_ip, annotations=annotations)  # fmt: skip
+
+    def _hosts(self) -> str:
+        ns, domain = self.spec.namespace, wellknown.CLUSTER_DOMAIN
+        lines = ["127.0.0.1 localhost"]
+        for svc, ip in zip(self.spec.services, self._cluster_ips(), strict=True):
+            lines.append(f"{ip} {svc.name}.{ns}.svc.{domain} {svc.name}.{ns} {svc.name}")
+        return "\n".join(lines) + "\n"
+
+    def _tokens(self) -> str:
+        assert self.layout is not None
+        return "".join(
+            f"token-{pod.name}: {{namespace: {self.spec.namespace},"
+            f" serviceaccount: {pod.workload}}}\n"
+            for pod in self.layout.pods
+        )
+
+    def _start_control_plane(self) -> None:
+        assert self.sup is not None and self.layout is not None and self.record is not None
+        ip, root = self.layout.control_ip, Path(self.record.root)
+        ca = root / "ca"
+
+        def tls(name: str, identity: str) -> list[str]:
+            return ["--tls-cert", str(ca / name / f"{identity}.crt"),
+                    "--tls-key", str(ca / name / f"{identity}.key")]  # fmt: skip
+
+        argv = {
+            "identity": ["identity", "--addr", f"{ip}:{wellknown.IDENTITY_PORT}",
+                         "--trust-anchors", str(ca / "trust-anchors.pem"),
+                         "--issuer-dir", str(ca / "issuer"),
+                         "--tokens-file", str(root / "tokens.yaml")],
+            "destination": ["destination", "--addr", f"{ip}:{wellknown.DESTINATION_PORT}",
+                            "--manifests", str(self.manifests.root),
+                            *tls("destination", wellknown.DESTINATION_SERVICE_NAME)],
+            "policy": ["policy", "--addr", f"{ip}:{wellknown.POLICY_PORT}",
+                       "--manifests", str(self.manifests.root),
+                       *tls("policy", wellknown.POLICY_SERVICE_NAME),
+                       "--cluster-networks", self.layout.cluster_network,
+                       "--default-policy", topology.DEFAULT_POLICY],
+        }  # fmt: skip
+        netns = self.layout.netns("control")
+        for name, admin in CONTROL_PLANE:
+            full = [*command("meshlet-controller"), *argv[name], "--admin-addr", f"{ip}:{admin}"]
+            self.control[name] = Process(name, full, {}, netns, None, self.sup.logs / f"{name}.log")
+            self.sup.restart(name, self.control[name])
+        for name, admin in CONTROL_PLANE:
+            self.sup.wait_ready(name, f"http://{ip}:{admin}/ready", READY_WITHIN)
+
+    def _start_pods(self, anchors: str) -> None:
+        sup, layout, record = self.sup, self.layout, self.record
+        assert sup is not None and layout is not None and record is not None
+        root, shm = Path(record.root), Path(record.shm)
+        shm.mkdir(mode=0o700, exist_ok=True)
+        (root / "tokens").mkdir(exist_ok=True)
+        # The pods are in the manifests from the start (`up` returns once every one is ready):
+        # a proxy that asked for its ports' policies before its pod was known would be told
+        # NOT_FOUND and ask again only after a backoff of seconds.
+        for pod in layout.pods:
+            self.manifests.put(f"pod-{pod.name}", self._pod_manifest(pod))
+        written = time.time()
+        init = [*command("meshlet-init"), "--proxy-gid", str(wellknown.PROXY_GID)]
+        for pod in layout.pods:
+            sup.run_once(f"init-{pod.name}", init, netns=layout.netns(pod.name))
+        for pod in layout.pods:
+            svc = self._pods[pod.name]
+            token = root / "tokens" / pod.name
+            token.write_text(f"token-{pod.name}")
+            (shm / pod.name).mkdir(mode=0o700, exist_ok=True)
+            env = topology.proxy_env(
+                layout, pod, token_file=str(token), identity_dir=str(shm / pod.name),
+                anchors_pem=anchors, anchors_file=str(root / "ca" / "trust-anchors.pem"),
+                namespace=self.spec.namespace, ports=(svc.port,) if svc is not None else (),
+                opaque_ports=(svc.port,) if svc is not None and svc.protocol == "opaque" else (),
+            )  # fmt: skip
+            netns = layout.netns(pod.name)
+            sup.start(f"proxy-{pod.name}", command("meshlet-proxy"), env=env, netns=netns,
+                      gid=wellknown.PROXY_GID)  # fmt: skip
+            if svc is not None:
+                self._start_app(pod, svc)
+        for pod in layout.pods:
+            sup.wait_ready(f"proxy-{pod.name}", f"{layout.admin(pod)}/ready", READY_WITHIN)
+        for pod in layout.pods:
+            svc = self._pods[pod.name]
+            if svc is not None:
+                self._wait_listening(pod.name, svc.port)
+        run.wait_destination_read(layout.control_ip, written)
+        want = sum(1 for svc in self._pods.values() if svc is not None)
+        run.wait_policies_followed(layout.control_ip, want, sup.logs)
+
+    def _start_app(self, pod: Pod, svc: Service) -> None:
+        assert self.sup is not None
+        values = {"port": str(svc.port), "pod": pod.name, "ip": pod.ip,
+                  "namespace": self.spec.namespace}  # fmt: skip
+        argv = [_fill(arg, values) for arg in svc.command]
+        env = {**svc.env, "PORT": str(svc.port), "POD_NAME": pod.name, "POD_IP": pod.ip,
+               "POD_NAMESPACE": self.spec.namespace}  # fmt: skip
+        self._apps[pod.name] = self.sup.start(f"app-{pod.name}", argv, env=env,
+                                              netns=self.layout.netns(pod.name) if self.layout
+                                              else None)  # fmt: skip
+
+    def _wait_listening(self, pod: str, port: int, within: float = READY_WITHIN) -> None:
+        """Until the pod's app listens on `port` (its namespace's /proc/net/tcp{,6}, read
+        through the app's own pid): what a readiness probe would wait for."""
+        proc = self._apps[pod]
+        assert proc.popen is not None
+        deadline = time.monotonic() + within
+        while not _listens(proc.popen.pid, port):
+            if proc.popen.poll() is not None:
+                raise StartError(f"app-{pod} exited ({proc.popen.returncode}):\n{proc.tail(20)}")
+            if time.monotonic() > deadline:
+                raise StartError(f"app-{pod} does not listen on {port} after {within:g}s:\n"
+                                 f"{proc.tail(20)}")  # fmt: skip
+            time.sleep(0.02)
+
+    def _pod_manifest(self, pod: Pod) -> dict[str, Any]:
+        svc = self._pods[pod.name]
+        annotations = {}
+        if svc is not None and svc.protocol == "opaque":
+            annotations[wellknown.OPAQUE_PORTS_ANNOTATION] = str(svc.port)
+        return objects.pod(
+            pod.name, pod.ip, self.spec.namespace, app=pod.workload, sa=pod.workload,
+            annotations=annotations,
+            owner=("ReplicaSet", f"{pod.workload}-{objects.TEMPLATE_HASH}"),
+            container_ports=[("app", svc.port)] if svc is not None else [],
+        )  # fmt: skip
+
+    # -- taking it down ---------------------------------------------------------------------
+
+    def down(self) -> list[str]:
+        """Stops every process and removes the namespaces, links and folders; the problems met
+        (none, normally)."""
+        problems: list[str] = []
+        if self.sup is not None:
+            self.sup.stop_all(grace=3.0)
+        if self.record is not None:
+            problems += run.undo(self.record)
+        if self._claim is not None:
+            self._claim.close()  # the locks: its name and its slot are free again
+            self._claim = None
+        self.sup = None
+        return problems
+
+    def __enter__(self) -> Mesh:
+        return self.up()
+
+    def __exit__(self, *exc: object) -> None:
+        problems = self.down()
+        if problems:
+            raise MeshError("taking the mesh down: " + "; ".join(problems))
+
+    # -- what tests do ----------------------------------------------------------------------
+
+    @property
+    def manifests(self) -> ManifestsFolder:
+        assert self.record is not None, "the mesh is not up"
+        return ManifestsFolder(Path(self.record.root) / "manifests")
+
+    @property
+    def pods(self) -> list[str]:
+        return list(self._pods)
+
+    def ip(self, pod: str) -> str:
+        assert self.layout is not None
+        return self.layout.pod(pod).ip
+
+    def url(self, service: str, path: str = "/") -> str:
+        """`http://<service>.<namespace>:<port><path>`: how a pod calls the service."""
+        svc = self.spec.service(service)
+        return f"http://{svc.name}.{self.spec.namespace}:{svc.port}{path}"
+
+    def get(self, service: str, path: str = "/", *curl_options: str) -> Response:
+        """One request from the mesh's client pod to the service by name, by curl: through the
+        client's proxy, over mTLS to a replica's proxy, to its app."""
+        return self.curl(CLIENT, self.url(service, path), *curl_options)
+
+    def curl(self, pod: str, url: str, *options: str) -> Response:
+        """One request by curl run in `pod`'s namespace (as its app: through its proxy)."""
+        done = self.exec(pod, "curl", "-sS", "--max-time", "10", "-D", "-", *options, url)
+        return _response(done.stdout, done.stderr)
+
+    def exec(self, pod: str, *argv: str, timeout: float = 30.0) -> Any:
+        """`argv` run in the pod's network namespace, as its app runs (not the proxy's GID):
+        its connections go through the pod's proxy. The CompletedProcess (text)."""
+        import subprocess
+
+        assert self.layout is not None, "the mesh is not up"
+        full = ["ip", "netns", "exec", self.layout.netns(pod), *argv]
+        return subprocess.run(full, capture_output=True, text=True, timeout=timeout, check=False)
+
+    def stat(self, target: str) -> Stat:
+        """`deploy/NAME` (every replica) or `pod/NAME`: what their proxies measured."""
+        assert self.layout is not None, "the mesh is not up"
+        kind, _, name = target.partition("/")
+        if kind in ("deploy", "deployment"):
+            pods = [p for p in self.layout.pods if p.workload == name]
+        elif kind in ("po", "pod"):
+            pods = [p for p in self.layout.pods if p.name == name]
+        else:
+            raise ValueError(f"{target!r}: stat takes deploy/NAME or pod/NAME")
+        if not pods:
+            raise KeyError(f"{target}: no such pod or deployment in the mesh")
+        parts = [traffic(None, self._scrape(p)) for p in pods if self._running(p.name)]
+        return Stat.of(row(name, f"{len(parts)}/{len(pods)}", combine(parts)))
+
+    def _scrape(self, pod: Pod) -> Scrape:
+        assert self.layout is not None
+        with urllib.request.urlopen(f"{self.layout.admin(pod)}/metrics", timeout=5) as r:
+            return Scrape(pod.name, time.monotonic(), parse(r.read().decode()))
+
+    def _running(self, pod: str) -> bool:
+        return self.sup is not None and self.sup.alive(f"proxy-{pod}")
+
+    # -- drills -----------------------------------------------------------------------------
+
+    def kill(self, pod: str) -> None:
+        """The pod dies (SIGKILL to its proxy and app) and is deleted (it leaves its service's
+        endpoints), as a node losing it would."""
+        assert self.sup is not None, "the mesh is not up"
+        if pod not in self._pods or pod == CLIENT:
+            raise KeyError(f"{pod}: no such pod of a service (pods: {', '.join(self.pods)})")
+        for process in (f"proxy-{pod}", f"app-{pod}"):
+            if process in self.sup.processes:
+                self.sup.kill(process)
+        self.manifests.remove(f"pod-{pod}")
+
+    def restart(self, controller: str) -> None:
+        """A controller (identity, destination, policy) killed and started again, until it is
+        ready."""
+        assert self.sup is not None and self.layout is not None, "the mesh is not up"
+        if controller not in self.control:
+            raise KeyError(f"{controller}: the controllers are {', '.join(self.control)}")
+        self.sup.kill(controller)
+        self.sup.restart(controller, self.control[controller])
+        admin = dict(CONTROL_PLANE)[controller]
+        self.sup.wait_ready(controller, f"http://{self.layout.control_ip}:{admin}/ready",
+                            READY_WITHIN)  # fmt: skip
+
+    def deny(self, client: str, server: str) -> None:
+        """From now on `server`'s port admits every meshed workload of the mesh but `client`
+        (a Server, a MeshTLSAuthentication and an AuthorizationPolicy, as a user would write
+        them); requests from `client` get 403, connections are refused."""
+        svc = self.spec.service(server)
+        others = [w for w in {*self.spec.names, CLIENT} if w != client]
+        self.manifests.put(f"deny-{client}-{server}", *_admit_only(
+            f"{server}-admits", self.spec.namespace, server, svc, sorted(others)))  # fmt: skip
+
+    def apply(self, path: Path | str) -> list[str]:
+        """The YAML documents of a file, or of every *.yaml / *.yml file of a folder, added to
+        what the controllers read (as `kubectl apply`); the files applied. A document that
+        is not an object with a kind, a name and this mesh's namespace (or none) is a
+        MeshError naming it, and nothing is applied."""
+        import yaml
+
+        path = Path(path)
+        files = sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml")) if \
+            path.is_dir() else [path]  # fmt: skip
+        loaded: list[tuple[str, list[dict[str, Any]]]] = []
+        wrong = []
+        for file in files:
+            try:
+                docs = [d for d in yaml.safe_load_all(file.read_text()) if d is not None]
+            except (OSError, yaml.YAMLError) as exc:
+                wrong.append(f"{file}: {exc}")
+                continue
+            for n, doc in enumerate(docs, 1):
+                meta = doc.get("metadata") if isinstance(doc, dict) else None
+                if not isinstance(meta, dict) or not doc.get("kind") or not meta.get("name"):
+                    wrong.append(f"{file}, document {n}: not an object with a kind and a name")
+                    continue
+                ns = meta.setdefault("namespace", self.spec.namespace)
+                if ns != self.spec.namespace:
+                    wrong.append(f"{file}, document {n}: namespace {ns!r} is not the mesh's"
+                                 f" ({self.spec.namespace})")  # fmt: skip
+            loaded.append((file.name, docs))
+        if wrong:
+            raise MeshError("cannot apply: " + "; ".join(wrong))
+        for name, docs in loaded:
+            self.manifests.put(f"applied-{re.sub(r'[^a-z0-9-]', '-', name.lower())}", *docs)
+        return [str(f) for f in files]
+
+
+def _admit_only(
+    name: str, namespace: str, server: str, svc: Service, identities: Sequence[str]
+) -> list[dict[str, Any]]:
+    group = wellknown.POLICY_API_GROUP
+
+    def resource(version: str, kind: str, spec: dict[str, Any]) -> dict[str, Any]:
+        return {"apiVersion": f"{group}/{version}", "kind": kind,
+                "metadata": {"name": name, "namespace": namespace}, "spec": spec}  # fmt: skip
+
+    return [
+        resource("v1beta3", "Server", {
+            "podSelector": {"matchLabels": {"app": server}}, "port": svc.port,
+            "proxyProtocol": "opaque" if svc.protocol == "opaque" else "unknown",
+            "accessPolicy": "deny",
+        }),
+        resource("v1alpha1", "MeshTLSAuthentication", {
+            "identityRefs": [{"kind": "ServiceAccount", "name": sa} for sa in identities],
+        }),
+        resource("v1alpha1", "AuthorizationPolicy", {
+            "targetRef": {"group": group, "kind": "Server", "name": name},
+            "requiredAuthenticationRefs": [
+                {"group": group, "kind": "MeshTLSAuthentication", "name": name}
+            ],
+        }),
+    ]  # fmt: skip
+
+
+def _fill(arg: str, values: dict[str, str]) -> str:
+    """`{port}`, `{pod}`, `{ip}`, `{namespace}` in `arg` replaced; other braces kept."""
+    return re.sub(r"\{(port|pod|ip|namespace)\}", lambda m: values[m.group(1)], arg)
+
+
+def _listens(pid: int, port: int) -> bool:
+    """Whether a socket listens on `port` in the network namespace of process `pid`."""
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if (
+                len(fields) > 3
+                and fields[3] == "0A"
+                and int(fields[1].rsplit(":", 1)[1], 16) == port
+            ):
+                return True
+    return False
+
+
+def _response(output: str, stderr: str) -> Response:
+    """curl's `-D -` output as a Response (the last response's head: after 1xx ones)."""
+    rest = output.replace("\r\n", "\n")
+    head, body = "", rest
+    while rest.startswith("HTTP/"):
+        head, _, rest = rest.partition("\n\n")
+        body = rest
+    lines = head.splitlines()
+    status = int(lines[0].split()[1]) if lines else 0
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return Response(status, headers, body, "" if status else stderr.strip())
+
+
+@contextlib.contextmanager
+def running(spec: Spec, name: str | None = None) -> Iterator[Mesh]:
+    """A mesh up for the block and down after it, whatever happened in it."""
+    with Mesh(spec, name=name) as mesh:
+        yield mesh

@@ -1,0 +1,58 @@
+"""pytest-meshlet: an application's tests run its services through a real local mesh.
+
+Installed with meshlet (the `pytest11` entry point `meshlet`), it gives every test two
+fixtures:
+
+- `meshlet_mesh(spec, name=None)`: builds a mesh of `spec` (a `meshlet.cli.mesh.spec.Spec`)
+  for this test and returns it (`meshlet.cli.mesh.engine.Mesh`); every mesh it built is taken
+  down after the test, passed or failed, and the test fails if anything of one is left.
+- `mesh`: the mesh of the `meshlet_spec` fixture, which the test suite defines (in its
+  conftest.py), for every test that asks for it.
+
+Each mesh has a place of its own (slot, addresses, network names, state folder), so pytest-xdist
+workers, or two CI jobs, build theirs side by side. A mesh whose test process died before its
+teardown (killed, or timed out by pytest-timeout's thread method, which ends the process) is
+removed by the next mesh built on the machine. Needs root (network namespaces, iptables).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:  # the mesh's modules load when a test asks for a mesh, not with pytest
+    from meshlet.cli.mesh.engine import Mesh
+    from meshlet.cli.mesh.spec import Spec
+
+
+@pytest.fixture
+def meshlet_mesh() -> Iterator[Callable[..., Mesh]]:
+    made: list[Mesh] = []
+
+    def build(spec: Spec, name: str | None = None) -> Mesh:
+        from meshlet.cli.mesh.engine import Mesh
+
+        mesh = Mesh(spec, name=name)
+        made.append(mesh)
+        return mesh.up()
+
+    yield build
+    problems = [problem for mesh in reversed(made) for problem in mesh.down()]
+    if problems:
+        pytest.fail("taking the mesh down left: " + "; ".join(problems), pytrace=False)
+
+
+@pytest.fixture
+def meshlet_spec() -> Spec:
+    """The spec of the `mesh` fixture: define a fixture of this name in your conftest.py."""
+    raise pytest.UsageError(
+        "the mesh fixture builds the spec of a `meshlet_spec` fixture: define one in"
+        " conftest.py returning a meshlet.cli.mesh.spec.Spec"
+    )
+
+
+@pytest.fixture
+def mesh(meshlet_mesh: Callable[..., Mesh], meshlet_spec: Spec) -> Mesh:
+    return meshlet_mesh(meshlet_spec)

@@ -1,0 +1,102 @@
+"""A local mesh of an application's own services (`meshlet.cli.mesh`): built around real
+commands nobody here wrote (Python's http.server), called by curl through real proxies over
+mTLS, changed by drills as a test runs, and gone without a trace afterwards."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from meshlet.cli.demo import network
+from meshlet.cli.demo.supervisor import pid_runs
+from meshlet.cli.mesh import spec as mesh_spec
+from meshlet.cli.mesh.engine import Mesh, MeshError, Response
+
+FILES = mesh_spec.service(
+    "files", [sys.executable, "-m", "http.server", "{port}", "--bind", "0.0.0.0"], port=8000,
+    replicas=2,
+)  # fmt: skip
+
+
+def eventually(check: Callable[[], Response], want: int, within: float = 15.0) -> Response:
+    """`check()` until its status is `want`; the last response."""
+    deadline = time.monotonic() + within
+    while True:
+        got = check()
+        if got.status == want or time.monotonic() > deadline:
+            return got
+        time.sleep(0.2)
+
+
+def leftovers(mesh: Mesh, pids: list[int]) -> list[str]:
+    """What of the mesh is still on the machine: namespaces, links, folders, processes."""
+    assert mesh.layout is not None and mesh.record is not None
+    place = mesh.layout.place
+    found = network.existing_netns(place.netns_prefix)
+    found += [link for link in (place.bridge,) if network.link_exists(link)]
+    found += [p for p in (mesh.record.root, mesh.record.shm) if Path(p).exists()]
+    return found + [f"pid {pid}" for pid in pids if pid_runs(pid)]
+
+
+@pytest.mark.netns
+def test_an_applications_services_through_the_mesh_with_drills(netns_available: None) -> None:
+    spec = mesh_spec.Spec((FILES,), namespace="shop")
+    mesh = Mesh(spec)
+    try:
+        mesh.up()
+        assert mesh.started_in is not None
+        answer = mesh.get("files")
+        assert answer.status == 200, answer
+        assert "Directory listing" in answer.body
+        stat = mesh.stat("deploy/files")
+        assert stat.requests >= 1 and stat.success_rate == 1.0 and stat.mtls == 1.0, stat
+        assert stat.peers == ("client.shop.serviceaccount.identity.meshlet.cluster.local",)
+
+        mesh.kill("files-1")  # the other replica serves every call
+        assert [mesh.get("files").status for _ in range(10)] == [200] * 10
+        assert mesh.stat("pod/files-2").requests >= 10
+
+        mesh.restart("destination")
+        assert mesh.get("files").status == 200
+
+        mesh.deny("client", "files")
+        denied = eventually(lambda: mesh.get("files"), 403)
+        assert denied.status == 403, denied
+        assert mesh.stat("deploy/files").denied >= 1
+    finally:
+        pids = list(mesh.record.processes.values()) if mesh.record else []
+        problems = mesh.down()
+    assert problems == []
+    assert len(pids) == 3 + 3 + 2 - 2  # controllers, proxies, apps; less files-1, killed
+    assert leftovers(mesh, pids) == []
+
+
+def test_a_bad_spec_names_every_problem() -> None:
+    bad = mesh_spec.Spec(
+        (
+            mesh_spec.service("Web", "app", port=0),
+            mesh_spec.service("api", "", port=4143, replicas=0, protocol="soap"),
+            mesh_spec.service("api", "app", port=80),
+            mesh_spec.service("client", "app", port=80),
+        ),
+        namespace="Shop",
+    )
+    with pytest.raises(MeshError) as caught:
+        Mesh(bad)
+    message = str(caught.value)
+    for problem in (
+        "namespace 'Shop': not a DNS label",
+        "service 'Web': the name is not a DNS label",
+        "service 'Web': port 0 is not 1-65535",
+        "service 'api': no command",
+        "service 'api': port 4143 is the proxy's own",
+        "service 'api': replicas 0 is not 1-50",
+        "service 'api': protocol 'soap' is not one of http, grpc, opaque",
+        "service 'api': declared twice",
+        "service 'client': the name is the mesh's own client pod's",
+    ):
+        assert problem in message, (problem, message)
