@@ -43,7 +43,9 @@ def leftovers(mesh: Mesh, pids: list[int]) -> list[str]:
 
 
 @pytest.mark.netns
-def test_an_applications_services_through_the_mesh_with_drills(netns_available: None) -> None:
+def test_an_applications_services_through_the_mesh_with_drills(
+    netns_available: None, tmp_path: Path
+) -> None:
     spec = mesh_spec.Spec((FILES,), namespace="shop")
     mesh = Mesh(spec)
     try:
@@ -62,6 +64,20 @@ def test_an_applications_services_through_the_mesh_with_drills(netns_available: 
 
         mesh.restart("destination")
         assert mesh.get("files").status == 200
+
+        bad = tmp_path / "bad.yaml"
+        bad.write_text(
+            "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: files}\n---\n"
+            "apiVersion: policy.meshlet.io/v1beta3\nkind: Server\n"
+            "metadata: {name: s, namespace: other}\nspec: {port: 8000}\n"
+        )
+        with pytest.raises(MeshError) as refused:
+            mesh.apply(bad)
+        assert "document 1: apps/v1 Deployment is not a kind the mesh's controllers read" in str(
+            refused.value
+        )
+        assert "document 2: namespace 'other' is not the mesh's (shop)" in str(refused.value)
+        assert not [f for f in mesh.manifests.root.iterdir() if f.name.startswith("applied-")]
 
         mesh.deny("client", "files")
         denied = eventually(lambda: mesh.get("files"), 403)

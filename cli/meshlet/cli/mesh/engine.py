@@ -42,6 +42,7 @@ from meshlet.cli.demo.topology import Layout, Mode, Place, Pod
 from meshlet.cli.mesh.spec import CLIENT, Service, Spec, problems
 from meshlet.cli.stats import QUANTILES, Row, Scrape, combine, parse, row, traffic
 from meshlet.controlplane.k8s import objects
+from meshlet.controlplane.k8s.events import DESTINATION_KINDS, POLICY_SERVER_KINDS, Kind
 from meshlet.controlplane.k8s.manifests import ManifestsFolder
 
 READY_WITHIN: Final = 30.0
@@ -51,6 +52,13 @@ CONTROL_PLANE: Final = tuple(
     if name in ("identity", "destination", "policy")
 )
 _COUNTER = itertools.count(1)
+# The controllers reading the manifests folder: (process, admin port, its events counter, the
+# kinds it reads)
+READERS: Final = (
+    ("destination", wellknown.DESTINATION_ADMIN_PORT, "destination_source_events_total",
+     DESTINATION_KINDS),
+    ("policy", wellknown.POLICY_ADMIN_PORT, "policy_source_events_total", POLICY_SERVER_KINDS),
+)  # fmt: skip
 RESOLV_CONF: Final = "# the mesh's names are in /etc/hosts; no DNS server\n"
 
 
@@ -414,7 +422,8 @@ class Mesh:
         for process in (f"proxy-{pod}", f"app-{pod}"):
             if process in self.sup.processes:
                 self.sup.kill(process)
-        self.manifests.remove(f"pod-{pod}")
+        with self._read({Kind.POD}):
+            self.manifests.remove(f"pod-{pod}")
 
     def restart(self, controller: str) -> None:
         """A controller (identity, destination, policy) killed and started again, until it is
@@ -434,8 +443,9 @@ class Mesh:
         them); requests from `client` get 403, connections are refused."""
         svc = self.spec.service(server)
         others = [w for w in {*self.spec.names, CLIENT} if w != client]
-        self.manifests.put(f"deny-{client}-{server}", *_admit_only(
-            f"{server}-admits", self.spec.namespace, server, svc, sorted(others)))  # fmt: skip
+        docs = _admit_only(f"{server}-admits", self.spec.namespace, server, svc, sorted(others))
+        with self._read({kind for kind in map(_kind, docs) if kind is not None}):
+            self.manifests.put(f"deny-{client}-{server}", *docs)
 
     def apply(self, path: Path | str) -> list[str]:
         """The YAML documents of a file, or of every *.yaml / *.yml file of a folder, added to
@@ -460,6 +470,11 @@ class Mesh:
                 if not isinstance(meta, dict) or not doc.get("kind") or not meta.get("name"):
                     wrong.append(f"{file}, document {n}: not an object with a kind and a name")
                     continue
+                if _kind(doc) is None:
+                    wrong.append(f"{file}, document {n}: {doc.get('apiVersion')}"
+                                 f" {doc.get('kind')} is not a kind the mesh's controllers"
+                                 " read")  # fmt: skip
+                    continue
                 ns = meta.setdefault("namespace", self.spec.namespace)
                 if ns != self.spec.namespace:
                     wrong.append(f"{file}, document {n}: namespace {ns!r} is not the mesh's"
@@ -467,9 +482,46 @@ class Mesh:
             loaded.append((file.name, docs))
         if wrong:
             raise MeshError("cannot apply: " + "; ".join(wrong))
-        for name, docs in loaded:
-            self.manifests.put(f"applied-{re.sub(r'[^a-z0-9-]', '-', name.lower())}", *docs)
+        kinds = {kind for _, docs in loaded for kind in map(_kind, docs) if kind is not None}
+        with self._read(kinds):
+            for name, docs in loaded:
+                self.manifests.put(f"applied-{re.sub(r'[^a-z0-9-]', '-', name.lower())}", *docs)
         return [str(f) for f in files]
+
+    @contextlib.contextmanager
+    def _read(self, kinds: set[Kind], within: float = READY_WITHIN) -> Iterator[None]:
+        """Around a change of the manifests folder: after it, until every controller that
+        reads one of `kinds` has applied an event of each (the folder is polled, twice a
+        second): then the proxies are being told."""
+        before = self._events()
+        yield
+        want = [(name, kind.kind) for name, _, _, read in READERS for kind in kinds if kind in read]
+        deadline = time.monotonic() + within
+        while True:
+            now = self._events()
+            late = [key for key in want if now.get(key, 0.0) <= before.get(key, 0.0)]
+            if not late:
+                return
+            if time.monotonic() > deadline:
+                raise MeshError(f"the controllers did not read the change within {within:g}s:"
+                                f" {', '.join(f'{n} ({k})' for n, k in late)}")  # fmt: skip
+            time.sleep(0.05)
+
+    def _events(self) -> dict[tuple[str, str], float]:
+        """Each controller's events applied so far, by kind: (controller, kind) → count."""
+        assert self.layout is not None
+        found: dict[tuple[str, str], float] = {}
+        for name, port, counter, _ in READERS:
+            url = f"http://{self.layout.control_ip}:{port}/metrics"
+            with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as r:
+                for (sample, labels), value in parse(r.read().decode()).items():
+                    if sample == counter:
+                        found[(name, dict(labels).get("kind", ""))] = value
+        return found
+
+
+def _kind(doc: dict[str, Any]) -> Kind | None:
+    return Kind.of(str(doc.get("apiVersion")), str(doc.get("kind")))
 
 
 def _admit_only(

@@ -1,0 +1,1 @@
+"""An example shop: web (FastAPI) takes orders and calls store (gRPC) for stock."""
