@@ -22,6 +22,29 @@ FILES = mesh_spec.service(
 )  # fmt: skip
 
 
+STORE = mesh_spec.service(
+    "store", [sys.executable, "-m", "shop.store", "--port", "{port}"], port=9090,
+    protocol="grpc", env={"PYTHONPATH": str(Path(__file__).parents[3] / "examples" / "shop")},
+)  # fmt: skip
+GRPC_CALL = """
+import sys, grpc
+with grpc.insecure_channel(sys.argv[1]) as channel:
+    call = channel.unary_unary("/shop.Store/Stock")
+    try:
+        call(b"{}", timeout=5)
+        print("OK")
+    except grpc.RpcError as exc:
+        print(exc.code().name, exc.details())
+"""
+
+
+def timed(call: Callable[[], Response]) -> float:
+    """Seconds a call took (it must succeed)."""
+    started = time.monotonic()
+    assert call().status == 200
+    return time.monotonic() - started
+
+
 def eventually(check: Callable[[], Response], want: int, within: float = 15.0) -> Response:
     """`check()` until its status is `want`; the last response."""
     deadline = time.monotonic() + within
@@ -46,7 +69,7 @@ def leftovers(mesh: Mesh, pids: list[int]) -> list[str]:
 def test_an_applications_services_through_the_mesh_with_drills(
     netns_available: None, tmp_path: Path
 ) -> None:
-    spec = mesh_spec.Spec((FILES,), namespace="shop")
+    spec = mesh_spec.Spec((FILES, STORE), namespace="shop")
     mesh = Mesh(spec)
     try:
         mesh.up()
@@ -58,9 +81,29 @@ def test_an_applications_services_through_the_mesh_with_drills(
         assert stat.requests >= 1 and stat.success_rate == 1.0 and stat.mtls == 1.0, stat
         assert stat.peers == ("client.shop.serviceaccount.identity.meshlet.cluster.local",)
 
+        mesh.fail("files", status=503)  # every replica, without touching the apps
+        assert {mesh.get("files").status for _ in range(6)} == {503}
+        failing = mesh.get("files")
+        assert failing.body == "503 Service Unavailable (a drill)\n", failing
+        assert mesh.stat("deploy/files").success_rate < 1.0
+        mesh.heal("files")
+        assert {mesh.get("files").status for _ in range(6)} == {200}
+
         mesh.kill("files-1")  # the other replica serves every call
         assert [mesh.get("files").status for _ in range(10)] == [200] * 10
         assert mesh.stat("pod/files-2").requests >= 10
+
+        mesh.slow("files-2", "300ms")
+        assert min(timed(lambda: mesh.get("files")) for _ in range(3)) >= 0.3
+        mesh.heal("files-2")
+        assert min(timed(lambda: mesh.get("files")) for _ in range(3)) < 0.3
+
+        called = mesh.exec("client", sys.executable, "-c", GRPC_CALL, "store.shop:9090")
+        assert called.stdout.strip() == "OK", called.stderr
+        mesh.fail("store", status=503)
+        called = mesh.exec("client", sys.executable, "-c", GRPC_CALL, "store.shop:9090")
+        assert called.stdout.strip() == "UNAVAILABLE 503 Service Unavailable (a drill)", called
+        mesh.heal("store")
 
         mesh.restart("destination")
         assert mesh.get("files").status == 200
@@ -87,7 +130,7 @@ def test_an_applications_services_through_the_mesh_with_drills(
         pids = list(mesh.record.processes.values()) if mesh.record else []
         problems = mesh.down()
     assert problems == []
-    assert len(pids) == 3 + 3 + 2 - 2  # controllers, proxies, apps; less files-1, killed
+    assert len(pids) == 3 + 4 + 3 - 2  # controllers, proxies, apps; less files-1, killed
     assert leftovers(mesh, pids) == []
 
 

@@ -20,6 +20,7 @@ import itertools
 import json
 import os
 import re
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -39,6 +40,7 @@ from meshlet.cli.demo.supervisor import (
     state_root,
 )
 from meshlet.cli.demo.topology import Layout, Mode, Place, Pod
+from meshlet.cli.mesh import interpose
 from meshlet.cli.mesh.spec import CLIENT, Service, Spec, problems
 from meshlet.cli.stats import QUANTILES, Row, Scrape, combine, parse, row, traffic
 from meshlet.controlplane.k8s import objects
@@ -424,6 +426,87 @@ class Mesh:
                 self.sup.kill(process)
         with self._read({Kind.POD}):
             self.manifests.remove(f"pod-{pod}")
+
+    def slow(self, target: str, delay: str | float) -> None:
+        """Every reply of the app of `target` (a pod, or every pod of a service) comes `delay`
+        late (seconds, or a duration: "50ms"), until `heal`: its proxy's connections to the
+        app go through a relay that holds back what the app sends."""
+        from meshlet.api.durations import parse_duration
+
+        seconds = delay if isinstance(delay, float | int) else parse_duration(delay)
+        for pod in self._targets(target):
+            svc = self._pods[pod]
+            assert svc is not None
+            self._interpose(pod, svc, ["--to", f"127.0.0.1:{svc.port}", "--delay", str(seconds)])
+
+    def fail(self, target: str, status: int = 503) -> None:
+        """Every request to the app of `target` (a pod, or every pod of a service) is answered
+        `status` without reaching the app (gRPC calls: the matching gRPC status, 503 →
+        UNAVAILABLE), until `heal`. Connections the proxy holds to the app are cut, so no
+        request slips through on one."""
+        if not 100 <= status <= 599:
+            raise ValueError(f"status {status}: not an HTTP status")
+        for pod in self._targets(target):
+            svc = self._pods[pod]
+            assert svc is not None
+            self._interpose(pod, svc, ["--status", str(status)])
+
+    def heal(self, target: str) -> None:
+        """Undoes `slow` and `fail` on `target`: its proxy reaches its app again."""
+        for pod in self._targets(target):
+            self._unpose(pod)
+
+    def _targets(self, target: str) -> list[str]:
+        """A pod of a service, or every live pod of a service."""
+        assert self.sup is not None, "the mesh is not up"
+        if target in self._pods and self._pods[target] is not None:
+            return [target]
+        svc = self.spec.service(target)
+        return [pod for pod in svc.pods() if self.sup.alive(f"proxy-{pod}")]
+
+    def _interpose(self, pod: str, svc: Service, args: list[str]) -> None:
+        assert self.sup is not None and self.layout is not None
+        self._unpose(pod)
+        name = f"drill-{pod}"
+        port = interpose.PORT
+        proc = self.sup.start(name, [sys.executable, "-m", "meshlet.cli.mesh.interpose",
+                                     "--listen", f"0.0.0.0:{port}", *args],
+                              netns=self.layout.netns(pod))  # fmt: skip
+        assert proc.popen is not None
+        deadline = time.monotonic() + READY_WITHIN
+        while not _listens(proc.popen.pid, port):
+            if proc.popen.poll() is not None or time.monotonic() > deadline:
+                raise MeshError(f"the drill's relay in {pod} did not start:\n{proc.tail(20)}")
+            time.sleep(0.02)
+        self._redirect(pod, svc, "-I")
+        self._cut(pod, svc)
+
+    def _unpose(self, pod: str) -> None:
+        assert self.sup is not None
+        name = f"drill-{pod}"
+        if name not in self.sup.processes:
+            return
+        svc = self._pods[pod]
+        assert svc is not None
+        self._redirect(pod, svc, "-D")
+        self._cut(pod, svc)
+        self.sup.stop(name, grace=1.0)
+
+    def _redirect(self, pod: str, svc: Service, verb: str) -> None:
+        """Adds (-I) or deletes (-D) the pod's rule sending its proxy's new connections to
+        the app's port to the drill's relay."""
+        rule = ["-p", "tcp", "-d", self.ip(pod), "--dport", str(svc.port), "-m", "owner",
+                "--gid-owner", str(wellknown.PROXY_GID), "-j", "REDIRECT",
+                "--to-ports", str(interpose.PORT)]  # fmt: skip
+        where = ["1"] if verb == "-I" else []
+        done = self.exec(pod, "iptables-legacy", "-w", "-t", "nat", verb, "OUTPUT", *where, *rule)
+        if done.returncode != 0:
+            raise MeshError(f"iptables in {pod}: {done.stderr.strip()}")
+
+    def _cut(self, pod: str, svc: Service) -> None:
+        """Ends the proxy's open connections to the app's port (`ss -K`): the next request
+        dials again, and meets the rules as they are now."""
+        self.exec(pod, "ss", "-K", "dst", self.ip(pod), "dport", "=", str(svc.port))
 
     def restart(self, controller: str) -> None:
         """A controller (identity, destination, policy) killed and started again, until it is
