@@ -22,9 +22,17 @@ def query(params: dict[str, str | None]) -> str:
     return PATH + "?" + urllib.parse.urlencode({k: v for k, v in params.items() if v})
 
 
-def stream(host: str, port: int, path: str, timeout: float = 10.0) -> Iterator[dict[str, Any]]:
-    """The controller's objects, one a line, until it ends the stream."""
-    connection = http.client.HTTPConnection(host, port, timeout=timeout)
+def stream(
+    host: str,
+    port: int,
+    path: str,
+    timeout: float = 10.0,
+    connection: http.client.HTTPConnection | None = None,
+) -> Iterator[dict[str, Any]]:
+    """The controller's objects, one a line, until it ends the stream (or `connection`, when
+    the caller gives one, is shut down from another thread)."""
+    if connection is None:
+        connection = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
         try:
             connection.request("GET", path, headers={"Accept": "application/x-ndjson"})

@@ -80,6 +80,15 @@ def test_an_applications_services_through_the_mesh_with_drills(
         stat = mesh.stat("deploy/files")
         assert stat.requests >= 1 and stat.success_rate == 1.0 and stat.mtls == 1.0, stat
         assert stat.peers == ("client.shop.serviceaccount.identity.meshlet.cluster.local",)
+        with mesh.tap("deploy/files", path="/tapped") as tap:
+            for n in range(3):
+                assert mesh.get("files", f"/tapped-{n}").status == 404
+            seen = tap.wait(3)
+        assert sorted(r.path for r in seen) == ["/tapped-0", "/tapped-1", "/tapped-2"], seen
+        assert {(r.direction, r.method, r.status, r.tls) for r in seen} == {
+            ("inbound", "GET", 404, True)
+        }
+        assert {r.proxy for r in seen} <= {"shop/files-1", "shop/files-2"}
 
         mesh.fail("files", status=503)  # every replica, without touching the apps
         assert {mesh.get("files").status for _ in range(6)} == {503}
@@ -130,7 +139,7 @@ def test_an_applications_services_through_the_mesh_with_drills(
         pids = list(mesh.record.processes.values()) if mesh.record else []
         problems = mesh.down()
     assert problems == []
-    assert len(pids) == 3 + 4 + 3 - 2  # controllers, proxies, apps; less files-1, killed
+    assert len(pids) == 4 + 4 + 3 - 2  # controllers, proxies, apps; less files-1, killed
     assert leftovers(mesh, pids) == []
 
 

@@ -1,14 +1,17 @@
 """A local mesh of an application's own services, built from the demo's parts: a place of its
-own on the machine (slot, addresses, bridge and namespace names, state folder: several run side
-by side), a control plane (identity, destination, policy) in a namespace of its own, and one
-network namespace per pod with `meshlet-init`'s rules, a `meshlet-proxy` (GID 2102) and the
-service's command; plus a meshed client pod, from which `get` calls by name as any app would.
+own on the machine (slot, addresses, bridge and namespace names, state folder: several run
+side by side), a control plane (identity, destination, policy, tap) in a namespace of its own,
+and one network namespace per pod with `meshlet-init`'s rules, a `meshlet-proxy` (GID 2102) and
+the service's command; plus a meshed client pod, from which `get` calls by name as any app
+would.
 
 The manifests folder the controllers read holds what a cluster's API server would: a Service
-per service (a cluster IP that exists only in the pods' /etc/hosts and rules), each pod once its
-proxy holds a certificate and its app listens, and the application's own policy resources
-(`apply`). Drills change the mesh as a test runs: `kill` a pod, `restart` a controller, `deny`
-one service another. `stat` reads what the proxies measured.
+per service (a cluster IP that exists only in the pods' /etc/hosts and rules), every pod (`up`
+returns once each one's proxy holds a certificate and its app listens, as readiness probes
+would have it), and the application's own policy resources
+(`apply`). Drills change the mesh as a test runs: `kill` a pod, `fail` or `slow` an app,
+`restart` a controller, `deny` one service another. `stat` reads what the proxies measured,
+`tap` the requests they see.
 
 Network namespaces need root (`MeshError` says so otherwise).
 """
@@ -48,11 +51,7 @@ from meshlet.controlplane.k8s.events import DESTINATION_KINDS, POLICY_SERVER_KIN
 from meshlet.controlplane.k8s.manifests import ManifestsFolder
 
 READY_WITHIN: Final = 30.0
-CONTROL_PLANE: Final = tuple(
-    (name, port)
-    for name, port in run.CONTROL_PLANE
-    if name in ("identity", "destination", "policy")
-)
+CONTROL_PLANE: Final = run.CONTROL_PLANE  # identity, destination, policy, tap
 _COUNTER = itertools.count(1)
 # The controllers reading the manifests folder: (process, admin port, its events counter, the
 # kinds it reads)
@@ -161,7 +160,7 @@ class Mesh:
         self.record.save()
         run.sweep(layout)
         self.sup = Supervisor(self.record)
-        anchors = run.write_ca(root / "ca", run.SERVING[:2])
+        anchors = run.write_ca(root / "ca")
         (root / "tokens.yaml").write_text(self._tokens())
         manifests = self.manifests
         manifests.root.mkdir(exist_ok=True)
@@ -240,6 +239,10 @@ class Mesh:
                        *tls("policy", wellknown.POLICY_SERVICE_NAME),
                        "--cluster-networks", self.layout.cluster_network,
                        "--default-policy", topology.DEFAULT_POLICY],
+            "tap": ["tap", "--addr", f"{ip}:{wellknown.TAP_PORT}",
+                    "--manifests", str(self.manifests.root),
+                    *tls("tap", wellknown.TAP_SERVICE_NAME),
+                    "--trust-anchors", str(ca / "trust-anchors.pem")],
         }  # fmt: skip
         netns = self.layout.netns("control")
         for name, admin in CONTROL_PLANE:
@@ -393,17 +396,9 @@ class Mesh:
     def stat(self, target: str) -> Stat:
         """`deploy/NAME` (every replica) or `pod/NAME`: what their proxies measured."""
         assert self.layout is not None, "the mesh is not up"
-        kind, _, name = target.partition("/")
-        if kind in ("deploy", "deployment"):
-            pods = [p for p in self.layout.pods if p.workload == name]
-        elif kind in ("po", "pod"):
-            pods = [p for p in self.layout.pods if p.name == name]
-        else:
-            raise ValueError(f"{target!r}: stat takes deploy/NAME or pod/NAME")
-        if not pods:
-            raise KeyError(f"{target}: no such pod or deployment in the mesh")
-        parts = [traffic(None, self._scrape(p)) for p in pods if self._running(p.name)]
-        return Stat.of(row(name, f"{len(parts)}/{len(pods)}", combine(parts)))
+        pods = self._pods_of(target)
+        parts = [traffic(None, self._scrape(p)) for p in pods]
+        return Stat.of(row(target, f"{len(parts)}/{len(pods)}", combine(parts)))
 
     def _scrape(self, pod: Pod) -> Scrape:
         assert self.layout is not None
@@ -412,6 +407,54 @@ class Mesh:
 
     def _running(self, pod: str) -> bool:
         return self.sup is not None and self.sup.alive(f"proxy-{pod}")
+
+    @contextlib.contextmanager
+    def tap(
+        self,
+        target: str,
+        *,
+        to: str | None = None,
+        method: str | None = None,
+        path: str | None = None,
+        max_rps: float = 100.0,
+    ) -> Iterator[Tap]:
+        """The requests the proxies of `target` (`deploy/NAME`, `pod/NAME`) see while the block
+        runs, as `meshlet viz tap` shows them (from the mesh's tap controller): the block
+        starts once every one of those proxies is being tapped, so no request of the block is
+        missed."""
+        from meshlet.cli import tap as taps
+
+        assert self.layout is not None and self.sup is not None, "the mesh is not up"
+        pods = self._pods_of(target)
+        path_query = taps.query({
+            "resource": target, "namespace": self.spec.namespace, "to": to,
+            "to_namespace": self.spec.namespace if to else None, "method": method,
+            "path": path, "max_rps": f"{max_rps:g}",
+        })  # fmt: skip
+        tapped = Tap(self.layout.control_ip, wellknown.TAP_PORT, path_query)
+        try:
+            deadline = time.monotonic() + READY_WITHIN
+            while not all(_gauge(self._scrape(p).series, "tap_open") >= 1 for p in pods):
+                if tapped.error is not None or time.monotonic() > deadline:
+                    raise MeshError(f"the tap of {target} did not start: {tapped.error}")
+                time.sleep(0.02)
+            yield tapped
+        finally:
+            tapped.close()
+
+    def _pods_of(self, target: str) -> list[Pod]:
+        assert self.layout is not None
+        kind, _, name = target.partition("/")
+        if kind in ("deploy", "deployment"):
+            pods = [p for p in self.layout.pods if p.workload == name]
+        elif kind in ("po", "pod"):
+            pods = [p for p in self.layout.pods if p.name == name]
+        else:
+            raise ValueError(f"{target!r}: deploy/NAME or pod/NAME")
+        pods = [p for p in pods if self._running(p.name)]
+        if not pods:
+            raise KeyError(f"{target}: no running pod or deployment of that name in the mesh")
+        return pods
 
     # -- drills -----------------------------------------------------------------------------
 
@@ -509,7 +552,7 @@ class Mesh:
         self.exec(pod, "ss", "-K", "dst", self.ip(pod), "dport", "=", str(svc.port))
 
     def restart(self, controller: str) -> None:
-        """A controller (identity, destination, policy) killed and started again, until it is
+        """A controller (identity, destination, policy, tap) killed and started again, until it is
         ready."""
         assert self.sup is not None and self.layout is not None, "the mesh is not up"
         if controller not in self.control:
@@ -601,6 +644,109 @@ class Mesh:
                     if sample == counter:
                         found[(name, dict(labels).get("kind", ""))] = value
         return found
+
+
+@dataclass(frozen=True, slots=True)
+class TapRequest:
+    """One request a tapped proxy saw: its request, response and end events joined."""
+
+    proxy: str  # namespace/pod of the proxy that saw it
+    direction: str  # inbound or outbound
+    method: str
+    authority: str
+    path: str
+    status: int | None  # None while (or when) no response came
+    grpc_status: int | None
+    latency_ms: float | None  # to the response's head
+    tls: bool
+    src: str
+    dst: str
+    src_labels: dict[str, str]
+    dst_labels: dict[str, str]
+
+
+class Tap:
+    """The events of one tap, read by a thread of its own while the test runs."""
+
+    def __init__(self, host: str, port: int, path: str) -> None:
+        import http.client
+        import threading
+
+        from meshlet.cli import tap as taps
+
+        self.events: list[dict[str, Any]] = []
+        self.error: str | None = None
+        self._closed = False
+        self._connection = http.client.HTTPConnection(host, port, timeout=10)
+        self._lines = taps.stream(host, port, path, connection=self._connection)
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._read, name="meshlet-tap", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        from meshlet.cli.tap import TapError
+
+        try:
+            for line in self._lines:
+                with self._lock:
+                    self.events.append(line)
+        except TapError as exc:
+            if not self._closed:
+                self.error = str(exc)
+
+    def close(self) -> None:
+        """Ends the tap: its connection shut, its reader thread gone."""
+        import socket
+
+        self._closed = True
+        sock = self._connection.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        self._thread.join(10)
+        self._connection.close()
+
+    def requests(self) -> list[TapRequest]:
+        """The requests seen so far whose response head came, in the order they started."""
+        with self._lock:
+            events = list(self.events)
+        started: dict[str, dict[str, Any]] = {}
+        answered: dict[str, dict[str, Any]] = {}
+        ended: dict[str, dict[str, Any]] = {}
+        for event in events:
+            into = {"req": started, "rsp": answered, "end": ended}.get(event.get("type", ""))
+            if into is not None:
+                into[event["id"]] = event
+        found = []
+        for key, req in started.items():
+            rsp, end = answered.get(key), ended.get(key, {})
+            if rsp is None:
+                continue
+            found.append(TapRequest(
+                proxy=req["proxy"], direction=req["direction"], method=req["method"],
+                authority=req["authority"], path=req["path"], status=rsp.get("status"),
+                grpc_status=end.get("grpc_status"),
+                latency_ms=rsp["latency"] * 1000 if rsp.get("latency") is not None else None,
+                tls=req.get("tls") == "true", src=req["src"], dst=req["dst"],
+                src_labels=req["src_labels"], dst_labels=req["dst_labels"],
+            ))  # fmt: skip
+        return found
+
+    def wait(self, count: int, within: float = 10.0) -> list[TapRequest]:
+        """The requests seen, once there are at least `count` (MeshError after `within` s)."""
+        deadline = time.monotonic() + within
+        while True:
+            seen = self.requests()
+            if len(seen) >= count:
+                return seen
+            if self.error is not None or time.monotonic() > deadline:
+                raise MeshError(f"the tap saw {len(seen)} of {count} requests in {within:g}s"
+                                + (f": {self.error}" if self.error else ""))  # fmt: skip
+            time.sleep(0.02)
+
+
+def _gauge(series: dict[Any, float], name: str) -> float:
+    return sum(v for (n, _), v in series.items() if n == name)
 
 
 def _kind(doc: dict[str, Any]) -> Kind | None:
