@@ -121,7 +121,10 @@ def test_an_applications_services_through_the_mesh_with_drills(
         bad.write_text(
             "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: files}\n---\n"
             "apiVersion: policy.meshlet.io/v1beta3\nkind: Server\n"
-            "metadata: {name: s, namespace: other}\nspec: {port: 8000}\n"
+            "metadata: {name: s, namespace: other}\nspec: {port: 8000}\n---\n"
+            "apiVersion: meshlet.io/v1alpha1\nkind: ServiceProfile\n"
+            "metadata: {name: files.shop.svc.cluster.local}\n"
+            "spec: {routes: [{name: r, condition: {method: GET}, timeout: soon}]}\n"
         )
         with pytest.raises(MeshError) as refused:
             mesh.apply(bad)
@@ -129,6 +132,8 @@ def test_an_applications_services_through_the_mesh_with_drills(
             refused.value
         )
         assert "document 2: namespace 'other' is not the mesh's (shop)" in str(refused.value)
+        assert "document 3 (ServiceProfile files.shop.svc.cluster.local): " in str(refused.value)
+        assert "soon" in str(refused.value)
         assert not [f for f in mesh.manifests.root.iterdir() if f.name.startswith("applied-")]
 
         mesh.deny("client", "files")

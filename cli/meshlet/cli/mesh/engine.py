@@ -46,6 +46,7 @@ from meshlet.cli.demo.topology import Layout, Mode, Place, Pod
 from meshlet.cli.mesh import interpose
 from meshlet.cli.mesh.spec import CLIENT, Service, Spec, problems
 from meshlet.cli.stats import QUANTILES, Row, Scrape, combine, parse, row, traffic
+from meshlet.controlplane.injector.validators import VALIDATORS
 from meshlet.controlplane.k8s import objects
 from meshlet.controlplane.k8s.events import DESTINATION_KINDS, POLICY_SERVER_KINDS, Kind
 from meshlet.controlplane.k8s.manifests import ManifestsFolder
@@ -576,8 +577,9 @@ class Mesh:
     def apply(self, path: Path | str) -> list[str]:
         """The YAML documents of a file, or of every *.yaml / *.yml file of a folder, added to
         what the controllers read (as `kubectl apply`); the files applied. A document that
-        is not an object with a kind, a name and this mesh's namespace (or none) is a
-        MeshError naming it, and nothing is applied."""
+        is not an object with a kind the controllers read, a name and this mesh's namespace
+        (or none), or that the admission webhook would refuse (its validators), is a MeshError
+        naming every problem, and nothing is applied."""
         import yaml
 
         path = Path(path)
@@ -601,6 +603,10 @@ class Mesh:
                                  f" {doc.get('kind')} is not a kind the mesh's controllers"
                                  " read")  # fmt: skip
                     continue
+                group = str(doc.get("apiVersion")).rpartition("/")[0]
+                judge = VALIDATORS.get((group, str(doc.get("kind"))))
+                for problem in judge(doc) if judge is not None else []:
+                    wrong.append(f"{file}, document {n} ({doc['kind']} {meta['name']}): {problem}")
                 ns = meta.setdefault("namespace", self.spec.namespace)
                 if ns != self.spec.namespace:
                     wrong.append(f"{file}, document {n}: namespace {ns!r} is not the mesh's"
