@@ -22,9 +22,10 @@ FILES = mesh_spec.service(
 )  # fmt: skip
 
 
+EXAMPLE = Path(__file__).parents[3] / "examples" / "shop"
 STORE = mesh_spec.service(
     "store", [sys.executable, "-m", "shop.store", "--port", "{port}"], port=9090,
-    protocol="grpc", env={"PYTHONPATH": str(Path(__file__).parents[3] / "examples" / "shop")},
+    protocol="grpc", env={"PYTHONPATH": str(EXAMPLE)},
 )  # fmt: skip
 GRPC_CALL = """
 import sys, grpc
@@ -173,3 +174,18 @@ def test_a_bad_spec_names_every_problem() -> None:
         "service 'client': the name is the mesh's own client pod's",
     ):
         assert problem in message, (problem, message)
+
+
+@pytest.mark.netns
+def test_asgi_and_wsgi_applications_as_services(netns_available: None) -> None:
+    """FastAPI (ASGI) and a plain WSGI app, declared by their import paths, served in their
+    pods by uvicorn and called through the mesh."""
+    api = mesh_spec.asgi("api", "shop.web:app", port=8080, path=EXAMPLE)
+    hello = mesh_spec.wsgi("hello", "hello_wsgi:app", port=8000, replicas=2,
+                           path=Path(__file__).parent / "apps")  # fmt: skip
+    with Mesh(mesh_spec.Spec((api, hello), namespace="apps")) as mesh:
+        openapi = mesh.get("api", "/openapi.json")
+        assert openapi.status == 200 and openapi.json()["info"]["title"] == "shop web", openapi
+        answers = {mesh.get("hello", "/there").body for _ in range(8)}
+        assert answers <= {"hello from hello-1 /there\n", "hello from hello-2 /there\n"}, answers
+        assert mesh.stat("deploy/hello").mtls == 1.0

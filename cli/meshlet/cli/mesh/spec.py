@@ -4,7 +4,9 @@ resources. Pure: `problems` names everything wrong with a spec at once."""
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +71,41 @@ def service(
 
     argv = tuple(shlex.split(command) if isinstance(command, str) else command)
     return Service(name, argv, port, replicas, protocol, dict(env or {}))
+
+
+def asgi(
+    name: str,
+    app: str,
+    *,
+    port: int,
+    replicas: int = 1,
+    env: Mapping[str, str] | None = None,
+    path: Path | str | None = None,
+    interface: str = "asgi3",
+) -> Service:
+    """A Service whose pods serve the ASGI application `app` ("package.module:attribute"),
+    importable from `path` when given, with uvicorn (which the test environment provides):
+    HTTP/1.1, and WebSocket upgrades."""
+    env = dict(env or {})
+    if path is not None:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(path), env.get("PYTHONPATH")) if p)
+    command = [sys.executable, "-m", "uvicorn", app, "--interface", interface,
+               "--host", "0.0.0.0", "--port", "{port}", "--no-access-log"]  # fmt: skip
+    return Service(name, tuple(command), port, replicas, "http", env)
+
+
+def wsgi(
+    name: str,
+    app: str,
+    *,
+    port: int,
+    replicas: int = 1,
+    env: Mapping[str, str] | None = None,
+    path: Path | str | None = None,
+) -> Service:
+    """A Service whose pods serve the WSGI application `app` (Flask, Django's
+    `wsgi:application`, …), as `asgi` does, through uvicorn's WSGI interface."""
+    return asgi(name, app, port=port, replicas=replicas, env=env, path=path, interface="wsgi")
 
 
 def problems(spec: Spec) -> list[str]:
