@@ -4,6 +4,7 @@ mTLS, changed by drills as a test runs, and gone without a trace afterwards."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from collections.abc import Callable
@@ -156,6 +157,7 @@ def test_a_bad_spec_names_every_problem() -> None:
             mesh_spec.service("api", "", port=4143, replicas=0, protocol="soap"),
             mesh_spec.service("api", "app", port=80),
             mesh_spec.service("client", "app", port=80),
+            mesh_spec.service("odd", "app", port=80, annotations={"example.com/x": "1"}),
         ),
         namespace="Shop",
     )
@@ -172,6 +174,7 @@ def test_a_bad_spec_names_every_problem() -> None:
         "service 'api': protocol 'soap' is not one of http, grpc, opaque",
         "service 'api': declared twice",
         "service 'client': the name is the mesh's own client pod's",
+        "service 'odd': annotation 'example.com/x' is not one of meshlet's",
     ):
         assert problem in message, (problem, message)
 
@@ -183,9 +186,15 @@ def test_asgi_and_wsgi_applications_as_services(netns_available: None) -> None:
     api = mesh_spec.asgi("api", "shop.web:app", port=8080, path=EXAMPLE)
     hello = mesh_spec.wsgi("hello", "hello_wsgi:app", port=8000, replicas=2,
                            path=Path(__file__).parent / "apps")  # fmt: skip
+    # the Service's annotations as a user writes them: a request timeout for every route
+    hello = dataclasses.replace(hello, annotations={"timeout.meshlet.io/request": "300ms"})
     with Mesh(mesh_spec.Spec((api, hello), namespace="apps")) as mesh:
         openapi = mesh.get("api", "/openapi.json")
         assert openapi.status == 200 and openapi.json()["info"]["title"] == "shop web", openapi
         answers = {mesh.get("hello", "/there").body for _ in range(8)}
         assert answers <= {"hello from hello-1 /there\n", "hello from hello-2 /there\n"}, answers
         assert mesh.stat("deploy/hello").mtls == 1.0
+        mesh.slow("hello", "1s")
+        late = mesh.get("hello", "/there")
+        assert late.status == 504, late
+        assert "timeout of 0.3s" in late.headers.get("meshlet-proxy-error", ""), late

@@ -197,7 +197,7 @@ class Mesh:
         return [f"10.96.0.{n}" for n in range(10, 10 + len(self.spec.services))]
 
     def _service(self, svc: Service, cluster_ip: str) -> dict[str, Any]:
-        annotations = {}
+        annotations = dict(svc.annotations)
         if svc.protocol == "opaque":
             annotations[wellknown.OPAQUE_PORTS_ANNOTATION] = str(svc.port)
         return objects.service(svc.name, self.spec.namespace, ports=[("p", svc.port, svc.port)],
@@ -321,7 +321,7 @@ class Mesh:
 
     def _pod_manifest(self, pod: Pod) -> dict[str, Any]:
         svc = self._pods[pod.name]
-        annotations = {}
+        annotations = dict(svc.annotations) if svc is not None else {}
         if svc is not None and svc.protocol == "opaque":
             annotations[wellknown.OPAQUE_PORTS_ANNOTATION] = str(svc.port)
         return objects.pod(

@@ -35,6 +35,9 @@ class Service:
     replicas: int = 1
     protocol: str = "http"
     env: Mapping[str, str] = field(default_factory=dict)
+    # meshlet's annotations (Linkerd's, with meshlet's prefix), on the Service and its pods as
+    # a user sets them: timeouts, retries, failure accrual, opaque ports, …
+    annotations: Mapping[str, str] = field(default_factory=dict)
 
     def pods(self) -> list[str]:
         return [f"{self.name}-{n}" for n in range(1, self.replicas + 1)]
@@ -65,12 +68,13 @@ def service(
     replicas: int = 1,
     protocol: str = "http",
     env: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
 ) -> Service:
     """A Service; `command` as a shell would split it, or as a list of arguments."""
     import shlex
 
     argv = tuple(shlex.split(command) if isinstance(command, str) else command)
-    return Service(name, argv, port, replicas, protocol, dict(env or {}))
+    return Service(name, argv, port, replicas, protocol, dict(env or {}), dict(annotations or {}))
 
 
 def asgi(
@@ -133,6 +137,11 @@ def problems(spec: Spec) -> list[str]:
             found.append(f"{where}: port {svc.port} is the proxy's own")
         if not 1 <= svc.replicas <= 50:
             found.append(f"{where}: replicas {svc.replicas} is not 1-50")
+        for key in svc.annotations:
+            domain, slash, _ = key.partition("/")
+            if not slash or not (domain == "meshlet.io" or domain.endswith(".meshlet.io")):
+                found.append(f"{where}: annotation {key!r} is not one of meshlet's"
+                             " (config.meshlet.io/…, retry.meshlet.io/…, …)")  # fmt: skip
         if svc.protocol not in PROTOCOLS:
             found.append(f"{where}: protocol {svc.protocol!r} is not one of {', '.join(PROTOCOLS)}")
     if sum(max(svc.replicas, 0) for svc in spec.services) + 1 > MAX_PODS:
