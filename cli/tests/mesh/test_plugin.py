@@ -141,3 +141,48 @@ def test_a_killed_runs_mesh_is_removed_by_the_next_mesh(
         assert mesh.layout is not None and mesh.layout.place.slot == dead.slot
         assert mesh.get("files").status == 200
     assert left_of(dead) == []
+
+
+SLEEPER = """
+    import json, time
+
+
+    def test_interrupted_while_it_runs(mesh):
+        print("MESH", json.dumps({"name": mesh.name, "slot": mesh.layout.place.slot}),
+              flush=True)
+        time.sleep(60)
+"""
+
+
+@pytest.mark.netns
+@pytest.mark.parametrize("how", ["ctrl-c", "timeout"])
+def test_an_interrupted_or_timed_out_tests_mesh_is_taken_down(
+    netns_available: None, tmp_path: Path, how: str
+) -> None:
+    """Ctrl-C (SIGINT to pytest) or pytest-timeout (its signal method) while a test holds
+    a mesh: the fixture's teardown runs and nothing of the mesh is left."""
+    folder = suite(tmp_path / "app", SLEEPER)
+    more = ["--timeout", "3", "--timeout-method", "signal"] if how == "timeout" else []
+
+    def as_from_a_terminal() -> None:  # a run started in the background ignores SIGINT
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    proc = subprocess.Popen(pytest_argv(folder, "-s", "-q", *more), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=folder,
+                            preexec_fn=as_from_a_terminal)  # fmt: skip
+    assert proc.stdout is not None
+    try:
+        line = ""
+        while "MESH " not in line:
+            line = proc.stdout.readline()
+            assert line, "the test run ended before its mesh was up"
+        (mesh,) = places_made(line)
+        if how == "ctrl-c":
+            proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.communicate(timeout=30)
+    want = "KeyboardInterrupt" if how == "ctrl-c" else "Timeout"
+    assert want in out, out[-3000:]
+    assert left_of(mesh) == []
