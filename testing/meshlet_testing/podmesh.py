@@ -171,29 +171,12 @@ class PodMesh:
 
     def _start_control_plane(self) -> None:
         assert self.sup is not None
-        ip, ca, root = self.layout.control_ip, self.root / "ca", self.root
-        tls = {
-            name: ["--tls-cert", str(ca / name / f"{identity}.crt"),
-                   "--tls-key", str(ca / name / f"{identity}.key")]
-            for name, identity in (("destination", wellknown.DESTINATION_SERVICE_NAME),
-                                   ("policy", wellknown.POLICY_SERVICE_NAME))
-        }  # fmt: skip
-        argv = {
-            "identity": ["identity", "--addr", f"{ip}:{wellknown.IDENTITY_PORT}",
-                         "--trust-anchors", str(ca / "trust-anchors.pem"),
-                         "--issuer-dir", str(ca / "issuer"),
-                         "--tokens-file", str(root / "tokens.yaml")],
-            "destination": ["destination", "--addr", f"{ip}:{wellknown.DESTINATION_PORT}",
-                            "--manifests", str(self.manifests.root), *tls["destination"]],
-            "policy": ["policy", "--addr", f"{ip}:{wellknown.POLICY_PORT}",
-                       "--manifests", str(self.manifests.root), *tls["policy"],
-                       "--cluster-networks", self.cluster_networks],
-        }  # fmt: skip
+        ip = self.layout.control_ip
+        argv = run.controller_argv(ip, self.root, cluster_networks=self.cluster_networks)
         netns = NAMES.netns_prefix + "control"
-        for name, admin in CONTROL_PLANE:
-            full = [*command("meshlet-controller"), *argv[name], "--admin-addr", f"{ip}:{admin}"]
+        for name, _ in CONTROL_PLANE:
             log = self.sup.logs / f"{name}.log"
-            self.control[name] = Process(name, full, {}, netns, None, log)
+            self.control[name] = Process(name, argv[name], {}, netns, None, log)
             self.sup.restart(name, self.control[name])
         for name, admin in CONTROL_PLANE:
             self._wait_ready(name, f"http://{ip}:{admin}/ready")

@@ -23,27 +23,21 @@ from typing import Any
 import pytest
 
 from meshlet.cli.demo import lock, network, topology
+from meshlet.cli.demo.supervisor import shm_folder, state_root
 
 # Each test runs the whole local mesh; `make test` runs them beside the rest of the suite.
 pytestmark = pytest.mark.demo
 
 
-def _places() -> list[topology.Place]:
-    """Every place a local mesh can take: the default's, and a named one's in each slot."""
-    return [topology.DEFAULT_PLACE,
-            *(topology.Place(f"slot{n}", n) for n in range(1, topology.SLOTS))]  # fmt: skip
-
-
 def _demo_netns() -> frozenset[str]:
-    return frozenset(
-        m.netns
-        for place in _places()
-        for m in network.members(topology.layout(topology.Mode.NETNS, place))
-    )
+    """The default mesh's namespaces (other slots' are other meshes', made by other tests at
+    the same time: a test of named meshes checks its own)."""
+    return frozenset(m.netns for m in network.members(topology.layout(topology.Mode.NETNS)))
 
 
 def _demo_link(name: str) -> bool:
-    return any(name == p.bridge or name.startswith(p.veth_prefix) for p in _places())
+    place = topology.DEFAULT_PLACE
+    return name == place.bridge or name.startswith(place.veth_prefix)
 
 
 NETNS = topology.layout(topology.Mode.NETNS)  # the default mesh's
@@ -67,8 +61,8 @@ class MachineState:
         def out(*argv: str) -> str:
             return subprocess.run(argv, capture_output=True, text=True, check=False).stdout
 
-        files = {str(p) for p in Path("/dev/shm").glob("meshlet-demo*")}
-        files |= {str(p) for p in Path("/run").glob("meshlet-demo*")}
+        files = {shm_folder(), str(state_root())}  # the default mesh's
+        files = {path for path in files if Path(path).exists()}
         return cls(
             netns=frozenset(line.split()[0] for line in out("ip", "netns", "list").splitlines())
             & _demo_netns(),
@@ -308,6 +302,11 @@ def test_meshes_of_two_names_run_side_by_side_and_one_stops_alone(
         for name in names:
             subprocess.run([*meshlet, "down", "--name", name], capture_output=True, text=True,
                            timeout=60, check=False, env=env)  # fmt: skip
+    for place, record in zip(places, records, strict=True):  # nothing of either is left
+        assert not network.existing_netns(place.netns_prefix), place
+        assert not network.link_exists(place.bridge), place
+        assert not Path(record["root"]).exists() and not Path(record["shm"]).exists()
+        assert not any(_alive(pid) for pid in record["processes"].values())
 
 
 @pytest.mark.netns

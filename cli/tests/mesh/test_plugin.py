@@ -82,6 +82,17 @@ def places_made(out: str) -> list[topology.Place]:
             for m in map(json.loads, re.findall(r"MESH (\{.*?\})", out))]  # fmt: skip
 
 
+def mesh_said(proc: subprocess.Popen[str]) -> topology.Place:
+    """The mesh a running test says it holds (its first `MESH …` line)."""
+    assert proc.stdout is not None
+    line = ""
+    while "MESH " not in line:
+        line = proc.stdout.readline()
+        assert line, "the test run ended before its mesh was up"
+    (place,) = places_made(line)
+    return place
+
+
 def left_of(place: topology.Place) -> list[str]:
     found = network.existing_netns(place.netns_prefix)
     found += [place.bridge] if network.link_exists(place.bridge) else []
@@ -119,13 +130,8 @@ def test_a_killed_runs_mesh_is_removed_by_the_next_mesh(
     """)  # fmt: skip
     proc = subprocess.Popen(pytest_argv(folder, "-s", "-q"), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, cwd=folder)  # fmt: skip
-    assert proc.stdout is not None
     try:
-        line = ""
-        while "MESH " not in line:
-            line = proc.stdout.readline()
-            assert line, "the test run ended before its mesh was up"
-        (dead,) = places_made(line)
+        dead = mesh_said(proc)
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         proc.kill()
@@ -170,13 +176,8 @@ def test_an_interrupted_or_timed_out_tests_mesh_is_taken_down(
     proc = subprocess.Popen(pytest_argv(folder, "-s", "-q", *more), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, cwd=folder,
                             preexec_fn=as_from_a_terminal)  # fmt: skip
-    assert proc.stdout is not None
     try:
-        line = ""
-        while "MESH " not in line:
-            line = proc.stdout.readline()
-            assert line, "the test run ended before its mesh was up"
-        (mesh,) = places_made(line)
+        mesh = mesh_said(proc)
         if how == "ctrl-c":
             proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)

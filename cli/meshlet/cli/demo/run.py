@@ -263,51 +263,10 @@ class Demo:
         assert sup is not None
         netns = layout.netns("control") if layout.mode is Mode.NETNS else None
         ip = layout.control_ip
-        ca = root / "ca"
-        destination_cert = ca / "destination" / f"{wellknown.DESTINATION_SERVICE_NAME}"
-        policy_cert = ca / "policy" / f"{wellknown.POLICY_SERVICE_NAME}"
-        tap_cert = ca / "tap" / f"{wellknown.TAP_SERVICE_NAME}"
-        self.specs["identity"] = Process(
-            "identity",
-            [*command("meshlet-controller"), "identity",
-             "--addr", f"{ip}:{wellknown.IDENTITY_PORT}",
-             "--admin-addr", f"{ip}:{wellknown.IDENTITY_ADMIN_PORT}",
-             "--trust-anchors", str(ca / "trust-anchors.pem"), "--issuer-dir", str(ca / "issuer"),
-             "--tokens-file", str(root / "tokens.yaml"),
-             "--issuance-lifetime", self.options.issuance_lifetime],
-            {}, netns, None, sup.logs / "identity.log",
-        )  # fmt: skip
-        self.specs["destination"] = Process(
-            "destination",
-            [*command("meshlet-controller"), "destination",
-             "--addr", f"{ip}:{wellknown.DESTINATION_PORT}",
-             "--admin-addr", f"{ip}:{wellknown.DESTINATION_ADMIN_PORT}",
-             "--manifests", str(root / "manifests"),
-             "--tls-cert", f"{destination_cert}.crt", "--tls-key", f"{destination_cert}.key"],
-            {}, netns, None, sup.logs / "destination.log",
-        )  # fmt: skip
-        self.specs["policy"] = Process(
-            "policy",
-            [*command("meshlet-controller"), "policy",
-             "--addr", f"{ip}:{wellknown.POLICY_PORT}",
-             "--admin-addr", f"{ip}:{wellknown.POLICY_ADMIN_PORT}",
-             "--manifests", str(root / "manifests"),
-             "--tls-cert", f"{policy_cert}.crt", "--tls-key", f"{policy_cert}.key",
-             "--cluster-networks", layout.cluster_network,
-             "--default-policy", topology.DEFAULT_POLICY],
-            {}, netns, None, sup.logs / "policy.log",
-        )  # fmt: skip
-        # Opens each tapped proxy's tap server over mTLS with the tap identity's certificate.
-        self.specs["tap"] = Process(
-            "tap",
-            [*command("meshlet-controller"), "tap",
-             "--addr", f"{ip}:{wellknown.TAP_PORT}",
-             "--admin-addr", f"{ip}:{wellknown.TAP_ADMIN_PORT}",
-             "--manifests", str(root / "manifests"),
-             "--tls-cert", f"{tap_cert}.crt", "--tls-key", f"{tap_cert}.key",
-             "--trust-anchors", str(ca / "trust-anchors.pem")],
-            {}, netns, None, sup.logs / "tap.log",
-        )  # fmt: skip
+        argv = controller_argv(ip, root, cluster_networks=layout.cluster_network,
+                               issuance_lifetime=self.options.issuance_lifetime)  # fmt: skip
+        for name, _ in CONTROL_PLANE:
+            self.specs[name] = Process(name, argv[name], {}, netns, None, sup.logs / f"{name}.log")
         for name, _ in CONTROL_PLANE:
             self._start_spec(name)
         for name, port in CONTROL_PLANE:
@@ -845,6 +804,46 @@ def write_ca(
     for name, identity in serving:
         signer.write_serving_files(issuer, identity, folder / name, now, lifetime)
     return ca.cert_pem(anchor).decode()
+
+
+def controller_argv(
+    ip: str,
+    root: Path,
+    *,
+    cluster_networks: str,
+    default_policy: str | None = topology.DEFAULT_POLICY,
+    issuance_lifetime: str | None = None,
+) -> dict[str, list[str]]:
+    """Each controller of a local mesh (CONTROL_PLANE's) as a command: listening on `ip`, with
+    the PKI of `write_ca` in `root`/ca, the tokens file `root`/tokens.yaml and the manifests
+    folder `root`/manifests. The tap controller opens each tapped proxy's tap server over mTLS
+    with the tap identity's certificate."""
+    ca, manifests = root / "ca", str(root / "manifests")
+
+    def serving(name: str, identity: str) -> list[str]:
+        return ["--tls-cert", str(ca / name / f"{identity}.crt"),
+                "--tls-key", str(ca / name / f"{identity}.key")]  # fmt: skip
+
+    lifetime = ["--issuance-lifetime", issuance_lifetime] if issuance_lifetime else []
+    default = ["--default-policy", default_policy] if default_policy else []
+    argv = {
+        "identity": ["--addr", f"{ip}:{wellknown.IDENTITY_PORT}",
+                     "--trust-anchors", str(ca / "trust-anchors.pem"),
+                     "--issuer-dir", str(ca / "issuer"),
+                     "--tokens-file", str(root / "tokens.yaml"), *lifetime],
+        "destination": ["--addr", f"{ip}:{wellknown.DESTINATION_PORT}", "--manifests", manifests,
+                        *serving("destination", wellknown.DESTINATION_SERVICE_NAME)],
+        "policy": ["--addr", f"{ip}:{wellknown.POLICY_PORT}", "--manifests", manifests,
+                   *serving("policy", wellknown.POLICY_SERVICE_NAME),
+                   "--cluster-networks", cluster_networks, *default],
+        "tap": ["--addr", f"{ip}:{wellknown.TAP_PORT}", "--manifests", manifests,
+                *serving("tap", wellknown.TAP_SERVICE_NAME),
+                "--trust-anchors", str(ca / "trust-anchors.pem")],
+    }  # fmt: skip
+    return {
+        name: [*command("meshlet-controller"), name, *argv[name], "--admin-addr", f"{ip}:{admin}"]
+        for name, admin in CONTROL_PLANE
+    }
 
 
 def wait_destination_read(control_ip: str, since: float, within: float = READY_WITHIN) -> None:

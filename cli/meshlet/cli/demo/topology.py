@@ -35,6 +35,7 @@ import enum
 import ipaddress
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -297,34 +298,47 @@ def api_route(api: int, canary: int) -> dict[str, Any]:
 
 
 def store_policy() -> list[dict[str, Any]]:
-    """store's port admits only web's identity: a Server for the port (opaque: the store
-    speaks first), the clients as a MeshTLSAuthentication, and the AuthorizationPolicy joining
-    them. The Server's own access policy is `deny`, so a client the policy does not name is
-    refused whatever the default policy."""
+    """store's port admits only web's identity (opaque: the store speaks first)."""
+    return admit_only(STORE_SERVER, NAMESPACE, "store", STORE_PORT, "opaque", STORE_CLIENTS)
+
+
+def admit_only(
+    name: str,
+    namespace: str,
+    app: str,
+    port: int,
+    protocol: str,
+    service_accounts: Sequence[str],
+) -> list[dict[str, Any]]:
+    """The port `port` of the pods labelled app=`app` admits only `service_accounts`'
+    identities: a Server for the port (its `proxyProtocol` `protocol`), the clients as a
+    MeshTLSAuthentication, and the AuthorizationPolicy joining them, all called `name`. The
+    Server's own access policy is `deny`, so a client the policy does not name is refused
+    whatever the default policy."""
     group = wellknown.POLICY_API_GROUP
 
     def resource(version: str, kind: str, spec: dict[str, Any]) -> dict[str, Any]:
         return {
             "apiVersion": f"{group}/{version}",
             "kind": kind,
-            "metadata": {"name": STORE_SERVER, "namespace": NAMESPACE},
+            "metadata": {"name": name, "namespace": namespace},
             "spec": spec,
         }
 
     return [
         resource("v1beta3", "Server", {
-            "podSelector": {"matchLabels": {"app": "store"}},
-            "port": STORE_PORT,
-            "proxyProtocol": "opaque",
+            "podSelector": {"matchLabels": {"app": app}},
+            "port": port,
+            "proxyProtocol": protocol,
             "accessPolicy": "deny",
         }),
         resource("v1alpha1", "MeshTLSAuthentication", {
-            "identityRefs": [{"kind": "ServiceAccount", "name": sa} for sa in STORE_CLIENTS],
+            "identityRefs": [{"kind": "ServiceAccount", "name": sa} for sa in service_accounts],
         }),
         resource("v1alpha1", "AuthorizationPolicy", {
-            "targetRef": {"group": group, "kind": "Server", "name": STORE_SERVER},
+            "targetRef": {"group": group, "kind": "Server", "name": name},
             "requiredAuthenticationRefs": [
-                {"group": group, "kind": "MeshTLSAuthentication", "name": STORE_SERVER}
+                {"group": group, "kind": "MeshTLSAuthentication", "name": name}
             ],
         }),
     ]  # fmt: skip

@@ -26,7 +26,7 @@ import re
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -220,35 +220,12 @@ class Mesh:
 
     def _start_control_plane(self) -> None:
         assert self.sup is not None and self.layout is not None and self.record is not None
-        ip, root = self.layout.control_ip, Path(self.record.root)
-        ca = root / "ca"
-
-        def tls(name: str, identity: str) -> list[str]:
-            return ["--tls-cert", str(ca / name / f"{identity}.crt"),
-                    "--tls-key", str(ca / name / f"{identity}.key")]  # fmt: skip
-
-        argv = {
-            "identity": ["identity", "--addr", f"{ip}:{wellknown.IDENTITY_PORT}",
-                         "--trust-anchors", str(ca / "trust-anchors.pem"),
-                         "--issuer-dir", str(ca / "issuer"),
-                         "--tokens-file", str(root / "tokens.yaml")],
-            "destination": ["destination", "--addr", f"{ip}:{wellknown.DESTINATION_PORT}",
-                            "--manifests", str(self.manifests.root),
-                            *tls("destination", wellknown.DESTINATION_SERVICE_NAME)],
-            "policy": ["policy", "--addr", f"{ip}:{wellknown.POLICY_PORT}",
-                       "--manifests", str(self.manifests.root),
-                       *tls("policy", wellknown.POLICY_SERVICE_NAME),
-                       "--cluster-networks", self.layout.cluster_network,
-                       "--default-policy", topology.DEFAULT_POLICY],
-            "tap": ["tap", "--addr", f"{ip}:{wellknown.TAP_PORT}",
-                    "--manifests", str(self.manifests.root),
-                    *tls("tap", wellknown.TAP_SERVICE_NAME),
-                    "--trust-anchors", str(ca / "trust-anchors.pem")],
-        }  # fmt: skip
-        netns = self.layout.netns("control")
-        for name, admin in CONTROL_PLANE:
-            full = [*command("meshlet-controller"), *argv[name], "--admin-addr", f"{ip}:{admin}"]
-            self.control[name] = Process(name, full, {}, netns, None, self.sup.logs / f"{name}.log")
+        ip, netns = self.layout.control_ip, self.layout.netns("control")
+        argv = run.controller_argv(ip, Path(self.record.root),
+                                   cluster_networks=self.layout.cluster_network)  # fmt: skip
+        for name, _ in CONTROL_PLANE:
+            self.control[name] = Process(name, argv[name], {}, netns, None,
+                                         self.sup.logs / f"{name}.log")  # fmt: skip
             self.sup.restart(name, self.control[name])
         for name, admin in CONTROL_PLANE:
             self.sup.wait_ready(name, f"http://{ip}:{admin}/ready", READY_WITHIN)
@@ -570,7 +547,9 @@ class Mesh:
         them); requests from `client` get 403, connections are refused."""
         svc = self.spec.service(server)
         others = [w for w in {*self.spec.names, CLIENT} if w != client]
-        docs = _admit_only(f"{server}-admits", self.spec.namespace, server, svc, sorted(others))
+        protocol = "opaque" if svc.protocol == "opaque" else "unknown"  # unknown: detected
+        docs = topology.admit_only(f"{server}-admits", self.spec.namespace, server, svc.port,
+                                   protocol, sorted(others))  # fmt: skip
         with self._read({kind for kind in map(_kind, docs) if kind is not None}):
             self.manifests.put(f"deny-{client}-{server}", *docs)
 
@@ -757,33 +736,6 @@ def _gauge(series: dict[Any, float], name: str) -> float:
 
 def _kind(doc: dict[str, Any]) -> Kind | None:
     return Kind.of(str(doc.get("apiVersion")), str(doc.get("kind")))
-
-
-def _admit_only(
-    name: str, namespace: str, server: str, svc: Service, identities: Sequence[str]
-) -> list[dict[str, Any]]:
-    group = wellknown.POLICY_API_GROUP
-
-    def resource(version: str, kind: str, spec: dict[str, Any]) -> dict[str, Any]:
-        return {"apiVersion": f"{group}/{version}", "kind": kind,
-                "metadata": {"name": name, "namespace": namespace}, "spec": spec}  # fmt: skip
-
-    return [
-        resource("v1beta3", "Server", {
-            "podSelector": {"matchLabels": {"app": server}}, "port": svc.port,
-            "proxyProtocol": "opaque" if svc.protocol == "opaque" else "unknown",
-            "accessPolicy": "deny",
-        }),
-        resource("v1alpha1", "MeshTLSAuthentication", {
-            "identityRefs": [{"kind": "ServiceAccount", "name": sa} for sa in identities],
-        }),
-        resource("v1alpha1", "AuthorizationPolicy", {
-            "targetRef": {"group": group, "kind": "Server", "name": name},
-            "requiredAuthenticationRefs": [
-                {"group": group, "kind": "MeshTLSAuthentication", "name": name}
-            ],
-        }),
-    ]  # fmt: skip
 
 
 def _fill(arg: str, values: dict[str, str]) -> str:

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from meshlet.api import wellknown
 
@@ -98,18 +98,10 @@ def asgi(
     return Service(name, tuple(command), port, replicas, "http", env)
 
 
-def wsgi(
-    name: str,
-    app: str,
-    *,
-    port: int,
-    replicas: int = 1,
-    env: Mapping[str, str] | None = None,
-    path: Path | str | None = None,
-) -> Service:
+def wsgi(name: str, app: str, **options: Any) -> Service:
     """A Service whose pods serve the WSGI application `app` (Flask, Django's
-    `wsgi:application`, …), as `asgi` does, through uvicorn's WSGI interface."""
-    return asgi(name, app, port=port, replicas=replicas, env=env, path=path, interface="wsgi")
+    `wsgi:application`, …): `asgi`'s options, through uvicorn's WSGI interface."""
+    return asgi(name, app, interface="wsgi", **options)
 
 
 def problems(spec: Spec) -> list[str]:
