@@ -17,6 +17,9 @@ from meshlet.cli.demo.supervisor import pid_runs
 from meshlet.cli.mesh import spec as mesh_spec
 from meshlet.cli.mesh.engine import Mesh, MeshError, Response
 
+# Whole meshes: make test's second lane, beside the rest (scripts/test).
+pytestmark = pytest.mark.demo
+
 FILES = mesh_spec.service(
     "files", [sys.executable, "-m", "http.server", "{port}", "--bind", "0.0.0.0"], port=8000,
     replicas=2,

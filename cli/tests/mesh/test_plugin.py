@@ -20,6 +20,9 @@ from meshlet.cli.demo.supervisor import pid_runs, state_root
 from meshlet.cli.mesh import spec as mesh_spec
 from meshlet.cli.mesh.engine import Mesh
 
+# Whole meshes: make test's second lane, beside the rest (scripts/test).
+pytestmark = pytest.mark.demo
+
 CONFTEST = """
 import sys
 
