@@ -39,6 +39,11 @@ def meshlet_spec():
 
 TESTS = """
 import json
+import sys
+
+import pytest
+
+from meshlet.cli.mesh import spec as s
 
 
 def said(mesh):
@@ -54,6 +59,22 @@ def test_files_answer_through_the_mesh(mesh):
 def test_that_fails(mesh):
     said(mesh)
     assert mesh.get("files").status == 500
+
+
+@pytest.fixture(scope="module")
+def shared(meshlet_module_mesh):
+    files = s.service("files", [sys.executable, "-m", "http.server", "{port}"], port=8000)
+    return meshlet_module_mesh(s.Spec((files,), namespace="app"))
+
+
+def test_a_module_mesh(shared):
+    said(shared)
+    assert shared.get("files").status == 200
+
+
+def test_the_same_module_mesh(shared):
+    said(shared)
+    assert shared.stat("deploy/files").requests >= 1  # the request of the test before
 
 
 def test_two_meshes_at_once(meshlet_mesh, meshlet_spec):
@@ -111,11 +132,11 @@ def test_an_applications_suite_passes_and_fails_through_meshes_and_leaves_nothin
     run = subprocess.run(pytest_argv(folder, "-s", "-q"), capture_output=True, text=True,
                          timeout=240, check=False, cwd=folder)  # fmt: skip
     assert run.returncode == 1, run.stdout[-4000:] + run.stderr[-2000:]
-    assert "1 failed, 2 passed" in run.stdout, run.stdout[-4000:]
+    assert "1 failed, 4 passed" in run.stdout, run.stdout[-4000:]
     assert "assert 200 == 500" in run.stdout
     made = places_made(run.stdout)
-    assert len(made) == 4 and len({place.name for place in made}) == 4, made
-    assert [left_of(place) for place in made] == [[]] * 4
+    assert len(made) == 6 and len({place.name for place in made}) == 5, made  # one shared
+    assert [left_of(place) for place in made] == [[]] * 6
 
 
 @pytest.mark.netns

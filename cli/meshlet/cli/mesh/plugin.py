@@ -8,6 +8,8 @@ fixtures:
   down after the test, passed or failed, and the test fails if anything of one is left.
 - `mesh`: the mesh of the `meshlet_spec` fixture, which the test suite defines (in its
   conftest.py), for every test that asks for it.
+- `meshlet_module_mesh(spec, name=None)`: the factory for a fixture of module scope, whose
+  mesh every test of the module shares (a mesh's start-up once per module, not per test).
 
 Each mesh has a place of its own (slot, addresses, network names, state folder), so pytest-xdist
 workers, or two CI jobs, build theirs side by side. A mesh whose test process died before its
@@ -27,8 +29,9 @@ if TYPE_CHECKING:  # the mesh's modules load when a test asks for a mesh, not wi
     from meshlet.cli.mesh.spec import Spec
 
 
-@pytest.fixture
-def meshlet_mesh() -> Iterator[Callable[..., Mesh]]:
+def _factory() -> Iterator[Callable[..., Mesh]]:
+    """Builds meshes; after the scope ends, takes every one down (failing if any left
+    something)."""
     made: list[Mesh] = []
 
     def build(spec: Spec, name: str | None = None) -> Mesh:
@@ -42,6 +45,19 @@ def meshlet_mesh() -> Iterator[Callable[..., Mesh]]:
     problems = [problem for mesh in reversed(made) for problem in mesh.down()]
     if problems:
         pytest.fail("taking the mesh down left: " + "; ".join(problems), pytrace=False)
+
+
+@pytest.fixture
+def meshlet_mesh() -> Iterator[Callable[..., Mesh]]:
+    yield from _factory()
+
+
+@pytest.fixture(scope="module")
+def meshlet_module_mesh() -> Iterator[Callable[..., Mesh]]:
+    """`meshlet_mesh` for a fixture of module scope: its meshes serve every test of the
+    module and are taken down after the last (a test that drills one changes it for the
+    tests after it)."""
+    yield from _factory()
 
 
 @pytest.fixture
