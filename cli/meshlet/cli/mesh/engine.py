@@ -491,7 +491,7 @@ class Mesh:
         name = f"drill-{pod}"
         port = interpose.PORT
         proc = self.sup.start(name, [sys.executable, "-m", "meshlet.cli.mesh.interpose",
-                                     "--listen", f"0.0.0.0:{port}", *args],
+                                     "--listen", f"127.0.0.1:{port}", *args],
                               netns=self.layout.netns(pod))  # fmt: skip
         assert proc.popen is not None
         deadline = time.monotonic() + READY_WITHIN

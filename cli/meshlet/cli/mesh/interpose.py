@@ -5,8 +5,8 @@ the app sends back `--delay` seconds late, or answers every request itself with 
 HTTP/1.1 and HTTP/2 (prior knowledge, as the proxy speaks to apps) with that status, gRPC with
 the gRPC status an HTTP status maps to (as gRPC's own mapping does: 503 → UNAVAILABLE, …).
 
-    python -m meshlet.cli.mesh.interpose --listen 0.0.0.0:4179 --to 127.0.0.1:8080 --delay 0.05
-    python -m meshlet.cli.mesh.interpose --listen 0.0.0.0:4179 --status 503
+    python -m meshlet.cli.mesh.interpose --listen 127.0.0.1:4179 --to 127.0.0.1:8080 --delay 0.05
+    python -m meshlet.cli.mesh.interpose --listen 127.0.0.1:4179 --status 503
 """
 
 from __future__ import annotations
@@ -22,7 +22,10 @@ import h2.connection
 import h2.events
 import httptools
 
-PORT: Final = 4179  # where it listens in the pod (the proxy's ports are 4140-4191's others)
+# Where it listens in the pod: on loopback only, where the pod's REDIRECT rule sends the
+# proxy's connections (a locally made connection is redirected to 127.0.0.1), so that nothing
+# outside the pod reaches it through the pod's inbound port.
+PORT: Final = 4179
 H2_PREFACE: Final = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 # HTTP status → gRPC status, as gRPC maps an HTTP error (doc/http-grpc-status-mapping.md)
 GRPC_OF_HTTP: Final = {400: 13, 401: 16, 403: 7, 404: 12, 429: 14, 502: 14, 503: 14, 504: 14}
@@ -192,7 +195,7 @@ async def serve(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--listen", default=f"0.0.0.0:{PORT}")
+    parser.add_argument("--listen", default=f"127.0.0.1:{PORT}")
     parser.add_argument("--to", help="the app's address (with --delay)")
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--delay", type=float, help="seconds every reply from the app is late")
