@@ -129,6 +129,36 @@ def test_identity_settings_from_the_environment(tmp_path: Path, test_ca: Any) ->
     assert config.destination is not None
     assert config.destination.svc_addr == ("fd00::10", 8086)
     assert config.destination.trust_anchors_pem == test_ca.anchors_pem
+    assert config.destination.namespace is None  # no context token
+
+
+@pytest.mark.parametrize(
+    ("context", "namespace"),
+    [
+        ('{"ns":"shop","nodeName":"n1","pod":"web-1"}', "shop"),
+        ('{"ns":"","pod":"web-1"}', None),
+        ('["shop"]', None),
+        ("not json", None),
+    ],
+)
+def test_the_pods_namespace_comes_from_its_context_token(
+    context: str, namespace: str | None
+) -> None:
+    """What completes a Service's short name (`web` → `web.<ns>.svc.cluster.local`)."""
+    config = load({
+        E.DESTINATION_SVC_ADDR: "10.96.0.5:8086", E.DESTINATION_CONTEXT: context,
+    })  # fmt: skip
+    assert config.destination is not None
+    assert config.destination.namespace == namespace
+
+
+@pytest.mark.parametrize(("value", "parsed"), [("127.1.77.12", "127.1.77.12"),
+                                              (" fd00::0:1 ", "fd00::1")])  # fmt: skip
+def test_the_mesh_source_address_is_an_ip(value: str, parsed: str) -> None:
+    assert load({E.OUTBOUND_MESH_SOURCE_IP: value}).outbound_mesh_source_ip == parsed
+    with pytest.raises(ConfigError) as caught:
+        load({E.OUTBOUND_MESH_SOURCE_IP: "pod-1"})
+    assert f"{E.OUTBOUND_MESH_SOURCE_IP}='pod-1': 'pod-1' is not an IP address" in str(caught.value)
 
 
 def test_every_problem_is_reported_together() -> None:

@@ -177,6 +177,8 @@ class ProxyEnv(enum.StrEnum):
     OUTBOUND_CONNECT_TIMEOUT = PROXY_ENV_PREFIX + "OUTBOUND_CONNECT_TIMEOUT"
     # `true`: HTTP/1.1 requests to a meshed proxy that takes HTTP/2 go as its streams (opt-in)
     OUTBOUND_HTTP1_OVER_H2 = PROXY_ENV_PREFIX + "OUTBOUND_HTTP1_OVER_H2"
+    # the address mTLS connections to other proxies come from (pods sharing one host's loopback)
+    OUTBOUND_MESH_SOURCE_IP = PROXY_ENV_PREFIX + "OUTBOUND_MESH_SOURCE_IP"
     HTTP1_POOL_IDLE_TIMEOUT = PROXY_ENV_PREFIX + "HTTP1_POOL_IDLE_TIMEOUT"
     HTTP1_HEADER_READ_TIMEOUT = PROXY_ENV_PREFIX + "HTTP1_HEADER_READ_TIMEOUT"
     HTTP_IDLE_TIMEOUT = PROXY_ENV_PREFIX + "HTTP_IDLE_TIMEOUT"

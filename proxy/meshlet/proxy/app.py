@@ -282,7 +282,8 @@ def _router(
     return Destinations(
         client, Resolver(client), identity, metrics,
         connect_timeout=config.outbound_connect_timeout, clock=time.monotonic,
-        profile_suffixes=settings.profile_suffixes,
+        profile_suffixes=settings.profile_suffixes, namespace=settings.namespace,
+        source_ip=config.outbound_mesh_source_ip,
         http1_over_h2=config.outbound_http1_over_h2,
     )  # fmt: skip
 

@@ -30,6 +30,14 @@ class ConfigError(ValueError):
         self.problems = problems
 
 
+def parse_ip(text: str) -> str:
+    """An IPv4 or IPv6 address, as Python writes it."""
+    try:
+        return str(ipaddress.ip_address(text.strip()))
+    except ValueError:
+        raise ValueError(f"{text!r} is not an IP address") from None
+
+
 def parse_addr(text: str) -> Addr:
     """A listener's `ip:port` (IP literals only; port 0 picks a free port)."""
     return parse_hostport(text, names=False, port_zero=True)
@@ -172,6 +180,17 @@ class DestinationSettings:
     profile_suffixes: tuple[str, ...]
     trust_anchors_pem: str | None
 
+    @property
+    def namespace(self) -> str | None:
+        """The pod's namespace, as its context token names it (`{"ns": …}`); None when the
+        token is not that JSON."""
+        try:
+            value = json.loads(self.context)
+        except ValueError:
+            return None
+        ns = value.get("ns") if isinstance(value, dict) else None
+        return ns if isinstance(ns, str) and ns else None
+
 
 @dataclass(frozen=True, slots=True)
 class PolicySettings:
@@ -220,6 +239,7 @@ class ProxyConfig:
     inbound_detect_timeout: float = wellknown.DETECT_TIMEOUT_SECONDS
     outbound_detect_timeout: float = wellknown.DETECT_TIMEOUT_SECONDS
     outbound_connect_timeout: float = 1.0
+    outbound_mesh_source_ip: str | None = None  # None: the kernel picks
     # HTTP/1.1 requests to a meshed proxy that takes HTTP/2 go as its streams (orig_proto.py):
     # one connection instead of one per request in flight, but each request costs more CPU
     # (docs/proxy.md, "HTTP/1.1 between proxies"), so it is asked for.
@@ -347,6 +367,7 @@ _TABLE: Final[dict[wellknown.ProxyEnv, tuple[str, Callable[[str], Any]]]] = {
     E.INBOUND_DETECT_TIMEOUT: ("inbound_detect_timeout", parse_duration),
     E.OUTBOUND_DETECT_TIMEOUT: ("outbound_detect_timeout", parse_duration),
     E.OUTBOUND_CONNECT_TIMEOUT: ("outbound_connect_timeout", parse_duration),
+    E.OUTBOUND_MESH_SOURCE_IP: ("outbound_mesh_source_ip", parse_ip),
     E.OUTBOUND_HTTP1_OVER_H2: ("outbound_http1_over_h2", _flag),
     E.HTTP1_POOL_IDLE_TIMEOUT: ("http1_pool_idle_timeout", parse_duration),
     E.HTTP1_HEADER_READ_TIMEOUT: ("http1_header_read_timeout", parse_duration),

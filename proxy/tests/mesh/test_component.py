@@ -1571,3 +1571,133 @@ async def test_http_sent_after_the_detection_timeout_is_refused_not_relayed(
     assert b"echo:" not in conversation.received  # the app never saw the request
     assert mesh.pods["web-1"].metric("fail_fast_total", direction="inbound",
                                       reason="late_http") == 1  # fmt: skip
+
+
+# --- the proxy as the app's HTTP proxy (HTTP_PROXY, grpc_proxy) --------------------------------
+
+
+async def curl(*argv: str) -> tuple[int, bytes, bytes]:
+    proc = await asyncio.create_subprocess_exec(
+        "curl", "-sS", "--max-time", "10", *argv,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, out, err
+
+
+@pytest.mark.parametrize("name", ["web", f"web.{NS}", f"web.{NS}.svc", FQN])
+async def test_an_app_using_its_proxy_as_http_proxy_reaches_a_service_by_any_of_its_names(
+    mesh: Mesh, name: str
+) -> None:
+    """Absolute-form requests (what an HTTP client with HTTP_PROXY sends) name the Service as
+    a pod's DNS search list completes it: in the pod's namespace, `web.ns`, `web.ns.svc`."""
+    host, port = mesh.pods["vote-bot"].outbound
+    code, body, err = await curl("-x", f"http://{host}:{port}", f"http://{name}:{HTTP_PORT}/")
+    assert code == 0, err
+    assert json.loads(body)["client_id"] == BOT_ID  # across mTLS, from the replica's proxy
+    assert pod_of(body) in REPLICAS
+    assert mesh.pods["vote-bot"].metric(
+        "request_total", direction="outbound", tls="true", server_id=WEB_ID,
+        authority=f"{FQN}:{HTTP_PORT}",
+    ) == 1  # fmt: skip
+
+
+async def test_grpcio_with_the_proxy_as_its_grpc_proxy_tunnels_by_connect_across_mtls(
+    mesh: Mesh,
+) -> None:
+    """grpcio's proxy support (`grpc_proxy`, here its channel option) opens a CONNECT tunnel to
+    the short name; the tunnel is an outbound connection to the Service: each call balanced
+    across the replicas over mTLS, with the caller's identity."""
+    host, port = mesh.pods["vote-bot"].outbound
+    options = [("grpc.http_proxy", f"http://{host}:{port}")]
+    async with grpc.aio.insecure_channel(f"web:{GRPC_PORT}", options=options) as channel:
+        unary = channel.unary_unary(ECHO)
+        pods: Counter[str] = Counter()
+        for i in range(30):
+            answer, _, echoed = bytes(await unary(b"%d" % i, timeout=5)).partition(b"|")
+            assert echoed == b"%d" % i
+            assert json.loads(answer)["client_id"] == BOT_ID
+            pods[pod_of(answer)] += 1
+    assert len(pods) >= 2 and set(pods) <= set(REPLICAS), pods
+    bot = mesh.pods["vote-bot"]
+    assert bot.metric("response_total", direction="outbound", tls="true",
+                      grpc_status="0") == 30  # fmt: skip
+    # one tunnel, labelled with the authority it named
+    assert bot.metric("tcp_open_total", direction="outbound", peer="src",
+                      target_addr=f"web:{GRPC_PORT}") == 1  # fmt: skip
+
+
+async def test_curl_tunnels_http_through_connect_and_to_an_address_outside_the_mesh(
+    mesh: Mesh,
+) -> None:
+    """`curl -p` (a CONNECT tunnel, then its request inside): to a Service by name across
+    mTLS; to a server discovery does not know, where its name resolves, as is."""
+    host, port = mesh.pods["vote-bot"].outbound
+    proxy = f"http://{host}:{port}"
+    code, body, err = await curl("-p", "-x", proxy, f"http://web.{NS}:{HTTP_PORT}/")
+    assert code == 0, err
+    assert json.loads(body)["client_id"] == BOT_ID and pod_of(body) in REPLICAS
+
+    async def outside(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 7\r\nconnection: close\r\n\r\noutside")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(outside, "localhost", 0)
+    try:
+        there = server.sockets[0].getsockname()[1]
+        code, body, err = await curl("-p", "-x", proxy, f"http://localhost:{there}/")
+        assert (code, body) == (0, b"outside"), err
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def connect_answer(addr: tuple[str, int], head: bytes) -> tuple[int, bytes]:
+    """What the proxy answers to `head` sent as a connection's first bytes: the status and the
+    `meshlet-proxy-error` value; (0, b"") when it closes without an answer."""
+    reader, writer = await asyncio.open_connection(*addr)
+    try:
+        writer.write(head)
+        async with asyncio.timeout(10):
+            answer = await reader.read()  # until the proxy closes the connection
+    finally:
+        writer.close()
+    if not answer:
+        return 0, b""
+    status = int(answer.split(b" ", 2)[1])
+    fields = dict(_field(line.decode()) for line in answer.split(b"\r\n\r\n")[0].split(b"\r\n")[1:])
+    return status, fields.get(wellknown.PROXY_ERROR_HEADER, "").encode()
+
+
+@pytest.mark.parametrize(
+    ("head", "status", "error"),
+    [
+        (b"CONNECT web\r\n\r\n", 400, b"malformed CONNECT request line"),
+        (b"CONNECT web HTTP/1.1\r\n\r\n", 400, b"the CONNECT target must be host:port"),
+        (b"CONNECT /x:80 HTTP/1.1\r\n\r\n", 400, b"the CONNECT target must be host:port"),
+        (b"CONNECT nowhere.invalid:80 HTTP/1.1\r\n\r\n", 502,
+         b"the request's authority does not resolve"),
+        (b"CONNECT 127.0.0.1:4140 HTTP/1.1\r\n\r\n", 403,
+         b"the request targets the proxy itself (a routing loop)"),
+        (b"CONNECT web:80 HTTP/1.1\r\nx: " + b"a" * 17000 + b"\r\n\r\n", 431,
+         b"the CONNECT request's head is too large"),
+    ],
+)  # fmt: skip
+async def test_a_bad_connect_is_answered_with_its_error_and_closed(
+    mesh: Mesh, head: bytes, status: int, error: bytes
+) -> None:
+    bot = mesh.pods["vote-bot"]
+    assert await connect_answer(bot.outbound, head) == (status, error)
+    assert bot.metric("fail_fast_total", direction="outbound", reason="connect") == 1
+
+
+async def test_a_connect_head_cut_short_is_closed_without_an_answer(mesh: Mesh) -> None:
+    reader, writer = await asyncio.open_connection(*mesh.pods["vote-bot"].outbound)
+    writer.write(b"CONNECT web:80 HTTP/1.1\r\nHost: web")
+    writer.write_eof()
+    async with asyncio.timeout(10):
+        assert await reader.read() == b""
+    writer.close()

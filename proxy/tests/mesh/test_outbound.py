@@ -35,6 +35,7 @@ class Server:
     received: bytearray = field(default_factory=bytearray)
     connections: int = 0
     closed: asyncio.Event = field(default_factory=asyncio.Event)
+    peers: list[str] = field(default_factory=list)  # the clients' addresses
 
 
 @pytest.fixture
@@ -46,6 +47,7 @@ async def tls_server() -> AsyncIterator[Callable[[ssl.SSLContext], Awaitable[Ser
 
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             server.connections += 1
+            server.peers.append(writer.get_extra_info("peername")[0])
             try:
                 while data := await reader.read(65536):
                     server.received += data
@@ -120,6 +122,25 @@ async def test_connects_writes_the_header_then_hands_over(pki: Any, tls_server: 
     assert transport.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
     transport.close()
     await asyncio.wait_for(protocol.lost.wait(), 5)
+
+
+@pytest.mark.parametrize("source", [None, "127.0.99.7"])
+async def test_connections_come_from_the_source_address_asked_for(
+    pki: Any, tls_server: Any, source: str | None
+) -> None:
+    """Pods sharing one host's loopback: without a source address the kernel picks 127.0.0.1
+    for every one of them, which the server cannot tell apart (nor from its own localhost)."""
+    server = await tls_server(server_context(pki, pki.leaf(DB)))
+    client = contexts.client_context(*pki.leaf(WEB), pki.anchors)
+    connect = mesh_connect(client, DB, 8080, SessionProtocol.HTTP1, source_ip=source)
+    transport, protocol = await connect(HostPort(SERVER_IP, server.port), Collect)
+    assert isinstance(protocol, Collect)
+    assert transport.get_extra_info("sockname")[0] == (source or "127.0.0.1")
+    transport.write(b"ping")  # answered once the server's handler runs
+    async with asyncio.timeout(5):
+        await protocol.arrived.wait()
+    transport.close()
+    assert server.peers == [source or "127.0.0.1"]
 
 
 @pytest.mark.parametrize(

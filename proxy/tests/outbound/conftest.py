@@ -88,12 +88,16 @@ class Discovery:
         return DiscoveredEndpoint(HostPort(ip, port), 10_000, labels, identity, None,
                                   4143 if meshed else None)  # fmt: skip
 
-    def mesh(self, *, max_destinations: int = 100, seed: int = 1) -> Destinations:
-        """A mesh router (without an identity) over a resolver of the scripted service."""
+    def mesh(
+        self, *, max_destinations: int = 100, seed: int = 1, namespace: str | None = None
+    ) -> Destinations:
+        """A mesh router (without an identity) over a resolver of the scripted service, for a
+        pod of `namespace`."""
         resolver = Resolver(self.client, profile_timeout=0.5, max_destinations=max_destinations)
         self.resolvers.append(resolver)
         return Destinations(self.client, resolver, None, self.metrics, connect_timeout=1.0,
-                          clock=lambda: self.now, rng=random.Random(seed))  # fmt: skip
+                          clock=lambda: self.now, rng=random.Random(seed),
+                          namespace=namespace)  # fmt: skip
 
     def fail_fast(self, reason: str) -> float:
         return (

@@ -162,22 +162,40 @@ async def test_dst_overrides_split_traffic_between_services_by_weight(
         (NAME, WEB),  # the default port
         ("10.96.0.10:80", "10.96.0.10:80"),  # IP literals are always asked
         ("[fd00::1]:8080", "[fd00::1]:8080"),
-        ("example.com:80", None),  # outside the cluster: resolved by DNS instead
+        # A Service's short names, completed as a pod's DNS search list would
+        ("web:80", WEB),  # in the pod's own namespace
+        ("web.emojivoto:80", WEB),
+        ("Web.emojivoto.svc:80", WEB),
+        ("web.other.svc:80", "web.other.svc.cluster.local:80"),
+        # Two labels may be a Service in a namespace: asked, as a pod's resolver would ask
+        # first; discovery knowing nothing of it, the name as written is resolved by DNS.
+        ("example.com:80", "example.com.svc.cluster.local:80"),
+        ("www.example.com:80", None),  # three labels, not `.svc`: outside the cluster
         ("svc.cluster.local.evil.example:80", None),
         ("web:http", None),  # malformed
+        ("web..emojivoto:80", None),  # an empty label
     ],
 )
 async def test_which_authorities_discovery_is_asked_about(
     discovery: Any, authority: str, asked: str | None
 ) -> None:
     discovery.client.service("web", 80, discovery.endpoint("10.1.0.1"))
-    mesh = discovery.mesh()
+    mesh = discovery.mesh(namespace="emojivoto")
     destination = await mesh.destination_for_authority(authority)
     if asked is None:
         assert destination is None and discovery.client.asked == []
     else:
         assert isinstance(destination, Destination) and destination.target == asked
         assert discovery.client.asked == [asked]
+
+
+async def test_a_single_label_name_is_not_asked_about_without_the_pods_namespace(
+    discovery: Any,
+) -> None:
+    discovery.client.service("web", 80, discovery.endpoint("10.1.0.1"))
+    mesh = discovery.mesh()
+    assert await mesh.destination_for_authority("web:80") is None
+    assert discovery.client.asked == []
 
 
 async def test_a_services_retry_budget_is_shared_and_follows_its_profile(discovery: Any) -> None:

@@ -426,6 +426,9 @@ def proxy_env(
         f"{p}INBOUND_PORTS_DISABLE_PROTOCOL_DETECTION": ",".join(map(str, sorted(opaque))),
         f"{p}SHUTDOWN_GRACE_PERIOD": "2s",
         f"{p}LOG": "info",
+        # Pods share the host's loopback: connections to a peer come from the pod's address,
+        # not the 127.0.0.1 the kernel would pick for all of them.
+        **({} if netns else {f"{p}OUTBOUND_MESH_SOURCE_IP": pod.ip}),
     }
 
 

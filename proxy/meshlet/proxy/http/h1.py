@@ -17,7 +17,9 @@ Hostile input is answered locally with `Connection: close`, and nothing of it is
        or over `limits.max_headers` fields, or a head still unfinished after that many bytes
        and 8 KiB more; 503 after MAX_PIPELINED requests parsed ahead of a response
   501  codings other than chunked (`Transfer-Encoding: gzip, chunked`)
-  505  versions other than HTTP/1.0 and 1.1;  405 CONNECT
+  505  versions other than HTTP/1.0 and 1.1
+  405  CONNECT (but as the first request of an outbound connection that was not redirected,
+       which outbound/tunnel.py answers before this engine sees it)
   408  a head not complete within `header_read_timeout` (from the accept), a request body that
        stalls for `idle_timeout`, or one slower than the minimum body rate
 After such an answer the connection is half-closed and the client's bytes are read and dropped

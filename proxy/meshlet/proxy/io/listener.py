@@ -75,7 +75,7 @@ def bind(addr: Addr, backlog: int = 1024) -> socket.socket:
     return sock
 
 
-async def _readable(sock: socket.socket) -> None:
+async def readable(sock: socket.socket) -> None:
     loop = asyncio.get_running_loop()
     ready: asyncio.Future[None] = loop.create_future()
 
@@ -90,6 +90,24 @@ async def _readable(sock: socket.socket) -> None:
         loop.remove_reader(sock.fileno())
 
 
+async def peek_until(sock: socket.socket, done: Callable[[bytes], bool], limit: int) -> bytes:
+    """The bytes the client sent so far, peeked (not consumed) until `done(them)` holds,
+    `limit` bytes came or the client half-closed (then what came: b"" when nothing). The
+    caller's timeout bounds the wait."""
+    delay = _REPEEK_FIRST
+    await readable(sock)
+    while True:
+        try:
+            data = sock.recv(limit, socket.MSG_PEEK)
+        except BlockingIOError:  # woken with nothing to read
+            await readable(sock)
+            continue
+        if not data or done(data) or len(data) >= limit or peer_closed(sock):
+            return data
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, _REPEEK_MAX)
+
+
 async def peek_protocol(accepted: Accepted, give_up_after: float) -> Detected | None:
     """Peeks until the bytes name a protocol, PEEK_BYTES were seen, the client half-closed, or
     `give_up_after` seconds passed since the accept (then `timed_out`). Bytes that are still a
@@ -100,12 +118,12 @@ async def peek_protocol(accepted: Accepted, give_up_after: float) -> Detected | 
     data = b""
     try:
         async with asyncio.timeout_at(accepted.deadline(give_up_after)):
-            await _readable(sock)
+            await readable(sock)
             while True:
                 try:
                     data = sock.recv(PEEK_BYTES, socket.MSG_PEEK)
                 except BlockingIOError:  # woken with nothing to read
-                    await _readable(sock)
+                    await readable(sock)
                     continue
                 if not data:
                     return None
@@ -129,7 +147,7 @@ async def first_byte(accepted: Accepted, give_up_after: float) -> bytes:
     try:
         async with asyncio.timeout_at(accepted.deadline(give_up_after)):
             while True:
-                await _readable(sock)
+                await readable(sock)
                 try:
                     return sock.recv(1, socket.MSG_PEEK)
                 except BlockingIOError:  # woken with nothing to read

@@ -54,15 +54,19 @@ def mesh_connect(
     name: str = "",
     *,
     timeout: float = 1.0,
+    source_ip: str | None = None,
 ) -> Connect:
     """A connector to the proxy of the endpoint whose identity is `server_identity`, asking it
-    for `target_port` on its pod. `timeout` bounds the TCP connect and the handshake together."""
+    for `target_port` on its pod. `timeout` bounds the TCP connect and the handshake together.
+    `source_ip`: the connections come from it (pods that share one host's loopback, where the
+    kernel would pick 127.0.0.1 for all of them and the server could not tell them apart)."""
     header = transport_header.encode(Header(target_port, name, session))
 
     async def connect(
         addr: Addr, factory: Callable[[], asyncio.Protocol]
     ) -> tuple[asyncio.Transport, asyncio.Protocol]:
-        return await _connect(addr, factory, client_context, server_identity, header, timeout)
+        return await _connect(addr, factory, client_context, server_identity, header, timeout,
+                              source_ip)  # fmt: skip
 
     return connect
 
@@ -74,6 +78,7 @@ async def _connect(
     server_identity: str,
     header: bytes,
     budget: float,
+    source_ip: str | None = None,
 ) -> tuple[asyncio.Transport, asyncio.Protocol]:
     """Connects within `budget` seconds (TCP and TLS together)."""
     loop = asyncio.get_running_loop()
@@ -82,6 +87,8 @@ async def _connect(
     try:
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if source_ip is not None and (":" in source_ip) == (":" in addr.host):
+            sock.bind((source_ip, 0))
         async with asyncio.timeout(budget) as deadline:
             await loop.sock_connect(sock, addr)
     except BaseException:

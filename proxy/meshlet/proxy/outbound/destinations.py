@@ -61,6 +61,8 @@ class Destinations:
         clock: Callable[[], float],
         rng: random.Random | None = None,
         profile_suffixes: tuple[str, ...] = ("svc.cluster.local",),
+        namespace: str | None = None,
+        source_ip: str | None = None,
         failure_accrual: FailureAccrual | None = None,
         http1_over_h2: bool = False,
     ) -> None:
@@ -73,6 +75,10 @@ class Destinations:
         self._clock = clock
         self._rng = rng or random.Random()
         self._suffixes = profile_suffixes
+        self._namespace = namespace
+        self._source_ip = source_ip  # what mTLS connections to other proxies come from
+        # A Service's short names (`web`, `web.ns`, `web.ns.svc`) complete under this suffix.
+        self._services = next((x for x in profile_suffixes if x.startswith("svc.")), None)
         self._balancers: dict[str, tuple[EndpointSet, Balancer[Addr]]] = {}
         # How each (endpoint, protocol, authority) is reached; cleared when the certificate
         # changes, so that new connections present the new one.
@@ -148,6 +154,25 @@ class Destinations:
         except ResolverFull as exc:
             return self._fail_fast(str(exc), "discovery_full")
 
+    async def existing(self, authority: str) -> Destination | RouteError | None:
+        """`destination_for_authority` when it names a pod or a Service that exists (its first
+        endpoints awaited, up to ENDPOINTS_WAIT); else None: discovery is not asked for the
+        name, or knows nothing of it."""
+        destination = await self.destination_for_authority(authority)
+        if destination is None or isinstance(destination, RouteError):
+            return destination
+        if destination.kind == "service" and destination.endpoints.status is Status.PENDING:
+            try:
+                async with asyncio.timeout(ENDPOINTS_WAIT):
+                    await destination.wait_endpoints()
+            except TimeoutError:
+                return self._fail_fast("the destination service has not reported endpoints")
+        if destination.kind == "unknown" or (
+            destination.kind == "service" and destination.endpoints.status is Status.UNKNOWN
+        ):
+            return None
+        return destination
+
     def known_destination(self, authority: str) -> Destination | None:
         """What discovery already says of a request's authority, without waiting: None when
         it is not asked, not answered yet, or knows nothing (`destination_for_authority`
@@ -194,8 +219,26 @@ class Destinations:
             return None
         host = parts.host.rstrip(".").lower()
         if not self._discoverable(host):
-            return None
+            full = self._full_name(host)
+            if full is None:
+                return None
+            host = full
         return format_hostport(host, parts.port)
+
+    def _full_name(self, host: str) -> str | None:
+        """A Service's short name completed as a pod's DNS search list would (`web` in the
+        pod's namespace; `web.ns`; `web.ns.svc`): `web.ns.svc.cluster.local`. Other names are
+        None. When discovery knows nothing of the full name, the request goes where the name
+        as written resolves."""
+        suffix = self._services
+        labels = host.split(".")
+        if suffix is None or not all(labels):
+            return None
+        if len(labels) == 1 and self._namespace is not None:
+            return f"{host}.{self._namespace}.{suffix}"
+        if len(labels) == 2 or (len(labels) == 3 and labels[2] == "svc"):
+            return f"{labels[0]}.{labels[1]}.{suffix}"
+        return None
 
     def _discoverable(self, host: str) -> bool:
         try:
@@ -366,7 +409,7 @@ class Destinations:
         context = self._identity.client_context()
         connect = self._counted(
             mesh_connect(context, identity.name, endpoint.addr[1], session, authority,
-                         timeout=self._timeout)
+                         timeout=self._timeout, source_ip=self._source_ip)
         )  # fmt: skip
         # An HTTP/1 client's requests go to a proxy that takes HTTP/2 as streams of one HTTP/2
         # session (orig_proto.py); those HTTP/2 cannot carry still use `connect`.
@@ -374,7 +417,7 @@ class Destinations:
         if session is SessionProtocol.HTTP1 and endpoint.hint is Hint.H2 and self._http1_over_h2:
             h2 = self._counted(
                 mesh_connect(context, identity.name, endpoint.addr[1], SessionProtocol.HTTP2,
-                             authority, timeout=self._timeout)
+                             authority, timeout=self._timeout, source_ip=self._source_ip)
             )  # fmt: skip
         labels = self._metrics.conn(
             "outbound", where, dst_values(endpoint.labels), tls="true", no_tls_reason="",
