@@ -5,6 +5,9 @@ mTLS, changed by drills as a test runs, and gone without a trace afterwards."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -15,7 +18,8 @@ import pytest
 from meshlet.cli.demo import network
 from meshlet.cli.demo.supervisor import pid_runs
 from meshlet.cli.mesh import spec as mesh_spec
-from meshlet.cli.mesh.engine import Mesh, MeshError, Response
+from meshlet.cli.mesh.engine import MODE_ENV, Mesh, MeshError, Response
+from meshlet_testing.unprivileged import unprivileged
 
 # Whole meshes: make test's second lane, beside the rest (scripts/test).
 pytestmark = pytest.mark.demo
@@ -201,3 +205,29 @@ def test_asgi_and_wsgi_applications_as_services(netns_available: None) -> None:
         late = mesh.get("hello", "/there")
         assert late.status == 504, late
         assert "timeout of 0.3s" in late.headers.get("meshlet-proxy-error", ""), late
+
+
+def test_a_loopback_mesh_needs_no_privilege() -> None:
+    """Without a capability, the mesh is built in loopback mode: apps call by short names
+    through their proxies (curl's absolute-form requests, grpcio's CONNECT tunnels) over mTLS,
+    tap and stat see them, authorization tells callers apart, and nothing is left."""
+    script = Path(__file__).parent / "apps" / "unprivileged.py"
+    env = {k: v for k, v in os.environ.items() if k != MODE_ENV}  # the mode as found
+    run = subprocess.run(unprivileged(sys.executable, str(script), str(EXAMPLE)),
+                         capture_output=True, text=True, timeout=240, check=False,
+                         env=env)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-4000:]
+    seen = json.loads(run.stdout.splitlines()[-1])
+    client = "client.shop.serviceaccount.identity.meshlet.cluster.local"
+    assert seen["mode"] == "loopback"
+    assert seen["files"] == [200] * 4
+    assert (seen["files_mtls"], seen["files_peers"]) == (1.0, [client])
+    assert seen["tapped"] == [["inbound", "/tapped", 404, True]]
+    assert (seen["grpc"], seen["grpc_full_name"]) == ("OK\n", "OK\n")
+    assert (seen["store_mtls"], seen["store_peers"]) == (1.0, [client])
+    assert "fail and slow need netns mode" in seen["fail"]
+    # from its own address, the client is not the 127.0.0.1 that policies let in
+    assert seen["denied"] == 403
+    assert seen["down"] == []
+    assert [f for f in seen["folders"] if Path(f).exists()] == []
+    assert [pid for pid in seen["pids"] if pid_runs(pid)] == []

@@ -4,6 +4,7 @@ cannot see, made in its policy folder, caught by the test written for it."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -11,17 +12,24 @@ from pathlib import Path
 
 import pytest
 
+from meshlet.cli.mesh.engine import MODE_ENV
+from meshlet_testing.unprivileged import unprivileged as without_privilege
+
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "shop"
 
-pytestmark = [pytest.mark.netns, pytest.mark.demo]  # whole meshes: the suite's second lane
+pytestmark = pytest.mark.demo  # whole meshes: the suite's second lane
 
 
-def run_suite(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--rootdir", str(folder),
-         "-q", *args],
-        capture_output=True, text=True, timeout=300, check=False, cwd=folder,
-    )  # fmt: skip
+def run_suite(
+    folder: Path, *args: str, unprivileged: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """The suite run by pytest; `unprivileged`: without a capability (so in loopback mode)."""
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--rootdir", str(folder),
+            "-q", *args]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != MODE_ENV}  # the mode as found
+    return subprocess.run(without_privilege(*argv) if unprivileged else argv,
+                          capture_output=True, text=True, timeout=300, check=False, cwd=folder,
+                          env=env)  # fmt: skip
 
 
 @pytest.fixture
@@ -31,10 +39,25 @@ def shop(tmp_path: Path) -> Path:
     return folder
 
 
+@pytest.mark.netns
 def test_the_shops_suite_passes_with_four_workers(netns_available: None, shop: Path) -> None:
     run = run_suite(shop, "-n", "4")
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert "4 passed" in run.stdout, run.stdout[-2000:]
+
+
+def test_the_shops_suite_passes_without_privilege_and_catches_a_lockout(shop: Path) -> None:
+    """Without a capability the meshes are loopback ones: the apps reach each other through
+    their proxies as their HTTP proxy, and authorization still tells web from the rest."""
+    run = run_suite(shop, unprivileged=True)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert "4 passed" in run.stdout, run.stdout[-2000:]
+    policy = shop / "policy" / "store-authz.yaml"
+    policy.write_text(policy.read_text().replace("      name: web\n", "      name: frontend\n"))
+    test = "tests/test_shop.py::test_web_reaches_the_store_and_no_one_else_does"
+    run = run_suite(shop, test, unprivileged=True)
+    assert run.returncode == 1, run.stdout[-4000:] + run.stderr[-2000:]
+    assert "1 failed" in run.stdout and "status=502" in run.stdout, run.stdout[-4000:]
 
 
 # (the file in policy/, what the mistake changes, the test that catches it, what it sees)
@@ -52,6 +75,7 @@ MISTAKES = [
 ]  # fmt: skip
 
 
+@pytest.mark.netns
 @pytest.mark.parametrize(("file", "change", "test", "seen"), MISTAKES)
 def test_each_mistake_is_caught_by_its_test(
     netns_available: None, shop: Path, file: str, change: tuple[str, str], test: str, seen: str

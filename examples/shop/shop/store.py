@@ -71,11 +71,12 @@ def handler(store: Store) -> grpc.GenericRpcHandler:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=9090)
     args = parser.parse_args()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
     server.add_generic_rpc_handlers((handler(Store()),))
-    server.add_insecure_port(f"0.0.0.0:{args.port}")
+    server.add_insecure_port(f"{args.host}:{args.port}")
     server.start()
     server.wait_for_termination()
 

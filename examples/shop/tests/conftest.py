@@ -17,10 +17,11 @@ HERE = Path(__file__).resolve().parent.parent
 def meshlet_spec() -> s.Spec:
     env = {"PYTHONPATH": str(HERE), "GRPC_DNS_RESOLVER": "native"}  # names from /etc/hosts
     web = s.service(
-        "web", [sys.executable, "-m", "uvicorn", "shop.web:app", "--host", "0.0.0.0",
+        "web", [sys.executable, "-m", "uvicorn", "shop.web:app", "--host", "{ip}",
                 "--port", "{port}", "--no-access-log"],
         port=8080, replicas=2, env={**env, "STORE_ADDR": "store.shop:9090"},
     )  # fmt: skip
-    store = s.service("store", [sys.executable, "-m", "shop.store", "--port", "{port}"],
+    store = s.service("store", [sys.executable, "-m", "shop.store", "--host", "{ip}",
+                                "--port", "{port}"],
                       port=9090, protocol="grpc", env=env)  # fmt: skip
     return s.Spec((web, store), namespace="shop", policy=HERE / "policy")

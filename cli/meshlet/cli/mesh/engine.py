@@ -1,9 +1,20 @@
 """A local mesh of an application's own services, built from the demo's parts: a place of its
 own on the machine (slot, addresses, bridge and namespace names, state folder: several run
-side by side), a control plane (identity, destination, policy, tap) in a namespace of its own,
-and one network namespace per pod with `meshlet-init`'s rules, a `meshlet-proxy` (GID 2102) and
-the service's command; plus a meshed client pod, from which `get` calls by name as any app
-would.
+side by side), a control plane (identity, destination, policy, tap), and per pod a
+`meshlet-proxy` and the service's command; plus a meshed client pod, from which `get` calls by
+name as any app would.
+
+Two modes, as the demo has:
+- **netns** (root): each pod a network namespace with `meshlet-init`'s rules (the proxy runs
+  with GID 2102), the control plane in one of its own. Traffic is intercepted as in a cluster:
+  apps call services by name (/etc/hosts) and never know the proxy is there.
+- **loopback** (no root needed): pods are addresses on 127.N.77.0/24. Nothing intercepts, so
+  each app gets its proxy as its HTTP proxy (`HTTP_PROXY`, `http_proxy`, `grpc_proxy`): HTTP
+  clients send it their requests (absolute-form) and gRPC clients open CONNECT tunnels, naming
+  the service as they would in a pod (`store`, `store.shop`, the full name); the proxy finds the
+  service in discovery and calls a replica over mTLS. An app must bind its pod's address
+  (`{ip}`: `--host {ip}`), and calls made without the proxy settings bypass the mesh. `fail`
+  and `slow` need iptables, so netns mode.
 
 The manifests folder the controllers read holds what a cluster's API server would: a Service
 per service (a cluster IP that exists only in the pods' /etc/hosts and rules), every pod (`up`
@@ -13,7 +24,8 @@ would have it), and the application's own policy resources
 `restart` a controller, `deny` one service another. `stat` reads what the proxies measured,
 `tap` the requests they see.
 
-Network namespaces need root (`MeshError` says so otherwise).
+Network namespaces need root (`MeshError` says so otherwise); without it, loopback is the
+default mode (`mode=`, or `$MESHLET_MESH_MODE`).
 """
 
 from __future__ import annotations
@@ -54,6 +66,9 @@ from meshlet.controlplane.k8s.manifests import ManifestsFolder
 READY_WITHIN: Final = 30.0
 CONTROL_PLANE: Final = run.CONTROL_PLANE  # identity, destination, policy, tap
 _COUNTER = itertools.count(1)
+# The variables HTTP and gRPC clients read their proxy from (grpcio: grpc_proxy first)
+PROXY_VARIABLES: Final = ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy",
+                          "grpc_proxy")  # fmt: skip
 # The controllers reading the manifests folder: (process, admin port, its events counter, the
 # kinds it reads)
 READERS: Final = (
@@ -62,6 +77,7 @@ READERS: Final = (
     ("policy", wellknown.POLICY_ADMIN_PORT, "policy_source_events_total", POLICY_SERVER_KINDS),
 )  # fmt: skip
 RESOLV_CONF: Final = "# the mesh's names are in /etc/hosts; no DNS server\n"
+MODE_ENV: Final = "MESHLET_MESH_MODE"  # netns or loopback, when `Mesh(mode=)` is not given
 
 
 class MeshError(Exception):
@@ -104,10 +120,18 @@ class Mesh:
     """`up()` builds it (MeshError, everything made removed, if it cannot); `down()` removes
     all of it, whatever happened before; both are safe to call twice."""
 
-    def __init__(self, spec: Spec, *, name: str | None = None, lock_wait: float = 120.0) -> None:
+    def __init__(
+        self,
+        spec: Spec,
+        *,
+        name: str | None = None,
+        mode: str | None = None,
+        lock_wait: float = 120.0,
+    ) -> None:
         wrong = problems(spec)
         if wrong:
             raise MeshError("the mesh's spec: " + "; ".join(wrong))
+        self.mode = _mode(mode)
         self.spec = spec
         self.name = name or f"t{os.getpid()}-{next(_COUNTER)}"
         problem = topology.name_problem(self.name)
@@ -127,8 +151,9 @@ class Mesh:
 
     def up(self) -> Mesh:
         started = time.monotonic()
-        if os.geteuid() != 0:
-            raise MeshError("a local mesh of network namespaces needs root")
+        if self.mode is Mode.NETNS and os.geteuid() != 0:
+            raise MeshError("a local mesh of network namespaces needs root (loopback mode"
+                            " does not: mode='loopback')")  # fmt: skip
         try:
             self._up()
         except (StartError, network.NetworkError, lock.LockBusy, OSError) as exc:
@@ -151,15 +176,18 @@ class Mesh:
         if previous is not None:
             run.undo(previous)  # a mesh of this name that died: its processes, network, files
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.record = Record(mode=Mode.NETNS.value, root=str(root), shm=shm_folder(self.name),
+        self.record = Record(mode=self.mode.value, root=str(root), shm=shm_folder(self.name),
                              name=self.name, slot=place.slot, owner=os.getpid())  # fmt: skip
-        members = network.members(layout)
-        self.record.netns = [m.netns for m in members]
-        self.record.etc = [str(network.ETC_NETNS / layout.netns(pod.name)) for pod in layout.pods]
-        if not network.ETC_NETNS.exists():
-            self.record.etc.append(str(network.ETC_NETNS))
+        netns = self.mode is Mode.NETNS
+        if netns:
+            self.record.netns = [m.netns for m in network.members(layout)]
+            self.record.etc = [str(network.ETC_NETNS / layout.netns(pod.name))
+                               for pod in layout.pods]  # fmt: skip
+            if not network.ETC_NETNS.exists():
+                self.record.etc.append(str(network.ETC_NETNS))
         self.record.save()
-        run.sweep(layout)
+        if netns:
+            run.sweep(layout)
         self.sup = Supervisor(self.record)
         anchors = run.write_ca(root / "ca")
         (root / "tokens.yaml").write_text(self._tokens())
@@ -167,20 +195,22 @@ class Mesh:
         manifests.root.mkdir(exist_ok=True)
         for svc, cluster_ip in zip(self.spec.services, self._cluster_ips(), strict=True):
             manifests.put(f"service-{svc.name}", self._service(svc, cluster_ip))
-        network.apply(network.plan(layout))
-        for folder in network.write_hosts(layout, self._hosts()):
-            if folder != network.ETC_NETNS:
-                # No DNS server is reachable from a pod: with none named, glibc asks the pod's
-                # own loopback and fails at once, where the machine's server would time out
-                # (a reverse lookup at start-up, as Python's http.server makes, took 10 s).
-                (folder / "resolv.conf").write_text(RESOLV_CONF)
+        if netns:
+            network.apply(network.plan(layout))
+            for folder in network.write_hosts(layout, self._hosts()):
+                if folder != network.ETC_NETNS:
+                    # No DNS server is reachable from a pod: with none named, glibc asks the
+                    # pod's own loopback and fails at once, where the machine's server would
+                    # time out (a reverse lookup at start-up, as Python's http.server makes,
+                    # took 10 s).
+                    (folder / "resolv.conf").write_text(RESOLV_CONF)
         self._start_control_plane()
         self._start_pods(anchors)
         if self.spec.policy is not None:
             self.apply(self.spec.policy)
 
     def _layout(self, place: Place) -> Layout:
-        base = topology.layout(Mode.NETNS, place)
+        base = topology.layout(self.mode, place)
         subnet = base.pods[0].ip.rsplit(".", 1)[0]  # the place's pods' /24
         names: list[tuple[str, Service | None]] = [
             (pod, svc) for svc in self.spec.services for pod in svc.pods()
@@ -191,7 +221,7 @@ class Mesh:
             workload = svc.name if svc is not None else CLIENT
             pods.append(Pod(pod, workload, f"{subnet}.{host}", workload))
             self._pods[pod] = svc
-        return Layout(Mode.NETNS, tuple(pods), base.control_ip, base.host_ip, base.prefix, place)
+        return Layout(self.mode, tuple(pods), base.control_ip, base.host_ip, base.prefix, place)
 
     def _cluster_ips(self) -> list[str]:
         return [f"10.96.0.{n}" for n in range(10, 10 + len(self.spec.services))]
@@ -220,7 +250,7 @@ class Mesh:
 
     def _start_control_plane(self) -> None:
         assert self.sup is not None and self.layout is not None and self.record is not None
-        ip, netns = self.layout.control_ip, self.layout.netns("control")
+        ip, netns = self.layout.control_ip, self._netns("control")
         argv = run.controller_argv(ip, Path(self.record.root),
                                    cluster_networks=self.layout.cluster_network)  # fmt: skip
         for name, _ in CONTROL_PLANE:
@@ -242,9 +272,10 @@ class Mesh:
         for pod in layout.pods:
             self.manifests.put(f"pod-{pod.name}", self._pod_manifest(pod))
         written = time.time()
-        init = [*command("meshlet-init"), "--proxy-gid", str(wellknown.PROXY_GID)]
-        for pod in layout.pods:
-            sup.run_once(f"init-{pod.name}", init, netns=layout.netns(pod.name))
+        if self.mode is Mode.NETNS:
+            init = [*command("meshlet-init"), "--proxy-gid", str(wellknown.PROXY_GID)]
+            for pod in layout.pods:
+                sup.run_once(f"init-{pod.name}", init, netns=layout.netns(pod.name))
         for pod in layout.pods:
             svc = self._pods[pod.name]
             token = root / "tokens" / pod.name
@@ -256,9 +287,9 @@ class Mesh:
                 namespace=self.spec.namespace, ports=(svc.port,) if svc is not None else (),
                 opaque_ports=(svc.port,) if svc is not None and svc.protocol == "opaque" else (),
             )  # fmt: skip
-            netns = layout.netns(pod.name)
-            sup.start(f"proxy-{pod.name}", command("meshlet-proxy"), env=env, netns=netns,
-                      gid=wellknown.PROXY_GID)  # fmt: skip
+            gid = wellknown.PROXY_GID if self.mode is Mode.NETNS else None
+            sup.start(f"proxy-{pod.name}", command("meshlet-proxy"), env=env,
+                      netns=self._netns(pod.name), gid=gid)  # fmt: skip
             if svc is not None:
                 self._start_app(pod, svc)
         for pod in layout.pods:
@@ -277,10 +308,23 @@ class Mesh:
                   "namespace": self.spec.namespace}  # fmt: skip
         argv = [_fill(arg, values) for arg in svc.command]
         env = {**svc.env, "PORT": str(svc.port), "POD_NAME": pod.name, "POD_IP": pod.ip,
-               "POD_NAMESPACE": self.spec.namespace}  # fmt: skip
+               "POD_NAMESPACE": self.spec.namespace, **self._via_proxy(pod.name)}  # fmt: skip
         self._apps[pod.name] = self.sup.start(f"app-{pod.name}", argv, env=env,
-                                              netns=self.layout.netns(pod.name) if self.layout
-                                              else None)  # fmt: skip
+                                              netns=self._netns(pod.name))  # fmt: skip
+
+    def _netns(self, member: str) -> str | None:
+        """The network namespace of a pod (or `control`); None in loopback mode."""
+        assert self.layout is not None
+        return self.layout.netns(member) if self.mode is Mode.NETNS else None
+
+    def _via_proxy(self, pod: str) -> dict[str, str]:
+        """In loopback mode, what makes a pod's clients use its proxy: the proxy settings HTTP
+        and gRPC libraries read (curl, requests, httpx, urllib, aiohttp with trust_env, grpcio),
+        pointing at its outbound listener. None in netns mode, where rules intercept."""
+        if self.mode is Mode.NETNS:
+            return {}
+        proxy = f"http://{self.ip(pod)}:{wellknown.PROXY_OUTBOUND_PORT}"
+        return {**{name: proxy for name in PROXY_VARIABLES}, "NO_PROXY": "", "no_proxy": ""}
 
     def _wait_listening(self, pod: str, port: int, within: float = READY_WITHIN) -> None:
         """Until the pod's app listens on `port` (its namespace's /proc/net/tcp{,6}, read
@@ -288,7 +332,8 @@ class Mesh:
         proc = self._apps[pod]
         assert proc.popen is not None
         deadline = time.monotonic() + within
-        while not _listens(proc.popen.pid, port):
+        ip = self.ip(pod) if self.mode is Mode.LOOPBACK else None
+        while not _listens(proc.popen.pid, port, ip):
             if proc.popen.poll() is not None:
                 raise StartError(f"app-{pod} exited ({proc.popen.returncode}):\n{proc.tail(20)}")
             if time.monotonic() > deadline:
@@ -344,7 +389,9 @@ class Mesh:
         return list(self._pods)
 
     def ip(self, pod: str) -> str:
-        assert self.layout is not None
+        assert self.layout is not None, "the mesh is not up"
+        if pod not in self._pods:
+            raise KeyError(f"{pod}: no such pod (pods: {', '.join(self.pods)})")
         return self.layout.pod(pod).ip
 
     def url(self, service: str, path: str = "/") -> str:
@@ -363,13 +410,19 @@ class Mesh:
         return _response(done.stdout, done.stderr)
 
     def exec(self, pod: str, *argv: str, timeout: float = 30.0) -> Any:
-        """`argv` run in the pod's network namespace, as its app runs (not the proxy's GID):
-        its connections go through the pod's proxy. The CompletedProcess (text)."""
+        """`argv` run as the pod's app runs: in its network namespace (not with the proxy's
+        GID), or in loopback mode with its proxy settings; its connections go through the
+        pod's proxy. The CompletedProcess (text)."""
         import subprocess
 
         assert self.layout is not None, "the mesh is not up"
-        full = ["ip", "netns", "exec", self.layout.netns(pod), *argv]
-        return subprocess.run(full, capture_output=True, text=True, timeout=timeout, check=False)
+        if self.mode is Mode.NETNS:
+            self.ip(pod)  # a KeyError for a pod the mesh lacks
+            full, env = ["ip", "netns", "exec", self.layout.netns(pod), *argv], None
+        else:
+            full, env = list(argv), {**os.environ, **self._via_proxy(pod)}
+        return subprocess.run(full, capture_output=True, text=True, timeout=timeout,
+                              check=False, env=env)  # fmt: skip
 
     def stat(self, target: str) -> Stat:
         """`deploy/NAME` (every replica) or `pod/NAME`: what their proxies measured."""
@@ -458,7 +511,8 @@ class Mesh:
         for pod in self._targets(target):
             svc = self._pods[pod]
             assert svc is not None
-            self._interpose(pod, svc, ["--to", f"127.0.0.1:{svc.port}", "--delay", str(seconds)])
+            self._interpose(pod, svc, ["--to", f"{self.ip(pod)}:{svc.port}",
+                                       "--delay", str(seconds)])  # fmt: skip
 
     def fail(self, target: str, status: int = 503) -> None:
         """Every request to the app of `target` (a pod, or every pod of a service) is answered
@@ -487,6 +541,11 @@ class Mesh:
 
     def _interpose(self, pod: str, svc: Service, args: list[str]) -> None:
         assert self.sup is not None and self.layout is not None
+        if self.mode is not Mode.NETNS:
+            raise MeshError(
+                "fail and slow need netns mode (root): they put a relay between"
+                " a pod's proxy and its app with an iptables rule in the pod"
+            )
         self._unpose(pod)
         name = f"drill-{pod}"
         port = interpose.PORT
@@ -743,8 +802,13 @@ def _fill(arg: str, values: dict[str, str]) -> str:
     return re.sub(r"\{(port|pod|ip|namespace)\}", lambda m: values[m.group(1)], arg)
 
 
-def _listens(pid: int, port: int) -> bool:
-    """Whether a socket listens on `port` in the network namespace of process `pid`."""
+def _listens(pid: int, port: int, ip: str | None = None) -> bool:
+    """Whether a socket listens on `port` in the network namespace of process `pid` (with
+    `ip`: on that IPv4 address, or every address)."""
+    # as /proc/net/tcp{,6} write them: IPv4 in host byte order (little-endian here); an IPv6
+    # socket (grpcio's) holds the address v4-mapped (::ffff:a.b.c.d); or every address
+    v4 = "".join(f"{int(octet):02X}" for octet in reversed(ip.split("."))) if ip else ""
+    wanted = None if ip is None else {v4, "00000000", "0000000000000000FFFF0000" + v4, "0" * 32}
     for table in ("tcp", "tcp6"):
         try:
             lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
@@ -752,13 +816,25 @@ def _listens(pid: int, port: int) -> bool:
             continue
         for line in lines:
             fields = line.split()
-            if (
-                len(fields) > 3
-                and fields[3] == "0A"
-                and int(fields[1].rsplit(":", 1)[1], 16) == port
-            ):
+            if len(fields) <= 3 or fields[3] != "0A":
+                continue
+            address, _, hex_port = fields[1].rpartition(":")
+            if int(hex_port, 16) == port and (wanted is None or address in wanted):
                 return True
     return False
+
+
+def _mode(asked: str | None) -> Mode:
+    """The mode asked for (or `$MESHLET_MESH_MODE`); else netns where network namespaces can
+    be made (as the demo decides), loopback otherwise."""
+    from meshlet.cli.demo.command import choose_mode
+
+    value = asked or os.environ.get(MODE_ENV)
+    if value is None:
+        return choose_mode("auto")[0]
+    if value not in (Mode.NETNS.value, Mode.LOOPBACK.value):
+        raise MeshError(f"mode {value!r}: netns or loopback")
+    return Mode(value)
 
 
 def _response(output: str, stderr: str) -> Response:

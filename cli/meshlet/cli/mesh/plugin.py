@@ -1,11 +1,12 @@
 """pytest-meshlet: an application's tests run its services through a real local mesh.
 
-Installed with meshlet (the `pytest11` entry point `meshlet`), it gives every test two
+Installed with meshlet (the `pytest11` entry point `meshlet`), it gives every test these
 fixtures:
 
-- `meshlet_mesh(spec, name=None)`: builds a mesh of `spec` (a `meshlet.cli.mesh.spec.Spec`)
-  for this test and returns it (`meshlet.cli.mesh.engine.Mesh`); every mesh it built is taken
-  down after the test, passed or failed, and the test fails if anything of one is left.
+- `meshlet_mesh(spec, name=None, mode=None)`: builds a mesh of `spec` (a
+  `meshlet.cli.mesh.spec.Spec`) for this test and returns it (`meshlet.cli.mesh.engine.Mesh`);
+  every mesh it built is taken down after the test, passed or failed, and the test fails if
+  anything of one is left.
 - `mesh`: the mesh of the `meshlet_spec` fixture, which the test suite defines (in its
   conftest.py), for every test that asks for it.
 - `meshlet_module_mesh(spec, name=None)`: the factory for a fixture of module scope, whose
@@ -14,7 +15,9 @@ fixtures:
 Each mesh has a place of its own (slot, addresses, network names, state folder), so pytest-xdist
 workers, or two CI jobs, build theirs side by side. A mesh whose test process died before its
 teardown (killed, or timed out by pytest-timeout's thread method, which ends the process) is
-removed by the next mesh built on the machine. Needs root (network namespaces, iptables).
+removed by the next mesh built on the machine. As root, pods are network namespaces with
+iptables rules; without root (or with `mode="loopback"`, or `$MESHLET_MESH_MODE`), loopback
+addresses whose apps use their proxy as HTTP proxy (`meshlet.cli.mesh.engine`).
 """
 
 from __future__ import annotations
@@ -34,10 +37,10 @@ def _factory() -> Iterator[Callable[..., Mesh]]:
     something)."""
     made: list[Mesh] = []
 
-    def build(spec: Spec, name: str | None = None) -> Mesh:
+    def build(spec: Spec, name: str | None = None, mode: str | None = None) -> Mesh:
         from meshlet.cli.mesh.engine import Mesh
 
-        mesh = Mesh(spec, name=name)
+        mesh = Mesh(spec, name=name, mode=mode)
         made.append(mesh)
         return mesh.up()
 

@@ -94,7 +94,7 @@ def asgi(
     if path is not None:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(path), env.get("PYTHONPATH")) if p)
     command = [sys.executable, "-m", "uvicorn", app, "--interface", interface,
-               "--host", "0.0.0.0", "--port", "{port}", "--no-access-log"]  # fmt: skip
+               "--host", "{ip}", "--port", "{port}", "--no-access-log"]  # fmt: skip
     return Service(name, tuple(command), port, replicas, "http", env)
 
 
