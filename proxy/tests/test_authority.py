@@ -3,8 +3,14 @@ request's authority names (IP literals and `localhost` only: no lookup leaves th
 
 from __future__ import annotations
 
+import asyncio
+import socket
+import time
+from typing import Any
+
 import pytest
 
+from meshlet.proxy import authority
 from meshlet.proxy.authority import by_authority, resolve, split_authority
 from meshlet.proxy.core.loops import SelfTargets
 from meshlet.proxy.http.contract import Addr, Endpoint, RouteError
@@ -77,3 +83,39 @@ async def test_a_name_is_labelled_as_written_and_sent_where_it_resolves() -> Non
 
 async def test_a_name_resolving_to_the_proxy_itself_is_a_loop() -> None:
     assert await by_authority("localhost:4191", PROXY, POD_IP) == LOOP
+
+
+async def test_slow_name_lookups_leave_the_loops_pool_alone_and_time_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Names whose lookups hang (a resolver answering in seconds) once held uvloop's thread
+    pool, and connections to mesh peers timed out behind them. Lookups have threads of their
+    own now, at most MAX_LOOKUPS, each bounded by LOOKUP_TIMEOUT: 504, not a wait."""
+    real = socket.getaddrinfo
+
+    def slow(host: str, *args: Any, **kwargs: Any) -> Any:
+        if host.startswith("slow"):
+            time.sleep(2.0)
+            raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(authority, "LOOKUP_TIMEOUT", 0.5)
+    monkeypatch.setattr(socket, "getaddrinfo", slow)
+    loop = asyncio.get_running_loop()
+    lookups = [asyncio.create_task(by_authority(f"slow{n}:80", PROXY, POD_IP))
+               for n in range(3 * authority.MAX_LOOKUPS)]  # fmt: skip
+    await asyncio.sleep(0.05)
+    started = time.monotonic()
+    for _ in range(8):  # the loop's own pool (uvloop: libuv's four threads) is free
+        await loop.getaddrinfo("localhost", 80)
+    assert time.monotonic() - started < 0.5
+    answers = await asyncio.gather(*lookups)
+    assert set(answers) == {RouteError(504, "the lookup of the request's authority timed out")}
+    # every slot held by a hung lookup: a new one waits for a slot, within its own limit
+    assert await by_authority("localhost:80", PROXY, POD_IP) == RouteError(
+        504, "the lookup of the request's authority timed out"
+    )
+    await asyncio.sleep(1.6)  # the hung lookups end: their slots are free again
+    assert await by_authority("localhost:8080", PROXY, POD_IP) == Endpoint(
+        Addr("127.0.0.1", 8080), "localhost:8080"
+    )

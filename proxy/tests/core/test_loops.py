@@ -19,6 +19,14 @@ PROXY = SelfTargets([("0.0.0.0", 4140), ("0.0.0.0", 4143), ("127.0.0.1", 4191)])
         (("0.0.0.0", 4140), True),  # unspecified: this host
         (("::", 4143), True),
         ((POD_IP, 4143), True),  # the pod's own address
+        # the same addresses spelt otherwise: IPv4-mapped IPv6 (a CONNECT to
+        # [::ffff:POD_IP]:4140 once tunneled the proxy into itself without end)
+        ((f"::ffff:{POD_IP}", 4140), True),
+        (("::ffff:a00:7", 4191), True),
+        (("::ffff:127.1.2.3", 4143), True),
+        (("::ffff:0.0.0.0", 4140), True),
+        (("fe80::1%lo", 4140), False),  # a link-local neighbour, zone and all
+        (("::ffff:10.0.0.8", 4143), False),
         (("10.0.0.8", 4143), False),  # another pod's proxy: a destination like any other
         ((POD_IP, 8080), False),  # the app's port
         (("127.0.0.1", 8080), False),

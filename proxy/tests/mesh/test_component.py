@@ -1682,6 +1682,19 @@ async def connect_answer(addr: tuple[str, int], head: bytes) -> tuple[int, bytes
          b"the request's authority does not resolve"),
         (b"CONNECT 127.0.0.1:4140 HTTP/1.1\r\n\r\n", 403,
          b"the request targets the proxy itself (a routing loop)"),
+        # the pod's own address, which discovery knows, and its IPv4-mapped spelling (once a
+        # tunnel into the proxy itself, opened again and again without end)
+        # (ids of their own: the pods' addresses differ between xdist workers)
+        pytest.param(f"CONNECT {CLIENT_IP}:4143 HTTP/1.1\r\n\r\n".encode(), 403,
+                     b"the request targets the proxy itself (a routing loop)",
+                     id="the-pods-own-inbound-port"),
+        pytest.param(f"CONNECT [::ffff:{CLIENT_IP}]:4140 HTTP/1.1\r\n\r\n".encode(), 403,
+                     b"the request targets the proxy itself (a routing loop)",
+                     id="the-pods-own-outbound-port-ipv4-mapped"),
+        (b"CONNECT web:80 HTTP/1.1\r\nHost web\r\n\r\n", 400,
+         b"malformed CONNECT header field"),
+        (b"CONNECT web:80 HTTP/1.1\r\nx: a\x00b\r\n\r\n", 400,
+         b"malformed CONNECT header field"),
         (b"CONNECT web:80 HTTP/1.1\r\nx: " + b"a" * 17000 + b"\r\n\r\n", 431,
          b"the CONNECT request's head is too large"),
     ],
@@ -1692,6 +1705,21 @@ async def test_a_bad_connect_is_answered_with_its_error_and_closed(
     bot = mesh.pods["vote-bot"]
     assert await connect_answer(bot.outbound, head) == (status, error)
     assert bot.metric("fail_fast_total", direction="outbound", reason="connect") == 1
+
+
+async def test_a_tunnel_carries_what_came_with_its_head_after_empty_lines(mesh: Mesh) -> None:
+    """Empty lines before the request line are skipped (as for any request); a request sent
+    in the same packet as the CONNECT head goes through the tunnel."""
+    reader, writer = await asyncio.open_connection(*mesh.pods["vote-bot"].outbound)
+    writer.write(b"\r\n\r\nCONNECT web:80 HTTP/1.1\r\nHost: web:80\r\n\r\n"
+                 b"GET / HTTP/1.1\r\nHost: web\r\nConnection: close\r\n\r\n")  # fmt: skip
+    async with asyncio.timeout(10):
+        answer = await reader.read()
+    writer.close()
+    established, _, inner = answer.partition(b"\r\n\r\n")
+    assert established == b"HTTP/1.1 200 Connection established"
+    assert inner.startswith(b"HTTP/1.1 200 ")
+    assert pod_of(inner.partition(b"\r\n\r\n")[2]) in REPLICAS
 
 
 async def test_a_connect_head_cut_short_is_closed_without_an_answer(mesh: Mesh) -> None:

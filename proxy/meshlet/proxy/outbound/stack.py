@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from meshlet.api.ports import PortRanges
 from meshlet.api.transport_header import SessionProtocol
-from meshlet.proxy.authority import by_authority
+from meshlet.proxy.authority import by_authority, by_literal
 from meshlet.proxy.connections import Connections
 from meshlet.proxy.core.detect import Protocol
 from meshlet.proxy.core.loops import SelfTargets
@@ -113,6 +113,10 @@ class OutboundStack:
         if isinstance(head, RouteError):
             self._refuse_tunnel(accepted, head)
             return
+        literal = by_literal(head, self.self_targets, accepted.local[0])
+        if isinstance(literal, RouteError):  # the proxy's own ports, however spelt
+            self._refuse_tunnel(accepted, literal)
+            return
         found = await self._mesh.existing(head) if self._mesh is not None else None
         if isinstance(found, RouteError):
             self._refuse_tunnel(accepted, found)
@@ -171,7 +175,9 @@ class OutboundStack:
                                  accepted=accepted)  # fmt: skip
                 return
             if detected.timed_out:
-                conns.detect_timed_out(DIRECTION, self._timeout, target[1] if target else None)
+                port = target[1] if target else (logical.destination.port
+                                                  if logical.destination else None)  # fmt: skip
+                conns.detect_timed_out(DIRECTION, self._timeout, port)
             if target is None and logical.destination is None:
                 conns.refuse(
                     accepted, DIRECTION, "no_original_dst",

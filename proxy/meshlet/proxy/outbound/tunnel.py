@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import socket
 from typing import Final
 
@@ -22,6 +23,8 @@ from meshlet.proxy.http.contract import RouteError
 from meshlet.proxy.io.listener import Accepted, peek_until
 
 MAX_HEAD: Final = 16 * 1024  # bytes of a CONNECT request's head, fields and all
+_TOKEN: Final = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # a field name (RFC 9110)
+_VALUE: Final = re.compile(rb"[\t\x20-\x7e\x80-\xff]*")  # no control characters
 ESTABLISHED: Final = b"HTTP/1.1 200 Connection established\r\n\r\n"
 _REASONS: Final = {400: "Bad Request", 403: "Forbidden", 408: "Request Timeout",
                    431: "Request Header Fields Too Large", 502: "Bad Gateway",
@@ -29,7 +32,9 @@ _REASONS: Final = {400: "Bad Request", 403: "Forbidden", 408: "Request Timeout",
 
 
 def is_connect(first_bytes: bytes) -> bool:
-    return first_bytes.startswith(b"CONNECT ")
+    """Whether a connection's first bytes are a CONNECT request (after the empty lines a
+    server ignores before a request line, as detection does)."""
+    return first_bytes.lstrip(b"\r\n").startswith(b"CONNECT ")
 
 
 async def read_head(accepted: Accepted, within: float) -> str | RouteError | None:
@@ -38,12 +43,12 @@ async def read_head(accepted: Accepted, within: float) -> str | RouteError | Non
     sock = accepted.sock
     try:
         async with asyncio.timeout_at(accepted.deadline(within)):
-            data = await peek_until(sock, lambda seen: b"\r\n\r\n" in seen, MAX_HEAD)
+            data = await peek_until(sock, lambda seen: _end(seen) >= 0, MAX_HEAD)
     except TimeoutError:
         return RouteError(408, "the CONNECT request's head did not arrive in time")
     except OSError:
         return None
-    end = data.find(b"\r\n\r\n")
+    end = _end(data)
     if end < 0:
         if len(data) >= MAX_HEAD:
             return RouteError(431, "the CONNECT request's head is too large")
@@ -57,8 +62,18 @@ async def read_head(accepted: Accepted, within: float) -> str | RouteError | Non
     return _authority(head)
 
 
+def _end(data: bytes) -> int:
+    """Where the head's final empty line starts (-1: not yet); empty lines before the request
+    line are skipped."""
+    return data.find(b"\r\n\r\n", len(data) - len(data.lstrip(b"\r\n")))
+
+
 def _authority(head: bytes) -> str | RouteError:
-    line = head.split(b"\r\n", 1)[0]
+    line, *fields = head.lstrip(b"\r\n").split(b"\r\n")
+    for field in fields[:-2]:  # the head ends with two empty lines
+        name, colon, value = field.partition(b":")
+        if not colon or not _TOKEN.fullmatch(name) or not _VALUE.fullmatch(value):
+            return RouteError(400, "malformed CONNECT header field")
     parts = line.split(b" ")
     if len(parts) != 3 or parts[0] != b"CONNECT" or parts[2] not in (b"HTTP/1.1", b"HTTP/1.0"):
         return RouteError(400, "malformed CONNECT request line")
