@@ -35,16 +35,7 @@ STORE = mesh_spec.service(
     "store", [sys.executable, "-m", "shop.store", "--port", "{port}"], port=9090,
     protocol="grpc", env={"PYTHONPATH": str(EXAMPLE)},
 )  # fmt: skip
-GRPC_CALL = """
-import sys, grpc
-with grpc.insecure_channel(sys.argv[1]) as channel:
-    call = channel.unary_unary("/shop.Store/Stock")
-    try:
-        call(b"{}", timeout=5)
-        print("OK")
-    except grpc.RpcError as exc:
-        print(exc.code().name, exc.details())
-"""
+GRPC_CALL = str(Path(__file__).parent / "apps" / "grpc_stock.py")  # a call, as a pod's app
 
 
 def timed(call: Callable[[], Response]) -> float:
@@ -116,10 +107,10 @@ def test_an_applications_services_through_the_mesh_with_drills(
         mesh.heal("files-2")
         assert min(timed(lambda: mesh.get("files")) for _ in range(3)) < 0.3
 
-        called = mesh.exec("client", sys.executable, "-c", GRPC_CALL, "store.shop:9090")
+        called = mesh.exec("client", sys.executable, GRPC_CALL, "store.shop:9090")
         assert called.stdout.strip() == "OK", called.stderr
         mesh.fail("store", status=503)
-        called = mesh.exec("client", sys.executable, "-c", GRPC_CALL, "store.shop:9090")
+        called = mesh.exec("client", sys.executable, GRPC_CALL, "store.shop:9090")
         assert called.stdout.strip() == "UNAVAILABLE 503 Service Unavailable (a drill)", called
         mesh.heal("store")
 

@@ -795,18 +795,25 @@ async def test_http2_across_mtls(mesh: Mesh) -> None:
     ) == 6  # fmt: skip
 
 
+async def echo_calls(channel: grpc.aio.Channel, n: int) -> Counter[str]:
+    """`n` unary calls of the echo method, each checked (its message echoed, the caller's
+    identity as the replica's proxy vouched for it): how many each replica answered."""
+    unary = channel.unary_unary(ECHO)
+    pods: Counter[str] = Counter()
+    for i in range(n):
+        reply = await unary(b"call-%d" % i, timeout=5)
+        answer, _, echoed = bytes(reply).partition(b"|")
+        assert echoed == b"call-%d" % i
+        assert json.loads(answer)["client_id"] == BOT_ID
+        pods[pod_of(answer)] += 1
+    return pods
+
+
 async def test_grpc_calls_are_balanced_one_by_one_across_mtls(mesh: Mesh) -> None:
     host, port = mesh.pods["vote-bot"].outbound
     options = [("grpc.default_authority", f"{FQN}:{GRPC_PORT}")]
     async with grpc.aio.insecure_channel(f"{host}:{port}", options=options) as channel:
-        unary = channel.unary_unary(ECHO)
-        pods: Counter[str] = Counter()
-        for i in range(30):
-            reply = await unary(b"call-%d" % i, timeout=5)
-            answer, _, echoed = bytes(reply).partition(b"|")
-            assert echoed == b"call-%d" % i
-            assert json.loads(answer)["client_id"] == BOT_ID
-            pods[pod_of(answer)] += 1
+        pods = await echo_calls(channel, 30)
     # One HTTP/2 connection from the client, yet the calls spread over the replicas.
     assert len(pods) >= 2 and set(pods) <= set(REPLICAS), pods
     assert mesh.pods["vote-bot"].metric(
@@ -1612,13 +1619,7 @@ async def test_grpcio_with_the_proxy_as_its_grpc_proxy_tunnels_by_connect_across
     host, port = mesh.pods["vote-bot"].outbound
     options = [("grpc.http_proxy", f"http://{host}:{port}")]
     async with grpc.aio.insecure_channel(f"web:{GRPC_PORT}", options=options) as channel:
-        unary = channel.unary_unary(ECHO)
-        pods: Counter[str] = Counter()
-        for i in range(30):
-            answer, _, echoed = bytes(await unary(b"%d" % i, timeout=5)).partition(b"|")
-            assert echoed == b"%d" % i
-            assert json.loads(answer)["client_id"] == BOT_ID
-            pods[pod_of(answer)] += 1
+        pods = await echo_calls(channel, 30)
     assert len(pods) >= 2 and set(pods) <= set(REPLICAS), pods
     bot = mesh.pods["vote-bot"]
     assert bot.metric("response_total", direction="outbound", tls="true",

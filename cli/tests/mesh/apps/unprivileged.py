@@ -21,16 +21,7 @@ STORE = mesh_spec.service(
     port=9090, protocol="grpc", env={"PYTHONPATH": str(EXAMPLE)},
 )  # fmt: skip
 # grpcio, as an app calls a service by its short name: with grpc_proxy from the pod's settings
-GRPC_CALL = """
-import sys, grpc
-with grpc.insecure_channel(sys.argv[1]) as channel:
-    call = channel.unary_unary("/shop.Store/Stock")
-    try:
-        call(b"{}", timeout=5)
-        print("OK")
-    except grpc.RpcError as exc:
-        print(exc.code().name, exc.details())
-"""
+GRPC_CALL = str(Path(__file__).parent / "grpc_stock.py")
 
 
 def main() -> None:
@@ -46,9 +37,9 @@ def main() -> None:
         with mesh.tap("deploy/files", path="/tapped") as tap:
             mesh.get("files", "/tapped")
             seen["tapped"] = [(r.direction, r.path, r.status, r.tls) for r in tap.wait(1)]
-        seen["grpc"] = mesh.exec("client", sys.executable, "-c", GRPC_CALL, "store:9090").stdout
+        seen["grpc"] = mesh.exec("client", sys.executable, GRPC_CALL, "store:9090").stdout
         seen["grpc_full_name"] = mesh.exec(
-            "client", sys.executable, "-c", GRPC_CALL, "store.shop.svc.cluster.local:9090"
+            "client", sys.executable, GRPC_CALL, "store.shop.svc.cluster.local:9090"
         ).stdout
         store = mesh.stat("deploy/store")
         seen["store_mtls"], seen["store_peers"] = store.mtls, list(store.peers)

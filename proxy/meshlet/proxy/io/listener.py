@@ -114,30 +114,33 @@ async def peek_protocol(accepted: Accepted, give_up_after: float) -> Detected | 
     prefix of an HTTP request then settle as HTTP/1 (`detect(final=True)`): only a client that
     sent nothing is handled as opaque. None when the client closed before sending anything."""
     sock = accepted.sock
-    delay = _REPEEK_FIRST
-    data = b""
     try:
         async with asyncio.timeout_at(accepted.deadline(give_up_after)):
-            await readable(sock)
-            while True:
-                try:
-                    data = sock.recv(PEEK_BYTES, socket.MSG_PEEK)
-                except BlockingIOError:  # woken with nothing to read
-                    await readable(sock)
-                    continue
-                if not data:
-                    return None
-                final = len(data) >= PEEK_BYTES or peer_closed(sock)
-                verdict = detect(data, final=final)
-                if verdict is not NEED_MORE:
-                    return Detected(accepted, verdict, False, data)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, _REPEEK_MAX)
+            data = await peek_until(sock, _named, PEEK_BYTES)
     except TimeoutError:
+        data = _peeked(sock)
         return Detected(accepted, detect(data, final=True), True, data)
     except OSError as exc:  # reset before anything could be read
         log.debug("connection from %s lost during detection: %s", accepted.client, exc)
         return None
+    if not data:
+        return None
+    # The bytes named a protocol, or no more will be waited for (PEEK_BYTES came, or the
+    # client half-closed): either way `final` settles them as they are.
+    return Detected(accepted, detect(data, final=True), False, data)
+
+
+def _named(data: bytes) -> bool:
+    """Whether the bytes so far name a protocol."""
+    return detect(data, final=False) is not NEED_MORE
+
+
+def _peeked(sock: socket.socket) -> bytes:
+    """What the client sent so far, without waiting (b"" when nothing, or the socket failed)."""
+    try:
+        return sock.recv(PEEK_BYTES, socket.MSG_PEEK)
+    except OSError:  # BlockingIOError: nothing
+        return b""
 
 
 async def first_byte(accepted: Accepted, give_up_after: float) -> bytes:
